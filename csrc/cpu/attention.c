@@ -1,0 +1,110 @@
+/*
+ * attention.c - C11 CPU attention forward (out and lse) and backward (dq, dk,
+ * dv from the saved lse) over the [batch, heads, len, dim] views of oss.h.
+ *
+ * Computes in float for float32/float16/bfloat16 tensors (lse float32) and in
+ * double for float64 tensors (lse float64); attention_generic.h holds the
+ * algorithm. Threads split (batch, query head, query block) tasks in the
+ * forward and (batch, kv head) tasks in the backward; every task writes
+ * disjoint outputs in a fixed order, so results are bitwise reproducible and
+ * independent of the thread count. Each task allocates its own tile scratch
+ * (O(tile) in the forward, O(len_k * head_dim) in the backward).
+ */
+#include <stdlib.h>
+
+#include "cpu_common.h"
+
+enum { OSS_BR = 32, OSS_BC = 64 };
+
+#define REAL float
+#define LSE_T float
+#define FN(name) name##_f32
+#define EXP oss_expf
+#define LOG logf
+#define LOAD oss_load_f32
+#define STORE oss_store_f32
+#include "attention_generic.h"
+#undef REAL
+#undef LSE_T
+#undef FN
+#undef EXP
+#undef LOG
+#undef LOAD
+#undef STORE
+
+#define REAL double
+#define LSE_T double
+#define FN(name) name##_f64
+#define EXP exp
+#define LOG log
+#define LOAD oss_load_f64
+#define STORE oss_store_f64
+#include "attention_generic.h"
+#undef REAL
+#undef LSE_T
+#undef FN
+#undef EXP
+#undef LOG
+#undef LOAD
+#undef STORE
+
+/* ---- validation ------------------------------------------------------------------ */
+
+static oss_status check_params(const char *op, const oss_attention_params *p) {
+  if (p->dtype != OSS_FLOAT32 && p->dtype != OSS_FLOAT64 && p->dtype != OSS_FLOAT16 && p->dtype != OSS_BFLOAT16)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: dtype code %d is not a floating type", op, (int)p->dtype);
+  if (p->batch < 0 || p->heads_q < 1 || p->heads_kv < 1 || p->len_q < 0 || p->len_k < 0 || p->head_dim < 1 ||
+      p->head_dim_v < 1)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT,
+                    "%s: sizes batch=%lld heads_q=%lld heads_kv=%lld len_q=%lld len_k=%lld head_dim=%lld "
+                    "head_dim_v=%lld are out of range",
+                    op, (long long)p->batch, (long long)p->heads_q, (long long)p->heads_kv, (long long)p->len_q,
+                    (long long)p->len_k, (long long)p->head_dim, (long long)p->head_dim_v);
+  if (p->heads_q % p->heads_kv != 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: heads_q=%lld is not a multiple of heads_kv=%lld", op,
+                    (long long)p->heads_q, (long long)p->heads_kv);
+  if (p->mask_kind == OSS_MASK_BOOL && p->mask_dtype != OSS_BOOL)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: a boolean mask must have dtype bool", op);
+  if (p->mask_kind == OSS_MASK_ADDITIVE && p->mask_dtype == OSS_BOOL)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: an additive mask must have a floating dtype", op);
+  if (p->mask_kind != OSS_MASK_NONE && p->mask == NULL)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: mask_kind is set but mask is NULL", op);
+  if (p->scale != p->scale)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: scale is NaN", op);
+  return OSS_OK;
+}
+
+oss_status oss_attention_forward_cpu(const oss_attention_params *p, const oss_cpu_exec *exec) {
+  oss_status st = check_params("attention", p);
+  if (st != OSS_OK) return st;
+  const int64_t qblocks = (p->len_q + OSS_BR - 1) / OSS_BR;
+  const int64_t tasks = p->batch * p->heads_q * qblocks;
+  if (p->dtype == OSS_FLOAT64) {
+    attention_task_ctx_f64 ctx = {.params = p, .failed = 0};
+    oss_cpu_parallel_for(exec, tasks, 1, &ctx, attention_fwd_range_f64);
+    if (ctx.failed) return oss_fail(OSS_ERROR_OUT_OF_MEMORY, "attention: out of host memory for tile scratch");
+  } else {
+    attention_task_ctx_f32 ctx = {.params = p, .failed = 0};
+    oss_cpu_parallel_for(exec, tasks, 1, &ctx, attention_fwd_range_f32);
+    if (ctx.failed) return oss_fail(OSS_ERROR_OUT_OF_MEMORY, "attention: out of host memory for tile scratch");
+  }
+  return OSS_OK;
+}
+
+oss_status oss_attention_backward_cpu(const oss_attention_backward_params *bp, const oss_cpu_exec *exec) {
+  oss_status st = check_params("attention_backward", &bp->fwd);
+  if (st != OSS_OK) return st;
+  const int64_t tasks = bp->fwd.batch * bp->fwd.heads_kv;
+  if (bp->fwd.dtype == OSS_FLOAT64) {
+    attention_task_ctx_f64 ctx = {.params = bp, .failed = 0};
+    oss_cpu_parallel_for(exec, tasks, 1, &ctx, attention_bwd_range_f64);
+    if (ctx.failed)
+      return oss_fail(OSS_ERROR_OUT_OF_MEMORY, "attention_backward: out of host memory for tile scratch");
+  } else {
+    attention_task_ctx_f32 ctx = {.params = bp, .failed = 0};
+    oss_cpu_parallel_for(exec, tasks, 1, &ctx, attention_bwd_range_f32);
+    if (ctx.failed)
+      return oss_fail(OSS_ERROR_OUT_OF_MEMORY, "attention_backward: out of host memory for tile scratch");
+  }
+  return OSS_OK;
+}

@@ -1,0 +1,185 @@
+/*
+ * softmax_generic.h - the CPU softmax family written once over a compute type.
+ * softmax.c includes it twice: REAL = float (float32/float16/bfloat16 tensors)
+ * and REAL = double (float64 tensors). FN(name) appends the type suffix.
+ *
+ * Rows (inner == 1): a task is a range of rows; each row is streamed in
+ * chunks of OSS_ROW_CHUNK elements: pass 1 keeps the online statistics
+ * (max m, denominator d rescaled by exp(m_old - m_new) when m grows), pass 2
+ * normalises. Columns (inner > 1): a task is one outer index and a block of
+ * OSS_COL_BLOCK adjacent inner columns; the same two passes run with one
+ * (m, d) per column, OSS_COL_CHUNK rows of the block at a time, so the inner
+ * loops run over unit-stride columns and vectorise.
+ */
+
+/* ---- small vectorisable reductions ---------------------------------------- */
+
+static inline REAL FN(max_of)(const REAL *x, int64_t n) {
+  REAL m = -INFINITY;
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+/* sum of exp(x - m); NaN when m is -inf or +inf, as PyTorch's softmax gives. */
+static inline REAL FN(sum_exp)(const REAL *x, int64_t n, REAL m) {
+  REAL s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; i++) s += EXP(x[i] - m);
+  return s;
+}
+
+static inline REAL FN(sum_of)(const REAL *x, int64_t n) {
+  REAL s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; i++) s += x[i];
+  return s;
+}
+
+static inline REAL FN(dot)(const REAL *x, const REAL *y, int64_t n) {
+  REAL s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; i++) s += x[i] * y[i];
+  return s;
+}
+
+/* Folds a chunk whose max is chunk_max into the running (m, d); returns the
+ * new m so the caller can add the chunk's exp-sum against it. */
+static inline REAL FN(online_rescale)(REAL *m, REAL *d, REAL chunk_max) {
+  REAL m_new = chunk_max > *m ? chunk_max : *m;
+  if (m_new != *m) *d *= EXP(*m - m_new);
+  *m = m_new;
+  return m_new;
+}
+
+/* ---- forward over rows (inner == 1) --------------------------------------- */
+
+static void FN(softmax_fwd_rows)(void *ctx, int64_t begin, int64_t end) {
+  const oss_softmax_params *p = (const oss_softmax_params *)ctx;
+  REAL buf[OSS_ROW_CHUNK];
+  const int64_t n = p->n;
+  for (int64_t row = begin; row < end; row++) {
+    const int64_t xo = row * p->x.stride_outer, yo = row * p->y.stride_outer;
+    REAL m = -INFINITY, d = 0;
+    for (int64_t c = 0; c < n; c += OSS_ROW_CHUNK) {
+      const int64_t len = n - c < OSS_ROW_CHUNK ? n - c : OSS_ROW_CHUNK;
+      LOAD(p->x.data, p->x.dtype, xo + c, 1, buf, len);
+      FN(online_rescale)(&m, &d, FN(max_of)(buf, len));
+      d += FN(sum_exp)(buf, len, m);
+    }
+    const REAL inv_d = 1 / d, lse = m + LOG(d);
+    for (int64_t c = 0; c < n; c += OSS_ROW_CHUNK) {
+      const int64_t len = n - c < OSS_ROW_CHUNK ? n - c : OSS_ROW_CHUNK;
+      LOAD(p->x.data, p->x.dtype, xo + c, 1, buf, len);
+      if (p->log)
+        for (int64_t i = 0; i < len; i++) buf[i] = buf[i] - lse;
+      else
+        for (int64_t i = 0; i < len; i++) buf[i] = EXP(buf[i] - m) * inv_d;
+      STORE(p->y.data, p->y.dtype, yo + c, 1, buf, len);
+    }
+  }
+}
+
+/* ---- forward over columns (inner > 1) ------------------------------------- */
+
+static void FN(softmax_fwd_cols)(void *ctx, int64_t begin, int64_t end) {
+  const oss_softmax_params *p = (const oss_softmax_params *)ctx;
+  const int64_t blocks = (p->inner + OSS_COL_BLOCK - 1) / OSS_COL_BLOCK;
+  REAL tile[OSS_COL_CHUNK][OSS_COL_BLOCK], m[OSS_COL_BLOCK], d[OSS_COL_BLOCK], lse[OSS_COL_BLOCK];
+  for (int64_t task = begin; task < end; task++) {
+    const int64_t o = task / blocks, j0 = (task % blocks) * OSS_COL_BLOCK;
+    const int64_t w = p->inner - j0 < OSS_COL_BLOCK ? p->inner - j0 : OSS_COL_BLOCK;
+    const int64_t xo = o * p->x.stride_outer + j0, yo = o * p->y.stride_outer + j0;
+    for (int64_t j = 0; j < w; j++) m[j] = -INFINITY, d[j] = 0;
+    for (int64_t c = 0; c < p->n; c += OSS_COL_CHUNK) {
+      const int64_t rows = p->n - c < OSS_COL_CHUNK ? p->n - c : OSS_COL_CHUNK;
+      REAL chunk_max[OSS_COL_BLOCK];
+      for (int64_t j = 0; j < w; j++) chunk_max[j] = -INFINITY;
+      for (int64_t i = 0; i < rows; i++) {
+        LOAD(p->x.data, p->x.dtype, xo + (c + i) * p->x.stride_n, 1, tile[i], w);
+        for (int64_t j = 0; j < w; j++) chunk_max[j] = tile[i][j] > chunk_max[j] ? tile[i][j] : chunk_max[j];
+      }
+      for (int64_t j = 0; j < w; j++) FN(online_rescale)(&m[j], &d[j], chunk_max[j]);
+      for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < w; j++) d[j] += EXP(tile[i][j] - m[j]);
+    }
+    for (int64_t j = 0; j < w; j++) lse[j] = m[j] + LOG(d[j]), d[j] = 1 / d[j];
+    for (int64_t i = 0; i < p->n; i++) {
+      REAL *row = tile[0];
+      LOAD(p->x.data, p->x.dtype, xo + i * p->x.stride_n, 1, row, w);
+      if (p->log)
+        for (int64_t j = 0; j < w; j++) row[j] = row[j] - lse[j];
+      else
+        for (int64_t j = 0; j < w; j++) row[j] = EXP(row[j] - m[j]) * d[j];
+      STORE(p->y.data, p->y.dtype, yo + i * p->y.stride_n, 1, row, w);
+    }
+  }
+}
+
+/* ---- backward over rows ----------------------------------------------------
+ * softmax:     dx = y * (dy - sum(y * dy))
+ * log_softmax: dx = dy - exp(y) * sum(dy)                                      */
+
+static void FN(softmax_bwd_rows)(void *ctx, int64_t begin, int64_t end) {
+  const oss_softmax_backward_params *p = (const oss_softmax_backward_params *)ctx;
+  REAL ybuf[OSS_ROW_CHUNK], gbuf[OSS_ROW_CHUNK];
+  const int64_t n = p->n;
+  for (int64_t row = begin; row < end; row++) {
+    const int64_t yo = row * p->y.stride_outer, go = row * p->dy.stride_outer,
+                  xo = row * p->dx.stride_outer;
+    REAL s = 0;
+    for (int64_t c = 0; c < n; c += OSS_ROW_CHUNK) {
+      const int64_t len = n - c < OSS_ROW_CHUNK ? n - c : OSS_ROW_CHUNK;
+      LOAD(p->dy.data, p->dy.dtype, go + c, 1, gbuf, len);
+      if (p->log) {
+        s += FN(sum_of)(gbuf, len);
+      } else {
+        LOAD(p->y.data, p->y.dtype, yo + c, 1, ybuf, len);
+        s += FN(dot)(ybuf, gbuf, len);
+      }
+    }
+    for (int64_t c = 0; c < n; c += OSS_ROW_CHUNK) {
+      const int64_t len = n - c < OSS_ROW_CHUNK ? n - c : OSS_ROW_CHUNK;
+      LOAD(p->y.data, p->y.dtype, yo + c, 1, ybuf, len);
+      LOAD(p->dy.data, p->dy.dtype, go + c, 1, gbuf, len);
+      if (p->log)
+        for (int64_t i = 0; i < len; i++) gbuf[i] = gbuf[i] - EXP(ybuf[i]) * s;
+      else
+        for (int64_t i = 0; i < len; i++) gbuf[i] = ybuf[i] * (gbuf[i] - s);
+      STORE(p->dx.data, p->dx.dtype, xo + c, 1, gbuf, len);
+    }
+  }
+}
+
+/* ---- backward over columns ------------------------------------------------ */
+
+static void FN(softmax_bwd_cols)(void *ctx, int64_t begin, int64_t end) {
+  const oss_softmax_backward_params *p = (const oss_softmax_backward_params *)ctx;
+  const int64_t blocks = (p->inner + OSS_COL_BLOCK - 1) / OSS_COL_BLOCK;
+  REAL yrow[OSS_COL_BLOCK], grow[OSS_COL_BLOCK], s[OSS_COL_BLOCK];
+  for (int64_t task = begin; task < end; task++) {
+    const int64_t o = task / blocks, j0 = (task % blocks) * OSS_COL_BLOCK;
+    const int64_t w = p->inner - j0 < OSS_COL_BLOCK ? p->inner - j0 : OSS_COL_BLOCK;
+    const int64_t yo = o * p->y.stride_outer + j0, go = o * p->dy.stride_outer + j0,
+                  xo = o * p->dx.stride_outer + j0;
+    for (int64_t j = 0; j < w; j++) s[j] = 0;
+    for (int64_t i = 0; i < p->n; i++) {
+      LOAD(p->dy.data, p->dy.dtype, go + i * p->dy.stride_n, 1, grow, w);
+      if (p->log) {
+        for (int64_t j = 0; j < w; j++) s[j] += grow[j];
+      } else {
+        LOAD(p->y.data, p->y.dtype, yo + i * p->y.stride_n, 1, yrow, w);
+        for (int64_t j = 0; j < w; j++) s[j] += yrow[j] * grow[j];
+      }
+    }
+    for (int64_t i = 0; i < p->n; i++) {
+      LOAD(p->y.data, p->y.dtype, yo + i * p->y.stride_n, 1, yrow, w);
+      LOAD(p->dy.data, p->dy.dtype, go + i * p->dy.stride_n, 1, grow, w);
+      if (p->log)
+        for (int64_t j = 0; j < w; j++) grow[j] = grow[j] - EXP(yrow[j]) * s[j];
+      else
+        for (int64_t j = 0; j < w; j++) grow[j] = yrow[j] * (grow[j] - s[j]);
+      STORE(p->dx.data, p->dx.dtype, xo + i * p->dx.stride_n, 1, grow, w);
+    }
+  }
+}

@@ -1,0 +1,71 @@
+/*
+ * cuda_common.cuh - small helpers shared by the CUDA kernel files: status
+ * conversion for CUDA errors, launch checks, device attributes and the
+ * load/convert/store of the element types (computation happens in float, or
+ * double for float64 tensors).
+ */
+#ifndef OSS_CUDA_COMMON_CUH
+#define OSS_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "../oss_internal.h"
+
+/* Returns from the enclosing function with OSS_ERROR_CUDA when `call` fails. */
+#define OSS_CUDA_TRY(call)                                                                  \
+  do {                                                                                      \
+    cudaError_t oss_err_ = (call);                                                          \
+    if (oss_err_ != cudaSuccess)                                                            \
+      return oss_fail(OSS_ERROR_CUDA, "%s failed: %s", #call, cudaGetErrorString(oss_err_)); \
+  } while (0)
+
+/* After every launch: reports a failed launch (bad configuration, too much
+ * shared memory, a sticky earlier fault) naming the kernel. */
+static inline oss_status oss_check_launch(const char *kernel_name) {
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    return oss_fail(OSS_ERROR_CUDA, "launch of %s failed: %s", kernel_name, cudaGetErrorString(err));
+  return OSS_OK;
+}
+
+/* Attributes of the current device (the caller's device guard selects it). */
+typedef struct oss_device_info {
+  int device;
+  int sm_count;
+  int max_smem_per_block_optin; /* bytes a block may use after cudaFuncSetAttribute */
+  int max_smem_per_sm;
+  int l2_bytes;
+  int cc_major, cc_minor;
+} oss_device_info;
+
+static inline oss_status oss_get_device_info(oss_device_info *info) {
+  OSS_CUDA_TRY(cudaGetDevice(&info->device));
+  OSS_CUDA_TRY(cudaDeviceGetAttribute(&info->sm_count, cudaDevAttrMultiProcessorCount, info->device));
+  OSS_CUDA_TRY(cudaDeviceGetAttribute(&info->max_smem_per_block_optin,
+                                      cudaDevAttrMaxSharedMemoryPerBlockOptin, info->device));
+  OSS_CUDA_TRY(cudaDeviceGetAttribute(&info->max_smem_per_sm,
+                                      cudaDevAttrMaxSharedMemoryPerMultiprocessor, info->device));
+  OSS_CUDA_TRY(cudaDeviceGetAttribute(&info->l2_bytes, cudaDevAttrL2CacheSize, info->device));
+  OSS_CUDA_TRY(cudaDeviceGetAttribute(&info->cc_major, cudaDevAttrComputeCapabilityMajor, info->device));
+  OSS_CUDA_TRY(cudaDeviceGetAttribute(&info->cc_minor, cudaDevAttrComputeCapabilityMinor, info->device));
+  return OSS_OK;
+}
+
+/* ---- element conversion ------------------------------------------------- */
+
+__device__ __forceinline__ float oss_to_float(float x) { return x; }
+__device__ __forceinline__ float oss_to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float oss_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ double oss_to_double(double x) { return x; }
+
+template <typename T> __device__ __forceinline__ T oss_from_float(float x);
+template <> __device__ __forceinline__ float oss_from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half oss_from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 oss_from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+#endif /* OSS_CUDA_COMMON_CUH */

@@ -1,0 +1,198 @@
+/*
+ * oss.h - the plain C API of torch_oss.
+ *
+ * This header is the only contract between the registration layer
+ * (csrc/torch_ops.cpp, the one file that knows torch) and the kernels
+ * (C11 files in csrc/cpu, C-style CUDA files in csrc/cuda). It holds parameter
+ * structs made of raw pointers, int64_t sizes and element strides, a dtype
+ * enum and status codes; no torch and no C++ types, so the kernels can be
+ * driven from a plain C program.
+ *
+ * Conventions
+ *   - Strides are in elements of the tensor's own dtype, never bytes.
+ *   - Every entry point validates what it relies on and returns a status;
+ *     on failure oss_error_message() holds a sentence saying why.
+ *   - CUDA entry points take the cudaStream_t to launch on as a void*; they
+ *     never synchronise and never allocate device memory (callers pass a
+ *     workspace whose size the matching *_workspace_size function returns).
+ *   - CPU entry points take an oss_cpu_exec that says how to run a parallel
+ *     loop (the registration layer hands in torch's thread pool).
+ */
+#ifndef OSS_H
+#define OSS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------
+ * Types shared by every op
+ * ------------------------------------------------------------------------- */
+
+typedef enum oss_dtype {
+  OSS_FLOAT32 = 0,
+  OSS_FLOAT64 = 1,
+  OSS_FLOAT16 = 2,
+  OSS_BFLOAT16 = 3,
+  OSS_BOOL = 4, /* one byte, 0 or 1: only as an attention mask */
+} oss_dtype;
+
+typedef enum oss_status {
+  OSS_OK = 0,
+  OSS_ERROR_INVALID_ARGUMENT = 1, /* the caller broke a documented rule */
+  OSS_ERROR_NOT_SUPPORTED = 2,    /* valid, but this build/device cannot do it */
+  OSS_ERROR_CUDA = 3,             /* a CUDA runtime call or launch failed */
+  OSS_ERROR_OUT_OF_MEMORY = 4,    /* host allocation failed */
+} oss_status;
+
+/* Thread-local sentence describing the last failure on the calling thread. */
+const char *oss_error_message(void);
+const char *oss_status_name(oss_status status);
+
+/* Build description: "cuda=<0|1> archs=<list> attention_head_dims=<list>". */
+const char *oss_build_config(void);
+
+/* How CPU kernels run a parallel loop: call fn(ctx, begin, end) on disjoint
+ * ranges covering [0, n), each at least `grain` long where possible. fn never
+ * throws and may be called from several threads at once. */
+typedef void (*oss_range_fn)(void *ctx, int64_t begin, int64_t end);
+typedef void (*oss_parallel_for_fn)(int64_t n, int64_t grain, void *ctx, oss_range_fn fn);
+
+typedef struct oss_cpu_exec {
+  oss_parallel_for_fn parallel_for; /* NULL: run serially on the calling thread */
+} oss_cpu_exec;
+
+/* ---------------------------------------------------------------------------
+ * Softmax family
+ *
+ * A tensor is seen as [outer, n, inner] and the reduction runs over n.
+ * Element (o, i, j) of a tensor lives at data + o*stride_outer + i*stride_n + j:
+ * the inner dimension is always unit-stride. When inner == 1 the caller must
+ * also make stride_n == 1 (rows are contiguous); any stride_outer is allowed.
+ * ------------------------------------------------------------------------- */
+
+typedef struct oss_strided3 {
+  void *data;
+  oss_dtype dtype;
+  int64_t stride_outer;
+  int64_t stride_n;
+} oss_strided3;
+
+typedef struct oss_softmax_params {
+  int64_t outer, n, inner;
+  int log;        /* 0: softmax, 1: log_softmax */
+  oss_strided3 x; /* input, read only; float32/64/16, bfloat16 */
+  oss_strided3 y; /* output; its dtype may differ from x's (the dtype= cast) */
+} oss_softmax_params;
+
+/* dx = y * (dy - sum(y * dy))          (softmax)
+ * dx = dy - exp(y) * sum(dy)           (log_softmax, y = log-probabilities)
+ * y and dy share a dtype; dx may have another (the forward input's). */
+typedef struct oss_softmax_backward_params {
+  int64_t outer, n, inner;
+  int log;
+  oss_strided3 y;  /* forward output, read only */
+  oss_strided3 dy; /* gradient of the output, read only */
+  oss_strided3 dx; /* gradient of the input, written */
+} oss_softmax_backward_params;
+
+oss_status oss_softmax_forward_cpu(const oss_softmax_params *p, const oss_cpu_exec *exec);
+oss_status oss_softmax_backward_cpu(const oss_softmax_backward_params *p, const oss_cpu_exec *exec);
+
+/* CUDA: workspace_size returns the bytes of device scratch the call needs
+ * (0 for most shapes); pass a buffer at least that large and 16-byte aligned. */
+size_t oss_softmax_forward_workspace_size_cuda(const oss_softmax_params *p);
+oss_status oss_softmax_forward_cuda(const oss_softmax_params *p, void *workspace, void *cuda_stream);
+size_t oss_softmax_backward_workspace_size_cuda(const oss_softmax_backward_params *p);
+oss_status oss_softmax_backward_cuda(const oss_softmax_backward_params *p, void *workspace,
+                                     void *cuda_stream);
+
+/* ---------------------------------------------------------------------------
+ * Attention
+ *
+ * q: [batch, heads_q, len_q, head_dim]      k: [batch, heads_kv, len_k, head_dim]
+ * v: [batch, heads_kv, len_k, head_dim_v]   out: [batch, heads_q, len_q, head_dim_v]
+ * Each 4-d tensor is given by its pointer and the element strides of its
+ * first three dims; the last dim is contiguous. heads_q % heads_kv == 0 and
+ * query head h reads kv head h / (heads_q / heads_kv) (GQA/MQA).
+ *
+ * lse: contiguous [batch, heads_q, len_q], natural-log log-sum-exp of the
+ * scaled, masked scores of each query row; float32, or float64 when the
+ * inputs are float64. A row with no visible key has lse = -inf and output 0.
+ *
+ * Mask: bool (true = may attend) or additive (added to the scaled scores,
+ * same dtype as q or float32), addressed as
+ * mask[b*s[0] + h*s[1] + i*s[2] + j*s[3]] with h the query head; a stride of
+ * 0 broadcasts that dim. The causal rule and the mask combine.
+ * ------------------------------------------------------------------------- */
+
+typedef enum oss_causal {
+  OSS_CAUSAL_NONE = 0,
+  OSS_CAUSAL_TOP_LEFT = 1,     /* key j visible to query i iff j <= i             */
+  OSS_CAUSAL_BOTTOM_RIGHT = 2, /* key j visible to query i iff j <= i + len_k - len_q */
+} oss_causal;
+
+typedef enum oss_mask_kind {
+  OSS_MASK_NONE = 0,
+  OSS_MASK_BOOL = 1,
+  OSS_MASK_ADDITIVE = 2,
+} oss_mask_kind;
+
+typedef struct oss_attention_params {
+  oss_dtype dtype; /* of q, k, v, out (and dout, dq, dk, dv in the backward) */
+  int64_t batch, heads_q, heads_kv, len_q, len_k, head_dim, head_dim_v;
+  const void *q;
+  int64_t q_stride[3];
+  const void *k;
+  int64_t k_stride[3];
+  const void *v;
+  int64_t v_stride[3];
+  void *out; /* written by the forward, read by the backward */
+  int64_t out_stride[3];
+  void *lse; /* written by the forward, read by the backward */
+  double scale;
+  oss_causal causal;
+  oss_mask_kind mask_kind;
+  const void *mask;
+  oss_dtype mask_dtype;
+  int64_t mask_stride[4];
+} oss_attention_params;
+
+typedef struct oss_attention_backward_params {
+  oss_attention_params fwd; /* the forward's inputs, out and lse */
+  const void *dout;
+  int64_t dout_stride[3];
+  void *dq;
+  int64_t dq_stride[3];
+  void *dk;
+  int64_t dk_stride[3];
+  void *dv;
+  int64_t dv_stride[3];
+  int deterministic; /* nonzero: bitwise identical gradients run to run */
+} oss_attention_backward_params;
+
+oss_status oss_attention_forward_cpu(const oss_attention_params *p, const oss_cpu_exec *exec);
+oss_status oss_attention_backward_cpu(const oss_attention_backward_params *p,
+                                      const oss_cpu_exec *exec);
+
+/* CUDA: the kernels accept any pointer alignment and any strides (16-byte
+ * vector paths where rows are aligned, a correct element-wise path where they
+ * are not), any head_dim / head_dim_v from 1 to the largest compiled one, and
+ * float16/bfloat16 (tensor cores) or float32/float64 (exact-precision SIMT). */
+/* Largest head dim this build can serve (0 when CUDA attention is absent). */
+int64_t oss_attention_cuda_max_head_dim(void);
+size_t oss_attention_forward_workspace_size_cuda(const oss_attention_params *p);
+oss_status oss_attention_forward_cuda(const oss_attention_params *p, void *workspace,
+                                      void *cuda_stream);
+size_t oss_attention_backward_workspace_size_cuda(const oss_attention_backward_params *p);
+oss_status oss_attention_backward_cuda(const oss_attention_backward_params *p, void *workspace,
+                                       void *cuda_stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OSS_H */

@@ -1,0 +1,542 @@
+/*
+ * torch_ops.cpp - the registration layer: the only file that includes torch.
+ *
+ * It declares the `oss` operator library (full schemas), checks arguments and
+ * names the offending one in every error, turns Tensors into the plain C
+ * parameter structs of oss.h, sets the device guard and current stream, and
+ * calls the CPU or CUDA entry points. It knows nothing about tiles or warps.
+ * A minimal Python module init (no pybind) makes `torch_oss._C` importable and
+ * exposes build_config().
+ */
+#include <Python.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#ifdef OSS_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+#include "oss.h"
+
+namespace {
+
+using at::Tensor;
+
+// ---------------------------------------------------------------------------
+// Status and dtype plumbing
+// ---------------------------------------------------------------------------
+
+[[noreturn]] void throw_status(const char *op, oss_status status) {
+  const std::string message = std::string(op) + ": " + oss_error_message();
+  switch (status) {
+  case OSS_ERROR_INVALID_ARGUMENT: TORCH_CHECK_VALUE(false, message);
+  case OSS_ERROR_NOT_SUPPORTED: TORCH_CHECK_NOT_IMPLEMENTED(false, message);
+  default: TORCH_CHECK(false, message, " (", oss_status_name(status), ")");
+  }
+}
+
+void check_status(const char *op, oss_status status) {
+  if (status != OSS_OK) throw_status(op, status);
+}
+
+bool is_kernel_float(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+oss_dtype to_oss_dtype(at::ScalarType t) {
+  switch (t) {
+  case at::kFloat: return OSS_FLOAT32;
+  case at::kDouble: return OSS_FLOAT64;
+  case at::kHalf: return OSS_FLOAT16;
+  case at::kBFloat16: return OSS_BFLOAT16;
+  case at::kBool: return OSS_BOOL;
+  default: TORCH_CHECK_TYPE(false, "torch_oss: unsupported dtype ", t);
+  }
+}
+
+void torch_parallel_for(int64_t n, int64_t grain, void *ctx, oss_range_fn fn) {
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { fn(ctx, begin, end); });
+}
+
+const oss_cpu_exec cpu_exec = {torch_parallel_for};
+
+void check_device_supported(const char *op, const Tensor &t, const char *name) {
+#ifdef OSS_WITH_CUDA
+  const bool ok = t.device().is_cpu() || t.device().is_cuda();
+#else
+  const bool ok = t.device().is_cpu();
+#endif
+  TORCH_CHECK_NOT_IMPLEMENTED(ok, op, ": ", name, " is on ", t.device(),
+                              "; this build of torch_oss supports cpu",
+#ifdef OSS_WITH_CUDA
+                              " and cuda"
+#else
+                              " only (built without CUDA)"
+#endif
+  );
+}
+
+#ifdef OSS_WITH_CUDA
+// Device scratch from torch's caching allocator; freed when it goes out of
+// scope, which is safe because reuse is ordered on the same stream.
+Tensor cuda_workspace(const Tensor &like, size_t bytes) {
+  if (bytes == 0) return Tensor();
+  return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+}
+void *data_or_null(const Tensor &t) { return t.defined() ? t.data_ptr() : nullptr; }
+#endif
+
+// ---------------------------------------------------------------------------
+// Softmax family
+// ---------------------------------------------------------------------------
+
+// True when dims [begin, end) of t fold into one dim; *stride is then the
+// stride of that folded dim (size-1 dims are ignored).
+bool fold_dims(const Tensor &t, int64_t begin, int64_t end, int64_t *stride) {
+  *stride = 0;
+  int64_t expected = -1;
+  for (int64_t d = end - 1; d >= begin; d--) {
+    if (t.size(d) == 1) continue;
+    if (expected < 0) {
+      *stride = t.stride(d);
+    } else if (t.stride(d) != expected) {
+      return false;
+    }
+    expected = t.stride(d) * t.size(d);
+  }
+  return true;
+}
+
+struct SoftmaxView {
+  int64_t outer, n, inner;
+};
+
+SoftmaxView softmax_view(const Tensor &t, int64_t dim) {
+  SoftmaxView v{1, t.size(dim), 1};
+  for (int64_t d = 0; d < dim; d++) v.outer *= t.size(d);
+  for (int64_t d = dim + 1; d < t.dim(); d++) v.inner *= t.size(d);
+  return v;
+}
+
+// Describes t as the [outer, n, inner] view of oss.h, replacing t by a
+// contiguous copy when its strides cannot be expressed that way (the kernels
+// then read it directly; no copy for contiguous tensors at any dim).
+oss_strided3 strided3(Tensor &t, int64_t dim, const SoftmaxView &v) {
+  int64_t outer_stride = 0, inner_stride = 0;
+  bool ok = fold_dims(t, 0, dim, &outer_stride) && fold_dims(t, dim + 1, t.dim(), &inner_stride);
+  if (ok && v.inner > 1) ok = inner_stride == 1;
+  if (ok && v.inner == 1) ok = v.n <= 1 || t.stride(dim) == 1;
+  if (!ok) {
+    t = t.contiguous();
+    fold_dims(t, 0, dim, &outer_stride);
+  }
+  oss_strided3 s;
+  s.data = t.data_ptr();
+  s.dtype = to_oss_dtype(t.scalar_type());
+  s.stride_outer = v.outer > 1 ? outer_stride : v.n * v.inner;
+  s.stride_n = v.n > 1 ? t.stride(dim) : v.inner;
+  return s;
+}
+
+int64_t wrap_softmax_dim(const char *op, int64_t dim, int64_t ndim) {
+  const int64_t rank = ndim > 0 ? ndim : 1;
+  TORCH_CHECK_INDEX(dim >= -rank && dim < rank, op, ": dim=", dim, " is out of range for a tensor with ", ndim,
+                    " dimensions (expected a value in [", -rank, ", ", rank - 1, "])");
+  return dim < 0 ? dim + rank : dim;
+}
+
+Tensor softmax_forward(const Tensor &self, int64_t dim, std::optional<at::ScalarType> dtype, bool log) {
+  const char *op = log ? "log_softmax" : "softmax";
+  check_device_supported(op, self, "self");
+  const at::ScalarType out_dtype = dtype.value_or(self.scalar_type());
+  if (dtype) {
+    TORCH_CHECK_TYPE(is_kernel_float(*dtype), op, ": dtype=", *dtype,
+                     " is not supported; expected float16, bfloat16, float32 or float64");
+  } else {
+    TORCH_CHECK_TYPE(is_kernel_float(self.scalar_type()), op, ": self has dtype ", self.scalar_type(),
+                     " but must be float16, bfloat16, float32 or float64 (pass dtype= to cast)");
+  }
+  dim = wrap_softmax_dim(op, dim, self.dim());
+
+  // The kernels read any of the four float types and write any other, but
+  // float64 computes in double and so goes with float64 only.
+  Tensor x = self;
+  if (!is_kernel_float(x.scalar_type()) || (x.scalar_type() == at::kDouble) != (out_dtype == at::kDouble))
+    x = x.to(out_dtype);
+  Tensor y = at::empty(self.sizes(), self.options().dtype(out_dtype));
+  if (y.numel() == 0) return y;
+  if (x.dim() == 0) x = x.reshape({1});
+  Tensor y_view = y.dim() == 0 ? y.reshape({1}) : y;
+
+  const SoftmaxView v = softmax_view(x, dim);
+  oss_softmax_params p;
+  p.outer = v.outer;
+  p.n = v.n;
+  p.inner = v.inner;
+  p.log = log;
+  p.x = strided3(x, dim, v);
+  p.y = strided3(y_view, dim, v);
+#ifdef OSS_WITH_CUDA
+  if (x.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    Tensor ws = cuda_workspace(x, oss_softmax_forward_workspace_size_cuda(&p));
+    check_status(op, oss_softmax_forward_cuda(&p, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
+    return y;
+  }
+#endif
+  check_status(op, oss_softmax_forward_cpu(&p, &cpu_exec));
+  return y;
+}
+
+Tensor softmax_backward(const Tensor &grad_output, const Tensor &output, int64_t dim, at::ScalarType input_dtype,
+                        bool log) {
+  const char *op = log ? "log_softmax_backward" : "softmax_backward";
+  check_device_supported(op, output, "output");
+  TORCH_CHECK_VALUE(grad_output.sizes() == output.sizes(), op, ": grad_output has shape ", grad_output.sizes(),
+                    " but output has shape ", output.sizes());
+  TORCH_CHECK_VALUE(grad_output.device() == output.device(), op, ": grad_output is on ", grad_output.device(),
+                    " but output is on ", output.device());
+  TORCH_CHECK_TYPE(is_kernel_float(output.scalar_type()), op, ": output has dtype ", output.scalar_type(),
+                   " but must be float16, bfloat16, float32 or float64");
+  TORCH_CHECK_TYPE(is_kernel_float(grad_output.scalar_type()), op, ": grad_output has dtype ",
+                   grad_output.scalar_type(), " but must be float16, bfloat16, float32 or float64");
+  TORCH_CHECK_TYPE(is_kernel_float(input_dtype), op, ": input_dtype=", input_dtype,
+                   " must be float16, bfloat16, float32 or float64");
+  dim = wrap_softmax_dim(op, dim, output.dim());
+
+  Tensor y = output, dy = grad_output;
+  if (dy.scalar_type() != y.scalar_type()) dy = dy.to(y.scalar_type());
+  if ((y.scalar_type() == at::kDouble) != (input_dtype == at::kDouble)) {
+    y = y.to(input_dtype);
+    dy = dy.to(input_dtype);
+  }
+  Tensor dx = at::empty(output.sizes(), output.options().dtype(input_dtype));
+  if (dx.numel() == 0) return dx;
+  if (y.dim() == 0) {
+    y = y.reshape({1});
+    dy = dy.reshape({1});
+  }
+  Tensor dx_view = dx.dim() == 0 ? dx.reshape({1}) : dx;
+
+  const SoftmaxView v = softmax_view(y, dim);
+  oss_softmax_backward_params p;
+  p.outer = v.outer;
+  p.n = v.n;
+  p.inner = v.inner;
+  p.log = log;
+  p.y = strided3(y, dim, v);
+  p.dy = strided3(dy, dim, v);
+  p.dx = strided3(dx_view, dim, v);
+#ifdef OSS_WITH_CUDA
+  if (y.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(y.device());
+    Tensor ws = cuda_workspace(y, oss_softmax_backward_workspace_size_cuda(&p));
+    check_status(op, oss_softmax_backward_cuda(&p, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
+    return dx;
+  }
+#endif
+  check_status(op, oss_softmax_backward_cpu(&p, &cpu_exec));
+  return dx;
+}
+
+Tensor softmax_op(const Tensor &self, int64_t dim, std::optional<at::ScalarType> dtype) {
+  return softmax_forward(self, dim, dtype, false);
+}
+Tensor log_softmax_op(const Tensor &self, int64_t dim, std::optional<at::ScalarType> dtype) {
+  return softmax_forward(self, dim, dtype, true);
+}
+Tensor softmax_backward_op(const Tensor &grad_output, const Tensor &output, int64_t dim,
+                           at::ScalarType input_dtype) {
+  return softmax_backward(grad_output, output, dim, input_dtype, false);
+}
+Tensor log_softmax_backward_op(const Tensor &grad_output, const Tensor &output, int64_t dim,
+                               at::ScalarType input_dtype) {
+  return softmax_backward(grad_output, output, dim, input_dtype, true);
+}
+
+// ---------------------------------------------------------------------------
+// Attention
+// ---------------------------------------------------------------------------
+
+constexpr int64_t kMaxHeadDim = 256;
+
+void fill_strides3(const Tensor &t, int64_t out[3]) {
+  for (int i = 0; i < 3; i++) out[i] = t.stride(i);
+}
+
+// The last dim must be unit-stride; anything else about the strides is fine.
+Tensor last_dim_contiguous(const Tensor &t) {
+  return t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
+}
+
+// Validated attention inputs: q, k, v with a unit-stride last dim, the mask
+// broadcast (stride 0, never copied) to [B, Hq, Lq, Lk], and the forward
+// parameters filled in except out/lse.
+struct AttentionInputs {
+  Tensor q, k, v, mask;
+  oss_attention_params p;
+};
+
+AttentionInputs prepare_attention(const char *op, const Tensor &query, const Tensor &key, const Tensor &value,
+                                  const std::optional<Tensor> &attn_mask, bool is_causal,
+                                  std::optional<double> scale, bool enable_gqa, c10::string_view causal_alignment) {
+  const Tensor *named[3] = {&query, &key, &value};
+  const char *names[3] = {"query", "key", "value"};
+  for (int i = 0; i < 3; i++) {
+    const Tensor &t = *named[i];
+    TORCH_CHECK_TYPE(is_kernel_float(t.scalar_type()), op, ": ", names[i], " has dtype ", t.scalar_type(),
+                     " but must be float16, bfloat16, float32 or float64");
+    TORCH_CHECK_VALUE(t.dim() == 4, op, ": ", names[i], " must be 4-D (batch, heads, seq_len, head_dim), got ",
+                      t.dim(), "-D with shape ", t.sizes());
+    check_device_supported(op, t, names[i]);
+  }
+  for (int i = 1; i < 3; i++) {
+    const Tensor &t = *named[i];
+    TORCH_CHECK_TYPE(t.scalar_type() == query.scalar_type(), op, ": ", names[i], ".dtype=", t.scalar_type(),
+                     " must equal query.dtype=", query.scalar_type());
+    TORCH_CHECK_VALUE(t.device() == query.device(), op, ": ", names[i], " is on ", t.device(),
+                      " but query is on ", query.device());
+    TORCH_CHECK_VALUE(t.size(0) == query.size(0), op, ": ", names[i], ".size(0)=", t.size(0),
+                      " (batch) must equal query.size(0)=", query.size(0));
+  }
+  const int64_t B = query.size(0), Hq = query.size(1), Lq = query.size(2), D = query.size(3);
+  const int64_t Hkv = key.size(1), Lk = key.size(2), Dv = value.size(3);
+  TORCH_CHECK_VALUE(value.size(1) == Hkv, op, ": value.size(1)=", value.size(1),
+                    " (heads) must equal key.size(1)=", Hkv);
+  TORCH_CHECK_VALUE(value.size(2) == Lk, op, ": value.size(2)=", value.size(2),
+                    " (seq_len) must equal key.size(2)=", Lk);
+  TORCH_CHECK_VALUE(key.size(3) == D, op, ": key.size(-1)=", key.size(3), " (head_dim) must equal query.size(-1)=",
+                    D);
+  TORCH_CHECK_VALUE(D >= 1 && D <= kMaxHeadDim, op, ": query.size(-1)=", D, " but head_dim must be in [1, ",
+                    kMaxHeadDim, "]");
+  TORCH_CHECK_VALUE(Dv >= 1 && Dv <= kMaxHeadDim, op, ": value.size(-1)=", Dv, " but head_dim must be in [1, ",
+                    kMaxHeadDim, "]");
+  TORCH_CHECK_VALUE(Hq >= 1 && Hkv >= 1, op, ": query.size(1)=", Hq, " and key.size(1)=", Hkv,
+                    " (heads) must be at least 1");
+  if (Hq != Hkv) {
+    TORCH_CHECK_VALUE(enable_gqa, op, ": query has ", Hq, " heads but key and value have ", Hkv,
+                      "; pass enable_gqa=True for grouped-query attention");
+    TORCH_CHECK_VALUE(Hq % Hkv == 0, op, ": query.size(1)=", Hq, " (heads) must be a multiple of key.size(1)=",
+                      Hkv, " for grouped-query attention");
+  }
+  TORCH_CHECK_VALUE(causal_alignment == "top_left" || causal_alignment == "bottom_right", op,
+                    ": causal_alignment must be 'top_left' or 'bottom_right', got '", std::string(causal_alignment),
+                    "'");
+  if (scale) {
+    TORCH_CHECK_VALUE(std::isfinite(*scale), op, ": scale must be a finite number, got ", *scale);
+  }
+#ifdef OSS_WITH_CUDA
+  if (query.is_cuda()) {
+    const int64_t max_dim = oss_attention_cuda_max_head_dim();
+    TORCH_CHECK_NOT_IMPLEMENTED(std::max(D, Dv) <= max_dim, op, ": head_dim ", std::max(D, Dv),
+                                " exceeds the largest head dim compiled into this build (", max_dim,
+                                "); rebuild with TORCH_OSS_HEAD_DIMS including it");
+  }
+#endif
+
+  AttentionInputs in;
+  in.q = last_dim_contiguous(query);
+  in.k = last_dim_contiguous(key);
+  in.v = last_dim_contiguous(value);
+  oss_attention_params &p = in.p;
+  p.dtype = to_oss_dtype(query.scalar_type());
+  p.batch = B;
+  p.heads_q = Hq;
+  p.heads_kv = Hkv;
+  p.len_q = Lq;
+  p.len_k = Lk;
+  p.head_dim = D;
+  p.head_dim_v = Dv;
+  p.q = in.q.data_ptr();
+  p.k = in.k.data_ptr();
+  p.v = in.v.data_ptr();
+  fill_strides3(in.q, p.q_stride);
+  fill_strides3(in.k, p.k_stride);
+  fill_strides3(in.v, p.v_stride);
+  p.out = nullptr;
+  p.lse = nullptr;
+  p.scale = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(D));
+  p.causal = !is_causal ? OSS_CAUSAL_NONE
+                        : (causal_alignment == "bottom_right" ? OSS_CAUSAL_BOTTOM_RIGHT : OSS_CAUSAL_TOP_LEFT);
+  p.mask_kind = OSS_MASK_NONE;
+  p.mask = nullptr;
+  p.mask_dtype = OSS_BOOL;
+  for (int i = 0; i < 4; i++) p.mask_stride[i] = 0;
+
+  if (attn_mask && attn_mask->defined()) {
+    const Tensor &m = *attn_mask;
+    const at::ScalarType mt = m.scalar_type();
+    TORCH_CHECK_TYPE(mt == at::kBool || mt == query.scalar_type() || mt == at::kFloat, op, ": attn_mask.dtype=", mt,
+                     " must be torch.bool, the dtype of query (", query.scalar_type(), ") or torch.float32");
+    TORCH_CHECK_VALUE(m.device() == query.device(), op, ": attn_mask is on ", m.device(), " but query is on ",
+                      query.device());
+    TORCH_CHECK_VALUE(m.dim() <= 4, op, ": attn_mask must have at most 4 dims, got shape ", m.sizes());
+    const int64_t target[4] = {B, Hq, Lq, Lk};
+    for (int64_t i = 0; i < m.dim(); i++) {
+      const int64_t size = m.size(m.dim() - 1 - i), want = target[3 - i];
+      TORCH_CHECK_VALUE(size == want || size == 1, op, ": attn_mask of shape ", m.sizes(),
+                        " cannot be broadcast to (batch, heads, len_q, len_k) = (", B, ", ", Hq, ", ", Lq, ", ",
+                        Lk, ")");
+    }
+    in.mask = m.expand({B, Hq, Lq, Lk});
+    p.mask_kind = mt == at::kBool ? OSS_MASK_BOOL : OSS_MASK_ADDITIVE;
+    p.mask = in.mask.data_ptr();
+    p.mask_dtype = to_oss_dtype(mt);
+    for (int i = 0; i < 4; i++) p.mask_stride[i] = in.mask.size(i) == 1 ? 0 : in.mask.stride(i);
+  }
+  return in;
+}
+
+at::ScalarType lse_dtype(at::ScalarType input) { return input == at::kDouble ? at::kDouble : at::kFloat; }
+
+std::tuple<Tensor, Tensor> attention_op(const Tensor &query, const Tensor &key, const Tensor &value,
+                                        const std::optional<Tensor> &attn_mask, bool is_causal,
+                                        std::optional<double> scale, bool enable_gqa,
+                                        c10::string_view causal_alignment) {
+  const char *op = "attention";
+  AttentionInputs in =
+      prepare_attention(op, query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment);
+  oss_attention_params &p = in.p;
+  Tensor out = at::empty({p.batch, p.heads_q, p.len_q, p.head_dim_v}, query.options());
+  Tensor lse = at::empty({p.batch, p.heads_q, p.len_q}, query.options().dtype(lse_dtype(query.scalar_type())));
+  if (out.numel() == 0) return {out, lse};
+  p.out = out.data_ptr();
+  fill_strides3(out, p.out_stride);
+  p.lse = lse.data_ptr();
+#ifdef OSS_WITH_CUDA
+  if (query.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(query.device());
+    Tensor ws = cuda_workspace(query, oss_attention_forward_workspace_size_cuda(&p));
+    check_status(op, oss_attention_forward_cuda(&p, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
+    return {out, lse};
+  }
+#endif
+  check_status(op, oss_attention_forward_cpu(&p, &cpu_exec));
+  return {out, lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor> attention_backward_op(const Tensor &grad_out, const Tensor &query,
+                                                         const Tensor &key, const Tensor &value, const Tensor &out,
+                                                         const Tensor &lse, const std::optional<Tensor> &attn_mask,
+                                                         bool is_causal, std::optional<double> scale,
+                                                         bool enable_gqa, c10::string_view causal_alignment,
+                                                         bool deterministic) {
+  const char *op = "attention_backward";
+  AttentionInputs in =
+      prepare_attention(op, query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment);
+  oss_attention_backward_params bp;
+  bp.fwd = in.p;
+  const oss_attention_params &p = bp.fwd;
+  const std::vector<int64_t> out_shape = {p.batch, p.heads_q, p.len_q, p.head_dim_v};
+  const std::vector<int64_t> lse_shape = {p.batch, p.heads_q, p.len_q};
+  TORCH_CHECK_VALUE(out.sizes() == at::IntArrayRef(out_shape), op, ": out has shape ", out.sizes(), ", expected ",
+                    at::IntArrayRef(out_shape));
+  TORCH_CHECK_VALUE(grad_out.sizes() == at::IntArrayRef(out_shape), op, ": grad_out has shape ", grad_out.sizes(),
+                    ", expected ", at::IntArrayRef(out_shape));
+  TORCH_CHECK_VALUE(lse.sizes() == at::IntArrayRef(lse_shape), op, ": lse has shape ", lse.sizes(), ", expected ",
+                    at::IntArrayRef(lse_shape));
+  TORCH_CHECK_TYPE(out.scalar_type() == query.scalar_type(), op, ": out.dtype=", out.scalar_type(),
+                   " must equal query.dtype=", query.scalar_type());
+  TORCH_CHECK_TYPE(is_kernel_float(grad_out.scalar_type()), op, ": grad_out has dtype ", grad_out.scalar_type(),
+                   " but must be a floating type");
+  const Tensor *named[3] = {&grad_out, &out, &lse};
+  const char *names[3] = {"grad_out", "out", "lse"};
+  for (int i = 0; i < 3; i++)
+    TORCH_CHECK_VALUE(named[i]->device() == query.device(), op, ": ", names[i], " is on ", named[i]->device(),
+                      " but query is on ", query.device());
+
+  Tensor o = last_dim_contiguous(out);
+  Tensor dout = last_dim_contiguous(grad_out.to(query.scalar_type()));
+  Tensor lse_c = lse.to(lse_dtype(query.scalar_type())).contiguous();
+  Tensor dq = at::empty(query.sizes(), query.options());
+  Tensor dk = at::empty(key.sizes(), key.options());
+  Tensor dv = at::empty(value.sizes(), value.options());
+  if (p.batch == 0) return {dq, dk, dv};
+
+  bp.fwd.out = o.data_ptr();
+  fill_strides3(o, bp.fwd.out_stride);
+  bp.fwd.lse = lse_c.data_ptr();
+  bp.dout = dout.data_ptr();
+  fill_strides3(dout, bp.dout_stride);
+  bp.dq = dq.data_ptr();
+  fill_strides3(dq, bp.dq_stride);
+  bp.dk = dk.data_ptr();
+  fill_strides3(dk, bp.dk_stride);
+  bp.dv = dv.data_ptr();
+  fill_strides3(dv, bp.dv_stride);
+  bp.deterministic = deterministic;
+#ifdef OSS_WITH_CUDA
+  if (query.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(query.device());
+    Tensor ws = cuda_workspace(query, oss_attention_backward_workspace_size_cuda(&bp));
+    check_status(op,
+                 oss_attention_backward_cuda(&bp, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
+    return {dq, dk, dv};
+  }
+#endif
+  check_status(op, oss_attention_backward_cpu(&bp, &cpu_exec));
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Registration
+// ---------------------------------------------------------------------------
+
+TORCH_LIBRARY(oss, m) {
+  m.def("softmax(Tensor self, int dim, ScalarType? dtype=None) -> Tensor");
+  m.def("softmax_backward(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype) -> Tensor");
+  m.def("log_softmax(Tensor self, int dim, ScalarType? dtype=None) -> Tensor");
+  m.def("log_softmax_backward(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype) -> Tensor");
+  m.def(
+      "attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, bool is_causal=False, "
+      "float? scale=None, bool enable_gqa=False, str causal_alignment=\"top_left\") -> (Tensor out, Tensor lse)");
+  m.def(
+      "attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, Tensor lse, "
+      "Tensor? attn_mask, bool is_causal, float? scale, bool enable_gqa, str causal_alignment, "
+      "bool deterministic) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
+}
+
+TORCH_LIBRARY_IMPL(oss, CPU, m) {
+  m.impl("softmax", &softmax_op);
+  m.impl("softmax_backward", &softmax_backward_op);
+  m.impl("log_softmax", &log_softmax_op);
+  m.impl("log_softmax_backward", &log_softmax_backward_op);
+  m.impl("attention", &attention_op);
+  m.impl("attention_backward", &attention_backward_op);
+}
+
+#ifdef OSS_WITH_CUDA
+TORCH_LIBRARY_IMPL(oss, CUDA, m) {
+  m.impl("softmax", &softmax_op);
+  m.impl("softmax_backward", &softmax_backward_op);
+  m.impl("log_softmax", &log_softmax_op);
+  m.impl("log_softmax_backward", &log_softmax_backward_op);
+  m.impl("attention", &attention_op);
+  m.impl("attention_backward", &attention_backward_op);
+}
+#endif
+
+// ---------------------------------------------------------------------------
+// Python module: importing torch_oss._C runs the static registrations above.
+// ---------------------------------------------------------------------------
+
+static PyObject *py_build_config(PyObject *, PyObject *) { return PyUnicode_FromString(oss_build_config()); }
+
+static PyMethodDef oss_methods[] = {
+    {"build_config", py_build_config, METH_NOARGS, "Describe what this build of torch_oss compiled."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+static struct PyModuleDef oss_module = {PyModuleDef_HEAD_INIT, "_C", "torch_oss native ops", -1, oss_methods};
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&oss_module); }

@@ -1,0 +1,165 @@
+"""Build torch_oss._C against the installed torch.
+
+    pip install --no-build-isolation -e .
+
+Knobs (environment variables):
+  TORCH_CUDA_ARCH_LIST  CUDA archs, e.g. "9.0a" or "8.0;9.0a". Default: the visible
+                        GPUs' archs (9.0 becomes 9.0a), or "8.0;9.0a" when no GPU is visible.
+  TORCH_OSS_HEAD_DIMS   comma-separated attention head dims to compile for CUDA
+                        (default: the generator's list, 32..256). Others are padded up.
+  TORCH_OSS_CPU_ONLY=1  skip CUDA even when a toolkit is present.
+  TORCH_OSS_DEBUG=1     -O0 -g host code, -lineinfo device code, assertions on.
+  MAX_JOBS              parallel compile jobs (ninja and the C compile step).
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import sysconfig
+from concurrent.futures import ThreadPoolExecutor
+
+from setuptools import find_packages, setup
+
+import torch
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join(ROOT, "csrc")
+VERSION = "0.1.0"
+DEFAULT_ARCHS = "8.0;9.0a"
+
+
+def log(msg):
+    print(f"[torch_oss] {msg}", file=sys.stderr, flush=True)
+
+
+def env_flag(name):
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+DEBUG = env_flag("TORCH_OSS_DEBUG")
+WITH_CUDA = CUDA_HOME is not None and not env_flag("TORCH_OSS_CPU_ONLY")
+
+
+def cuda_arch_list():
+    """Sets TORCH_CUDA_ARCH_LIST when the user did not, and returns it."""
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if not archs:
+        if torch.cuda.is_available():
+            found = []
+            for i in range(torch.cuda.device_count()):
+                major, minor = torch.cuda.get_device_capability(i)
+                arch = f"{major}.{minor}" + ("a" if (major, minor) == (9, 0) else "")
+                if arch not in found:
+                    found.append(arch)
+            archs = ";".join(found)
+        else:
+            archs = DEFAULT_ARCHS
+        os.environ["TORCH_CUDA_ARCH_LIST"] = archs
+    return archs
+
+
+def head_dims():
+    text = os.environ.get("TORCH_OSS_HEAD_DIMS", "").strip()
+    gen = load_generator()
+    if not text:
+        return list(gen.DEFAULT_HEAD_DIMS)
+    dims = sorted({int(x) for x in text.replace(";", ",").split(",") if x.strip()})
+    if not dims or dims[0] < 1 or dims[-1] > 256:
+        raise SystemExit(f"TORCH_OSS_HEAD_DIMS={text!r}: expected head dims between 1 and 256")
+    return dims
+
+
+def load_generator():
+    path = os.path.join(CSRC, "cuda", "generate_attention_kernels.py")
+    spec = importlib.util.spec_from_file_location("generate_attention_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class BuildWithC11(BuildExtension):
+    """torch's BuildExtension compiles every non-CUDA source as C++. The CPU
+    kernels are C11, so compile them here with the C compiler (in parallel)
+    and hand the objects to the link step."""
+
+    def build_extensions(self):
+        cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+        cc = cc.split()
+        jobs = int(os.environ.get("MAX_JOBS", os.cpu_count() or 1))
+        flags = ["-std=c11", "-fPIC", "-fopenmp-simd", "-Wall", "-Wextra", f"-I{CSRC}"]
+        flags += ["-O0", "-g"] if DEBUG else ["-O3", "-DNDEBUG"]
+        if WITH_CUDA:
+            flags += ["-DOSS_WITH_CUDA", f'-DOSS_CUDA_ARCHS="{os.environ["TORCH_CUDA_ARCH_LIST"]}"']
+        for ext in self.extensions:
+            c_sources = getattr(ext, "c_sources", [])
+            out_dir = os.path.join(self.build_temp, "c11")
+            os.makedirs(out_dir, exist_ok=True)
+
+            def compile_one(src):
+                obj = os.path.join(out_dir, os.path.relpath(src, CSRC).replace(os.sep, "_") + ".o")
+                cmd = cc + flags + ["-c", src, "-o", obj]
+                log(" ".join(cmd))
+                subprocess.run(cmd, check=True)
+                return obj
+
+            with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+                ext.extra_objects = list(ext.extra_objects or []) + list(pool.map(compile_one, c_sources))
+        super().build_extensions()
+
+
+def make_extension():
+    c_sources = [os.path.join(CSRC, "common.c")] + sorted(
+        os.path.join(CSRC, "cpu", f) for f in os.listdir(os.path.join(CSRC, "cpu")) if f.endswith(".c")
+    )
+    cxx_flags = ["-fvisibility=hidden"] + (["-O0", "-g"] if DEBUG else ["-O3"])
+    sources = [os.path.join(CSRC, "torch_ops.cpp")]
+    depends = [os.path.join(CSRC, f) for f in ("oss.h", "oss_internal.h")]
+    if not WITH_CUDA:
+        log("no CUDA toolkit found (or TORCH_OSS_CPU_ONLY=1): building the CPU-only extension")
+        ext = CppExtension("torch_oss._C", sources, extra_compile_args={"cxx": cxx_flags}, depends=depends)
+        ext.c_sources = c_sources
+        return ext
+
+    archs = cuda_arch_list()
+    dims = head_dims()
+    generated = load_generator().generate(dims, os.path.join(CSRC, "cuda", "generated"))
+    cuda_dir = os.path.join(CSRC, "cuda")
+    cu_sources = sorted(os.path.join(cuda_dir, f) for f in os.listdir(cuda_dir) if f.endswith(".cu"))
+    log(f"CUDA build: archs={archs} attention head dims={dims} ({len(cu_sources) + len(generated)} .cu files)")
+    nvcc_flags = [
+        "-DOSS_WITH_CUDA",
+        # torch disables the half operators for its own reasons; the kernels use them.
+        "-U__CUDA_NO_HALF_OPERATORS__",
+        "-U__CUDA_NO_HALF_CONVERSIONS__",
+        "-U__CUDA_NO_HALF2_OPERATORS__",
+        "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+        "--expt-relaxed-constexpr",
+        "-lineinfo",
+    ] + (["-O0", "-g"] if DEBUG else ["-O3"])
+    threads = os.environ.get("NVCC_THREADS")
+    if threads:
+        nvcc_flags.append(f"--threads={threads}")
+    ext = CUDAExtension(
+        "torch_oss._C",
+        sources + cu_sources + generated,
+        extra_compile_args={"cxx": cxx_flags + ["-DOSS_WITH_CUDA"], "nvcc": nvcc_flags},
+        depends=depends + [os.path.join(cuda_dir, f) for f in os.listdir(cuda_dir) if f.endswith(".cuh")],
+    )
+    ext.c_sources = c_sources
+    return ext
+
+
+setup(
+    name="torch_oss",
+    version=VERSION,
+    description="Open softmax and FlashAttention-style attention kernels for PyTorch",
+    license="BSD-3-Clause",
+    packages=find_packages(include=["torch_oss", "torch_oss.*"]),
+    ext_modules=[make_extension()],
+    cmdclass={"build_ext": BuildWithC11.with_options(use_ninja=True)},
+    python_requires=">=3.9",
+    install_requires=["torch>=2.4"],
+    zip_safe=False,
+)

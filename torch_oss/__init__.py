@@ -1,0 +1,34 @@
+"""torch_oss: open softmax and FlashAttention-style attention kernels for PyTorch.
+
+Importing the package registers torch.ops.oss.{softmax, log_softmax, attention}
+and their backward ops, with fake functions and autograd formulas, so they
+work in eager mode, under autograd and under torch.compile.
+"""
+
+import torch  # noqa: F401  (the extension links against torch's libraries)
+
+from . import _C  # noqa: F401  registers the operator schemas and kernels
+from . import _registrations
+from .functional import attention, attention_with_lse, log_softmax, softmax
+
+__version__ = "0.1.0"
+__all__ = ["softmax", "log_softmax", "attention", "attention_with_lse", "build_info", "__version__"]
+
+_registrations.register()
+
+
+def build_info():
+    """What this build compiled: version, torch version, whether CUDA kernels
+    are present, their archs and the attention head dims with tile kernels."""
+    fields = dict(item.split("=", 1) for item in _C.build_config().split())
+
+    def as_list(text, cast=str):
+        return [cast(x) for x in text.replace(";", ",").split(",") if x]
+
+    return {
+        "version": __version__,
+        "torch": torch.__version__,
+        "cuda": fields.get("cuda") == "1",
+        "cuda_archs": as_list(fields.get("archs", "")),
+        "attention_head_dims": as_list(fields.get("attention_head_dims", ""), int),
+    }

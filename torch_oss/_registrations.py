@@ -1,0 +1,135 @@
+"""Fake (meta) functions and autograd formulas of the torch.ops.oss operators.
+
+The operators themselves (schemas, CPU and CUDA kernels) are registered in C++
+by torch_oss._C; this module adds what torch.compile, FakeTensor and autograd
+need, following torch.library's recommended pattern.
+"""
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _lse_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# ---------------------------------------------------------------------------
+# softmax / log_softmax
+# ---------------------------------------------------------------------------
+
+
+def _softmax_fake(name):
+    def fake(self, dim, dtype=None):
+        out_dtype = self.dtype if dtype is None else dtype
+        torch._check_type(
+            out_dtype in FLOAT_DTYPES,
+            lambda: f"{name}: output dtype {out_dtype} is not float16, bfloat16, float32 or float64",
+        )
+        rank = max(self.dim(), 1)
+        torch._check_index(
+            -rank <= dim < rank,
+            lambda: f"{name}: dim={dim} is out of range for a tensor with {self.dim()} dimensions",
+        )
+        return self.new_empty(self.shape, dtype=out_dtype)
+
+    return fake
+
+
+def _softmax_backward_fake(name):
+    def fake(grad_output, output, dim, input_dtype):
+        torch._check(
+            grad_output.shape == output.shape,
+            lambda: f"{name}: grad_output has shape {tuple(grad_output.shape)} but output has "
+            f"shape {tuple(output.shape)}",
+        )
+        return output.new_empty(output.shape, dtype=input_dtype)
+
+    return fake
+
+
+def _softmax_setup_context(ctx, inputs, output):
+    self, dim, _dtype = inputs
+    ctx.dim = dim
+    ctx.input_dtype = self.dtype
+    ctx.save_for_backward(output)
+
+
+def _softmax_autograd(backward_op):
+    def backward(ctx, grad):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
+        (output,) = ctx.saved_tensors
+        return backward_op(grad, output, ctx.dim, ctx.input_dtype), None, None
+
+    return backward
+
+
+# ---------------------------------------------------------------------------
+# attention
+# ---------------------------------------------------------------------------
+
+
+def _attention_fake(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
+                    causal_alignment="top_left"):
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        torch._check_value(t.dim() == 4, lambda: f"attention: {name} must be 4-D, got {t.dim()}-D")
+    torch._check_type(
+        key.dtype == query.dtype and value.dtype == query.dtype,
+        lambda: f"attention: query, key, value dtypes differ ({query.dtype}, {key.dtype}, {value.dtype})",
+    )
+    torch._check_value(
+        key.shape[-1] == query.shape[-1],
+        lambda: f"attention: key.size(-1)={key.shape[-1]} must equal query.size(-1)={query.shape[-1]}",
+    )
+    B, Hq, Lq, _ = query.shape
+    out = query.new_empty((B, Hq, Lq, value.shape[-1]))
+    lse = query.new_empty((B, Hq, Lq), dtype=_lse_dtype(query.dtype))
+    return out, lse
+
+
+def _attention_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
+                             causal_alignment, deterministic):
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+
+
+def _attention_setup_context(ctx, inputs, output):
+    query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment = inputs
+    out, lse = output
+    if attn_mask is not None and attn_mask.requires_grad:
+        raise NotImplementedError(
+            "torch_oss.attention: attn_mask requires grad, but gradients with respect to the mask are not "
+            "supported; pass attn_mask.detach()"
+        )
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(query, key, value, attn_mask, out, lse)
+    ctx.options = (is_causal, scale, enable_gqa, causal_alignment)
+    ctx.deterministic = torch.are_deterministic_algorithms_enabled()
+
+
+def _attention_backward(ctx, grad_out, _grad_lse):
+    if not any(ctx.needs_input_grad[:3]):
+        return (None,) * 8
+    query, key, value, attn_mask, out, lse = ctx.saved_tensors
+    is_causal, scale, enable_gqa, causal_alignment = ctx.options
+    dq, dk, dv = torch.ops.oss.attention_backward(
+        grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
+        ctx.deterministic,
+    )
+    return dq, dk, dv, None, None, None, None, None
+
+
+def register():
+    lib = "oss"
+    for name in ("softmax", "log_softmax"):
+        torch.library.register_fake(f"{lib}::{name}", _softmax_fake(name))
+        torch.library.register_fake(f"{lib}::{name}_backward", _softmax_backward_fake(f"{name}_backward"))
+        backward_op = getattr(torch.ops.oss, f"{name}_backward").default
+        torch.library.register_autograd(
+            f"{lib}::{name}", _softmax_autograd(backward_op), setup_context=_softmax_setup_context
+        )
+    torch.library.register_fake(f"{lib}::attention", _attention_fake)
+    torch.library.register_fake(f"{lib}::attention_backward", _attention_backward_fake)
+    torch.library.register_autograd(
+        f"{lib}::attention", _attention_backward, setup_context=_attention_setup_context
+    )
