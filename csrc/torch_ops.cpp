@@ -166,11 +166,15 @@ Tensor softmax_forward(const Tensor &self, int64_t dim, std::optional<at::Scalar
   }
   dim = wrap_softmax_dim(op, dim, self.dim());
 
-  // The kernels read any of the four float types and write any other, but
-  // float64 computes in double and so goes with float64 only.
+  // dtype= means "cast, then compute". A widening cast (half or bfloat16 in,
+  // float out) changes no value, so the kernel reads the input as it is and
+  // the cast costs nothing; any other cast rounds the input, so it is done
+  // first, as F.softmax does.
   Tensor x = self;
-  if (!is_kernel_float(x.scalar_type()) || (x.scalar_type() == at::kDouble) != (out_dtype == at::kDouble))
-    x = x.to(out_dtype);
+  const at::ScalarType in_dtype = x.scalar_type();
+  const bool fused_cast =
+      in_dtype == out_dtype || ((in_dtype == at::kHalf || in_dtype == at::kBFloat16) && out_dtype == at::kFloat);
+  if (!fused_cast) x = x.to(out_dtype);
   Tensor y = at::empty(self.sizes(), self.options().dtype(out_dtype));
   if (y.numel() == 0) return y;
   if (x.dim() == 0) x = x.reshape({1});

@@ -16,28 +16,24 @@ enum { OSS_ROW_CHUNK = 1024, OSS_COL_BLOCK = 64, OSS_COL_CHUNK = 16 };
 #define REAL float
 #define FN(name) name##_f32
 #define EXP oss_expf
-#define LOG logf
 #define LOAD oss_load_f32
 #define STORE oss_store_f32
 #include "softmax_generic.h"
 #undef REAL
 #undef FN
 #undef EXP
-#undef LOG
 #undef LOAD
 #undef STORE
 
 #define REAL double
 #define FN(name) name##_f64
 #define EXP exp
-#define LOG log
 #define LOAD oss_load_f64
 #define STORE oss_store_f64
 #include "softmax_generic.h"
 #undef REAL
 #undef FN
 #undef EXP
-#undef LOG
 #undef LOAD
 #undef STORE
 

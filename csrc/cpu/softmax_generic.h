@@ -21,33 +21,36 @@ static inline REAL FN(max_of)(const REAL *x, int64_t n) {
   return m;
 }
 
+/* Sums accumulate in double: a float running sum near 1 silently drops the
+ * many tiny exp terms of a row with outliers (each below half an ulp). */
+
 /* sum of exp(x - m); NaN when m is -inf or +inf, as PyTorch's softmax gives. */
-static inline REAL FN(sum_exp)(const REAL *x, int64_t n, REAL m) {
-  REAL s = 0;
+static inline double FN(sum_exp)(const REAL *x, int64_t n, REAL m) {
+  double s = 0;
 #pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; i++) s += EXP(x[i] - m);
+  for (int64_t i = 0; i < n; i++) s += (double)EXP(x[i] - m);
   return s;
 }
 
-static inline REAL FN(sum_of)(const REAL *x, int64_t n) {
-  REAL s = 0;
+static inline double FN(sum_of)(const REAL *x, int64_t n) {
+  double s = 0;
 #pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; i++) s += x[i];
+  for (int64_t i = 0; i < n; i++) s += (double)x[i];
   return s;
 }
 
-static inline REAL FN(dot)(const REAL *x, const REAL *y, int64_t n) {
-  REAL s = 0;
+static inline double FN(dot)(const REAL *x, const REAL *y, int64_t n) {
+  double s = 0;
 #pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; i++) s += x[i] * y[i];
+  for (int64_t i = 0; i < n; i++) s += (double)x[i] * (double)y[i];
   return s;
 }
 
 /* Folds a chunk whose max is chunk_max into the running (m, d); returns the
  * new m so the caller can add the chunk's exp-sum against it. */
-static inline REAL FN(online_rescale)(REAL *m, REAL *d, REAL chunk_max) {
+static inline REAL FN(online_rescale)(REAL *m, double *d, REAL chunk_max) {
   REAL m_new = chunk_max > *m ? chunk_max : *m;
-  if (m_new != *m) *d *= EXP(*m - m_new);
+  if (m_new != *m) *d *= (double)EXP(*m - m_new);
   *m = m_new;
   return m_new;
 }
@@ -60,19 +63,20 @@ static void FN(softmax_fwd_rows)(void *ctx, int64_t begin, int64_t end) {
   const int64_t n = p->n;
   for (int64_t row = begin; row < end; row++) {
     const int64_t xo = row * p->x.stride_outer, yo = row * p->y.stride_outer;
-    REAL m = -INFINITY, d = 0;
+    REAL m = -INFINITY;
+    double d = 0;
     for (int64_t c = 0; c < n; c += OSS_ROW_CHUNK) {
       const int64_t len = n - c < OSS_ROW_CHUNK ? n - c : OSS_ROW_CHUNK;
       LOAD(p->x.data, p->x.dtype, xo + c, 1, buf, len);
       FN(online_rescale)(&m, &d, FN(max_of)(buf, len));
       d += FN(sum_exp)(buf, len, m);
     }
-    const REAL inv_d = 1 / d, lse = m + LOG(d);
+    const REAL inv_d = (REAL)(1 / d), log_d = (REAL)log(d);
     for (int64_t c = 0; c < n; c += OSS_ROW_CHUNK) {
       const int64_t len = n - c < OSS_ROW_CHUNK ? n - c : OSS_ROW_CHUNK;
       LOAD(p->x.data, p->x.dtype, xo + c, 1, buf, len);
       if (p->log)
-        for (int64_t i = 0; i < len; i++) buf[i] = buf[i] - lse;
+        for (int64_t i = 0; i < len; i++) buf[i] = (buf[i] - m) - log_d;
       else
         for (int64_t i = 0; i < len; i++) buf[i] = EXP(buf[i] - m) * inv_d;
       STORE(p->y.data, p->y.dtype, yo + c, 1, buf, len);
@@ -85,7 +89,8 @@ static void FN(softmax_fwd_rows)(void *ctx, int64_t begin, int64_t end) {
 static void FN(softmax_fwd_cols)(void *ctx, int64_t begin, int64_t end) {
   const oss_softmax_params *p = (const oss_softmax_params *)ctx;
   const int64_t blocks = (p->inner + OSS_COL_BLOCK - 1) / OSS_COL_BLOCK;
-  REAL tile[OSS_COL_CHUNK][OSS_COL_BLOCK], m[OSS_COL_BLOCK], d[OSS_COL_BLOCK], lse[OSS_COL_BLOCK];
+  REAL tile[OSS_COL_CHUNK][OSS_COL_BLOCK], m[OSS_COL_BLOCK], inv_d[OSS_COL_BLOCK], log_d[OSS_COL_BLOCK];
+  double d[OSS_COL_BLOCK];
   for (int64_t task = begin; task < end; task++) {
     const int64_t o = task / blocks, j0 = (task % blocks) * OSS_COL_BLOCK;
     const int64_t w = p->inner - j0 < OSS_COL_BLOCK ? p->inner - j0 : OSS_COL_BLOCK;
@@ -101,16 +106,16 @@ static void FN(softmax_fwd_cols)(void *ctx, int64_t begin, int64_t end) {
       }
       for (int64_t j = 0; j < w; j++) FN(online_rescale)(&m[j], &d[j], chunk_max[j]);
       for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < w; j++) d[j] += EXP(tile[i][j] - m[j]);
+        for (int64_t j = 0; j < w; j++) d[j] += (double)EXP(tile[i][j] - m[j]);
     }
-    for (int64_t j = 0; j < w; j++) lse[j] = m[j] + LOG(d[j]), d[j] = 1 / d[j];
+    for (int64_t j = 0; j < w; j++) log_d[j] = (REAL)log(d[j]), inv_d[j] = (REAL)(1 / d[j]);
     for (int64_t i = 0; i < p->n; i++) {
       REAL *row = tile[0];
       LOAD(p->x.data, p->x.dtype, xo + i * p->x.stride_n, 1, row, w);
       if (p->log)
-        for (int64_t j = 0; j < w; j++) row[j] = row[j] - lse[j];
+        for (int64_t j = 0; j < w; j++) row[j] = (row[j] - m[j]) - log_d[j];
       else
-        for (int64_t j = 0; j < w; j++) row[j] = EXP(row[j] - m[j]) * d[j];
+        for (int64_t j = 0; j < w; j++) row[j] = EXP(row[j] - m[j]) * inv_d[j];
       STORE(p->y.data, p->y.dtype, yo + i * p->y.stride_n, 1, row, w);
     }
   }
@@ -127,17 +132,18 @@ static void FN(softmax_bwd_rows)(void *ctx, int64_t begin, int64_t end) {
   for (int64_t row = begin; row < end; row++) {
     const int64_t yo = row * p->y.stride_outer, go = row * p->dy.stride_outer,
                   xo = row * p->dx.stride_outer;
-    REAL s = 0;
+    double sum = 0;
     for (int64_t c = 0; c < n; c += OSS_ROW_CHUNK) {
       const int64_t len = n - c < OSS_ROW_CHUNK ? n - c : OSS_ROW_CHUNK;
       LOAD(p->dy.data, p->dy.dtype, go + c, 1, gbuf, len);
       if (p->log) {
-        s += FN(sum_of)(gbuf, len);
+        sum += FN(sum_of)(gbuf, len);
       } else {
         LOAD(p->y.data, p->y.dtype, yo + c, 1, ybuf, len);
-        s += FN(dot)(ybuf, gbuf, len);
+        sum += FN(dot)(ybuf, gbuf, len);
       }
     }
+    const REAL s = (REAL)sum;
     for (int64_t c = 0; c < n; c += OSS_ROW_CHUNK) {
       const int64_t len = n - c < OSS_ROW_CHUNK ? n - c : OSS_ROW_CHUNK;
       LOAD(p->y.data, p->y.dtype, yo + c, 1, ybuf, len);
@@ -157,21 +163,23 @@ static void FN(softmax_bwd_cols)(void *ctx, int64_t begin, int64_t end) {
   const oss_softmax_backward_params *p = (const oss_softmax_backward_params *)ctx;
   const int64_t blocks = (p->inner + OSS_COL_BLOCK - 1) / OSS_COL_BLOCK;
   REAL yrow[OSS_COL_BLOCK], grow[OSS_COL_BLOCK], s[OSS_COL_BLOCK];
+  double sum[OSS_COL_BLOCK];
   for (int64_t task = begin; task < end; task++) {
     const int64_t o = task / blocks, j0 = (task % blocks) * OSS_COL_BLOCK;
     const int64_t w = p->inner - j0 < OSS_COL_BLOCK ? p->inner - j0 : OSS_COL_BLOCK;
     const int64_t yo = o * p->y.stride_outer + j0, go = o * p->dy.stride_outer + j0,
                   xo = o * p->dx.stride_outer + j0;
-    for (int64_t j = 0; j < w; j++) s[j] = 0;
+    for (int64_t j = 0; j < w; j++) sum[j] = 0;
     for (int64_t i = 0; i < p->n; i++) {
       LOAD(p->dy.data, p->dy.dtype, go + i * p->dy.stride_n, 1, grow, w);
       if (p->log) {
-        for (int64_t j = 0; j < w; j++) s[j] += grow[j];
+        for (int64_t j = 0; j < w; j++) sum[j] += (double)grow[j];
       } else {
         LOAD(p->y.data, p->y.dtype, yo + i * p->y.stride_n, 1, yrow, w);
-        for (int64_t j = 0; j < w; j++) s[j] += yrow[j] * grow[j];
+        for (int64_t j = 0; j < w; j++) sum[j] += (double)yrow[j] * (double)grow[j];
       }
     }
+    for (int64_t j = 0; j < w; j++) s[j] = (REAL)sum[j];
     for (int64_t i = 0; i < p->n; i++) {
       LOAD(p->y.data, p->y.dtype, yo + i * p->y.stride_n, 1, yrow, w);
       LOAD(p->dy.data, p->dy.dtype, go + i * p->dy.stride_n, 1, grow, w);

@@ -1,0 +1,148 @@
+"""Shared helpers for the torch_oss tests: devices, float64 references and the
+tolerance rule of GUIDE.md.
+
+Tolerance rule (FlashAttention's): max|ours - ref64| <= 2 * max|peer - ref64| + atol,
+where ref64 is the computation in float64 and peer is PyTorch's own kernel on the
+same-dtype inputs. Each element is also allowed one rounding of its own magnitude
+(eps * |ref64|), so that outputs far from 1 (log-probabilities of -1e4, say) are
+not judged by an absolute atol meant for values near 1. NaN passes only where the
+reference has NaN too; infinities must match exactly.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_oss
+
+BUILD = torch_oss.build_info()
+CUDA_OK = torch.cuda.is_available() and BUILD["cuda"]
+CUDA_SKIP_REASON = (
+    "no CUDA GPU visible" if not torch.cuda.is_available() else "torch_oss was built without CUDA kernels"
+)
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not CUDA_OK, reason=CUDA_SKIP_REASON)]),
+]
+FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+
+SOFTMAX_ATOL = {torch.float64: 1e-12, torch.float32: 1e-6, torch.float16: 1e-5, torch.bfloat16: 1e-4}
+ATTENTION_ATOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-4, torch.bfloat16: 1e-3}
+
+
+def cuda_param(value, *extra_marks):
+    return pytest.param(
+        value, marks=[pytest.mark.cuda, pytest.mark.skipif(not CUDA_OK, reason=CUDA_SKIP_REASON), *extra_marks]
+    )
+
+
+def seeded(seed):
+    torch.manual_seed(seed)
+
+
+def awkward_randn(shape, dtype, device, scale=3.0, outliers=True):
+    """randn * scale with a few large outliers, so softmax is far from flat.
+    Never zeros; drawn fresh on every call."""
+    x = torch.randn(shape, dtype=torch.float64) * scale
+    if outliers and x.numel() > 4:
+        idx = torch.randint(0, x.numel(), (max(1, x.numel() // 1000),))
+        x.view(-1)[idx] += torch.randn(idx.shape, dtype=torch.float64).sign() * 20
+    return x.to(dtype=dtype, device=device)
+
+
+def assert_tolerance(name, ours, ref64, peer, atol):
+    """GUIDE.md's rule; `peer` may be None when PyTorch has no same-dtype
+    kernel to compare with (then the bound is atol alone)."""
+    assert ours.shape == ref64.shape, f"{name}: shape {tuple(ours.shape)} != reference {tuple(ref64.shape)}"
+    ours64 = ours.detach().to(torch.float64).cpu()
+    ref = ref64.detach().to(torch.float64).cpu()
+    ref_nan = torch.isnan(ref)
+    ours_nan = torch.isnan(ours64)
+    assert torch.equal(ours_nan, ref_nan), (
+        f"{name}: NaN pattern differs from the reference ({int(ours_nan.sum())} NaN in ours, "
+        f"{int(ref_nan.sum())} in the reference)"
+    )
+    ref_inf = torch.isinf(ref)
+    assert torch.equal(torch.isinf(ours64) & ~ref_nan, ref_inf) and torch.equal(
+        ours64[ref_inf], ref[ref_inf]
+    ), f"{name}: infinities differ from the reference"
+    finite = ~(ref_nan | ref_inf)
+    if not finite.any():
+        return
+    eps = torch.finfo(ours.dtype).eps if ours.dtype.is_floating_point else 0.0
+    err = ((ours64[finite] - ref[finite]).abs() - eps * ref[finite].abs()).max().item()
+    bound = atol
+    if peer is not None:
+        peer64 = peer.detach().to(torch.float64).cpu()
+        peer_finite = finite & torch.isfinite(peer64)
+        if peer_finite.any():
+            bound += 2 * (peer64[peer_finite] - ref[peer_finite]).abs().max().item()
+    assert err <= bound, f"{name}: max error {err:.3e} exceeds bound {bound:.3e} (2 x PyTorch's error + {atol:g})"
+
+
+def poison_(t):
+    """Fill with NaN so unwritten output elements cannot pass a check."""
+    return t.fill_(float("nan"))
+
+
+# ---------------------------------------------------------------------------
+# Attention reference
+# ---------------------------------------------------------------------------
+
+
+def visible_mask(Lq, Lk, is_causal, alignment, attn_mask, device):
+    """Boolean (.., Lq, Lk) mask of the keys each query may see from the causal
+    rule and a boolean mask (None when everything is visible)."""
+    vis = None
+    if is_causal:
+        offset = 0 if alignment == "top_left" else Lk - Lq
+        i = torch.arange(Lq, device=device)[:, None]
+        j = torch.arange(Lk, device=device)[None, :]
+        vis = j <= i + offset
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        vis = attn_mask if vis is None else (vis & attn_mask)
+    return vis
+
+
+def attention_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
+                        alignment="top_left", compute_dtype=torch.float64):
+    """Attention in `compute_dtype` with torch_oss's semantics (masks combine
+    with the causal rule; a row that sees no key gives 0 output and -inf lse).
+    Differentiable; returns (out, lse) in compute_dtype."""
+    q, k, v = (t.to(compute_dtype) for t in (q, k, v))
+    Hq, Hkv = q.shape[-3], k.shape[-3]
+    if Hq != Hkv:
+        k = k.repeat_interleave(Hq // Hkv, dim=-3)
+        v = v.repeat_interleave(Hq // Hkv, dim=-3)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * scale
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        s = s + attn_mask.to(compute_dtype)
+    vis = visible_mask(q.shape[-2], k.shape[-2], is_causal, alignment, attn_mask, q.device)
+    if vis is not None:
+        s = s.masked_fill(~vis, float("-inf"))
+    empty = (s == float("-inf")).all(-1, keepdim=True)
+    s = s.masked_fill(empty, 0.0)
+    p = torch.softmax(s, -1).masked_fill(empty, 0.0)
+    lse = torch.logsumexp(s, -1).masked_fill(empty.squeeze(-1), float("-inf"))
+    return p @ v, lse
+
+
+def sdpa_peer(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, alignment="top_left"):
+    """PyTorch's SDPA on the same-dtype inputs, the causal rule folded into an
+    explicit mask so every alignment and mask combination is expressible.
+    Rows that see no key are set to 0 (as torch_oss defines them)."""
+    Lq, Lk = q.shape[-2], k.shape[-2]
+    mask = attn_mask
+    vis = visible_mask(Lq, Lk, is_causal, alignment, attn_mask if (mask is not None and mask.dtype == torch.bool)
+                       else None, q.device)
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)
+        if vis is not None:
+            mask = mask.masked_fill(~vis, float("-inf"))
+    elif vis is not None:
+        mask = vis
+    kw = {"enable_gqa": True} if q.shape[-3] != k.shape[-3] else {}
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **kw)
+    return torch.nan_to_num(out, nan=0.0)

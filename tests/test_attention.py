@@ -1,0 +1,374 @@
+"""torch_oss.attention against a float64 reference (out, lse and all three
+gradients) over dtypes, head dims, causal alignments, masks, GQA ratios and
+awkward lengths; SDPA semantics; opcheck and torch.compile."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _util import (ATTENTION_ATOL, BUILD, CUDA_OK, DEVICES, FLOAT_DTYPES, assert_tolerance, attention_reference,
+                   cuda_param, sdpa_peer)
+
+import torch_oss
+
+CAUSAL = [(False, "top_left"), (True, "top_left"), (True, "bottom_right")]
+CAUSAL_IDS = ["none", "top_left", "bottom_right"]
+
+# (batch, heads_q, heads_kv, len_q, len_k, head_dim, head_dim_v)
+CASES = [
+    (1, 1, 1, 1, 1, 32, 32),
+    (2, 2, 2, 17, 17, 64, 64),
+    (1, 4, 2, 127, 129, 40, 40),
+    (2, 2, 1, 129, 127, 80, 80),
+    (1, 8, 1, 33, 200, 128, 128),
+    (1, 6, 3, 64, 64, 17, 17),
+    (1, 2, 2, 70, 45, 100, 72),
+    (1, 4, 4, 96, 257, 96, 112),
+    (1, 2, 1, 65, 65, 160, 160),
+    (1, 1, 1, 48, 80, 192, 192),
+    (1, 2, 2, 40, 72, 256, 256),
+]
+CASE_IDS = ["b{}_h{}-{}_l{}-{}_d{}-{}".format(*c) for c in CASES]
+
+
+def head_dim_supported(device, *dims):
+    if device != "cuda":
+        return True
+    compiled = BUILD["attention_head_dims"]
+    return bool(compiled) and max(dims) <= max(compiled)
+
+
+def make_qkv(case, dtype, device, requires_grad=False):
+    B, Hq, Hkv, Lq, Lk, D, Dv = case
+    q = torch.randn(B, Hq, Lq, D, dtype=dtype, device=device)
+    k = torch.randn(B, Hkv, Lk, D, dtype=dtype, device=device)
+    v = torch.randn(B, Hkv, Lk, Dv, dtype=dtype, device=device)
+    return [t.requires_grad_(requires_grad) for t in (q, k, v)]
+
+
+def check_forward(q, k, v, mask=None, is_causal=False, alignment="top_left", scale=None, label=""):
+    gqa = q.shape[1] != k.shape[1]
+    out, lse = torch_oss.attention_with_lse(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                            enable_gqa=gqa, causal_alignment=alignment)
+    ref_out, ref_lse = attention_reference(q, k, v, mask, is_causal, scale, gqa, alignment)
+    peer_out = sdpa_peer(q, k, v, mask, is_causal, scale, gqa, alignment)
+    _, peer_lse = attention_reference(q, k, v, mask, is_causal, scale, gqa, alignment, compute_dtype=torch.float32)
+    atol = ATTENTION_ATOL[q.dtype]
+    assert out.dtype == q.dtype and out.shape == ref_out.shape
+    assert lse.dtype == (torch.float64 if q.dtype == torch.float64 else torch.float32)
+    assert_tolerance(f"out {label}", out, ref_out, peer_out, atol)
+    assert_tolerance(f"lse {label}", lse, ref_lse, peer_lse, atol)
+    return out, lse
+
+
+def check_backward(q, k, v, mask=None, is_causal=False, alignment="top_left", scale=None, label=""):
+    gqa = q.shape[1] != k.shape[1]
+    dout = torch.randn(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
+    leaves = {}
+    for name in ("ours", "peer", "ref"):
+        dtype = torch.float64 if name == "ref" else q.dtype
+        leaves[name] = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    torch_oss.attention(*leaves["ours"], attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=gqa,
+                        causal_alignment=alignment).backward(dout)
+    sdpa_peer(*leaves["peer"], mask, is_causal, scale, gqa, alignment).backward(dout)
+    attention_reference(*leaves["ref"], mask, is_causal, scale, gqa, alignment)[0].backward(dout.double())
+    atol = ATTENTION_ATOL[q.dtype]
+    for i, name in enumerate(("dq", "dk", "dv")):
+        ours = leaves["ours"][i].grad
+        assert ours.dtype == q.dtype and ours.shape == leaves["ours"][i].shape
+        assert_tolerance(f"{name} {label}", ours, leaves["ref"][i].grad, leaves["peer"][i].grad, atol)
+
+
+# ---------------------------------------------------------------------------
+# Values and gradients
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("is_causal,alignment", CAUSAL, ids=CAUSAL_IDS)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_forward_and_backward(device, dtype, is_causal, alignment, case):
+    if not head_dim_supported(device, case[5], case[6]):
+        pytest.skip("head dim not compiled into this build")
+    q, k, v = make_qkv(case, dtype, device)
+    label = f"{dtype} {device} causal={is_causal}/{alignment} case={case}"
+    check_forward(q, k, v, is_causal=is_causal, alignment=alignment, label=label)
+    check_backward(q, k, v, is_causal=is_causal, alignment=alignment, label=label)
+
+
+def mask_variants(B, Hq, Lq, Lk, dtype, device):
+    g = torch.Generator().manual_seed(1234)
+    bool_full = torch.rand(B, Hq, Lq, Lk, generator=g) > 0.3
+    bool_full[:, :, 0, :] = False  # a fully masked row
+    bool_bcast = (torch.rand(Lq, Lk, generator=g) > 0.5)
+    bool_keys = (torch.rand(B, 1, 1, Lk, generator=g) > 0.2)  # padding-style, broadcast over heads and queries
+    add = torch.randn(1, Hq, Lq, Lk, generator=g, dtype=torch.float64)
+    add[..., 1, :] = float("-inf")  # a fully masked row through -inf
+    add[..., 2, ::2] = float("-inf")
+    return {
+        "bool_full": bool_full.to(device),
+        "bool_broadcast_2d": bool_bcast.to(device),
+        "bool_padding": bool_keys.to(device),
+        "additive": add.to(dtype=dtype, device=device),
+        "additive_f32": add.to(dtype=torch.float32, device=device),
+        "additive_column": torch.randn(B, 1, Lq, 1, generator=g).to(dtype=dtype, device=device),
+    }
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("is_causal,alignment", CAUSAL, ids=CAUSAL_IDS)
+@pytest.mark.parametrize("mask_name", ["bool_full", "bool_broadcast_2d", "bool_padding", "additive", "additive_f32",
+                                       "additive_column"])
+def test_masks(device, dtype, is_causal, alignment, mask_name):
+    case = (2, 4, 2, 67, 131, 64, 64)
+    q, k, v = make_qkv(case, dtype, device)
+    mask = mask_variants(2, 4, 67, 131, dtype, device)[mask_name]
+    label = f"{dtype} {device} mask={mask_name} causal={is_causal}/{alignment}"
+    out, lse = check_forward(q, k, v, mask=mask, is_causal=is_causal, alignment=alignment, label=label)
+    check_backward(q, k, v, mask=mask, is_causal=is_causal, alignment=alignment, label=label)
+    if mask_name in ("bool_full", "additive"):
+        row = 0 if mask_name == "bool_full" else 1
+        assert (out[:, :, row] == 0).all() and torch.isneginf(lse[:, :, row]).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_fully_masked_rows_give_zero_output_and_gradients(device, dtype):
+    q, k, v = make_qkv((1, 2, 2, 20, 30, 64, 64), dtype, device, requires_grad=True)
+    mask = torch.ones(20, 30, dtype=torch.bool, device=device)
+    mask[3] = False
+    mask[7:9] = False
+    out, lse = torch_oss.attention_with_lse(q, k, v, attn_mask=mask)
+    out.sum().backward()
+    assert (out[:, :, [3, 7, 8]] == 0).all() and torch.isneginf(lse[:, :, [3, 7, 8]]).all()
+    for t in (q, k, v):
+        assert torch.isfinite(t.grad).all()
+    assert (q.grad[:, :, [3, 7, 8]] == 0).all()
+    # bottom-right causal with len_q > len_k: the first len_q - len_k rows see nothing
+    q2, k2, v2 = make_qkv((1, 2, 2, 40, 25, 64, 64), dtype, device, requires_grad=True)
+    out2, lse2 = torch_oss.attention_with_lse(q2, k2, v2, is_causal=True, causal_alignment="bottom_right")
+    out2.sum().backward()
+    assert (out2[:, :, :15] == 0).all() and torch.isneginf(lse2[:, :, :15]).all()
+    assert all(torch.isfinite(t.grad).all() for t in (q2, k2, v2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_strided_inputs_blhd_layout(device, dtype):
+    B, L, H, D = 2, 75, 4, 64
+    qkv = torch.randn(B, L, 3, H, D, dtype=dtype, device=device)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (B, H, L, D) views, no copies
+    assert q.stride(-1) == 1 and not q.is_contiguous()
+    check_forward(q, k, v, is_causal=True, label="BLHD views")
+    check_backward(q, k, v, is_causal=True, label="BLHD views")
+    # a last dim that is not unit-stride is accepted too (copied)
+    q_odd = torch.randn(B, H, L, D * 2, dtype=dtype, device=device)[..., ::2]
+    check_forward(q_odd, k, v, label="strided last dim")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_misaligned_pointers(device):
+    buf = torch.randn(1 + 2 * 3 * 50 * 40, dtype=torch.float16, device=device)
+    q = buf[1:].view(2, 3, 50, 40)  # data pointer off 16-byte alignment
+    k = torch.randn(2, 3, 61, 40, dtype=torch.float16, device=device)
+    v = torch.randn(2, 3, 61, 40, dtype=torch.float16, device=device)
+    check_forward(q, k, v, label="misaligned q")
+    check_backward(q, k, v, label="misaligned q")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_custom_scale_and_sdpa_semantics(device):
+    q, k, v = make_qkv((2, 3, 3, 33, 47, 32, 32), torch.float32, device)
+    for scale in (0.05, 1.0, 0.0):
+        check_forward(q, k, v, scale=scale, label=f"scale={scale}")
+    check_backward(q, k, v, scale=0.3, is_causal=True, label="scale=0.3")
+    # same value as SDPA itself where SDPA has the same semantics
+    torch.testing.assert_close(torch_oss.attention(q, k, v, is_causal=True),
+                               F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=2e-5, rtol=1e-4)
+    # 3-D (N, L, E) inputs, as SDPA accepts
+    q3, k3, v3 = (t[:, 0] for t in (q, k, v))
+    torch.testing.assert_close(torch_oss.attention(q3, k3, v3), F.scaled_dot_product_attention(q3, k3, v3),
+                               atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_causal_bias_objects_select_alignment(device):
+    from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+    q, k, v = make_qkv((1, 2, 2, 9, 20, 32, 32), torch.float32, device)
+    lower = torch_oss.attention(q, k, v, attn_mask=causal_lower_right(9, 20))
+    upper = torch_oss.attention(q, k, v, attn_mask=causal_upper_left(9, 20))
+    torch.testing.assert_close(lower, torch_oss.attention(q, k, v, is_causal=True, causal_alignment="bottom_right"))
+    torch.testing.assert_close(upper, torch_oss.attention(q, k, v, is_causal=True))
+    ref_lower, _ = attention_reference(q, k, v, is_causal=True, alignment="bottom_right")
+    assert_tolerance("causal_lower_right", lower, ref_lower, None, 1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_empty_and_zero_length(device, dtype):
+    q, k, v = make_qkv((2, 2, 2, 0, 5, 32, 32), dtype, device, requires_grad=True)
+    out = torch_oss.attention(q, k, v)
+    assert out.shape == (2, 2, 0, 32)
+    out.sum().backward()
+    assert (k.grad == 0).all() and (v.grad == 0).all()
+    q, k, v = make_qkv((2, 2, 2, 4, 0, 32, 32), dtype, device)
+    out, lse = torch_oss.attention_with_lse(q, k, v)
+    assert (out == 0).all() and torch.isneginf(lse).all()
+    q, k, v = make_qkv((0, 2, 2, 4, 4, 32, 32), dtype, device)
+    assert torch_oss.attention(q, k, v).shape == (0, 2, 4, 32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_is_deterministic(device):
+    q, k, v = make_qkv((2, 8, 2, 150, 150, 64, 64), torch.bfloat16 if device == "cuda" else torch.float32, device)
+    dout = torch.randn(2, 8, 150, 64, dtype=q.dtype, device=device)
+    grads = []
+    torch.use_deterministic_algorithms(True)
+    try:
+        for _ in range(3):
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            torch_oss.attention(*leaves, is_causal=True, enable_gqa=True).backward(dout)
+            grads.append([t.grad for t in leaves])
+    finally:
+        torch.use_deterministic_algorithms(False)
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck_float64(device):
+    for case, kwargs in (
+        ((1, 2, 1, 5, 7, 8, 6), dict(is_causal=True, causal_alignment="bottom_right", enable_gqa=True)),
+        ((2, 1, 1, 6, 4, 5, 5), dict(attn_mask=torch.randn(6, 4, dtype=torch.float64, device=device))),
+        ((1, 2, 2, 4, 9, 4, 4), dict(attn_mask=torch.rand(1, 2, 4, 9, device=device) > 0.3, is_causal=True)),
+    ):
+        q, k, v = make_qkv(case, torch.float64, device, requires_grad=True)
+        assert torch.autograd.gradcheck(lambda a, b, c: torch_oss.attention(a, b, c, **kwargs), (q, k, v))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_lse_is_not_differentiable_and_mask_grad_rejected(device):
+    q, k, v = make_qkv((1, 1, 1, 4, 4, 8, 8), torch.float32, device, requires_grad=True)
+    out, lse = torch_oss.attention_with_lse(q, k, v)
+    assert out.requires_grad and not lse.requires_grad
+    mask = torch.zeros(4, 4, device=device, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="attn_mask"):
+        torch_oss.attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_outputs_do_not_alias_inputs(device):
+    q, k, v = make_qkv((1, 1, 1, 4, 4, 8, 8), torch.float32, device)
+    out, lse = torch_oss.attention_with_lse(q, k, v)
+    ptrs = {t.data_ptr() for t in (q, k, v)}
+    assert out.data_ptr() not in ptrs and lse.data_ptr() not in ptrs
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA_OK, reason="needs CUDA")
+def test_no_quadratic_memory_at_16k():
+    B, H, N, D = 1, 4, 16384, 64
+    q, k, v = (torch.randn(B, H, N, D, dtype=torch.bfloat16, device="cuda", requires_grad=True) for _ in range(3))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = torch_oss.attention(q, k, v, is_causal=True)
+    out.backward(torch.randn_like(out))
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    io_bytes = 7 * B * H * N * D * 2  # out, dout, dq, dk, dv (+ slack)
+    n_by_n = B * H * N * N * 2
+    assert extra < io_bytes + 16 * B * H * N * D * 4, f"peak extra memory {extra / 2**20:.1f} MiB"
+    assert extra < n_by_n / 8
+
+
+# ---------------------------------------------------------------------------
+# opcheck and compile
+# ---------------------------------------------------------------------------
+
+
+def attention_samples(device):
+    samples = []
+    for case, mask, causal, gqa, align in (
+        ((1, 2, 2, 5, 7, 8, 8), None, False, False, "top_left"),
+        ((2, 4, 2, 6, 6, 16, 8), None, True, True, "bottom_right"),
+        ((1, 2, 1, 4, 9, 8, 8), "bool", True, True, "top_left"),
+        ((1, 1, 1, 3, 5, 4, 4), "float", False, False, "top_left"),
+    ):
+        for dtype in (torch.float32, torch.float64):
+            q, k, v = make_qkv(case, dtype, device, requires_grad=True)
+            m = None
+            if mask == "bool":
+                m = torch.rand(case[3], case[4], device=device) > 0.3
+            elif mask == "float":
+                m = torch.randn(case[0], 1, case[3], case[4], dtype=dtype, device=device)
+            samples.append((q, k, v, m, causal, 0.5 if mask else None, gqa, align))
+    return samples
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    for args in attention_samples(device):
+        torch.library.opcheck(torch.ops.oss.attention.default, args)
+        q, k, v, m, causal, scale, gqa, align = args
+        out, lse = torch.ops.oss.attention(q.detach(), k.detach(), v.detach(), m, causal, scale, gqa, align)
+        bwd_args = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, m, causal, scale, gqa,
+                    align, False)
+        torch.library.opcheck(torch.ops.oss.attention_backward.default, bwd_args)
+
+
+class TinyBlock(torch.nn.Module):
+    """Attention + MLP block using both torch_oss ops."""
+
+    def __init__(self, dim=32, heads=4, kv_heads=2):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, dim // heads
+        self.q = torch.nn.Linear(dim, dim)
+        self.kv = torch.nn.Linear(dim, 2 * kv_heads * self.hd)
+        self.o = torch.nn.Linear(dim, dim)
+        self.gate = torch.nn.Linear(dim, 8)
+
+    def forward(self, x, use_oss=True):
+        B, L, _ = x.shape
+        q = self.q(x).view(B, L, self.heads, self.hd).transpose(1, 2)
+        k, v = self.kv(x).view(B, L, 2, self.kv_heads, self.hd).unbind(2)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        attn = torch_oss.attention if use_oss else F.scaled_dot_product_attention
+        sm = torch_oss.softmax if use_oss else F.softmax
+        y = attn(q, k, v, is_causal=True, enable_gqa=True).transpose(1, 2).reshape(B, L, -1)
+        return self.o(y) * sm(self.gate(x), -1).sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_module_fullgraph(device):
+    torch.manual_seed(0)
+    block = TinyBlock().to(device)
+    x = torch.randn(2, 19, 32, device=device)
+    compiled = torch.compile(block, fullgraph=True)
+    out = compiled(x)
+    out.square().mean().backward()
+    grads = [p.grad.clone() for p in block.parameters()]
+    block.zero_grad()
+    expected = block(x, use_oss=False)
+    expected.square().mean().backward()
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+    for g, p in zip(grads, block.parameters()):
+        torch.testing.assert_close(g, p.grad, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("device", [cuda_param("cuda")])
+def test_compile_reduce_overhead_next_to_other_ops(device):
+    def f(q, k, v):
+        q = q * 1.5 + 0.1  # other ops around ours, same graph, captured in a CUDA graph
+        out = torch_oss.attention(q, k, v, is_causal=True)
+        return torch_oss.softmax(out.float(), -1) * 2
+
+    compiled = torch.compile(f, mode="reduce-overhead", fullgraph=True)
+    for _ in range(4):  # warm-up, record, replays
+        q, k, v = (torch.randn(2, 4, 300, 64, dtype=torch.bfloat16, device=device) for _ in range(3))
+        got = compiled(q, k, v)
+        ref = F.softmax(F.scaled_dot_product_attention(q * 1.5 + 0.1, k, v, is_causal=True).float(), -1) * 2
+        torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)

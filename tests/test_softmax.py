@@ -1,0 +1,236 @@
+"""torch_oss.softmax / log_softmax against float64 references, F.softmax's
+semantics and edge cases, gradients, opcheck and torch.compile."""
+
+import itertools
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _util import DEVICES, FLOAT_DTYPES, SOFTMAX_ATOL, assert_tolerance, awkward_randn
+
+import torch_oss
+
+OPS = {
+    "softmax": (torch_oss.softmax, F.softmax),
+    "log_softmax": (torch_oss.log_softmax, F.log_softmax),
+}
+
+# (shape, dim): odd rows, widths off the vector width and tile, one-element
+# rows, reductions over leading and middle dims.
+SHAPES = [
+    ((1, 1), -1),
+    ((7, 1), -1),
+    ((5, 3), -1),
+    ((3, 17), -1),
+    ((31, 127), -1),
+    ((9, 129), 1),
+    ((4, 1000), -1),
+    ((3, 1025), -1),
+    ((2, 4099), -1),
+    ((2, 33000), -1),
+    ((130,), 0),
+    ((6, 5, 7), 0),
+    ((6, 5, 7), 1),
+    ((2, 3, 5, 7), 1),
+    ((2, 3, 5, 7), 2),
+    ((2, 64, 3, 3), 1),
+    ((3, 300, 65), 1),
+    ((2, 2, 2, 2, 3), -2),
+]
+
+
+def reference_and_peer(op_name, x, dim, dtype=None):
+    _, torch_fn = OPS[op_name]
+    ref = torch_fn(x.double(), dim)
+    peer = torch_fn(x, dim, dtype=dtype)
+    return ref, peer
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("op_name", list(OPS))
+@pytest.mark.parametrize("shape,dim", SHAPES)
+def test_forward_matches_float64(device, dtype, op_name, shape, dim):
+    ours_fn, _ = OPS[op_name]
+    x = awkward_randn(shape, dtype, device)
+    ours = ours_fn(x, dim)
+    ref, peer = reference_and_peer(op_name, x, dim)
+    assert ours.dtype == dtype and ours.shape == x.shape and ours.device == x.device
+    assert_tolerance(f"{op_name} {dtype} {shape} dim={dim}", ours, ref, peer, SOFTMAX_ATOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op_name", list(OPS))
+@pytest.mark.parametrize(
+    "in_dtype,out_dtype",
+    [(torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float32, torch.float16),
+     (torch.float32, torch.float64), (torch.float64, torch.float32), (torch.float16, torch.bfloat16)],
+)
+def test_dtype_argument_casts_first(device, op_name, in_dtype, out_dtype):
+    ours_fn, torch_fn = OPS[op_name]
+    x = awkward_randn((13, 301), in_dtype, device)
+    ours = ours_fn(x, -1, dtype=out_dtype)
+    assert ours.dtype == out_dtype
+    ref = torch_fn(x.to(out_dtype).double(), -1)
+    peer = torch_fn(x, -1, dtype=out_dtype)
+    assert_tolerance(f"{op_name} {in_dtype}->{out_dtype}", ours, ref, peer, SOFTMAX_ATOL[out_dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_integer_input_with_dtype(device):
+    x = torch.randint(-5, 5, (4, 9), device=device)
+    torch.testing.assert_close(torch_oss.softmax(x, 1, dtype=torch.float32), F.softmax(x, 1, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op_name", list(OPS))
+def test_non_contiguous_inputs(device, op_name):
+    ours_fn, torch_fn = OPS[op_name]
+    base = awkward_randn((40, 30, 6), torch.float32, device)
+    views = [base.transpose(0, 1), base[:, ::2], base[..., 1:], base.permute(2, 0, 1), base[::3, :, ::2]]
+    for view, dim in itertools.product(views, (0, 1, -1)):
+        ours = ours_fn(view, dim)
+        assert ours.is_contiguous()
+        assert_tolerance(f"{op_name} view {tuple(view.stride())} dim={dim}", ours, torch_fn(view.double(), dim),
+                         torch_fn(view, dim), SOFTMAX_ATOL[torch.float32])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op_name", list(OPS))
+def test_zero_dim_and_empty(device, op_name):
+    ours_fn, torch_fn = OPS[op_name]
+    scalar = torch.tensor(2.5, device=device)
+    for dim in (0, -1):
+        torch.testing.assert_close(ours_fn(scalar, dim), torch_fn(scalar, dim))
+    for shape, dim in (((0, 5), 1), ((5, 0), 1), ((5, 0), 0), ((2, 0, 3), 2)):
+        x = torch.randn(shape, device=device)
+        y = ours_fn(x, dim)
+        assert y.shape == x.shape and y.dtype == x.dtype
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("op_name", list(OPS))
+def test_infinities_and_nan_like_pytorch(device, dtype, op_name):
+    ours_fn, torch_fn = OPS[op_name]
+    inf = float("inf")
+    x = awkward_randn((6, 37), dtype, device)
+    x[0] = -inf                       # all -inf: NaN
+    x[1, ::3] = -inf                  # some -inf: probability 0
+    x[2, 5] = inf                     # +inf entry
+    x[3, 7] = float("nan")            # NaN propagates
+    x[4] = 1e4                        # large equal values
+    x[5, :10] = -1e4
+    ours = ours_fn(x, -1)
+    ref = torch_fn(x.double(), -1)
+    assert_tolerance(f"{op_name} extremes {dtype}", ours, ref, torch_fn(x, -1), SOFTMAX_ATOL[dtype])
+    if op_name == "softmax":
+        assert (ours[1, ::3] == 0).all()
+
+
+@pytest.mark.parametrize("op_name", list(OPS))
+def test_legacy_implicit_dim(op_name):
+    ours_fn, torch_fn = OPS[op_name]
+    for shape in ((5,), (3, 4), (2, 3, 4), (2, 3, 4, 5)):
+        x = torch.randn(shape)
+        with pytest.warns(UserWarning, match="Implicit dimension"):
+            ours = ours_fn(x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected = torch_fn(x)
+        torch.testing.assert_close(ours, expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_outputs_are_fresh_tensors(device):
+    x = torch.randn(4, 8, device=device)
+    y = torch_oss.softmax(x, -1)
+    assert y.data_ptr() != x.data_ptr()
+    x1 = torch.randn(4, 1, device=device)
+    assert torch_oss.softmax(x1, 0).data_ptr() != x1.data_ptr()
+
+
+# ---------------------------------------------------------------------------
+# Gradients
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op_name", list(OPS))
+@pytest.mark.parametrize("shape,dim", [((3, 7), -1), ((4, 5, 6), 1), ((2, 3, 4), 0), ((1, 1), 0)])
+def test_gradcheck_float64(device, op_name, shape, dim):
+    ours_fn, _ = OPS[op_name]
+    x = torch.randn(shape, dtype=torch.float64, device=device, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: ours_fn(t, dim), (x,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("op_name", list(OPS))
+@pytest.mark.parametrize("shape,dim", [((17, 129), -1), ((5, 1025), -1), ((3, 40, 9), 1), ((2, 33000), -1)])
+def test_backward_matches_float64(device, dtype, op_name, shape, dim):
+    ours_fn, torch_fn = OPS[op_name]
+    x = awkward_randn(shape, dtype, device)
+    grad = torch.randn(shape, dtype=dtype, device=device)
+    grads = {}
+    for name, fn, inp in (("ours", ours_fn, x), ("peer", torch_fn, x), ("ref", torch_fn, x.double())):
+        t = inp.detach().clone().requires_grad_()
+        fn(t, dim).backward(grad.to(t.dtype))
+        grads[name] = t.grad
+    assert grads["ours"].dtype == dtype
+    assert_tolerance(f"{op_name} grad {dtype} {shape}", grads["ours"], grads["ref"], grads["peer"],
+                     SOFTMAX_ATOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_with_dtype_cast_returns_input_dtype(device):
+    x = torch.randn(6, 50, dtype=torch.float16, device=device, requires_grad=True)
+    y = torch_oss.softmax(x, -1, dtype=torch.float32)
+    (y * torch.arange(50, device=device)).sum().backward()
+    xr = x.detach().clone().requires_grad_()
+    (F.softmax(xr, -1, dtype=torch.float32) * torch.arange(50, device=device)).sum().backward()
+    assert x.grad.dtype == torch.float16
+    torch.testing.assert_close(x.grad, xr.grad, atol=2e-3, rtol=2e-3)
+
+
+# ---------------------------------------------------------------------------
+# opcheck and compile
+# ---------------------------------------------------------------------------
+
+
+def softmax_samples(device):
+    samples = []
+    for shape, dim in (((4, 9), -1), ((3, 5, 7), 1), ((8,), 0), ((2, 3, 4), 0)):
+        for dtype in (torch.float32, torch.float64):
+            x = torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
+            samples.append((x, dim, None))
+    samples.append((torch.randn(5, 6, dtype=torch.float16, device=device), 1, torch.float32))
+    return samples
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op_name", list(OPS))
+def test_opcheck(device, op_name):
+    op = getattr(torch.ops.oss, op_name).default
+    backward = getattr(torch.ops.oss, f"{op_name}_backward").default
+    for x, dim, dtype in softmax_samples(device):
+        torch.library.opcheck(op, (x, dim, dtype))
+        y = op(x.detach(), dim, dtype)
+        torch.library.opcheck(backward, (torch.randn_like(y), y, dim, x.dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph_forward_and_backward(device):
+    def f(x):
+        return torch_oss.log_softmax(torch_oss.softmax(x * 2, -1) + 1, 0).sum(0)
+
+    compiled = torch.compile(f, fullgraph=True)
+    x = torch.randn(16, 33, device=device, requires_grad=True)
+    xr = x.detach().clone().requires_grad_()
+    out = compiled(x)
+    out.sum().backward()
+    expected = F.log_softmax(F.softmax(xr * 2, -1) + 1, 0).sum(0)
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x.grad, xr.grad)
