@@ -106,6 +106,7 @@ typedef struct FN(attention_task_ctx) {
   _Atomic int failed;
 } FN(attention_task_ctx);
 
+OSS_VECTOR_CLONES
 static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
   FN(attention_task_ctx) *ctx = (FN(attention_task_ctx) *)vctx;
   const oss_attention_params *p = (const oss_attention_params *)ctx->params;
@@ -175,6 +176,7 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
 
 /* ---- backward ------------------------------------------------------------------ */
 
+OSS_VECTOR_CLONES
 static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
   FN(attention_task_ctx) *ctx = (FN(attention_task_ctx) *)vctx;
   const oss_attention_backward_params *bp = (const oss_attention_backward_params *)ctx->params;

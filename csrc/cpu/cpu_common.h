@@ -167,6 +167,16 @@ static inline float oss_expf(float x) {
   return x == x ? y : x;
 }
 
+/* ---- instruction sets ------------------------------------------------------
+ * The hot loops are plain C that the compiler vectorises. Where GCC can, each
+ * task function is also compiled for x86-64-v3 (AVX2, FMA) and picked at load
+ * time by the CPU it runs on; the default clone keeps the baseline ISA. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define OSS_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define OSS_VECTOR_CLONES
+#endif
+
 /* ---- threads -------------------------------------------------------------- */
 
 static inline void oss_cpu_parallel_for(const oss_cpu_exec *exec, int64_t n, int64_t grain, void *ctx,

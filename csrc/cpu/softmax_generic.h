@@ -12,6 +12,26 @@
  * loops run over unit-stride columns and vectorise.
  */
 
+/* ---- direct access or conversion -----------------------------------------
+ * A run of `count` unit-stride elements at base[offset] is read in place when
+ * the tensor already holds REAL, else converted into `buf`; outputs are
+ * computed in place when the output holds REAL, else in `buf` and converted. */
+
+static inline const REAL *FN(read_run)(const void *base, oss_dtype dtype, int64_t offset, REAL *buf,
+                                       int64_t count) {
+  if (dtype == NATIVE) return (const REAL *)base + offset;
+  LOAD(base, dtype, offset, 1, buf, count);
+  return buf;
+}
+
+static inline REAL *FN(write_target)(void *base, oss_dtype dtype, int64_t offset, REAL *buf) {
+  return dtype == NATIVE ? (REAL *)base + offset : buf;
+}
+
+static inline void FN(write_run)(void *base, oss_dtype dtype, int64_t offset, const REAL *run, int64_t count) {
+  if (dtype != NATIVE) STORE(base, dtype, offset, 1, run, count);
+}
+
 /* ---- small vectorisable reductions ---------------------------------------- */
 
 static inline REAL FN(max_of)(const REAL *x, int64_t n) {
@@ -21,29 +41,61 @@ static inline REAL FN(max_of)(const REAL *x, int64_t n) {
   return m;
 }
 
-/* Sums accumulate in double: a float running sum near 1 silently drops the
- * many tiny exp terms of a row with outliers (each below half an ulp). */
+/* Sums run in blocks of OSS_SUM_BLOCK terms (vectorised, in REAL) whose
+ * partial sums accumulate in double: a single float running sum near 1 would
+ * silently drop the many tiny exp terms of a row with outliers. */
 
 /* sum of exp(x - m); NaN when m is -inf or +inf, as PyTorch's softmax gives. */
 static inline double FN(sum_exp)(const REAL *x, int64_t n, REAL m) {
-  double s = 0;
+  double total = 0;
+  for (int64_t b = 0; b < n; b += OSS_SUM_BLOCK) {
+    const int64_t e = n - b < OSS_SUM_BLOCK ? n : b + OSS_SUM_BLOCK;
+    REAL s = 0;
 #pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; i++) s += (double)EXP(x[i] - m);
-  return s;
+    for (int64_t i = b; i < e; i++) s += EXP(x[i] - m);
+    total += s;
+  }
+  return total;
+}
+
+/* y[i] = exp(x[i] - m), returning the sum (blocked like sum_exp). */
+static inline double FN(exp_sum_to)(const REAL *x, REAL *y, int64_t n, REAL m) {
+  double total = 0;
+  for (int64_t b = 0; b < n; b += OSS_SUM_BLOCK) {
+    const int64_t e = n - b < OSS_SUM_BLOCK ? n : b + OSS_SUM_BLOCK;
+    REAL s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = b; i < e; i++) {
+      y[i] = EXP(x[i] - m);
+      s += y[i];
+    }
+    total += s;
+  }
+  return total;
 }
 
 static inline double FN(sum_of)(const REAL *x, int64_t n) {
-  double s = 0;
+  double total = 0;
+  for (int64_t b = 0; b < n; b += OSS_SUM_BLOCK) {
+    const int64_t e = n - b < OSS_SUM_BLOCK ? n : b + OSS_SUM_BLOCK;
+    REAL s = 0;
 #pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; i++) s += (double)x[i];
-  return s;
+    for (int64_t i = b; i < e; i++) s += x[i];
+    total += s;
+  }
+  return total;
 }
 
 static inline double FN(dot)(const REAL *x, const REAL *y, int64_t n) {
-  double s = 0;
+  double total = 0;
+  for (int64_t b = 0; b < n; b += OSS_SUM_BLOCK) {
+    const int64_t e = n - b < OSS_SUM_BLOCK ? n : b + OSS_SUM_BLOCK;
+    REAL s = 0;
 #pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; i++) s += (double)x[i] * (double)y[i];
-  return s;
+    for (int64_t i = b; i < e; i++) s += x[i] * y[i];
+    total += s;
+  }
+  return total;
 }
 
 /* Folds a chunk whose max is chunk_max into the running (m, d); returns the
@@ -57,35 +109,48 @@ static inline REAL FN(online_rescale)(REAL *m, double *d, REAL chunk_max) {
 
 /* ---- forward over rows (inner == 1) --------------------------------------- */
 
+OSS_VECTOR_CLONES
 static void FN(softmax_fwd_rows)(void *ctx, int64_t begin, int64_t end) {
   const oss_softmax_params *p = (const oss_softmax_params *)ctx;
-  REAL buf[OSS_ROW_CHUNK];
+  REAL xbuf[OSS_ROW_CHUNK], ybuf[OSS_ROW_CHUNK];
   const int64_t n = p->n;
   for (int64_t row = begin; row < end; row++) {
     const int64_t xo = row * p->x.stride_outer, yo = row * p->y.stride_outer;
+    if (n <= OSS_ROW_CHUNK && !p->log) {
+      /* The row fits the buffer: read it once and take each exp once. */
+      const REAL *x = FN(read_run)(p->x.data, p->x.dtype, xo, xbuf, n);
+      REAL *y = FN(write_target)(p->y.data, p->y.dtype, yo, ybuf);
+      const REAL m = FN(max_of)(x, n);
+      const REAL inv_d = (REAL)(1 / FN(exp_sum_to)(x, y, n, m));
+      for (int64_t i = 0; i < n; i++) y[i] *= inv_d;
+      FN(write_run)(p->y.data, p->y.dtype, yo, y, n);
+      continue;
+    }
     REAL m = -INFINITY;
     double d = 0;
     for (int64_t c = 0; c < n; c += OSS_ROW_CHUNK) {
       const int64_t len = n - c < OSS_ROW_CHUNK ? n - c : OSS_ROW_CHUNK;
-      LOAD(p->x.data, p->x.dtype, xo + c, 1, buf, len);
-      FN(online_rescale)(&m, &d, FN(max_of)(buf, len));
-      d += FN(sum_exp)(buf, len, m);
+      const REAL *x = FN(read_run)(p->x.data, p->x.dtype, xo + c, xbuf, len);
+      FN(online_rescale)(&m, &d, FN(max_of)(x, len));
+      d += FN(sum_exp)(x, len, m);
     }
     const REAL inv_d = (REAL)(1 / d), log_d = (REAL)log(d);
     for (int64_t c = 0; c < n; c += OSS_ROW_CHUNK) {
       const int64_t len = n - c < OSS_ROW_CHUNK ? n - c : OSS_ROW_CHUNK;
-      LOAD(p->x.data, p->x.dtype, xo + c, 1, buf, len);
+      const REAL *x = FN(read_run)(p->x.data, p->x.dtype, xo + c, xbuf, len);
+      REAL *y = FN(write_target)(p->y.data, p->y.dtype, yo + c, ybuf);
       if (p->log)
-        for (int64_t i = 0; i < len; i++) buf[i] = (buf[i] - m) - log_d;
+        for (int64_t i = 0; i < len; i++) y[i] = (x[i] - m) - log_d;
       else
-        for (int64_t i = 0; i < len; i++) buf[i] = EXP(buf[i] - m) * inv_d;
-      STORE(p->y.data, p->y.dtype, yo + c, 1, buf, len);
+        for (int64_t i = 0; i < len; i++) y[i] = EXP(x[i] - m) * inv_d;
+      FN(write_run)(p->y.data, p->y.dtype, yo + c, y, len);
     }
   }
 }
 
 /* ---- forward over columns (inner > 1) ------------------------------------- */
 
+OSS_VECTOR_CLONES
 static void FN(softmax_fwd_cols)(void *ctx, int64_t begin, int64_t end) {
   const oss_softmax_params *p = (const oss_softmax_params *)ctx;
   const int64_t blocks = (p->inner + OSS_COL_BLOCK - 1) / OSS_COL_BLOCK;
@@ -125,9 +190,10 @@ static void FN(softmax_fwd_cols)(void *ctx, int64_t begin, int64_t end) {
  * softmax:     dx = y * (dy - sum(y * dy))
  * log_softmax: dx = dy - exp(y) * sum(dy)                                      */
 
+OSS_VECTOR_CLONES
 static void FN(softmax_bwd_rows)(void *ctx, int64_t begin, int64_t end) {
   const oss_softmax_backward_params *p = (const oss_softmax_backward_params *)ctx;
-  REAL ybuf[OSS_ROW_CHUNK], gbuf[OSS_ROW_CHUNK];
+  REAL ybuf[OSS_ROW_CHUNK], gbuf[OSS_ROW_CHUNK], xbuf[OSS_ROW_CHUNK];
   const int64_t n = p->n;
   for (int64_t row = begin; row < end; row++) {
     const int64_t yo = row * p->y.stride_outer, go = row * p->dy.stride_outer,
@@ -135,30 +201,27 @@ static void FN(softmax_bwd_rows)(void *ctx, int64_t begin, int64_t end) {
     double sum = 0;
     for (int64_t c = 0; c < n; c += OSS_ROW_CHUNK) {
       const int64_t len = n - c < OSS_ROW_CHUNK ? n - c : OSS_ROW_CHUNK;
-      LOAD(p->dy.data, p->dy.dtype, go + c, 1, gbuf, len);
-      if (p->log) {
-        sum += FN(sum_of)(gbuf, len);
-      } else {
-        LOAD(p->y.data, p->y.dtype, yo + c, 1, ybuf, len);
-        sum += FN(dot)(ybuf, gbuf, len);
-      }
+      const REAL *g = FN(read_run)(p->dy.data, p->dy.dtype, go + c, gbuf, len);
+      sum += p->log ? FN(sum_of)(g, len) : FN(dot)(FN(read_run)(p->y.data, p->y.dtype, yo + c, ybuf, len), g, len);
     }
     const REAL s = (REAL)sum;
     for (int64_t c = 0; c < n; c += OSS_ROW_CHUNK) {
       const int64_t len = n - c < OSS_ROW_CHUNK ? n - c : OSS_ROW_CHUNK;
-      LOAD(p->y.data, p->y.dtype, yo + c, 1, ybuf, len);
-      LOAD(p->dy.data, p->dy.dtype, go + c, 1, gbuf, len);
+      const REAL *y = FN(read_run)(p->y.data, p->y.dtype, yo + c, ybuf, len);
+      const REAL *g = FN(read_run)(p->dy.data, p->dy.dtype, go + c, gbuf, len);
+      REAL *dx = FN(write_target)(p->dx.data, p->dx.dtype, xo + c, xbuf);
       if (p->log)
-        for (int64_t i = 0; i < len; i++) gbuf[i] = gbuf[i] - EXP(ybuf[i]) * s;
+        for (int64_t i = 0; i < len; i++) dx[i] = g[i] - EXP(y[i]) * s;
       else
-        for (int64_t i = 0; i < len; i++) gbuf[i] = ybuf[i] * (gbuf[i] - s);
-      STORE(p->dx.data, p->dx.dtype, xo + c, 1, gbuf, len);
+        for (int64_t i = 0; i < len; i++) dx[i] = y[i] * (g[i] - s);
+      FN(write_run)(p->dx.data, p->dx.dtype, xo + c, dx, len);
     }
   }
 }
 
 /* ---- backward over columns ------------------------------------------------ */
 
+OSS_VECTOR_CLONES
 static void FN(softmax_bwd_cols)(void *ctx, int64_t begin, int64_t end) {
   const oss_softmax_backward_params *p = (const oss_softmax_backward_params *)ctx;
   const int64_t blocks = (p->inner + OSS_COL_BLOCK - 1) / OSS_COL_BLOCK;

@@ -1,0 +1,145 @@
+"""Timing, ceilings and result files shared by the benchmarks (BENCHMARKS.md):
+CUDA-event medians after warm-up, the device-to-device copy ceiling measured in
+the same run, a table on stdout, JSON and PNG plots under a results folder."""
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def results_dir():
+    path = os.environ.get("TORCH_OSS_RESULTS", os.path.join(ROOT, "results"))
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def git_commit():
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except OSError:
+        return "unknown"
+
+
+def environment(device):
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "commit": git_commit(), "device": device,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=props.name, sms=props.multi_processor_count,
+                    l2_mb=getattr(props, "L2_cache_size", 0) / 2**20)
+    else:
+        info.update(cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads())
+    return info
+
+
+def bench(fn, device, warmup_ms=25, rep_ms=100):
+    """Median time of fn() in milliseconds."""
+    if device == "cuda":
+        try:
+            import triton.testing
+
+            return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+        except ImportError:
+            return _cuda_event_median(fn, warmup_ms, rep_ms)
+    fn()
+    times = []
+    deadline = time.perf_counter() + rep_ms / 1000
+    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 50):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def _cuda_event_median(fn, warmup_ms, rep_ms):
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    once = max(start.elapsed_time(end), 1e-3)
+    for _ in range(max(1, int(warmup_ms / once))):
+        fn()
+    times = []
+    for _ in range(max(5, int(rep_ms / once))):
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbs(device, nbytes=None):
+    """Device-to-device copy ceiling in GB/s, counting bytes read + written."""
+    nbytes = nbytes or (2**30 if device == "cuda" else 2**28)
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    src.random_()
+    dst = torch.empty_like(src)
+    ms = bench(lambda: dst.copy_(src), device)
+    del src, dst
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def print_table(title, header, rows):
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(header)] if rows else \
+        [len(h) for h in header]
+    print(f"\n{title}")
+    print("  ".join(str(h).rjust(w) for h, w in zip(header, widths)))
+    for r in rows:
+        print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+
+
+def write_json(name, payload):
+    path = os.path.join(results_dir(), f"{name}.json")
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+    print(f"wrote {path}")
+    return path
+
+
+def plot_lines(name, panels, xlabel, ylabel, logx=True, title=""):
+    """panels: {panel title: {line label: [(x, y), ...]}} -> one PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return None
+    n = len(panels)
+    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4.2), squeeze=False)
+    for ax, (panel, lines) in zip(axes[0], panels.items()):
+        for label, points in lines.items():
+            points = [p for p in points if p[1] is not None]
+            if points:
+                xs, ys = zip(*sorted(points))
+                ax.plot(xs, ys, marker="o", label=label)
+        if logx:
+            ax.set_xscale("log", base=2)
+        ax.set_title(panel)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path = os.path.join(results_dir(), f"{name}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
+    return path

@@ -1,0 +1,168 @@
+"""Softmax benchmark (BENCHMARKS.md): GB/s and % of the copy ceiling measured in
+the same run, for torch_oss against F.softmax, torch.compile(F.softmax) and a
+Triton fused softmax, forward and backward, over widths 128 ... 16M.
+
+    python bench/softmax.py                 # GPU if visible, else CPU (smaller grid)
+    python bench/softmax.py --dtypes bfloat16 --cols 1024,4096
+"""
+
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, __import__("os").path.dirname(__file__))
+import common  # noqa: E402
+
+import torch_oss  # noqa: E402
+
+COLS = [128, 512, 1024, 4096, 32768, 128256, 262144, 1048576, 16777216]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def triton_softmax():
+    """A Triton fused softmax (one program per row, whole row in registers),
+    or None when triton is missing. Written here as the Triton peer."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def softmax_rows_kernel(x_ptr, y_ptr, stride_x, stride_y, n_cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < n_cols
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=-float("inf")).to(tl.float32)
+        e = tl.exp(x - tl.max(x, 0))
+        y = e / tl.sum(e, 0)
+        tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+    def run(x):
+        rows, cols = x.shape
+        if cols > 65536:
+            return None
+        block = triton.next_power_of_2(cols)
+        warps = 4 if block <= 2048 else (8 if block <= 8192 else 16)
+        y = torch.empty_like(x)
+        softmax_rows_kernel[(rows,)](x, y, x.stride(0), y.stride(0), cols, BLOCK=block, num_warps=warps)
+        return y
+
+    return run
+
+
+def check(name, got, ref64, peer, dtype):
+    """Refuse to time a kernel whose result is wrong (tolerance rule)."""
+    eps = torch.finfo(dtype).eps
+    err = ((got.double() - ref64).abs() - eps * ref64.abs()).max().item()
+    bound = 2 * (peer.double() - ref64).abs().max().item() + {torch.float32: 1e-6}.get(dtype, 1e-4)
+    if not err <= bound:
+        raise AssertionError(f"{name}: max error {err:.3e} > {bound:.3e}; not timing a wrong kernel")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtypes", default="float32,bfloat16,float16")
+    ap.add_argument("--cols", default=None)
+    ap.add_argument("--total", type=int, default=None, help="elements per input (default 2**26 GPU, 2**22 CPU)")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--no-backward", action="store_true")
+    args = ap.parse_args()
+    device = args.device
+    total = args.total or (2**26 if device == "cuda" else 2**22)
+    cols_list = [int(c) for c in args.cols.split(",")] if args.cols else [c for c in COLS if c <= total // 4]
+    env = common.environment(device)
+    copy_gbs = common.copy_bandwidth_gbs(device)
+    print(f"softmax benchmark on {env.get('gpu', env.get('cpu'))}, torch {env['torch']}, commit {env['commit']}")
+    print(f"copy ceiling: {copy_gbs:.0f} GB/s (read + write)")
+
+    impls = {"torch_oss": lambda x: torch_oss.softmax(x, -1), "F.softmax": lambda x: F.softmax(x, -1)}
+    bwd_impls = {
+        "torch_oss": lambda dy, y: torch.ops.oss.softmax_backward(dy, y, -1, y.dtype),
+        "F.softmax": lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype),
+    }
+    if not args.no_compile:
+        impls["compile"] = torch.compile(lambda x: F.softmax(x, -1), dynamic=False)
+        bwd_impls["compile"] = torch.compile(lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype),
+                                             dynamic=False)
+    if device == "cuda" and triton_softmax() is not None:
+        impls["triton"] = triton_softmax()
+
+    records, rows_out = [], []
+    for dname in args.dtypes.split(","):
+        dtype = DTYPES[dname]
+        for cols in cols_list:
+            rows = max(1, total // cols)
+            x = torch.randn(rows, cols, dtype=dtype, device=device) * 3
+            ref = F.softmax(x.double(), -1)
+            peer = F.softmax(x, -1)
+            nbytes = 2 * x.numel() * x.element_size()
+            for name, fn in impls.items():
+                y = fn(x)
+                if y is None:
+                    continue
+                check(f"{name} fwd {dname} {rows}x{cols}", y, ref, peer, dtype)
+                del y
+                ms = common.bench(lambda: fn(x), device)
+                records.append(dict(op="forward", dtype=dname, rows=rows, cols=cols, impl=name, ms=ms,
+                                    gbs=nbytes / ms / 1e6, pct_copy=100 * nbytes / ms / 1e6 / copy_gbs))
+            if not args.no_backward:
+                y = peer
+                dy = torch.randn_like(x)
+                ref_dx = torch._softmax_backward_data(dy.double(), ref, -1, torch.float64)
+                peer_dx = torch._softmax_backward_data(dy, y, -1, dtype)
+                nbytes3 = 3 * x.numel() * x.element_size()
+                for name, fn in bwd_impls.items():
+                    check(f"{name} bwd {dname} {rows}x{cols}", fn(dy, y), ref_dx, peer_dx, dtype)
+                    ms = common.bench(lambda: fn(dy, y), device)
+                    records.append(dict(op="backward", dtype=dname, rows=rows, cols=cols, impl=name, ms=ms,
+                                        gbs=nbytes3 / ms / 1e6, pct_copy=100 * nbytes3 / ms / 1e6 / copy_gbs))
+                del dy, ref_dx, peer_dx
+            del x, ref, peer
+
+    # softmax over dim=1 of a (B, C, H, W) tensor, against the last-dim case of the same size
+    if "float32" in args.dtypes.split(","):
+        shape = (32, 1024, 64, 64) if device == "cuda" else (4, 256, 32, 32)
+        x = torch.randn(shape, device=device) * 3
+        nbytes = 2 * x.numel() * 4
+        check("torch_oss dim=1", torch_oss.softmax(x, 1), F.softmax(x.double(), 1), F.softmax(x, 1), torch.float32)
+        for name, fn in (("torch_oss", lambda: torch_oss.softmax(x, 1)), ("F.softmax", lambda: F.softmax(x, 1))):
+            ms = common.bench(fn, device)
+            records.append(dict(op="forward_dim1", dtype="float32", rows=x.numel() // shape[1], cols=shape[1],
+                                impl=name, ms=ms, gbs=nbytes / ms / 1e6, pct_copy=100 * nbytes / ms / 1e6 / copy_gbs))
+        last = x.view(-1, shape[1])
+        ms = common.bench(lambda: torch_oss.softmax(last, -1), device)
+        records.append(dict(op="forward_lastdim_same_size", dtype="float32", rows=last.shape[0], cols=shape[1],
+                            impl="torch_oss", ms=ms, gbs=nbytes / ms / 1e6,
+                            pct_copy=100 * nbytes / ms / 1e6 / copy_gbs))
+        del x, last
+
+    # table: one line per (op, dtype, shape), % of copy per implementation and our speed-up over each peer
+    names = list(dict.fromkeys(r["impl"] for r in records))
+    header = ["op", "dtype", "rows x cols"] + [f"{n} %copy" for n in names] + \
+             [f"vs {n}" for n in names if n != "torch_oss"]
+    keys = list(dict.fromkeys((r["op"], r["dtype"], r["rows"], r["cols"]) for r in records))
+    for key in keys:
+        by_impl = {r["impl"]: r for r in records if (r["op"], r["dtype"], r["rows"], r["cols"]) == key}
+        ours = by_impl.get("torch_oss")
+        line = [key[0], key[1], f"{key[2]} x {key[3]}"]
+        line += [f"{by_impl[n]['pct_copy']:.0f}" if n in by_impl else "-" for n in names]
+        line += [f"{by_impl[n]['ms'] / ours['ms']:.2f}x" if (n in by_impl and ours) else "-"
+                 for n in names if n != "torch_oss"]
+        rows_out.append(line)
+    common.print_table(f"softmax: % of copy ({copy_gbs:.0f} GB/s); 'vs X' = X's time / torch_oss's time",
+                       header, rows_out)
+    common.write_json(f"softmax_{device}", dict(env=env, copy_gbs=copy_gbs, records=records))
+    panels = {}
+    for r in records:
+        if r["op"] in ("forward", "backward"):
+            panels.setdefault(f"{r['op']} {r['dtype']}", {}).setdefault(r["impl"], []).append((r["cols"], r["gbs"]))
+    common.plot_lines(f"softmax_{device}", panels, "columns", "GB/s",
+                      title=f"{env.get('gpu', env.get('cpu'))}, copy {copy_gbs:.0f} GB/s")
+
+
+if __name__ == "__main__":
+    main()
