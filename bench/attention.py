@@ -1,0 +1,146 @@
+"""Attention benchmark (BENCHMARKS.md, FlashAttention's setup): batch x seqlen =
+16k tokens, model width 2048 (head dim 64 -> 32 heads, 128 -> 16, 256 -> 8),
+seqlen 512 ... 16k, causal and not, bf16 and fp16, forward and forward+backward,
+torch_oss against every SDPA backend in the same run. TFLOP/s: forward
+4*B*H*N^2*D (halved when causal), backward 2.5x forward.
+
+    python bench/attention.py                       # GPU if visible, else a small CPU grid
+    python bench/attention.py --hdims 128 --seqlens 2048,8192 --dtypes bfloat16
+"""
+
+import argparse
+import sys
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, __import__("os").path.dirname(__file__))
+import common  # noqa: E402
+
+import torch_oss  # noqa: E402
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def sdpa_backends(device):
+    """name -> context manager factory selecting an SDPA backend."""
+    out = {"sdpa-default": nullcontext}
+    if device != "cuda":
+        return out
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
+                          ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        out[name] = lambda b=backend: sdpa_kernel(b)
+    return out
+
+
+def flops(B, H, N, D, causal, mode):
+    f = 4 * B * H * N * N * D / (2 if causal else 1)
+    return f * (3.5 if mode == "fwd+bwd" else 1.0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtypes", default=None)
+    ap.add_argument("--hdims", default=None)
+    ap.add_argument("--seqlens", default=None)
+    ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--modes", default="fwd,fwd+bwd")
+    ap.add_argument("--tokens", type=int, default=None)
+    ap.add_argument("--width", type=int, default=None)
+    args = ap.parse_args()
+    device = args.device
+    gpu = device == "cuda"
+    dtypes = (args.dtypes or ("bfloat16,float16" if gpu else "float32")).split(",")
+    hdims = [int(x) for x in (args.hdims or ("64,128,256" if gpu else "64")).split(",")]
+    seqlens = [int(x) for x in (args.seqlens or ("512,1024,2048,4096,8192,16384" if gpu else "256,512,1024")).split(",")]
+    tokens = args.tokens or (16384 if gpu else 2048)
+    width = args.width or (2048 if gpu else 256)
+    causals = [bool(int(c)) for c in args.causal.split(",")]
+    modes = args.modes.split(",")
+    env = common.environment(device)
+    print(f"attention benchmark on {env.get('gpu', env.get('cpu'))}, torch {env['torch']}, commit {env['commit']}")
+
+    impls = {"torch_oss": nullcontext}
+    impls.update(sdpa_backends(device))
+    records = []
+    for dname in dtypes:
+        dtype = DTYPES[dname]
+        for D in hdims:
+            H = width // D
+            for N in seqlens:
+                B = max(1, tokens // N)
+                q, k, v = (torch.randn(B, H, N, D, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
+                dout = torch.randn(B, H, N, D, dtype=dtype, device=device)
+                for causal in causals:
+                    with torch.no_grad():
+                        expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    for name, ctx in impls.items():
+                        def fwd():
+                            if name == "torch_oss":
+                                return torch_oss.attention(q, k, v, is_causal=causal)
+                            with ctx():
+                                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                        try:
+                            with torch.no_grad():
+                                got = fwd()
+                        except RuntimeError as e:  # a backend that does not take this shape
+                            print(f"  {name} unavailable for {dname} hd{D} N{N}: {str(e).splitlines()[0][:80]}")
+                            continue
+                        err = (got.float() - expected.float()).abs().max().item()
+                        tol = 2e-2 if dtype != torch.float32 else 1e-4
+                        if not err <= tol:
+                            raise AssertionError(f"{name} {dname} hd{D} N{N} causal={causal}: max diff {err:.3e} "
+                                                 "from SDPA; not timing a wrong kernel")
+                        del got
+                        for mode in modes:
+                            if mode == "fwd":
+                                def run():
+                                    with torch.no_grad():
+                                        fwd()
+                            else:
+                                def run():
+                                    q.grad = k.grad = v.grad = None
+                                    fwd().backward(dout)
+                            if gpu:
+                                torch.cuda.synchronize()
+                                torch.cuda.reset_peak_memory_stats()
+                            base = torch.cuda.memory_allocated() if gpu else 0
+                            ms = common.bench(run, device)
+                            peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if gpu else None
+                            tflops = flops(B, H, N, D, causal, mode) / (ms * 1e-3) / 1e12
+                            records.append(dict(dtype=dname, hdim=D, heads=H, batch=B, seqlen=N, causal=causal,
+                                                mode=mode, impl=name, ms=ms, tflops=tflops, peak_extra_mib=peak))
+                del q, k, v, dout, expected
+
+    names = list(dict.fromkeys(r["impl"] for r in records))
+    peers = [n for n in names if n != "torch_oss"]
+    header = ["dtype", "hd", "causal", "seqlen", "mode"] + names + [f"vs {p.replace('sdpa-', '')}" for p in peers]
+    keys = list(dict.fromkeys((r["dtype"], r["hdim"], r["causal"], r["seqlen"], r["mode"]) for r in records))
+    rows = []
+    for key in keys:
+        by = {r["impl"]: r for r in records if (r["dtype"], r["hdim"], r["causal"], r["seqlen"], r["mode"]) == key}
+        line = [key[0], key[1], "yes" if key[2] else "no", key[3], key[4]]
+        line += [(f"{by[n]['tflops']:.0f}" if by[n]["tflops"] >= 10 else f"{by[n]['tflops']:.3f}") if n in by else "-"
+                 for n in names]
+        ours = by.get("torch_oss")
+        for peer in peers:
+            line.append(f"{ours['tflops'] / by[peer]['tflops']:.2f}x" if ours and peer in by else "-")
+        rows.append(line)
+    common.print_table("attention TFLOP/s ('vs X' = torch_oss speed / X's speed)", header, rows)
+    common.write_json(f"attention_{device}", dict(env=env, records=records))
+    panels = {}
+    for r in records:
+        panel = f"{r['dtype']} hd{r['hdim']} {'causal' if r['causal'] else 'full'} {r['mode']}"
+        panels.setdefault(panel, {}).setdefault(r["impl"], []).append((r["seqlen"], r["tflops"]))
+    if len(panels) > 8:  # keep the figure readable: bf16 only
+        panels = {k: v for k, v in panels.items() if k.startswith(dtypes[0])}
+    common.plot_lines(f"attention_{device}", panels, "seqlen", "TFLOP/s", title=env.get("gpu", env.get("cpu", "")))
+
+
+if __name__ == "__main__":
+    main()

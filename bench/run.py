@@ -1,0 +1,27 @@
+"""`make bench`: the comparison benchmarks of BENCHMARKS.md on the GPU when one
+is visible (else on the CPU, smaller grids): softmax, attention, and the
+Llama-style model when transformers is installed. Tables on stdout; JSON and
+PNG plots under results/ (or $TORCH_OSS_RESULTS)."""
+
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(script, *args):
+    cmd = [sys.executable, os.path.join(HERE, script), *args]
+    print("\n$ " + " ".join(cmd), flush=True)
+    return subprocess.run(cmd).returncode
+
+
+def main():
+    codes = [run("softmax.py"), run("attention.py")]
+    if os.path.exists(os.path.join(HERE, "model.py")):
+        codes.append(run("model.py"))
+    sys.exit(max(codes))
+
+
+if __name__ == "__main__":
+    main()

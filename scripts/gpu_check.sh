@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# gpu_check.sh - on a GPU machine with torch preinstalled and no network: build
+# torch_oss from scratch, run the whole test suite (CUDA cases included), the
+# compute-sanitizer passes and the benchmarks, writing logs and results into
+# $TORCH_OSS_RESULTS (default: results/).
+#
+#   bash scripts/gpu_check.sh                    # all stages
+#   bash scripts/gpu_check.sh build test         # some stages: build test sanitize bench model
+#
+# Knobs: TORCH_CUDA_ARCH_LIST (default 9.0a), MAX_JOBS (default 16),
+# TORCH_OSS_HEAD_DIMS, PYTEST_ARGS (extra pytest arguments), BENCH_ARGS_SOFTMAX,
+# BENCH_ARGS_ATTENTION (extra benchmark arguments).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+RESULTS=${TORCH_OSS_RESULTS:-results}
+mkdir -p "$RESULTS"
+export TORCH_OSS_RESULTS=$RESULTS
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
+export MAX_JOBS=${MAX_JOBS:-16}
+export PYTHONUNBUFFERED=1
+STAGES=${*:-build test sanitize bench}
+status=0
+summary=()
+
+stage() { echo; echo "=== $1 ($(date +%H:%M:%S)) ==="; }
+record() { summary+=("$1: $2"); [ "$2" = ok ] || status=1; }
+
+for s in $STAGES; do
+  case $s in
+  build)
+    stage build
+    rm -rf build torch_oss/_C*.so csrc/cuda/generated
+    start=$(date +%s)
+    if python3 -m pip install --no-build-isolation --no-deps -e . >"$RESULTS/build.log" 2>&1; then
+      record build ok
+      echo "build took $(( $(date +%s) - start )) s"
+    else
+      tail -40 "$RESULTS/build.log"; record build failed
+    fi
+    grep -E "registers|spill" "$RESULTS/build.log" | grep -v " 0 bytes spill" | head -20
+    python3 -c "import torch, torch_oss; print(torch.cuda.get_device_name(0)); print(torch_oss.build_info())"
+    ;;
+  test)
+    stage test
+    python3 -m pytest tests -q -x -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$RESULTS/tests.log" | tail -25
+    [ "${PIPESTATUS[0]}" = 0 ] && record tests ok || record tests failed
+    ;;
+  sanitize)
+    stage sanitize
+    for tool in memcheck racecheck synccheck; do
+      compute-sanitizer --tool $tool --error-exitcode 99 --print-limit 20 \
+        python3 scripts/sanitize_smoke.py >"$RESULTS/sanitize_$tool.log" 2>&1
+      rc=$?
+      tail -5 "$RESULTS/sanitize_$tool.log"
+      [ $rc = 0 ] && record "sanitize $tool" ok || record "sanitize $tool" "failed (rc $rc)"
+    done
+    ;;
+  bench)
+    stage bench
+    python3 bench/softmax.py ${BENCH_ARGS_SOFTMAX:-} 2>&1 | tee "$RESULTS/bench_softmax.log" | tail -70
+    python3 bench/attention.py ${BENCH_ARGS_ATTENTION:-} 2>&1 | tee "$RESULTS/bench_attention.log" | tail -80
+    record bench done
+    ;;
+  model)
+    stage model
+    python3 bench/model.py 2>&1 | tee "$RESULTS/bench_model.log" | tail -20
+    record model done
+    ;;
+  *) echo "unknown stage $s"; status=1 ;;
+  esac
+done
+echo; echo "=== summary ==="; printf '%s\n' "${summary[@]}"
+exit $status
