@@ -1,0 +1,322 @@
+/*
+ * attention.cu - CUDA entry points of the attention section of oss.h:
+ * argument validation, workspace sizing and dispatch.
+ *
+ * Dispatch: float32/float64 go to the SIMT kernels (attention_simt.cu).
+ * float16/bfloat16 go to the tensor-core kernels generated per compiled head
+ * dim (generate_attention_kernels.py -> generated/attention_dispatch.cu): the
+ * smallest compiled head dim >= max(D, Dv) is used, the extra columns being
+ * zero padding in shared memory. Each table entry has a slot per forward
+ * kernel family (mma.sync for sm_80+, a reserved Hopper slot); the selection
+ * takes the most specific family compiled for the device's architecture.
+ *
+ * Backward: a pre-pass computes D = rowsum(dO * O) and the lse in kernel units
+ * (workspace); the tensor-core default mode also zeroes a float32 dQ
+ * accumulator [B*Hq][Lq padded][KD] that the dK/dV kernel adds into with
+ * atomics and a last pass scales into dq. Deterministic mode (and float32 /
+ * float64) computes dQ in its own kernel without atomics.
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "attention_common.cuh"
+
+static size_t oss_attn_elem_size(oss_dtype t) {
+  switch (t) {
+  case OSS_FLOAT64: return 8;
+  case OSS_FLOAT32: return 4;
+  case OSS_BOOL: return 1;
+  default: return 2;
+  }
+}
+
+static bool oss_attn_is_tc(oss_dtype t) { return t == OSS_FLOAT16 || t == OSS_BFLOAT16; }
+
+/* Rows start on 16-byte boundaries: pointer and the strides of dims longer than 1. */
+static bool oss_attn_rows_aligned(const void *ptr, const int64_t s[3], const int64_t n[3], size_t esize) {
+  if (((uintptr_t)ptr) % 16 != 0) return false;
+  for (int i = 0; i < 3; i++)
+    if (n[i] > 1 && ((s[i] * (int64_t)esize) % 16) != 0) return false;
+  return true;
+}
+
+/* The compiled entry for this dtype with the smallest head dim >= need whose
+ * `bwd` (backward != 0) or any forward family is present. */
+static const oss_attn_kernel_entry *oss_attn_find(oss_dtype dtype, int64_t need, int backward) {
+  const oss_attn_kernel_entry *best = NULL;
+  for (int i = 0; i < oss_attn_kernel_table_len; i++) {
+    const oss_attn_kernel_entry *e = &oss_attn_kernel_table[i];
+    if (e->dtype != dtype || e->head_dim < need) continue;
+    int has = 0;
+    if (backward) has = e->bwd != NULL;
+    else
+      for (int f = 0; f < OSS_ATTN_FWD_FAMILIES; f++) has |= e->fwd[f] != NULL;
+    if (has && (best == NULL || e->head_dim < best->head_dim)) best = e;
+  }
+  return best;
+}
+
+/* Forward family for the device: the Hopper slot on sm_90 when compiled, else mma.sync. */
+static oss_attn_launch_fn oss_attn_select_fwd(const oss_attn_kernel_entry *e, const oss_device_info *dev) {
+  if (dev->cc_major == 9 && e->fwd[OSS_ATTN_FWD_SM90] != NULL) return e->fwd[OSS_ATTN_FWD_SM90];
+  return e->fwd[OSS_ATTN_FWD_MMA];
+}
+
+static int64_t oss_attn_max_dim(oss_dtype dtype) {
+  return oss_attn_is_tc(dtype) ? oss_attention_cuda_max_head_dim() : 256;
+}
+
+static oss_status oss_attn_validate(const oss_attention_params *p) {
+  if (p == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params is NULL");
+  if (p->dtype != OSS_FLOAT16 && p->dtype != OSS_BFLOAT16 && p->dtype != OSS_FLOAT32 && p->dtype != OSS_FLOAT64)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                    "attention: params->dtype=%d but CUDA attention supports float16, bfloat16, float32 and float64",
+                    (int)p->dtype);
+  const struct {
+    const char *name;
+    int64_t v;
+  } sizes[5] = {{"batch", p->batch}, {"heads_q", p->heads_q}, {"heads_kv", p->heads_kv}, {"len_q", p->len_q},
+                {"len_k", p->len_k}};
+  for (int i = 0; i < 5; i++) {
+    if (sizes[i].v < 0)
+      return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->%s=%lld must be >= 0", sizes[i].name,
+                      (long long)sizes[i].v);
+    if (sizes[i].v > INT_MAX - 1024)
+      return oss_fail(OSS_ERROR_NOT_SUPPORTED, "attention: params->%s=%lld exceeds the supported %d",
+                      sizes[i].name, (long long)sizes[i].v, INT_MAX - 1024);
+  }
+  if (p->heads_q > 0 && p->heads_kv < 1)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->heads_kv=%lld must be >= 1",
+                    (long long)p->heads_kv);
+  if (p->heads_kv > 0 && p->heads_q % p->heads_kv != 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT,
+                    "attention: params->heads_q=%lld must be a multiple of params->heads_kv=%lld",
+                    (long long)p->heads_q, (long long)p->heads_kv);
+  const int64_t maxd = oss_attn_max_dim(p->dtype);
+  if (p->head_dim < 1 || p->head_dim > maxd)
+    return oss_fail(p->head_dim < 1 ? OSS_ERROR_INVALID_ARGUMENT : OSS_ERROR_NOT_SUPPORTED,
+                    "attention: params->head_dim=%lld but this build supports head dims 1 to %lld",
+                    (long long)p->head_dim, (long long)maxd);
+  if (p->head_dim_v < 1 || p->head_dim_v > maxd)
+    return oss_fail(p->head_dim_v < 1 ? OSS_ERROR_INVALID_ARGUMENT : OSS_ERROR_NOT_SUPPORTED,
+                    "attention: params->head_dim_v=%lld but this build supports head dims 1 to %lld",
+                    (long long)p->head_dim_v, (long long)maxd);
+  if (p->causal != OSS_CAUSAL_NONE && p->causal != OSS_CAUSAL_TOP_LEFT && p->causal != OSS_CAUSAL_BOTTOM_RIGHT)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->causal=%d is not an oss_causal value",
+                    (int)p->causal);
+  if (!isfinite(p->scale))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->scale=%g must be finite", p->scale);
+  if (p->mask_kind != OSS_MASK_NONE) {
+    if (p->mask_kind != OSS_MASK_BOOL && p->mask_kind != OSS_MASK_ADDITIVE)
+      return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->mask_kind=%d is not an oss_mask_kind value",
+                      (int)p->mask_kind);
+    if (p->mask_kind == OSS_MASK_BOOL && p->mask_dtype != OSS_BOOL)
+      return oss_fail(OSS_ERROR_INVALID_ARGUMENT,
+                      "attention: params->mask_dtype=%d but a bool mask (mask_kind=OSS_MASK_BOOL) must be OSS_BOOL",
+                      (int)p->mask_dtype);
+    if (p->mask_kind == OSS_MASK_ADDITIVE && p->mask_dtype != p->dtype && p->mask_dtype != OSS_FLOAT32)
+      return oss_fail(OSS_ERROR_INVALID_ARGUMENT,
+                      "attention: params->mask_dtype=%d but an additive mask must have the inputs' dtype (%d) or "
+                      "float32",
+                      (int)p->mask_dtype, (int)p->dtype);
+  }
+  const int64_t nq = p->batch * p->heads_q * p->len_q, nkv = p->batch * p->heads_kv * p->len_k;
+  if (nq > 0 && p->q == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->q is NULL");
+  if (nq > 0 && p->out == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->out is NULL");
+  if (nq > 0 && p->lse == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->lse is NULL");
+  if (nkv > 0 && p->k == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->k is NULL");
+  if (nkv > 0 && p->v == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->v is NULL");
+  if (nq > 0 && nkv > 0 && p->mask_kind != OSS_MASK_NONE && p->mask == NULL)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->mask is NULL but mask_kind is %d",
+                    (int)p->mask_kind);
+  return OSS_OK;
+}
+
+/* Fills the kernel argument block from the forward params. */
+static void oss_attn_fill_args(const oss_attention_params *p, oss_attn_args *a) {
+  memset(a, 0, sizeof *a);
+  a->batch = (int)p->batch;
+  a->hq = (int)p->heads_q;
+  a->hkv = (int)p->heads_kv;
+  a->group = p->heads_kv > 0 ? (int)(p->heads_q / p->heads_kv) : 1;
+  a->lq = (int)p->len_q;
+  a->lk = (int)p->len_k;
+  a->d = (int)p->head_dim;
+  a->dv = (int)p->head_dim_v;
+  a->q = p->q;
+  a->k = p->k;
+  a->v = p->v;
+  a->out = p->out;
+  a->lse = p->lse;
+  for (int i = 0; i < 3; i++) {
+    a->q_s[i] = p->q_stride[i];
+    a->k_s[i] = p->k_stride[i];
+    a->v_s[i] = p->v_stride[i];
+    a->o_s[i] = p->out_stride[i];
+  }
+  a->scale = p->scale;
+  a->scale_log2 = (float)(p->scale * OSS_LOG2E);
+  a->causal = p->causal != OSS_CAUSAL_NONE;
+  a->causal_off = p->causal == OSS_CAUSAL_BOTTOM_RIGHT ? p->len_k - p->len_q : 0;
+  a->mask_kind = p->mask_kind;
+  a->mask_dtype = p->mask_dtype;
+  a->mask = p->mask;
+  for (int i = 0; i < 4; i++) a->m_s[i] = p->mask_stride[i];
+  const size_t es = oss_attn_elem_size(p->dtype);
+  const int64_t nq[3] = {p->batch, p->heads_q, p->len_q}, nk[3] = {p->batch, p->heads_kv, p->len_k};
+  if (oss_attn_rows_aligned(p->q, p->q_stride, nq, es)) a->vec |= OSS_ATTN_VEC_Q;
+  if (oss_attn_rows_aligned(p->k, p->k_stride, nk, es)) a->vec |= OSS_ATTN_VEC_K;
+  if (oss_attn_rows_aligned(p->v, p->v_stride, nk, es)) a->vec |= OSS_ATTN_VEC_V;
+  if (oss_attn_rows_aligned(p->out, p->out_stride, nq, es)) a->vec |= OSS_ATTN_VEC_O;
+}
+
+size_t oss_attention_forward_workspace_size_cuda(const oss_attention_params *p) {
+  (void)p;
+  return 0;
+}
+
+oss_status oss_attention_forward_cuda(const oss_attention_params *p, void *workspace, void *cuda_stream) {
+  return oss_attn_forward_with(p, workspace, cuda_stream, NULL);
+}
+
+oss_status oss_attn_forward_with(const oss_attention_params *p, void *workspace, void *cuda_stream,
+                                 oss_attn_launch_fn override_fn) {
+  (void)workspace;
+  oss_status st = oss_attn_validate(p);
+  if (st != OSS_OK) return st;
+  if (p->batch == 0 || p->heads_q == 0 || p->len_q == 0) return OSS_OK;
+  oss_device_info dev;
+  st = oss_get_device_info(&dev);
+  if (st != OSS_OK) return st;
+  oss_attn_args a;
+  oss_attn_fill_args(p, &a);
+  cudaStream_t stream = (cudaStream_t)cuda_stream;
+  if (!oss_attn_is_tc(p->dtype)) return oss_attn_fwd_simt(&a, p->dtype, stream, &dev);
+  if (dev.cc_major < 8)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                    "attention: float16/bfloat16 need compute capability 8.0 or newer, the device has %d.%d",
+                    dev.cc_major, dev.cc_minor);
+  const int64_t need = p->head_dim > p->head_dim_v ? p->head_dim : p->head_dim_v;
+  const oss_attn_kernel_entry *e = oss_attn_find(p->dtype, need, 0);
+  if (e == NULL)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                    "attention: no forward kernel compiled for head dim %lld (compiled head dims: %s)",
+                    (long long)need, oss_attention_cuda_head_dims_list());
+  return (override_fn ? override_fn : oss_attn_select_fwd(e, &dev))(&a, stream, &dev);
+}
+
+/* Workspace layout of the backward; every piece 256-byte aligned. */
+typedef struct oss_attn_bwd_layout {
+  int64_t lq_pad;
+  int dq_ld; /* 0: no float32 dQ accumulator */
+  size_t off_dsum, off_dq, total;
+} oss_attn_bwd_layout;
+
+static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params *bp) {
+  const oss_attention_params *p = &bp->fwd;
+  oss_attn_bwd_layout L = {0, 0, 0, 0, 0};
+  L.lq_pad = (p->len_q + OSS_ATTN_LQ_PAD - 1) / OSS_ATTN_LQ_PAD * OSS_ATTN_LQ_PAD;
+  const size_t acc = p->dtype == OSS_FLOAT64 ? 8 : 4;
+  const size_t rows = (size_t)(p->batch * p->heads_q * L.lq_pad);
+  const size_t vec = (rows * acc + 255) / 256 * 256;
+  L.off_dsum = vec;
+  L.off_dq = 2 * vec;
+  L.total = 2 * vec;
+  if (oss_attn_is_tc(p->dtype) && !bp->deterministic) {
+    const int64_t need = p->head_dim > p->head_dim_v ? p->head_dim : p->head_dim_v;
+    const oss_attn_kernel_entry *e = oss_attn_find(p->dtype, need, 1);
+    if (e != NULL) {
+      L.dq_ld = (e->head_dim + 15) / 16 * 16;
+      L.total += (rows * (size_t)L.dq_ld * 4 + 255) / 256 * 256;
+    }
+  }
+  return L;
+}
+
+size_t oss_attention_backward_workspace_size_cuda(const oss_attention_backward_params *bp) {
+  if (bp == NULL || oss_attn_validate(&bp->fwd) != OSS_OK) return 0;
+  return oss_attn_bwd_plan(bp).total;
+}
+
+oss_status oss_attention_backward_cuda(const oss_attention_backward_params *bp, void *workspace,
+                                       void *cuda_stream) {
+  return oss_attn_backward_with(bp, workspace, cuda_stream, NULL);
+}
+
+oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void *workspace, void *cuda_stream,
+                                  oss_attn_launch_fn override_fn) {
+  if (bp == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention_backward: params is NULL");
+  const oss_attention_params *p = &bp->fwd;
+  oss_status st = oss_attn_validate(p);
+  if (st != OSS_OK) return st;
+  const int64_t nq = p->batch * p->heads_q * p->len_q, nkv = p->batch * p->heads_kv * p->len_k;
+  if (nq > 0 && (bp->dout == NULL || bp->dq == NULL))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention_backward: params->%s is NULL",
+                    bp->dout == NULL ? "dout" : "dq");
+  if (nkv > 0 && (bp->dk == NULL || bp->dv == NULL))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention_backward: params->%s is NULL",
+                    bp->dk == NULL ? "dk" : "dv");
+  if (nq == 0 && nkv == 0) return OSS_OK;
+  const oss_attn_bwd_layout L = oss_attn_bwd_plan(bp);
+  if (L.total > 0 && workspace == NULL)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT,
+                    "attention_backward: workspace is NULL but %zu bytes are needed "
+                    "(oss_attention_backward_workspace_size_cuda)",
+                    L.total);
+  if (((uintptr_t)workspace) % 16 != 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention_backward: workspace must be 16-byte aligned");
+
+  oss_device_info dev;
+  st = oss_get_device_info(&dev);
+  if (st != OSS_OK) return st;
+  oss_attn_args a;
+  oss_attn_fill_args(p, &a);
+  a.dout = bp->dout;
+  a.dq = bp->dq;
+  a.dk = bp->dk;
+  a.dv_ptr = bp->dv;
+  for (int i = 0; i < 3; i++) {
+    a.do_s[i] = bp->dout_stride[i];
+    a.dq_s[i] = bp->dq_stride[i];
+    a.dk_s[i] = bp->dk_stride[i];
+    a.dv_s[i] = bp->dv_stride[i];
+  }
+  const size_t es = oss_attn_elem_size(p->dtype);
+  const int64_t nq3[3] = {p->batch, p->heads_q, p->len_q}, nk3[3] = {p->batch, p->heads_kv, p->len_k};
+  if (oss_attn_rows_aligned(bp->dout, bp->dout_stride, nq3, es)) a.vec |= OSS_ATTN_VEC_DO;
+  if (oss_attn_rows_aligned(bp->dq, bp->dq_stride, nq3, es)) a.vec |= OSS_ATTN_VEC_DQ;
+  if (oss_attn_rows_aligned(bp->dk, bp->dk_stride, nk3, es)) a.vec |= OSS_ATTN_VEC_DK;
+  if (oss_attn_rows_aligned(bp->dv, bp->dv_stride, nk3, es)) a.vec |= OSS_ATTN_VEC_DV;
+  a.lq_pad = L.lq_pad;
+  a.lse_adj = workspace;
+  a.dsum = (char *)workspace + L.off_dsum;
+  a.dq_acc = L.dq_ld > 0 ? (float *)((char *)workspace + L.off_dq) : NULL;
+  a.dq_ld = L.dq_ld;
+  cudaStream_t stream = (cudaStream_t)cuda_stream;
+
+  const oss_attn_kernel_entry *e = NULL;
+  if (oss_attn_is_tc(p->dtype)) {
+    if (dev.cc_major < 8)
+      return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                      "attention_backward: float16/bfloat16 need compute capability 8.0 or newer, the device has "
+                      "%d.%d",
+                      dev.cc_major, dev.cc_minor);
+    const int64_t need = p->head_dim > p->head_dim_v ? p->head_dim : p->head_dim_v;
+    e = oss_attn_find(p->dtype, need, 1);
+    if (e == NULL)
+      return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                      "attention_backward: no backward kernel compiled for head dim %lld (compiled head dims: %s)",
+                      (long long)need, oss_attention_cuda_head_dims_list());
+  }
+  if (nq > 0) {
+    st = oss_attn_bwd_prepare(&a, p->dtype, stream);
+    if (st != OSS_OK) return st;
+  }
+  if (e == NULL) return oss_attn_bwd_simt(&a, p->dtype, stream, &dev);
+  st = (override_fn ? override_fn : e->bwd)(&a, stream, &dev);
+  if (st != OSS_OK) return st;
+  if (a.dq_acc != NULL && nq > 0) return oss_attn_bwd_dq_convert(&a, p->dtype, stream);
+  return OSS_OK;
+}

@@ -1,0 +1,466 @@
+/*
+ * attention_bwd.cuh - FlashAttention-2 backward on tensor cores (float16 and
+ * bfloat16, mma.sync m16n8k16, sm_80 and newer).
+ *
+ * With P = exp(scale*Q K^T + mask - lse) recomputed from the forward's lse,
+ * dP = dO V^T, D = rowsum(dO * O) (attention_aux.cu, before these kernels) and
+ * dS = P * (dP - D):  dV = P^T dO,  dK = scale dS^T Q,  dQ = scale dS K.
+ *
+ * oss_attn_bwd_dkdv_mma_kernel - one CTA per (batch, kv head, block of Bc
+ * keys). K and V of the block stay in shared memory; the CTA loops over every
+ * query head of its GQA group and every query block of Br rows that can see
+ * the keys (causal: from the diagonal on), so dK and dV of the kv head are
+ * accumulated in registers without an expanded buffer.
+ *   - NW = NKW * NCS warps. Warp w owns the 16 keys kg = w % NKW (Bc = 16 NKW)
+ *     and, for dK/dV, the column slice cs = w / NKW of KD / NCS columns (NCS = 2
+ *     for head dims above 128 so the dK/dV accumulators fit in registers; the
+ *     two warps of a key group then both compute S^T and dP^T).
+ *   - per query block (two cp.async stages of Q, dO, lse, D, the next block
+ *     loading while this one computes):
+ *       S^T = K Q^T and dP^T = V dO^T (A from smem, B = Q / dO via ldmatrix),
+ *       P^T = exp2(S^T scale log2e - lse log2e), dS^T = P^T (dP^T - D), in
+ *       registers, key-major, so P^T and dS^T are directly the A fragments of
+ *       dV += P^T dO and dK += dS^T Q (B via ldmatrix.trans);
+ *       default mode: dS^T goes to shared memory and all warps compute
+ *       dQ_blk = dS K (warp grid WM x WN over the Br x KD block) and add it to
+ *       a float32 accumulator in the workspace with atomics (red.add, float2 on
+ *       sm_90); attention_aux.cu scales and converts it to dq at the end.
+ *   - the end: dK *= scale, dK and dV written (rows < Lk, cols < D / Dv).
+ *
+ * oss_attn_bwd_dq_mma_kernel - deterministic mode only: one CTA per (batch,
+ * query head, Br query rows), looping over key blocks like the forward
+ * (Q, dO resident; K, V double buffered): S = Q K^T, dP = dO V^T, dS in
+ * registers, dQ += dS K, no atomics. The dK/dV kernel then skips its dQ part.
+ *
+ * Fully masked rows have lse = -inf, stored as +inf in lse_adj, so P = 0 and
+ * every gradient they touch is 0.
+ */
+#ifndef OSS_ATTENTION_BWD_CUH
+#define OSS_ATTENTION_BWD_CUH
+
+#include "attention_mma.cuh"
+
+template <int HD> struct oss_attn_bwd_cfg {
+  /* dK/dV kernel */
+  static constexpr int BR = HD <= 128 ? 64 : 32; /* query rows per iteration */
+  static constexpr int NKW = HD <= 128 ? 8 : 4;  /* key groups of 16: Bc = 16 NKW */
+  static constexpr int NCS = HD <= 128 ? 1 : 2;  /* dK/dV column slices */
+  static constexpr int MINB = 1;                 /* __launch_bounds__ min blocks per SM */
+  /* deterministic dQ kernel */
+  static constexpr int DQ_BR = 64, DQ_NW = 4;
+  static constexpr int DQ_BC = HD <= 128 ? 64 : 32;
+};
+
+template <int HD, int BR, int NKW>
+__host__ __device__ constexpr size_t oss_attn_bwd_dkdv_smem_bytes() {
+  return (size_t)(2 * 16 * NKW + 4 * BR) * oss_attn_pitch(oss_attn_kd(HD)) * 2 /* K, V, 2x(Q, dO) */
+         + (size_t)16 * NKW * oss_attn_pitch(BR) * 2                          /* dS^T */
+         + (size_t)4 * BR * 4;                                                 /* 2x(lse, D) */
+}
+template <int HD, int BR, int BC> __host__ __device__ constexpr size_t oss_attn_bwd_dq_smem_bytes() {
+  return (size_t)(2 * BR + 4 * BC) * oss_attn_pitch(oss_attn_kd(HD)) * 2 + (size_t)2 * BR * 4;
+}
+
+/* Loads BR rows of lse_adj and D (float, padded rows so always in bounds). */
+template <int BR, int NTHREADS>
+__device__ __forceinline__ void oss_attn_load_rowstats(float *sL, float *sD, const float *gL, const float *gD,
+                                                       int tid) {
+  static_assert(2 * (BR / 4) <= NTHREADS, "one 16-byte chunk per thread");
+  if (tid < BR / 4) oss_cp_async16(oss_smem_u32(sL + tid * 4), gL + tid * 4, 16);
+  else if (tid < BR / 2) oss_cp_async16(oss_smem_u32(sD + (tid - BR / 4) * 4), gD + (tid - BR / 4) * 4, 16);
+}
+
+template <typename T, int HD, int BR, int NKW, int NCS, int MINB>
+__global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_kernel(const oss_attn_args a) {
+  constexpr int NW = NKW * NCS, NTHREADS = NW * 32, BC = 16 * NKW;
+  constexpr int KD = oss_attn_kd(HD), LDS = oss_attn_pitch(KD), LDSS = oss_attn_pitch(BR);
+  constexpr int NTQ = BR / 8;      /* n-tiles of S^T (queries) */
+  constexpr int KDW = KD / NCS;    /* dK/dV columns per warp */
+  constexpr int NOW = KDW / 8;     /* their n-tiles */
+  static_assert(KDW % 16 == 0, "dK/dV column slices come in 16s");
+  /* dQ block warp grid: WM x WN warps, each TM m-tiles x TN n-tiles */
+  constexpr int QM = BR / 16;
+  constexpr int WM = QM >= 2 ? QM / 2 : 1;
+  constexpr int TM = QM / WM;
+  constexpr int WN = NW / WM;
+  constexpr int NB8 = KD / 8;
+  constexpr int TN = ((NB8 + WN - 1) / WN + 1) / 2 * 2;
+  static_assert(WM * TM == QM && WM * WN == NW, "dQ warp grid");
+
+  extern __shared__ __align__(16) unsigned char oss_smem[];
+  T *sK = reinterpret_cast<T *>(oss_smem);
+  T *sV = sK + BC * LDS;
+  T *sQ = sV + BC * LDS;   /* [2][BR][LDS] */
+  T *sdO = sQ + 2 * BR * LDS; /* [2][BR][LDS] */
+  T *sdS = sdO + 2 * BR * LDS; /* [BC][LDSS], dS^T */
+  float *sL = reinterpret_cast<float *>(sdS + BC * LDSS); /* [2][BR] */
+  float *sD = sL + 2 * BR;                                /* [2][BR] */
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int kg = warp % NKW, cs = warp / NKW;
+  const int g = lane >> 2, t2 = (lane & 3) * 2;
+  const int64_t bhk = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
+  if (bhk >= (int64_t)a.batch * a.hkv) return;
+  const int b = (int)(bhk / a.hkv), hk = (int)(bhk % a.hkv);
+  const int j0 = blockIdx.x * BC;
+  const int krows = min(BC, a.lk - j0);
+
+  /* query blocks that see some key of this block */
+  int qb0 = 0;
+  if (a.causal) {
+    const int64_t first = (int64_t)j0 - a.causal_off; /* first row i with j0 <= i + off */
+    qb0 = first <= 0 ? 0 : (first >= a.lq ? (a.lq + BR - 1) / BR : (int)(first / BR));
+  }
+  const int nqb = (a.lq + BR - 1) / BR;
+  const int nqe = nqb - qb0;
+  const int niter = a.group * nqe;
+
+  const bool vq = a.vec & OSS_ATTN_VEC_Q, vk = a.vec & OSS_ATTN_VEC_K, vv = a.vec & OSS_ATTN_VEC_V;
+  const bool vdo = a.vec & OSS_ATTN_VEC_DO;
+  const T *gQb = (const T *)a.q + b * a.q_s[0];
+  const T *gdOb = (const T *)a.dout + b * a.do_s[0];
+  const bool atomic_dq = a.dq_acc != nullptr;
+
+  float dV[1][NOW][4], dK[1][NOW][4];
+#pragma unroll
+  for (int n = 0; n < NOW; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dV[0][n][e] = dK[0][n][e] = 0.f;
+
+  if (niter > 0) {
+    oss_load_tile<T, BC, KD, LDS, NTHREADS>(sK, (const T *)a.k + b * a.k_s[0] + hk * a.k_s[1] + (int64_t)j0 * a.k_s[2],
+                                             a.k_s[2], krows, a.d, vk, tid);
+    oss_load_tile<T, BC, KD, LDS, NTHREADS>(sV, (const T *)a.v + b * a.v_s[0] + hk * a.v_s[1] + (int64_t)j0 * a.v_s[2],
+                                             a.v_s[2], krows, a.dv, vv, tid);
+  }
+
+#pragma unroll 1
+  for (int it = -1; it < niter; it++) {
+    const int st = it & 1;
+    if (it >= 0) {
+      oss_cp_async_wait<0>(); /* stage st (and K, V) landed */
+      __syncthreads();        /* for all threads; stage st^1 and sdS are free */
+    }
+    /* prefetch iteration it+1 into stage st^1 */
+    if (it + 1 < niter) {
+      const int hn = hk * a.group + (it + 1) / nqe;
+      const int in0 = (qb0 + (it + 1) % nqe) * BR;
+      const int rn = min(BR, a.lq - in0);
+      const int sn = st ^ 1;
+      oss_load_tile<T, BR, KD, LDS, NTHREADS>(sQ + sn * BR * LDS, gQb + hn * a.q_s[1] + (int64_t)in0 * a.q_s[2],
+                                               a.q_s[2], rn, a.d, vq, tid);
+      oss_load_tile<T, BR, KD, LDS, NTHREADS>(sdO + sn * BR * LDS,
+                                               gdOb + hn * a.do_s[1] + (int64_t)in0 * a.do_s[2], a.do_s[2], rn,
+                                               a.dv, vdo, tid);
+      const int64_t ro = ((int64_t)b * a.hq + hn) * a.lq_pad + in0;
+      oss_attn_load_rowstats<BR, NTHREADS>(sL + sn * BR, sD + sn * BR, (const float *)a.lse_adj + ro,
+                                           (const float *)a.dsum + ro, tid);
+    }
+    oss_cp_async_commit();
+    if (it < 0) continue;
+
+    const int h = hk * a.group + it / nqe;
+    const int i0 = (qb0 + it % nqe) * BR;
+    const T *cQ = sQ + st * BR * LDS;
+    const T *cdO = sdO + st * BR * LDS;
+    const float *cL = sL + st * BR, *cD = sD + st * BR;
+
+    /* S^T = K Q^T, dP^T = V dO^T for this warp's 16 keys */
+    float sT[1][NTQ][4], pT[1][NTQ][4];
+#pragma unroll
+    for (int n = 0; n < NTQ; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) sT[0][n][e] = pT[0][n][e] = 0.f;
+    oss_warp_mma_ss<T, 1, NTQ, KD, LDS, LDS>(sT, oss_smem_u32(sK + kg * 16 * LDS), oss_smem_u32(cQ), lane);
+    oss_warp_mma_ss<T, 1, NTQ, KD, LDS, LDS>(pT, oss_smem_u32(sV + kg * 16 * LDS), oss_smem_u32(cdO), lane);
+
+    /* P^T and dS^T (element (key r, query c)) */
+    const bool need_mask = a.mask_kind != OSS_MASK_NONE || j0 + BC > a.lk ||
+                           (a.causal && (int64_t)(j0 + BC - 1) > (int64_t)i0 + a.causal_off);
+#pragma unroll
+    for (int n = 0; n < NTQ; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) sT[0][n][e] *= a.scale_log2;
+    if (need_mask)
+      oss_attn_mask_tile<T, true, 1, NTQ>(sT, a, a.mask_kind ? oss_attn_mask_base(a, b, h) : 0, j0 + kg * 16, i0,
+                                          lane);
+#pragma unroll
+    for (int n = 0; n < NTQ; n++) {
+      const float2 lv = *reinterpret_cast<const float2 *>(cL + n * 8 + t2);
+      const float2 dd = *reinterpret_cast<const float2 *>(cD + n * 8 + t2);
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const float p = oss_ex2(sT[0][n][e] - ((e & 1) ? lv.y : lv.x));
+        sT[0][n][e] = p;
+        pT[0][n][e] = p * (pT[0][n][e] - ((e & 1) ? dd.y : dd.x));
+      }
+    }
+    uint32_t pa[1][NTQ / 2][4], dsa[1][NTQ / 2][4];
+    oss_acc_to_a<T, 1, NTQ>(sT, pa);
+    oss_acc_to_a<T, 1, NTQ>(pT, dsa);
+
+    /* dV += P^T dO, dK += dS^T Q over this warp's column slice */
+    oss_warp_mma_rs<T, 1, NOW, NTQ / 2, LDS>(dV, pa, oss_smem_u32(cdO + cs * KDW), lane);
+    oss_warp_mma_rs<T, 1, NOW, NTQ / 2, LDS>(dK, dsa, oss_smem_u32(cQ + cs * KDW), lane);
+
+    if (atomic_dq) {
+      if (cs == 0) {
+        /* dS^T rows (keys) g, g+8 of this warp's group, cols = queries */
+        T *r0 = sdS + (kg * 16 + g) * LDSS + t2;
+        T *r1 = r0 + 8 * LDSS;
+#pragma unroll
+        for (int kk = 0; kk < NTQ / 2; kk++) {
+          *reinterpret_cast<uint32_t *>(r0 + kk * 16) = dsa[0][kk][0];
+          *reinterpret_cast<uint32_t *>(r1 + kk * 16) = dsa[0][kk][1];
+          *reinterpret_cast<uint32_t *>(r0 + kk * 16 + 8) = dsa[0][kk][2];
+          *reinterpret_cast<uint32_t *>(r1 + kk * 16 + 8) = dsa[0][kk][3];
+        }
+      }
+      __syncthreads();
+      /* dQ block = dS K: warp (wm, wn) owns rows wm*TM*16.., n-tiles wn*TN.. */
+      const int wm = warp / WN, wn = warp % WN;
+      const int nb0 = wn * TN;
+      int np_valid = (NB8 - nb0) / 2;
+      np_valid = np_valid < 0 ? 0 : (np_valid > TN / 2 ? TN / 2 : np_valid);
+      if (np_valid > 0) {
+        float q[TM][TN][4];
+#pragma unroll
+        for (int mt = 0; mt < TM; mt++)
+#pragma unroll
+          for (int n = 0; n < TN; n++) q[mt][n][0] = q[mt][n][1] = q[mt][n][2] = q[mt][n][3] = 0.f;
+        oss_warp_mma_tt<T, TM, TN, BC, LDSS, LDS>(q, oss_smem_u32(sdS + wm * TM * 16), oss_smem_u32(sK + nb0 * 8),
+                                                  lane, np_valid);
+        float *acc = a.dq_acc + (((int64_t)b * a.hq + h) * a.lq_pad + i0) * a.dq_ld;
+#pragma unroll
+        for (int mt = 0; mt < TM; mt++)
+#pragma unroll
+          for (int hi = 0; hi < 2; hi++) {
+            const int r = wm * TM * 16 + mt * 16 + g + hi * 8;
+            if (i0 + r < a.lq) {
+              float *row = acc + (int64_t)r * a.dq_ld;
+#pragma unroll
+              for (int n = 0; n < TN; n++) {
+                const int c = (nb0 + n) * 8 + t2;
+                if ((n >> 1) < np_valid && c < a.d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                  atomicAdd(reinterpret_cast<float2 *>(row + c), make_float2(q[mt][n][2 * hi], q[mt][n][2 * hi + 1]));
+#else
+                  atomicAdd(row + c, q[mt][n][2 * hi]);
+                  atomicAdd(row + c + 1, q[mt][n][2 * hi + 1]);
+#endif
+                }
+              }
+            }
+          }
+      }
+    }
+  }
+
+  /* write dK (scaled) and dV for rows < Lk, cols < D / Dv */
+  T *gdK = (T *)a.dk + b * a.dk_s[0] + hk * a.dk_s[1];
+  T *gdV = (T *)a.dv_ptr + b * a.dv_s[0] + hk * a.dv_s[1];
+  const bool vdk = a.vec & OSS_ATTN_VEC_DK, vdv = a.vec & OSS_ATTN_VEC_DV;
+  const float sc = (float)a.scale;
+#pragma unroll
+  for (int hi = 0; hi < 2; hi++) {
+    const int r = j0 + kg * 16 + g + hi * 8;
+    if (r < a.lk) {
+      T *rk = gdK + (int64_t)r * a.dk_s[2];
+      T *rv = gdV + (int64_t)r * a.dv_s[2];
+#pragma unroll
+      for (int n = 0; n < NOW; n++) {
+        const int c = cs * KDW + n * 8 + t2;
+        oss_store_pair<T>(rk, c, a.d, dK[0][n][2 * hi] * sc, dK[0][n][2 * hi + 1] * sc, vdk);
+        oss_store_pair<T>(rv, c, a.dv, dV[0][n][2 * hi], dV[0][n][2 * hi + 1], vdv);
+      }
+    }
+  }
+}
+
+template <typename T, int HD, int BR, int BC, int NW>
+__global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const oss_attn_args a) {
+  constexpr int KD = oss_attn_kd(HD), LDS = oss_attn_pitch(KD);
+  constexpr int MT = BR / (16 * NW), NT = BC / 8, NO = KD / 8, NTHREADS = NW * 32;
+  static_assert(MT >= 1 && MT * 16 * NW == BR, "Br must be a multiple of 16 * warps");
+
+  extern __shared__ __align__(16) unsigned char oss_smem[];
+  T *sQ = reinterpret_cast<T *>(oss_smem);
+  T *sdO = sQ + BR * LDS;
+  T *sK = sdO + BR * LDS; /* [2][BC][LDS] */
+  T *sV = sK + 2 * BC * LDS;
+  float *sL = reinterpret_cast<float *>(sV + 2 * BC * LDS);
+  float *sD = sL + BR;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t2 = (lane & 3) * 2;
+  const int64_t bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
+  if (bh >= (int64_t)a.batch * a.hq) return;
+  const int b = (int)(bh / a.hq), h = (int)(bh % a.hq), hk = h / a.group;
+  const int qb = a.causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  const int i0 = qb * BR;
+  const int rows = min(BR, a.lq - i0);
+  const int wrow = warp * MT * 16;
+
+  int n_end = a.lk;
+  if (a.causal) {
+    const int64_t lim = (int64_t)(i0 + rows) + a.causal_off;
+    n_end = (int)(lim < 0 ? 0 : (lim < a.lk ? lim : a.lk));
+  }
+  const int ntiles = (n_end + BC - 1) / BC;
+
+  const T *gK = (const T *)a.k + b * a.k_s[0] + hk * a.k_s[1];
+  const T *gV = (const T *)a.v + b * a.v_s[0] + hk * a.v_s[1];
+  const bool vk = a.vec & OSS_ATTN_VEC_K, vv = a.vec & OSS_ATTN_VEC_V;
+  const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
+
+  float dq[MT][NO][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int n = 0; n < NO; n++) dq[mt][n][0] = dq[mt][n][1] = dq[mt][n][2] = dq[mt][n][3] = 0.f;
+
+  if (ntiles > 0) {
+    oss_load_tile<T, BR, KD, LDS, NTHREADS>(sQ, (const T *)a.q + b * a.q_s[0] + h * a.q_s[1] + (int64_t)i0 * a.q_s[2],
+                                             a.q_s[2], rows, a.d, a.vec & OSS_ATTN_VEC_Q, tid);
+    oss_load_tile<T, BR, KD, LDS, NTHREADS>(
+        sdO, (const T *)a.dout + b * a.do_s[0] + h * a.do_s[1] + (int64_t)i0 * a.do_s[2], a.do_s[2], rows, a.dv,
+        a.vec & OSS_ATTN_VEC_DO, tid);
+    const int64_t ro = bh * a.lq_pad + i0;
+    oss_attn_load_rowstats<BR, NTHREADS>(sL, sD, (const float *)a.lse_adj + ro, (const float *)a.dsum + ro, tid);
+    oss_load_tile<T, BC, KD, LDS, NTHREADS>(sK, gK, a.k_s[2], min(BC, a.lk), a.d, vk, tid);
+    oss_cp_async_commit();
+    oss_load_tile<T, BC, KD, LDS, NTHREADS>(sV, gV, a.v_s[2], min(BC, a.lk), a.dv, vv, tid);
+    oss_cp_async_commit();
+  }
+
+  const uint32_t sQw = oss_smem_u32(sQ + wrow * LDS), sdOw = oss_smem_u32(sdO + wrow * LDS);
+  float lrow[MT][2], drow[MT][2];
+
+#pragma unroll 1
+  for (int j = 0; j < ntiles; j++) {
+    const int j0 = j * BC;
+    const int st = j & 1;
+    oss_cp_async_wait<1>();
+    __syncthreads();
+    if (j == 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+          lrow[mt][hi] = sL[wrow + mt * 16 + g + hi * 8];
+          drow[mt][hi] = sD[wrow + mt * 16 + g + hi * 8];
+        }
+    }
+    if (j + 1 < ntiles) {
+      const int jn = j0 + BC;
+      oss_load_tile<T, BC, KD, LDS, NTHREADS>(sK + (st ^ 1) * BC * LDS, gK + (int64_t)jn * a.k_s[2], a.k_s[2],
+                                               min(BC, a.lk - jn), a.d, vk, tid);
+      oss_cp_async_commit();
+      oss_load_tile<T, BC, KD, LDS, NTHREADS>(sV + (st ^ 1) * BC * LDS, gV + (int64_t)jn * a.v_s[2], a.v_s[2],
+                                               min(BC, a.lk - jn), a.dv, vv, tid);
+      oss_cp_async_commit();
+    } else {
+      oss_cp_async_commit();
+      oss_cp_async_commit();
+    }
+
+    const bool warp_live = !a.causal || (int64_t)j0 <= (int64_t)(i0 + wrow + MT * 16 - 1) + a.causal_off;
+    float s[MT][NT][4];
+    if (warp_live) {
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < NT; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+      oss_warp_mma_ss<T, MT, NT, KD, LDS, LDS>(s, sQw, oss_smem_u32(sK + st * BC * LDS), lane);
+    }
+    oss_cp_async_wait<2>();
+    __syncthreads();
+    if (warp_live) {
+      float dp[MT][NT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < NT; n++) dp[mt][n][0] = dp[mt][n][1] = dp[mt][n][2] = dp[mt][n][3] = 0.f;
+      oss_warp_mma_ss<T, MT, NT, KD, LDS, LDS>(dp, sdOw, oss_smem_u32(sV + st * BC * LDS), lane);
+
+      const bool need_mask = a.mask_kind != OSS_MASK_NONE || j0 + BC > a.lk ||
+                             (a.causal && (int64_t)(j0 + BC - 1) > (int64_t)(i0 + wrow) + a.causal_off);
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) s[mt][n][e] *= a.scale_log2;
+      if (need_mask) oss_attn_mask_tile<T, false, MT, NT>(s, a, mbase, i0 + wrow, j0, lane);
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            const float p = oss_ex2(s[mt][n][e] - lrow[mt][e >> 1]);
+            s[mt][n][e] = p * (dp[mt][n][e] - drow[mt][e >> 1]);
+          }
+      uint32_t dsa[MT][BC / 16][4];
+      oss_acc_to_a<T, MT, NT>(s, dsa);
+      oss_warp_mma_rs<T, MT, NO, BC / 16, LDS>(dq, dsa, oss_smem_u32(sK + st * BC * LDS), lane);
+    }
+  }
+
+  T *gdQ = (T *)a.dq + b * a.dq_s[0] + h * a.dq_s[1];
+  const bool vdq = a.vec & OSS_ATTN_VEC_DQ;
+  const float sc = (float)a.scale;
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int hi = 0; hi < 2; hi++) {
+      const int r = i0 + wrow + mt * 16 + g + hi * 8;
+      if (r < a.lq) {
+        T *row = gdQ + (int64_t)r * a.dq_s[2];
+#pragma unroll
+        for (int n = 0; n < NO; n++)
+          oss_store_pair<T>(row, n * 8 + t2, a.d, dq[mt][n][2 * hi] * sc, dq[mt][n][2 * hi + 1] * sc, vdq);
+      }
+    }
+}
+
+template <typename T, int HD, int BR, int NKW, int NCS, int MINB, int DQ_BR, int DQ_BC, int DQ_NW>
+oss_status oss_attn_bwd_mma_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+  if (a->lk > 0) {
+    constexpr size_t smem = oss_attn_bwd_dkdv_smem_bytes<HD, BR, NKW>();
+    if (smem > (size_t)dev->max_smem_per_block_optin)
+      return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                      "attention backward for head dim %d needs %zu bytes of shared memory per block, the device "
+                      "allows %d",
+                      HD, smem, dev->max_smem_per_block_optin);
+    void (*kernel)(const oss_attn_args) = oss_attn_bwd_dkdv_mma_kernel<T, HD, BR, NKW, NCS, MINB>;
+    OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const dim3 grid = oss_attn_grid((a->lk + 16 * NKW - 1) / (16 * NKW), (int64_t)a->batch * a->hkv);
+    kernel<<<grid, NKW * NCS * 32, smem, stream>>>(*a);
+    oss_status st = oss_check_launch("oss_attn_bwd_dkdv_mma_kernel");
+    if (st != OSS_OK) return st;
+  }
+  if (a->dq_acc == nullptr && a->lq > 0) {
+    constexpr size_t smem = oss_attn_bwd_dq_smem_bytes<HD, DQ_BR, DQ_BC>();
+    if (smem > (size_t)dev->max_smem_per_block_optin)
+      return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                      "deterministic attention backward for head dim %d needs %zu bytes of shared memory per "
+                      "block, the device allows %d",
+                      HD, smem, dev->max_smem_per_block_optin);
+    void (*kernel)(const oss_attn_args) = oss_attn_bwd_dq_mma_kernel<T, HD, DQ_BR, DQ_BC, DQ_NW>;
+    OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const dim3 grid = oss_attn_grid((a->lq + DQ_BR - 1) / DQ_BR, (int64_t)a->batch * a->hq);
+    kernel<<<grid, DQ_NW * 32, smem, stream>>>(*a);
+    return oss_check_launch("oss_attn_bwd_dq_mma_kernel");
+  }
+  return OSS_OK;
+}
+
+/* Entry point instantiated once per (head dim, dtype) by the generator. */
+template <typename T, int HD>
+oss_status oss_attn_bwd_mma_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+  typedef oss_attn_bwd_cfg<HD> C;
+  return oss_attn_bwd_mma_run<T, HD, C::BR, C::NKW, C::NCS, C::MINB, C::DQ_BR, C::DQ_BC, C::DQ_NW>(a, stream, dev);
+}
+
+#endif /* OSS_ATTENTION_BWD_CUH */

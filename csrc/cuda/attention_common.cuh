@@ -1,0 +1,136 @@
+/*
+ * attention_common.cuh - what every attention file shares: the kernel argument
+ * block (built once on the host from the oss.h params), the kernel-family
+ * dispatch table written by generate_attention_kernels.py, and small device
+ * helpers (mask lookup, the causal rule).
+ *
+ * Notation (FlashAttention papers): a CTA owns Br query rows or Bc keys; m is
+ * the running row max of the scaled, masked scores, l the running sum of
+ * exp(s - m), o the running unnormalised output. The tensor-core kernels keep m
+ * in log2 units (scores multiplied by scale*log2(e)) so that exp2 is one MUFU
+ * instruction; lse is converted back to natural log when written.
+ */
+#ifndef OSS_ATTENTION_COMMON_CUH
+#define OSS_ATTENTION_COMMON_CUH
+
+#include "cuda_common.cuh"
+
+#define OSS_LOG2E 1.4426950408889634
+#define OSS_LN2 0.6931471805599453
+
+/* Bits of oss_attn_args.vec: the rows of that tensor start on 16-byte
+ * boundaries (pointer and every stride of the first three dims), so tiles move
+ * as 16-byte vectors (cp.async); otherwise the element-wise path runs. */
+enum {
+  OSS_ATTN_VEC_Q = 1,
+  OSS_ATTN_VEC_K = 2,
+  OSS_ATTN_VEC_V = 4,
+  OSS_ATTN_VEC_O = 8,
+  OSS_ATTN_VEC_DO = 16,
+  OSS_ATTN_VEC_DQ = 32,
+  OSS_ATTN_VEC_DK = 64,
+  OSS_ATTN_VEC_DV = 128,
+};
+
+/* Everything a kernel needs, passed by value (a few hundred bytes of kernel
+ * parameter space). Lengths fit in int (checked on the host); every offset
+ * into a tensor is computed in int64_t. */
+typedef struct oss_attn_args {
+  int batch, hq, hkv, group; /* group = hq / hkv */
+  int lq, lk, d, dv;
+  const void *q, *k, *v;
+  int64_t q_s[3], k_s[3], v_s[3];
+  void *out;
+  int64_t o_s[3];
+  void *lse; /* float [B*Hq*Lq] (double for float64 inputs) */
+  double scale;
+  float scale_log2; /* scale * log2(e) */
+  int causal;       /* 0 none; else key j visible to query i iff j <= i + causal_off */
+  int64_t causal_off;
+  int mask_kind; /* oss_mask_kind */
+  int mask_dtype;
+  const void *mask;
+  int64_t m_s[4];
+  int vec; /* OSS_ATTN_VEC_* bits */
+  /* backward only */
+  const void *dout;
+  int64_t do_s[3];
+  void *dq, *dk, *dv_ptr;
+  int64_t dq_s[3], dk_s[3], dv_s[3];
+  void *lse_adj;  /* workspace [B*Hq*lq_pad]: lse in the kernel's units, +inf for rows with no key */
+  void *dsum;     /* workspace [B*Hq*lq_pad]: D = rowsum(dO * O) */
+  float *dq_acc;  /* workspace [B*Hq*lq_pad][dq_ld] float, or NULL (deterministic / SIMT) */
+  int64_t lq_pad; /* Lq rounded up to OSS_ATTN_LQ_PAD */
+  int dq_ld;
+} oss_attn_args;
+
+#define OSS_ATTN_LQ_PAD 128
+
+/* ---- dispatch table (defined in generated/attention_dispatch.cu) ---------- */
+
+typedef oss_status (*oss_attn_launch_fn)(const oss_attn_args *a, cudaStream_t stream,
+                                         const oss_device_info *dev);
+
+/* Forward kernel families: a slot per architecture-specific implementation.
+ * OSS_ATTN_FWD_MMA is the mma.sync/ldmatrix/cp.async kernel (sm_80 and newer);
+ * OSS_ATTN_FWD_SM90 is reserved for a Hopper wgmma/TMA kernel (none yet). */
+enum { OSS_ATTN_FWD_MMA = 0, OSS_ATTN_FWD_SM90 = 1, OSS_ATTN_FWD_FAMILIES = 2 };
+
+typedef struct oss_attn_kernel_entry {
+  int head_dim;    /* compiled head dim (D and Dv up to it run here, zero padded) */
+  oss_dtype dtype; /* OSS_FLOAT16 or OSS_BFLOAT16 */
+  oss_attn_launch_fn fwd[OSS_ATTN_FWD_FAMILIES]; /* NULL where not compiled */
+  oss_attn_launch_fn bwd;                        /* backward kernels, NULL where not compiled */
+} oss_attn_kernel_entry;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+extern const oss_attn_kernel_entry oss_attn_kernel_table[];
+extern const int oss_attn_kernel_table_len;
+#ifdef __cplusplus
+}
+#endif
+
+/* attention_simt.cu: float32/float64 kernels, and the backward pre-pass / dQ
+ * conversion shared by every dtype. */
+oss_status oss_attn_fwd_simt(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream,
+                             const oss_device_info *dev);
+oss_status oss_attn_bwd_simt(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream,
+                             const oss_device_info *dev);
+oss_status oss_attn_bwd_prepare(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream);
+oss_status oss_attn_bwd_dq_convert(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream);
+
+/* attention.cu: the public entry points with the tensor-core kernel replaced
+ * by override_fn when it is not NULL (same head dim; used by the self-test to
+ * time alternative tile configurations through the same host path). */
+oss_status oss_attn_forward_with(const oss_attention_params *p, void *workspace, void *cuda_stream,
+                                 oss_attn_launch_fn override_fn);
+oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void *workspace, void *cuda_stream,
+                                  oss_attn_launch_fn override_fn);
+
+/* ---- device helpers -------------------------------------------------------- */
+
+/* Value of an additive mask element as Acc, or 0 / -inf for a bool mask. */
+template <typename Acc>
+__device__ __forceinline__ Acc oss_attn_mask_value(const oss_attn_args &a, int64_t off) {
+  switch (a.mask_dtype) {
+  case OSS_BOOL:
+    return ((const unsigned char *)a.mask)[off] ? (Acc)0 : (Acc)(-INFINITY);
+  case OSS_FLOAT32:
+    return (Acc)((const float *)a.mask)[off];
+  case OSS_FLOAT64:
+    return (Acc)((const double *)a.mask)[off];
+  case OSS_FLOAT16:
+    return (Acc)__half2float(((const __half *)a.mask)[off]);
+  case OSS_BFLOAT16:
+    return (Acc)__bfloat162float(((const __nv_bfloat16 *)a.mask)[off]);
+  }
+  return (Acc)0;
+}
+
+__device__ __forceinline__ int64_t oss_attn_mask_base(const oss_attn_args &a, int64_t b, int64_t h) {
+  return b * a.m_s[0] + h * a.m_s[1];
+}
+
+#endif /* OSS_ATTENTION_COMMON_CUH */

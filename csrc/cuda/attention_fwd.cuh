@@ -1,0 +1,230 @@
+/*
+ * attention_fwd.cuh - FlashAttention-2 forward on tensor cores (float16 and
+ * bfloat16, mma.sync m16n8k16, sm_80 and newer): out = softmax(scale*Q K^T +
+ * mask) V and lse = log(sum(exp(scale*Q K^T + mask))) per query row.
+ *
+ * One CTA owns Br query rows of one (batch, query head) and streams the keys of
+ * its kv head (h / group, GQA without copies) in tiles of Bc:
+ *   - NW warps; warp w owns MT = Br / (16 NW) m-tiles (16 rows each), rows
+ *     [w*MT*16, (w+1)*MT*16) of the tile, and all Bc keys of a tile, so each
+ *     warp runs its own online softmax with no inter-warp traffic.
+ *   - shared memory: Q tile (Br x KD), and two stages of K and V tiles
+ *     (Bc x KD each), KD = head dim rounded up to 16, zero padded.
+ *   - pipeline per key tile j: wait K_j (Q with it at j = 0), barrier, issue
+ *     cp.async for K_{j+1} and V_{j+1} into the other stage, S = Q K_j^T
+ *     (ldmatrix + mma, fp32 accumulators), scale and mask, online softmax
+ *     (m, l and o rescaled by exp2(m_old - m_new)), pack P into A fragments,
+ *     wait V_j, barrier, o += P V_j (ldmatrix.trans for V).
+ *   - causal: tiles past the diagonal are never loaded; the element mask runs
+ *     only on tiles that cross the diagonal or the end of the keys, or on every
+ *     tile when a mask tensor is given (read from global, tile by tile).
+ *   - end: o / l written with rows < Lq and cols < Dv only, lse = m ln2 + ln l
+ *     (float32); a row with no visible key gives 0 and -inf.
+ * Limits: head dims up to the compiled HD (D and Dv padded with zero columns);
+ * lengths below 2^31; any strides (16-byte cp.async where rows are aligned,
+ * element loads otherwise).
+ */
+#ifndef OSS_ATTENTION_FWD_CUH
+#define OSS_ATTENTION_FWD_CUH
+
+#include "attention_mma.cuh"
+
+/* Tile configuration per compiled head dim. */
+template <int HD> struct oss_attn_fwd_cfg {
+  static constexpr int BR = 128;                 /* query rows per CTA */
+  static constexpr int NW = HD <= 128 ? 4 : 8;   /* warps: MT = 2 m-tiles per warp up to 128, then 1 */
+  static constexpr int BC = HD <= 64 ? 128 : (HD <= 192 ? 64 : 32); /* keys per tile (hd 256: 2 stages fit smem) */
+  static constexpr int MINB = 1;                 /* __launch_bounds__ min blocks per SM (register cap) */
+};
+
+template <int HD, int BR, int BC> __host__ __device__ constexpr size_t oss_attn_fwd_smem_bytes() {
+  return (size_t)(BR + 4 * BC) * oss_attn_pitch(oss_attn_kd(HD)) * 2;
+}
+
+template <typename T, int HD, int BR, int BC, int NW, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const oss_attn_args a) {
+  constexpr int KD = oss_attn_kd(HD), LDS = oss_attn_pitch(KD);
+  constexpr int MT = BR / (16 * NW), NT = BC / 8, NO = KD / 8, NTHREADS = NW * 32;
+  static_assert(MT >= 1 && MT * 16 * NW == BR, "Br must be a multiple of 16 * warps");
+  static_assert(BC % 16 == 0, "Bc must be a multiple of 16");
+
+  extern __shared__ __align__(16) unsigned char oss_smem[];
+  T *sQ = reinterpret_cast<T *>(oss_smem);
+  T *sK = sQ + BR * LDS;
+  T *sV = sK + 2 * BC * LDS;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
+  if (bh >= (int64_t)a.batch * a.hq) return;
+  const int b = (int)(bh / a.hq), h = (int)(bh % a.hq), hk = h / a.group;
+  const int qb = a.causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x; /* heavy blocks first */
+  const int i0 = qb * BR;
+  const int rows = min(BR, a.lq - i0);
+  const int wrow = warp * MT * 16; /* this warp's first row in the tile */
+
+  int n_end = a.lk; /* keys [0, n_end) can be visible to some row of the CTA */
+  if (a.causal) {
+    const int64_t lim = (int64_t)(i0 + rows) + a.causal_off;
+    n_end = (int)(lim < 0 ? 0 : (lim < a.lk ? lim : a.lk));
+  }
+  const int ntiles = (n_end + BC - 1) / BC;
+
+  const T *gQ = (const T *)a.q + b * a.q_s[0] + h * a.q_s[1] + (int64_t)i0 * a.q_s[2];
+  const T *gK = (const T *)a.k + b * a.k_s[0] + hk * a.k_s[1];
+  const T *gV = (const T *)a.v + b * a.v_s[0] + hk * a.v_s[1];
+  const bool vq = a.vec & OSS_ATTN_VEC_Q, vk = a.vec & OSS_ATTN_VEC_K, vv = a.vec & OSS_ATTN_VEC_V;
+  const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
+
+  float o[MT][NO][4];
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+    for (int n = 0; n < NO; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.f;
+  }
+
+  if (ntiles > 0) {
+    oss_load_tile<T, BR, KD, LDS, NTHREADS>(sQ, gQ, a.q_s[2], rows, a.d, vq, tid);
+    oss_load_tile<T, BC, KD, LDS, NTHREADS>(sK, gK, a.k_s[2], min(BC, a.lk), a.d, vk, tid);
+    oss_cp_async_commit();
+    oss_load_tile<T, BC, KD, LDS, NTHREADS>(sV, gV, a.v_s[2], min(BC, a.lk), a.dv, vv, tid);
+    oss_cp_async_commit();
+  }
+
+  const uint32_t sQw = oss_smem_u32(sQ + wrow * LDS);
+  const int g = lane >> 2, t2 = (lane & 3) * 2;
+
+#pragma unroll 1
+  for (int j = 0; j < ntiles; j++) {
+    const int j0 = j * BC;
+    const int st = j & 1;
+    oss_cp_async_wait<1>(); /* K_j (and Q) landed; V_j may still be in flight */
+    __syncthreads();        /* ... for every thread; and stage st^1 is free again */
+    if (j + 1 < ntiles) {
+      const int jn = j0 + BC;
+      oss_load_tile<T, BC, KD, LDS, NTHREADS>(sK + (st ^ 1) * BC * LDS, gK + (int64_t)jn * a.k_s[2], a.k_s[2],
+                                               min(BC, a.lk - jn), a.d, vk, tid);
+      oss_cp_async_commit();
+      oss_load_tile<T, BC, KD, LDS, NTHREADS>(sV + (st ^ 1) * BC * LDS, gV + (int64_t)jn * a.v_s[2], a.v_s[2],
+                                               min(BC, a.lk - jn), a.dv, vv, tid);
+      oss_cp_async_commit();
+    } else {
+      oss_cp_async_commit();
+      oss_cp_async_commit();
+    }
+
+    /* Keys of this tile visible to some row of this warp? (causal skip) */
+    const bool warp_live = !a.causal || (int64_t)j0 <= (int64_t)(i0 + wrow + MT * 16 - 1) + a.causal_off;
+    uint32_t pa[MT][BC / 16][4];
+    if (warp_live) {
+      float s[MT][NT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < NT; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+      oss_warp_mma_ss<T, MT, NT, KD, LDS, LDS>(s, sQw, oss_smem_u32(sK + st * BC * LDS), lane);
+
+      /* Unmasked tiles keep raw scores: c = scale log2(e) is folded into the
+       * row max (scaled once per row) and into exp2's FFMA. Masked tiles (and
+       * a negative scale, where max and scaling do not commute) are scaled and
+       * masked first, with c = 1. */
+      const bool need_mask = a.mask_kind != OSS_MASK_NONE || a.scale_log2 < 0.f || j0 + BC > a.lk ||
+                             (a.causal && (int64_t)(j0 + BC - 1) > (int64_t)(i0 + wrow) + a.causal_off);
+      float c = a.scale_log2;
+      if (need_mask) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+          for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[mt][n][e] *= a.scale_log2;
+        oss_attn_mask_tile<T, false, MT, NT>(s, a, mbase, i0 + wrow, j0, lane);
+        c = 1.f;
+      }
+
+      /* online softmax, rows g and g+8 of each m-tile; a row's 4 owners are one quad */
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[mt][n][2 * hi], s[mt][n][2 * hi + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_new = fmaxf(m[mt][hi], mx * c);
+          const float m_use = m_new == -INFINITY ? 0.f : m_new; /* fully masked so far: p = 0 */
+          const float alpha = oss_ex2(m[mt][hi] - m_use);
+          m[mt][hi] = m_new;
+          float sum = 0.f;
+#pragma unroll
+          for (int n = 0; n < NT; n++) {
+            const float p0 = oss_ex2(fmaf(s[mt][n][2 * hi], c, -m_use));
+            const float p1 = oss_ex2(fmaf(s[mt][n][2 * hi + 1], c, -m_use));
+            s[mt][n][2 * hi] = p0;
+            s[mt][n][2 * hi + 1] = p1;
+            sum += p0 + p1;
+          }
+          l[mt][hi] = l[mt][hi] * alpha + sum;
+#pragma unroll
+          for (int n = 0; n < NO; n++) {
+            o[mt][n][2 * hi] *= alpha;
+            o[mt][n][2 * hi + 1] *= alpha;
+          }
+        }
+      oss_acc_to_a<T, MT, NT>(s, pa);
+    }
+
+    oss_cp_async_wait<2>(); /* V_j landed (K_{j+1}, V_{j+1} may be in flight) */
+    __syncthreads();
+    if (warp_live) oss_warp_mma_rs<T, MT, NO, BC / 16, LDS>(o, pa, oss_smem_u32(sV + st * BC * LDS), lane);
+  }
+
+  /* finalize: o / l, lse */
+  T *gO = (T *)a.out + b * a.o_s[0] + h * a.o_s[1];
+  float *lse = (float *)a.lse + bh * a.lq;
+  const bool vo = a.vec & OSS_ATTN_VEC_O;
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int hi = 0; hi < 2; hi++) {
+      float lt = l[mt][hi];
+      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+      const float inv = lt > 0.f ? 1.f / lt : 0.f;
+      const int r = i0 + wrow + mt * 16 + g + hi * 8;
+      if (r < a.lq) {
+        T *orow = gO + (int64_t)r * a.o_s[2];
+#pragma unroll
+        for (int n = 0; n < NO; n++)
+          oss_store_pair<T>(orow, n * 8 + t2, a.dv, o[mt][n][2 * hi] * inv, o[mt][n][2 * hi + 1] * inv, vo);
+        if ((lane & 3) == 0) lse[r] = lt > 0.f ? m[mt][hi] * (float)OSS_LN2 + logf(lt) : -INFINITY;
+      }
+    }
+}
+
+template <typename T, int HD, int BR, int BC, int NW, int MINB>
+oss_status oss_attn_fwd_mma_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+  constexpr size_t smem = oss_attn_fwd_smem_bytes<HD, BR, BC>();
+  if (smem > (size_t)dev->max_smem_per_block_optin)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                    "attention forward for head dim %d needs %zu bytes of shared memory per block, the device "
+                    "allows %d",
+                    HD, smem, dev->max_smem_per_block_optin);
+  void (*kernel)(const oss_attn_args) = oss_attn_fwd_mma_kernel<T, HD, BR, BC, NW, MINB>;
+  OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  const dim3 grid = oss_attn_grid((a->lq + BR - 1) / BR, (int64_t)a->batch * a->hq);
+  kernel<<<grid, NW * 32, smem, stream>>>(*a);
+  return oss_check_launch("oss_attn_fwd_mma_kernel");
+}
+
+/* Entry point instantiated once per (head dim, dtype) by the generator. */
+template <typename T, int HD>
+oss_status oss_attn_fwd_mma_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+  typedef oss_attn_fwd_cfg<HD> C;
+  return oss_attn_fwd_mma_run<T, HD, C::BR, C::BC, C::NW, C::MINB>(a, stream, dev);
+}
+
+#endif /* OSS_ATTENTION_FWD_CUH */

@@ -1,0 +1,349 @@
+/*
+ * attention_mma.cuh - tensor-core building blocks of the float16/bfloat16
+ * attention kernels (sm_80 and newer): cp.async tile loads, ldmatrix, the
+ * m16n8k16 mma.sync, and three warp-level GEMMs that differ only in where
+ * their operands come from.
+ *
+ * Fragment layouts (PTX ISA, mma.m16n8k16, g = lane / 4, t = lane % 4):
+ *   A 16x16, 4 regs of 2 elements: a0 (row g,   k 2t..2t+1)   a1 (row g+8, k 2t..)
+ *                                  a2 (row g,   k 2t+8..)     a3 (row g+8, k 2t+8..)
+ *   B 16x8,  2 regs:               b0 (k 2t..2t+1, col g)     b1 (k 2t+8.., col g)
+ *   C 16x8,  4 floats:             c0,c1 (row g, cols 2t, 2t+1)  c2,c3 (row g+8, same cols)
+ * A C fragment pair (n-tiles 2kk, 2kk+1) is exactly an A fragment for k-step kk
+ * once packed to 16-bit pairs, which is how P and dS go from the score
+ * accumulators into the next product without touching shared memory.
+ *
+ * Shared-memory tiles are row-major with a pitch of LDS elements, LDS chosen so
+ * a row is an odd number of 16-byte chunks: the 8 row addresses of each
+ * ldmatrix 8x8 matrix then fall in 8 different 16-byte bank groups (no bank
+ * conflicts) without a swizzle. Column count KD is the head dim rounded up to
+ * 16 (the mma k-step); the padding columns are zero-filled by the loads.
+ */
+#ifndef OSS_ATTENTION_MMA_CUH
+#define OSS_ATTENTION_MMA_CUH
+
+#include <type_traits>
+
+#include "attention_common.cuh"
+
+/* Head dim rounded up to the mma k-step, and the smem pitch for KD columns. */
+__host__ __device__ constexpr int oss_attn_kd(int hd) { return (hd + 15) / 16 * 16; }
+__host__ __device__ constexpr int oss_attn_pitch(int cols) { return (cols / 8) % 2 == 0 ? cols + 8 : cols; }
+
+// ---------------------------------------------------------------------------
+// PTX wrappers
+// ---------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t oss_smem_u32(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16-byte global->shared copy; bytes past src_bytes (0..16) are zero-filled. */
+__device__ __forceinline__ void oss_cp_async16(uint32_t dst, const void *src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void oss_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void oss_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void oss_ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void oss_ldsm_x4_t(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <typename T> struct oss_mma_op;
+template <> struct oss_mma_op<__half> {
+  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+  }
+};
+template <> struct oss_mma_op<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+  }
+};
+
+/* 2^x in one MUFU op; ex2(-inf) = 0. */
+__device__ __forceinline__ float oss_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/* x, hidden from the optimiser: address arithmetic built on it is recomputed
+ * where it is used instead of being hoisted out of the key loop and held in
+ * registers (which the accumulators need). */
+__device__ __forceinline__ int64_t oss_opaque(int64_t x) {
+  int64_t y;
+  asm volatile("mov.b64 %0, %1;\n" : "=l"(y) : "l"(x));
+  return y;
+}
+
+/* The 16-bit pattern of a T element loaded from global memory. */
+__device__ __forceinline__ unsigned short oss_ld_bits16(const void *p) {
+  return __ldg(reinterpret_cast<const unsigned short *>(p));
+}
+
+// ---------------------------------------------------------------------------
+// Tile load: ROWS x KD elements of T into smem (pitch LDS), zero beyond
+// rows_valid / cols_valid. Thread tid owns the 16-byte column chunk tid % TPR
+// (TPR = chunks per row rounded up to a power of two; threads past the last
+// chunk idle) of rows tid / TPR, tid / TPR + RSTEP, ... and walks them with one
+// pointer, so the copy costs a few registers whatever the tile size.
+// vec: one 16-byte cp.async per chunk (needs 16-byte aligned rows); otherwise
+// element loads and 16-byte shared stores (visible after the next
+// __syncthreads, like the cp.async path after its wait).
+// g points at row 0 of the tile, which must exist (rows_valid >= 1).
+// ---------------------------------------------------------------------------
+__host__ __device__ constexpr int oss_pow2_ceil(int x) { return x <= 1 ? 1 : 2 * oss_pow2_ceil((x + 1) / 2); }
+
+template <typename T, int ROWS, int KD, int LDS, int NTHREADS>
+__device__ __forceinline__ void oss_load_tile(T *s, const T *g, int64_t row_stride, int rows_valid,
+                                              int cols_valid, bool vec, int tid) {
+  constexpr int CPR = KD / 8; /* 16-byte chunks per row */
+  constexpr int TPR = oss_pow2_ceil(CPR);
+  static_assert(TPR <= NTHREADS, "a row of chunks fits the block");
+  constexpr int RSTEP = NTHREADS / TPR;
+  constexpr int ITERS = (ROWS + RSTEP - 1) / RSTEP;
+  static_assert(sizeof(T) == 2, "tensor-core tiles hold 16-bit elements");
+  const int ch = tid % TPR, r0 = tid / TPR;
+  if (ch >= CPR) return;
+  const int col = ch * 8;
+  const int64_t step = oss_opaque(row_stride * RSTEP);
+  const T *src = g + r0 * row_stride + col;
+  T *dst = s + r0 * LDS + col;
+  if (vec) {
+    int nb = cols_valid - col;
+    nb = (nb < 0 ? 0 : (nb > 8 ? 8 : nb)) * 2;
+    const uint32_t d0 = oss_smem_u32(dst);
+#pragma unroll
+    for (int it = 0; it < ITERS; it++) {
+      const int r = r0 + it * RSTEP;
+      if (ROWS % RSTEP == 0 || r < ROWS) {
+        const int bytes = r < rows_valid ? nb : 0;
+        oss_cp_async16(d0 + it * RSTEP * LDS * 2, bytes ? src : g, bytes);
+      }
+      src += step;
+    }
+  } else {
+#pragma unroll 1
+    for (int it = 0; it < ITERS; it++) {
+      const int r = r0 + it * RSTEP;
+      if (ROWS % RSTEP == 0 || r < ROWS) {
+        uint32_t w[4] = {0u, 0u, 0u, 0u};
+        if (r < rows_valid) {
+#pragma unroll
+          for (int e = 0; e < 8; e++)
+            if (col + e < cols_valid) w[e >> 1] |= (uint32_t)oss_ld_bits16(src + e) << (16 * (e & 1));
+        }
+        *reinterpret_cast<uint4 *>(dst + it * RSTEP * LDS) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+      src += step;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Warp GEMMs. acc[MT][NT][4] holds MT x NT C fragments (MT*16 rows, NT*8 cols).
+// Shared addresses are byte addresses of element [0][0] of the operand.
+// ---------------------------------------------------------------------------
+
+/* acc += A * B^T: A stored [m][k] (pitch LDA), B stored [n][k] (pitch LDB), K
+ * (multiple of 16) contracted. Used for S = Q K^T, dP = dO V^T and their
+ * transposes. */
+template <typename T, int MT, int NT, int K, int LDA, int LDB>
+__device__ __forceinline__ void oss_warp_mma_ss(float (&acc)[MT][NT][4], uint32_t sA, uint32_t sB, int lane) {
+  static_assert(NT % 2 == 0 && K % 16 == 0, "n-tiles come in pairs, k in steps of 16");
+  const uint32_t a_lane = sA + ((lane & 15) * LDA + (lane >> 4) * 8) * 2;
+  const uint32_t b_lane = sB + ((((lane >> 4) << 3) + (lane & 7)) * LDB + (((lane >> 3) & 1) << 3)) * 2;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; kk++) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) oss_ldsm_x4(a_lane + (mt * 16 * LDA + kk * 16) * 2, a[mt]);
+#pragma unroll
+    for (int np = 0; np < NT / 2; np++) {
+      uint32_t b[4];
+      oss_ldsm_x4(b_lane + (np * 16 * LDB + kk * 16) * 2, b);
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        oss_mma_op<T>::run(acc[mt][2 * np], a[mt], b[0], b[1]);
+        oss_mma_op<T>::run(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+/* acc += A * B: A in registers (KS k-steps of fragments), B stored [k][n]
+ * (pitch LDB, read with ldmatrix.trans). Used for O += P V, dQ += dS K,
+ * dV += P^T dO, dK += dS^T Q. */
+template <typename T, int MT, int NT, int KS, int LDB>
+__device__ __forceinline__ void oss_warp_mma_rs(float (&acc)[MT][NT][4], const uint32_t (&a)[MT][KS][4],
+                                                uint32_t sB, int lane) {
+  static_assert(NT % 2 == 0, "n-tiles come in pairs");
+  const uint32_t b_lane = sB + (((((lane >> 3) & 1) << 3) + (lane & 7)) * LDB + ((lane >> 4) << 3)) * 2;
+#pragma unroll
+  for (int kk = 0; kk < KS; kk++) {
+#pragma unroll
+    for (int np = 0; np < NT / 2; np++) {
+      uint32_t b[4];
+      oss_ldsm_x4_t(b_lane + (kk * 16 * LDB + np * 16) * 2, b);
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        oss_mma_op<T>::run(acc[mt][2 * np], a[mt][kk], b[0], b[1]);
+        oss_mma_op<T>::run(acc[mt][2 * np + 1], a[mt][kk], b[2], b[3]);
+      }
+    }
+  }
+}
+
+/* acc += A * B: A stored [k][m] (pitch LDA, ldmatrix.trans), B stored [k][n]
+ * (pitch LDB, ldmatrix.trans); only the first np_valid n-tile pairs are
+ * computed (warp-uniform). Used for dQ = dS K from dS^T kept in smem. */
+template <typename T, int MT, int NT, int K, int LDA, int LDB>
+__device__ __forceinline__ void oss_warp_mma_tt(float (&acc)[MT][NT][4], uint32_t sA, uint32_t sB, int lane,
+                                                int np_valid) {
+  static_assert(NT % 2 == 0 && K % 16 == 0, "n-tiles come in pairs, k in steps of 16");
+  const uint32_t a_lane = sA + ((((lane >> 4) << 3) + (lane & 7)) * LDA + (((lane >> 3) & 1) << 3)) * 2;
+  const uint32_t b_lane = sB + (((((lane >> 3) & 1) << 3) + (lane & 7)) * LDB + ((lane >> 4) << 3)) * 2;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; kk++) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) oss_ldsm_x4_t(a_lane + (kk * 16 * LDA + mt * 16) * 2, a[mt]);
+#pragma unroll
+    for (int np = 0; np < NT / 2; np++) {
+      if (np < np_valid) {
+        uint32_t b[4];
+        oss_ldsm_x4_t(b_lane + (kk * 16 * LDB + np * 16) * 2, b);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+          oss_mma_op<T>::run(acc[mt][2 * np], a[mt], b[0], b[1]);
+          oss_mma_op<T>::run(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+        }
+      }
+    }
+  }
+}
+
+/* Packs C fragments of n-tiles (2kk, 2kk+1) into the A fragment of k-step kk. */
+template <typename T, int MT, int NT>
+__device__ __forceinline__ void oss_acc_to_a(const float (&c)[MT][NT][4], uint32_t (&a)[MT][NT / 2][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; kk++) {
+      a[mt][kk][0] = oss_mma_op<T>::pack(c[mt][2 * kk][0], c[mt][2 * kk][1]);
+      a[mt][kk][1] = oss_mma_op<T>::pack(c[mt][2 * kk][2], c[mt][2 * kk][3]);
+      a[mt][kk][2] = oss_mma_op<T>::pack(c[mt][2 * kk + 1][0], c[mt][2 * kk + 1][1]);
+      a[mt][kk][3] = oss_mma_op<T>::pack(c[mt][2 * kk + 1][2], c[mt][2 * kk + 1][3]);
+    }
+}
+
+/* A mask element as an additive term in log2 units (bool: 0 or -inf). */
+template <typename M> __device__ __forceinline__ float oss_attn_mask_ld(const void *mask, int64_t off) {
+  const M v = reinterpret_cast<const M *>(mask)[off];
+  if constexpr (sizeof(M) == 1) return v ? 0.f : -INFINITY;
+  else return oss_to_float(v) * (float)OSS_LOG2E;
+}
+
+/* Applies the key bound, the causal rule and the mask tensor (element type M,
+ * void for none) to scaled scores held as C fragments: fragment row
+ * R = r0 + mt*16 + g (+8), column C = c0 + n*8 + 2t (+1). KEY_MAJOR = false:
+ * R is the query and C the key (forward, dQ); true: the transpose (dK/dV).
+ * Invisible scores become -inf. */
+template <typename M, bool KEY_MAJOR, int MT, int NT>
+__device__ __forceinline__ void oss_attn_mask_frag(float (&s)[MT][NT][4], const oss_attn_args &a, int64_t mbase,
+                                                   int r0, int c0, int lane) {
+  const int g = lane >> 2, t2 = (lane & 3) * 2;
+  int64_t ms_r = 0, ms_c = 0;
+  if constexpr (!std::is_same<M, void>::value) {
+    ms_r = oss_opaque(KEY_MAJOR ? a.m_s[3] : a.m_s[2]);
+    ms_c = oss_opaque(KEY_MAJOR ? a.m_s[2] : a.m_s[3]);
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int hi = 0; hi < 2; hi++) {
+      const int R = r0 + mt * 16 + g + hi * 8;
+      /* visible columns form the interval [cmin, cmax] */
+      int cmin, cmax;
+      bool row_in; /* the row is a real query (or key), so the mask may be read */
+      if (KEY_MAJOR) {
+        const int64_t lo = a.causal ? (int64_t)R - a.causal_off : 0;
+        cmin = (int)(lo < 0 ? 0 : (lo > a.lq ? a.lq : lo));
+        cmax = R < a.lk ? a.lq - 1 : -1;
+        row_in = R < a.lk;
+      } else {
+        const int64_t hiv = a.causal ? (int64_t)R + a.causal_off : (int64_t)a.lk - 1;
+        cmin = 0;
+        cmax = (int)(hiv < (int64_t)a.lk - 1 ? (hiv < -1 ? -1 : hiv) : (int64_t)a.lk - 1);
+        row_in = R < a.lq;
+      }
+      const int64_t mrow = mbase + (int64_t)R * ms_r;
+#pragma unroll
+      for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int C = c0 + n * 8 + t2 + e;
+          const bool vis = C >= cmin && C <= cmax;
+          float x = s[mt][n][2 * hi + e];
+          if constexpr (!std::is_same<M, void>::value) {
+            if (vis && row_in) x += oss_attn_mask_ld<M>(a.mask, mrow + (int64_t)C * ms_c);
+          }
+          s[mt][n][2 * hi + e] = vis ? x : -INFINITY;
+        }
+    }
+}
+
+/* oss_attn_mask_frag for the mask tensor's dtype (bool, float32 or T). */
+template <typename T, bool KEY_MAJOR, int MT, int NT>
+__device__ __forceinline__ void oss_attn_mask_tile(float (&s)[MT][NT][4], const oss_attn_args &a, int64_t mbase,
+                                                   int r0, int c0, int lane) {
+  if (a.mask_kind == OSS_MASK_NONE) oss_attn_mask_frag<void, KEY_MAJOR, MT, NT>(s, a, mbase, r0, c0, lane);
+  else if (a.mask_dtype == OSS_BOOL) oss_attn_mask_frag<unsigned char, KEY_MAJOR, MT, NT>(s, a, mbase, r0, c0, lane);
+  else if (a.mask_dtype == OSS_FLOAT32) oss_attn_mask_frag<float, KEY_MAJOR, MT, NT>(s, a, mbase, r0, c0, lane);
+  else oss_attn_mask_frag<T, KEY_MAJOR, MT, NT>(s, a, mbase, r0, c0, lane);
+}
+
+/* Stores a pair of output elements (cols c, c+1 of a row), only those < ncols;
+ * as one 32-bit store when the row is 16-byte aligned and both exist. */
+template <typename T>
+__device__ __forceinline__ void oss_store_pair(T *row, int c, int ncols, float v0, float v1, bool vec) {
+  if (vec && c + 1 < ncols) {
+    *reinterpret_cast<uint32_t *>(row + c) = oss_mma_op<T>::pack(v0, v1);
+  } else {
+    if (c < ncols) row[c] = oss_from_float<T>(v0);
+    if (c + 1 < ncols) row[c + 1] = oss_from_float<T>(v1);
+  }
+}
+
+/* Grid for (blocks along a sequence) x (batch * heads), the second folded into
+ * y and z so that any batch * heads up to 65535^2 fits. */
+static inline dim3 oss_attn_grid(int64_t blocks, int64_t bh) {
+  const int64_t y = bh < 65535 ? bh : 65535;
+  return dim3((unsigned)blocks, (unsigned)(y > 0 ? y : 1), (unsigned)((bh + y - 1) / (y > 0 ? y : 1)));
+}
+
+#endif /* OSS_ATTENTION_MMA_CUH */
