@@ -1,0 +1,619 @@
+/*
+ * softmax.cu - CUDA softmax / log_softmax, forward and backward, behind the
+ * plain C API of oss.h (softmax section).
+ *
+ * Computes y = exp(x - max) / sum exp(x - max) (or x - max - log sum) over the
+ * n axis of the [outer, n, inner] view, and the backward
+ * dx = y * (dy - sum y*dy) (or dy - exp(y) * sum dy), in float for
+ * float32/float16/bfloat16 tensors (any input/output combination: the dtype=
+ * cast is fused into the store) and in double for float64.
+ *
+ * Tiers, chosen here by shape and invisible to the caller:
+ *   inner == 1 (rows), counted in 16-byte slots of the input (x or y):
+ *     rows under 4 KB        softmax_rows_in_warp_kernel: G = 1..32 lanes per
+ *     (16-bit: up to 4 KB)   row, 4 or 8 slots per lane (two instantiations)
+ *     fits one CTA           softmax_row_chunks_kernel, SM_FULL, C = 1: up to
+ *                            512 threads x 8 slots in registers plus ~100 KB of
+ *                            shared memory (two CTAs per SM), else 1024 threads
+ *                            and up to all of the shared memory
+ *     fits a cluster (sm_90) the same kernel, a cluster of C = 2..16 CTAs that
+ *                            exchange (m, d) through distributed shared memory
+ *                            (forward: ~1.4M float32 / ~2.9M 16-bit elements,
+ *                            backward about half)
+ *     anything wider         split: SM_STATS chunks -> merge -> SM_APPLY in
+ *                            reverse order (the row is read twice; part of the
+ *                            second read hits L2)
+ *   inner > 1 (columns): softmax_columns_kernel, the [n x TJ] tile in shared
+ *     memory in one pass when it fits (~210 KB), else the same split scheme.
+ * Every row that fits on chip is read once and written once. Choices were
+ * measured on an H100 (bench/NOTES-softmax.md).
+ *
+ * Launch rules: the caller's stream only; no synchronisation, no allocation
+ * (the split tiers use the workspace that the *_workspace_size_cuda functions
+ * size, with the same planner); a launch check after every launch; nothing is
+ * launched when outer, n or inner is 0.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "softmax_columns.cuh"
+#include "softmax_rows.cuh"
+
+// ---- test knobs ------------------------------------------------------------------
+
+/* For csrc/tests/softmax_cuda_selftest.cu only (not part of oss.h): all zero
+ * means the normal planner. [0] forces a row tier where it can hold the row
+ * (1 warp, 2 one CTA, 3 cluster, 4 split); [1] the soft shared-memory limit
+ * per CTA in KB (rows); [2] caps the cluster size; [3] forces column chunks
+ * of that many rows (the column split path); [4] the soft shared-memory limit
+ * in KB for column tiles; [5] slots per lane aimed at in the warp tier;
+ * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
+ * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test);
+ * the library itself holds no mutable global state. */
+#ifdef OSS_SOFTMAX_TEST_KNOBS
+extern "C" {
+int oss_softmax_cuda_test_knobs[8];
+}
+#else
+static const int oss_softmax_cuda_test_knobs[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#endif
+
+// ---- the job: forward and backward in one shape --------------------------------
+
+typedef struct sm_job {
+  int bwd, log;
+  int64_t outer, n, inner;
+  const void *a, *b; /* forward: x, -      backward: y, dy */
+  void *out;         /* forward: y         backward: dx */
+  oss_dtype ta, tout;
+  int64_t so_a, sn_a, so_b, sn_b, so_out, sn_out;
+} sm_job;
+
+/* What the planner decided; ws_bytes is the workspace the launch needs. */
+typedef struct sm_plan {
+  int kind; /* SM_PLAN_* */
+  int threads, K, G, C, smem_slots, TJ, ph, vec_a, vec_b, vec_out, km;
+  int64_t S, chunk_n, nchunks;
+  unsigned grid_x, grid_y;
+  size_t ws_bytes;
+} sm_plan;
+
+enum { SM_PLAN_WARP = 0, SM_PLAN_CHUNKS = 1, SM_PLAN_SPLIT = 2, SM_PLAN_COLS = 3, SM_PLAN_COLS_SPLIT = 4 };
+
+static const char *sm_dtype_name(oss_dtype t) {
+  switch (t) {
+  case OSS_FLOAT32: return "float32";
+  case OSS_FLOAT64: return "float64";
+  case OSS_FLOAT16: return "float16";
+  case OSS_BFLOAT16: return "bfloat16";
+  case OSS_BOOL: return "bool";
+  }
+  return "unknown";
+}
+
+static size_t sm_dtype_size(oss_dtype t) {
+  return t == OSS_FLOAT64 ? 8 : t == OSS_FLOAT32 ? 4 : t == OSS_BOOL ? 1 : 2;
+}
+
+static int64_t sm_pow2_ceil(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+static int64_t sm_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---- planning: rows ---------------------------------------------------------------
+
+/* Sets the attributes a configuration needs and asks whether it can be
+ * resident (for clusters: at least one active cluster). */
+template <typename Kern>
+static bool sm_config_fits(Kern kern, int C, int threads, size_t smem, unsigned grid_y, cudaStream_t stream) {
+  if (smem > 40 * 1024 &&
+      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  if (C == 1) {
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern, threads, smem) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return blocks >= 1;
+  }
+  if (C > 8 && cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)C;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3((unsigned)C, grid_y, 1);
+  cfg.blockDim = dim3((unsigned)threads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return clusters >= 1;
+}
+
+template <bool BWD, typename T1, typename T2, typename Acc>
+static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cudaStream_t stream, sm_plan *P) {
+  constexpr int VEC = sm_vec<T1>();
+  constexpr int KREG = sm_chunk_kreg<BWD, Acc>();
+  constexpr int WKMAX = sm_warp_kmax<BWD, Acc>();
+  static_assert(WKMAX >= 2 && KREG >= 2, "slot counts");
+  const int64_t es = sizeof(T1);
+  memset(P, 0, sizeof *P);
+  /* worst-case misalignment of a row: constant when every row shifts by a
+   * multiple of 16 bytes, else up to VEC - 1 */
+  int64_t ph = (int64_t)(((uintptr_t)J->a / es) % VEC);
+  if (J->outer > 1 && (J->so_a * es) % 16 != 0) ph = VEC - 1;
+  const int64_t nslots = (ph + J->n + VEC - 1) / VEC;
+  const unsigned grid_y = (unsigned)(J->outer < 65535 ? J->outer : 65535);
+
+  /* warp tier: rows under 4 KB (16-bit: up to 4 KB, whose math per byte is
+   * heavier and favours registers over the CTA tier's per-row overhead); the
+   * light 4-slot kernel for the narrowest rows (more warps resident) */
+  const int force = oss_softmax_cuda_test_knobs[0];
+  const int64_t warp_max = es == 2 ? 32 * WKMAX : 32 * WKMAX - 1;
+  if ((nslots <= warp_max && force == 0) || (nslots <= 32 * WKMAX && force == 1)) {
+    int64_t km = BWD ? WKMAX : (es == 2 ? (nslots <= 64 ? WKMAX / 2 : WKMAX) : (nslots <= 128 ? WKMAX / 2 : WKMAX));
+    if (oss_softmax_cuda_test_knobs[5] > 0) km = oss_softmax_cuda_test_knobs[5] <= WKMAX / 2 ? WKMAX / 2 : WKMAX;
+    int64_t G = sm_pow2_ceil(sm_cdiv(nslots, km));
+    if (G > 32) G = 32;
+    P->kind = SM_PLAN_WARP;
+    P->G = (int)G;
+    P->K = (int)sm_cdiv(nslots, G);
+    P->km = (int)(P->K <= WKMAX / 2 && !BWD ? WKMAX / 2 : WKMAX);
+    P->threads = SM_WARP_THREADS;
+    const int64_t rows_per_cta = SM_WARP_THREADS / 32 * (32 / G);
+    int64_t blocks = sm_cdiv(J->outer, rows_per_cta);
+    const int64_t cap = (int64_t)info->sm_count * 256;
+    P->grid_x = (unsigned)(blocks < cap ? blocks : cap);
+    P->grid_y = 1;
+    return OSS_OK;
+  }
+
+  /* one CTA, or a cluster of up to 16 (sm_90). First pass: CTAs of <= 512
+   * threads with <= ~100 KB of shared memory, two per SM, so one computes
+   * while the other moves data; second pass: one CTA of up to 1024 threads
+   * per SM with up to all of its shared memory */
+  const int64_t slot_bytes = 16 * (BWD ? 2 : 1);
+  const int64_t static_smem = 2048;
+  const int64_t soft = oss_softmax_cuda_test_knobs[1] > 0 ? oss_softmax_cuda_test_knobs[1] * 1024 : 100 * 1024;
+  const int64_t hard = (int64_t)info->max_smem_per_block_optin - static_smem;
+  const int64_t tmax_hard = sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_CHUNK_THREADS;
+  int cmax = info->cc_major >= 9 ? 16 : 1;
+  if (oss_softmax_cuda_test_knobs[2] > 0 && oss_softmax_cuda_test_knobs[2] < cmax) cmax = oss_softmax_cuda_test_knobs[2];
+  void (*kern)(sm_row_args) = softmax_row_chunks_kernel<BWD, T1, T2, Acc>;
+  for (int pass = 0; pass < 2 && force != 4; pass++) {
+    const int64_t limit = pass == 0 ? soft : hard;
+    const int64_t tmax = pass == 0 ? 512 : tmax_hard;
+    const int64_t regcap = tmax * KREG;
+    for (int C = 1; C <= cmax; C *= 2) {
+      if ((force == 2 && C > 1) || (force == 3 && C == 1)) continue;
+      const int64_t need = sm_cdiv(nslots, C);
+      int64_t T, K, smem_slots;
+      if (need <= regcap) {
+        T = sm_pow2_ceil(sm_cdiv(need, KREG));
+        if (T < 64) T = 64;
+        K = sm_cdiv(need, T);
+        smem_slots = 0;
+      } else {
+        T = tmax;
+        K = KREG;
+        smem_slots = need - regcap;
+      }
+      const int64_t bytes = smem_slots * slot_bytes;
+      if (bytes > limit) continue;
+      if ((C > 1 || bytes > 40 * 1024 || T > 512) &&
+          !sm_config_fits(kern, C, (int)T, (size_t)bytes, grid_y, stream))
+        continue;
+      P->kind = SM_PLAN_CHUNKS;
+      P->threads = (int)T;
+      P->K = (int)K;
+      P->C = C;
+      P->smem_slots = (int)smem_slots;
+      P->S = T * K + smem_slots;
+      P->grid_x = (unsigned)C;
+      P->grid_y = grid_y;
+      return OSS_OK;
+    }
+  }
+
+  /* split: chunks of 256 threads x KREG slots (four CTAs per SM),
+   * statistics in the workspace */
+  const int64_t split_t = 256, chunk = split_t * KREG;
+  P->kind = SM_PLAN_SPLIT;
+  P->threads = (int)split_t;
+  P->K = KREG;
+  P->S = chunk;
+  P->nchunks = sm_cdiv(nslots, chunk);
+  if (P->nchunks > 0x7fffffff) return oss_fail(OSS_ERROR_NOT_SUPPORTED, "softmax: a row of %lld elements is too long", (long long)J->n);
+  P->C = (int)P->nchunks;
+  P->grid_x = (unsigned)P->nchunks;
+  P->grid_y = grid_y;
+  P->ws_bytes = (size_t)(J->outer * P->nchunks + J->outer) * sizeof(sm_stat<Acc>);
+  return OSS_OK;
+}
+
+// ---- planning: columns --------------------------------------------------------------
+
+template <bool BWD, typename T1, typename T2, typename Acc>
+static oss_status sm_plan_cols(const sm_job *J, const oss_device_info *info, sm_plan *P) {
+  constexpr int VEC = sm_vec<T1>();
+  const int64_t es = sizeof(T1), es2 = sizeof(T2), NA = BWD ? 2 : 1;
+  const int64_t A2 = VEC * es2 < 16 ? VEC * es2 : 16;
+  memset(P, 0, sizeof *P);
+  /* 16-byte pieces are aligned for every (outer, row) when the strides are
+   * multiples of 16 bytes; the tile grid then follows the base's misalignment */
+  P->vec_a = (J->sn_a * es) % 16 == 0 && (J->outer == 1 || (J->so_a * es) % 16 == 0);
+  P->ph = P->vec_a ? (int)(((uintptr_t)J->a / es) % VEC) : 0;
+  P->vec_b = !BWD || (P->vec_a && (J->sn_b * es) % 16 == 0 && (J->outer == 1 || (J->so_b * es) % 16 == 0) &&
+                      (int)(((uintptr_t)J->b / es) % VEC) == P->ph);
+  P->vec_out = (J->sn_out * es2) % A2 == 0 && (J->outer == 1 || (J->so_out * es2) % A2 == 0) &&
+               (((uintptr_t)J->out - (uintptr_t)P->ph * es2) % A2) == 0;
+
+  /* tile width: 64-byte row segments, wider (up to 256 columns) while the
+   * tile is small, narrower when inner is */
+  const int64_t span = sm_pow2_ceil(J->inner + P->ph);
+  int64_t TJ = 64 / es;
+  if (span < TJ) TJ = span < VEC ? VEC : span;
+  while (TJ < SM_COL_THREADS && TJ * 2 <= span && J->n * TJ * es * NA < 16 * 1024) TJ *= 2;
+  const int64_t soft = oss_softmax_cuda_test_knobs[4] > 0 ? oss_softmax_cuda_test_knobs[4] * 1024 : 72 * 1024;
+  const int64_t hard = (int64_t)info->max_smem_per_block_optin - 16 * 1024;
+  int64_t chunk_n = J->n;
+  if (J->n * TJ * es * NA > soft && TJ * es > 32 && J->n * (TJ / 2) * es * NA <= soft) TJ /= 2; /* 32-byte segments */
+  if (J->n * TJ * es * NA > soft && J->n * TJ * es * NA > hard) chunk_n = soft / (TJ * es * NA);
+  if (oss_softmax_cuda_test_knobs[3] > 0 && oss_softmax_cuda_test_knobs[3] < chunk_n) chunk_n = oss_softmax_cuda_test_knobs[3];
+  P->TJ = (int)TJ;
+  P->chunk_n = chunk_n;
+  P->nchunks = sm_cdiv(J->n, chunk_n);
+  P->kind = P->nchunks == 1 ? SM_PLAN_COLS : SM_PLAN_COLS_SPLIT;
+  P->smem_slots = (int)(chunk_n * (TJ / VEC) * NA);
+  P->threads = SM_COL_THREADS;
+  if (P->kind == SM_PLAN_COLS_SPLIT)
+    P->ws_bytes = (size_t)(J->outer * J->inner * (P->nchunks + 1)) * sizeof(sm_stat<Acc>);
+  const int64_t tiles = sm_cdiv(J->inner + P->ph, TJ);
+  if (tiles > 0x7fffffff)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED, "softmax: inner=%lld is too large", (long long)J->inner);
+  P->grid_x = (unsigned)tiles;
+  const int64_t pairs = J->outer * P->nchunks;
+  P->grid_y = (unsigned)(pairs < 65535 ? pairs : 65535);
+  return OSS_OK;
+}
+
+// ---- launches -------------------------------------------------------------------------
+
+template <bool BWD, typename Acc>
+static oss_status sm_launch_merge(const void *part, void *fin, int64_t items, int64_t inner, int64_t nchunks,
+                                  const oss_device_info *info, cudaStream_t stream) {
+  const int G = inner == 1 ? 32 : 1;
+  const int64_t per_block = 256 / G;
+  int64_t blocks = sm_cdiv(items, per_block);
+  const int64_t cap = (int64_t)info->sm_count * 8;
+  if (blocks > cap) blocks = cap;
+  softmax_merge_partials_kernel<BWD, Acc><<<(unsigned)blocks, 256, 0, stream>>>(
+      (const sm_stat<Acc> *)part, (sm_stat<Acc> *)fin, items, inner, nchunks, G);
+  return oss_check_launch("softmax_merge_partials_kernel");
+}
+
+template <bool BWD, typename T1, typename T2, typename Acc>
+static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const oss_device_info *info,
+                              cudaStream_t stream) {
+  sm_row_args A;
+  memset(&A, 0, sizeof A);
+  A.a = J->a;
+  A.b = J->b;
+  A.out = J->out;
+  A.so_a = J->so_a;
+  A.so_b = J->so_b;
+  A.so_out = J->so_out;
+  A.rows = J->outer;
+  A.n = J->n;
+  A.log = J->log;
+  A.K = P->K;
+  A.G = P->G;
+  A.C = P->C;
+  A.S = P->S;
+  A.smem_slots = P->smem_slots;
+  if (P->kind == SM_PLAN_WARP) {
+    constexpr int WK = sm_warp_kmax<BWD, Acc>();
+    if (!BWD && P->km <= WK / 2)
+      softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, (BWD ? WK : WK / 2)><<<P->grid_x, P->threads, 0, stream>>>(A);
+    else
+      softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK><<<P->grid_x, P->threads, 0, stream>>>(A);
+    return oss_check_launch("softmax_rows_in_warp_kernel");
+  }
+  void (*kern)(sm_row_args) = softmax_row_chunks_kernel<BWD, T1, T2, Acc>;
+  const dim3 grid(P->grid_x, P->grid_y, 1), block((unsigned)P->threads, 1, 1);
+  if (P->kind == SM_PLAN_CHUNKS) {
+    const size_t smem = (size_t)P->smem_slots * 16 * (BWD ? 2 : 1);
+    A.mode = SM_FULL;
+    /* static shared memory counts toward the default 48 KB: opt in early */
+    if (smem > 40 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (P->C == 1) {
+      kern<<<grid, block, smem, stream>>>(A);
+      return oss_check_launch("softmax_row_chunks_kernel");
+    }
+    if (P->C > 8) OSS_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = (unsigned)P->C;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaError_t err = cudaLaunchKernelEx(&cfg, kern, A);
+    if (err != cudaSuccess)
+      return oss_fail(OSS_ERROR_CUDA, "launch of softmax_row_chunks_kernel (cluster of %d) failed: %s", P->C,
+                      cudaGetErrorString(err));
+    return oss_check_launch("softmax_row_chunks_kernel (cluster)");
+  }
+  /* split */
+  if (ws == NULL && P->ws_bytes) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "softmax: this shape needs a workspace of %zu bytes but workspace is NULL", P->ws_bytes);
+  A.partials = ws;
+  A.finals = (char *)ws + (size_t)(J->outer * P->nchunks) * sizeof(sm_stat<Acc>);
+  A.mode = SM_STATS;
+  kern<<<grid, block, 0, stream>>>(A);
+  oss_status s = oss_check_launch("softmax_row_chunks_kernel (stats)");
+  if (s != OSS_OK) return s;
+  s = sm_launch_merge<BWD, Acc>(A.partials, A.finals, J->outer, 1, P->nchunks, info, stream);
+  if (s != OSS_OK) return s;
+  A.mode = SM_APPLY;
+  kern<<<grid, block, 0, stream>>>(A);
+  return oss_check_launch("softmax_row_chunks_kernel (apply)");
+}
+
+template <bool BWD, typename T1, typename T2, typename Acc>
+static oss_status sm_run_cols(const sm_job *J, const sm_plan *P, void *ws, const oss_device_info *info,
+                              cudaStream_t stream) {
+  sm_col_args A;
+  memset(&A, 0, sizeof A);
+  A.a = J->a;
+  A.b = J->b;
+  A.out = J->out;
+  A.so_a = J->so_a;
+  A.sn_a = J->sn_a;
+  A.so_b = J->so_b;
+  A.sn_b = J->sn_b;
+  A.so_out = J->so_out;
+  A.sn_out = J->sn_out;
+  A.outer = J->outer;
+  A.n = J->n;
+  A.inner = J->inner;
+  A.log = J->log;
+  A.TJ = P->TJ;
+  A.ph = P->ph;
+  A.vec_a = P->vec_a;
+  A.vec_b = P->vec_b;
+  A.vec_out = P->vec_out;
+  A.chunk_n = P->chunk_n;
+  A.nchunks = P->nchunks;
+  void (*kern)(sm_col_args) = softmax_columns_kernel<BWD, T1, T2, Acc>;
+  const size_t smem = (size_t)P->smem_slots * 16;
+  /* static shared memory (up to 12 KB) counts toward the default 48 KB: opt in early */
+  if (smem > 32 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  const dim3 grid(P->grid_x, P->grid_y, 1), block((unsigned)P->threads, 1, 1);
+  if (P->kind == SM_PLAN_COLS) {
+    A.mode = SM_FULL;
+    kern<<<grid, block, smem, stream>>>(A);
+    return oss_check_launch("softmax_columns_kernel");
+  }
+  if (ws == NULL)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT,
+                    "softmax: this shape needs a workspace of %zu bytes but workspace is NULL", P->ws_bytes);
+  const int64_t items = J->outer * J->inner;
+  A.partials = ws;
+  A.finals = (char *)ws + (size_t)(items * P->nchunks) * sizeof(sm_stat<Acc>);
+  A.mode = SM_STATS;
+  kern<<<grid, block, smem, stream>>>(A);
+  oss_status s = oss_check_launch("softmax_columns_kernel (stats)");
+  if (s != OSS_OK) return s;
+  s = sm_launch_merge<BWD, Acc>(A.partials, A.finals, items, J->inner, P->nchunks, info, stream);
+  if (s != OSS_OK) return s;
+  A.mode = SM_APPLY;
+  kern<<<grid, block, smem, stream>>>(A);
+  return oss_check_launch("softmax_columns_kernel (apply)");
+}
+
+/* Plans, then either reports the workspace size (ws_size != NULL) or launches. */
+template <bool BWD, typename T1, typename T2, typename Acc>
+static oss_status sm_run(const sm_job *J, void *ws, cudaStream_t stream, size_t *ws_size) {
+  oss_device_info info;
+  oss_status s = oss_get_device_info(&info);
+  if (s != OSS_OK) return s;
+  sm_plan P;
+  s = J->inner == 1 ? sm_plan_rows<BWD, T1, T2, Acc>(J, &info, stream, &P) : sm_plan_cols<BWD, T1, T2, Acc>(J, &info, &P);
+  if (s != OSS_OK) return s;
+  if (ws_size) {
+    *ws_size = (P.ws_bytes + 15) & ~(size_t)15;
+    return OSS_OK;
+  }
+#ifdef OSS_SOFTMAX_TEST_KNOBS
+  if (oss_softmax_cuda_test_knobs[7] & (BWD ? 2 : 1)) {
+    oss_softmax_cuda_test_knobs[7] &= BWD ? ~2 : ~1;
+    static const char *kinds[] = {"warp", "chunks", "split", "cols", "cols-split"};
+    printf("plan %s: %s km=%d threads=%d K=%d G=%d C=%d smem_slots=%d S=%lld TJ=%d chunk_n=%lld nchunks=%lld grid=%ux%u ws=%zu\n",
+           BWD ? "bwd" : "fwd", kinds[P.kind], P.km, P.threads, P.K, P.G, P.C, P.smem_slots, (long long)P.S, P.TJ,
+           (long long)P.chunk_n, (long long)P.nchunks, P.grid_x, P.grid_y, P.ws_bytes);
+  }
+#endif
+  return J->inner == 1 ? sm_run_rows<BWD, T1, T2, Acc>(J, &P, ws, &info, stream)
+                       : sm_run_cols<BWD, T1, T2, Acc>(J, &P, ws, &info, stream);
+}
+
+template <bool BWD, typename T1>
+static oss_status sm_dispatch_out(const sm_job *J, void *ws, cudaStream_t stream, size_t *ws_size) {
+  switch (J->tout) {
+  case OSS_FLOAT32: return sm_run<BWD, T1, float, float>(J, ws, stream, ws_size);
+  case OSS_FLOAT16: return sm_run<BWD, T1, __half, float>(J, ws, stream, ws_size);
+  case OSS_BFLOAT16: return sm_run<BWD, T1, __nv_bfloat16, float>(J, ws, stream, ws_size);
+  default: break;
+  }
+  return oss_fail(OSS_ERROR_NOT_SUPPORTED, "softmax: unsupported output dtype");
+}
+
+template <bool BWD> static oss_status sm_dispatch(const sm_job *J, void *ws, cudaStream_t stream, size_t *ws_size) {
+  switch (J->ta) {
+  case OSS_FLOAT32: return sm_dispatch_out<BWD, float>(J, ws, stream, ws_size);
+  case OSS_FLOAT16: return sm_dispatch_out<BWD, __half>(J, ws, stream, ws_size);
+  case OSS_BFLOAT16: return sm_dispatch_out<BWD, __nv_bfloat16>(J, ws, stream, ws_size);
+  case OSS_FLOAT64: return sm_run<BWD, double, double, double>(J, ws, stream, ws_size);
+  default: break;
+  }
+  return oss_fail(OSS_ERROR_NOT_SUPPORTED, "softmax: unsupported input dtype");
+}
+
+// ---- validation ---------------------------------------------------------------------------
+
+static int sm_is_float(oss_dtype t) {
+  return t == OSS_FLOAT32 || t == OSS_FLOAT64 || t == OSS_FLOAT16 || t == OSS_BFLOAT16;
+}
+
+static oss_status sm_check_tensor(const char *op, const char *name, const oss_strided3 *t, const sm_job *J) {
+  if (!sm_is_float(t->dtype))
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                    "%s: %s.dtype=%s is not supported; the CUDA kernels take float32, float64, float16 or bfloat16",
+                    op, name, sm_dtype_name(t->dtype));
+  if (J->inner == 1 && J->n > 1 && t->stride_n != 1)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: %s.stride_n=%lld but rows (inner == 1) must be contiguous",
+                    op, name, (long long)t->stride_n);
+  if (t->data == NULL)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: %s.data is NULL for a non-empty tensor", op, name);
+  if ((uintptr_t)t->data % sm_dtype_size(t->dtype) != 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: %s.data is not aligned to its %s element size", op, name,
+                    sm_dtype_name(t->dtype));
+  return OSS_OK;
+}
+
+/* Fills J from the forward params; *empty = 1 when there is nothing to do. */
+static oss_status sm_job_forward(const oss_softmax_params *p, sm_job *J, int *empty) {
+  const char *op = "oss_softmax_forward_cuda";
+  if (p == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: params is NULL", op);
+  if (p->outer < 0 || p->n < 0 || p->inner < 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: view [outer=%lld, n=%lld, inner=%lld] has a negative size", op,
+                    (long long)p->outer, (long long)p->n, (long long)p->inner);
+  memset(J, 0, sizeof *J);
+  J->bwd = 0;
+  J->log = p->log ? 1 : 0;
+  J->outer = p->outer;
+  J->n = p->n;
+  J->inner = p->inner;
+  *empty = p->outer == 0 || p->n == 0 || p->inner == 0;
+  if (!sm_is_float(p->x.dtype) || !sm_is_float(p->y.dtype) ||
+      ((p->x.dtype == OSS_FLOAT64) != (p->y.dtype == OSS_FLOAT64)))
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                    "%s: x.dtype=%s with y.dtype=%s is not supported; x and y may be float32, float16 or bfloat16 "
+                    "in any combination, or both float64",
+                    op, sm_dtype_name(p->x.dtype), sm_dtype_name(p->y.dtype));
+  if (*empty) return OSS_OK;
+  oss_status s = sm_check_tensor(op, "x", &p->x, J);
+  if (s == OSS_OK) s = sm_check_tensor(op, "y", &p->y, J);
+  if (s != OSS_OK) return s;
+  J->a = p->x.data;
+  J->b = p->x.data;
+  J->out = p->y.data;
+  J->ta = p->x.dtype;
+  J->tout = p->y.dtype;
+  J->so_a = J->so_b = p->x.stride_outer;
+  J->sn_a = J->sn_b = p->x.stride_n;
+  J->so_out = p->y.stride_outer;
+  J->sn_out = p->y.stride_n;
+  return OSS_OK;
+}
+
+static oss_status sm_job_backward(const oss_softmax_backward_params *p, sm_job *J, int *empty) {
+  const char *op = "oss_softmax_backward_cuda";
+  if (p == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: params is NULL", op);
+  if (p->outer < 0 || p->n < 0 || p->inner < 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: view [outer=%lld, n=%lld, inner=%lld] has a negative size", op,
+                    (long long)p->outer, (long long)p->n, (long long)p->inner);
+  memset(J, 0, sizeof *J);
+  J->bwd = 1;
+  J->log = p->log ? 1 : 0;
+  J->outer = p->outer;
+  J->n = p->n;
+  J->inner = p->inner;
+  *empty = p->outer == 0 || p->n == 0 || p->inner == 0;
+  if (!sm_is_float(p->y.dtype) || !sm_is_float(p->dy.dtype) || !sm_is_float(p->dx.dtype) ||
+      ((p->y.dtype == OSS_FLOAT64) != (p->dx.dtype == OSS_FLOAT64)))
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                    "%s: y.dtype=%s, dy.dtype=%s, dx.dtype=%s is not supported; y/dy and dx may be float32, float16 "
+                    "or bfloat16 in any combination, or all float64",
+                    op, sm_dtype_name(p->y.dtype), sm_dtype_name(p->dy.dtype), sm_dtype_name(p->dx.dtype));
+  if (p->y.dtype != p->dy.dtype)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: y.dtype=%s but dy.dtype=%s; they must match", op,
+                    sm_dtype_name(p->y.dtype), sm_dtype_name(p->dy.dtype));
+  if (*empty) return OSS_OK;
+  oss_status s = sm_check_tensor(op, "y", &p->y, J);
+  if (s == OSS_OK) s = sm_check_tensor(op, "dy", &p->dy, J);
+  if (s == OSS_OK) s = sm_check_tensor(op, "dx", &p->dx, J);
+  if (s != OSS_OK) return s;
+  J->a = p->y.data;
+  J->b = p->dy.data;
+  J->out = p->dx.data;
+  J->ta = p->y.dtype;
+  J->tout = p->dx.dtype;
+  J->so_a = p->y.stride_outer;
+  J->sn_a = p->y.stride_n;
+  J->so_b = p->dy.stride_outer;
+  J->sn_b = p->dy.stride_n;
+  J->so_out = p->dx.stride_outer;
+  J->sn_out = p->dx.stride_n;
+  return OSS_OK;
+}
+
+// ---- the C API ------------------------------------------------------------------------------
+
+extern "C" size_t oss_softmax_forward_workspace_size_cuda(const oss_softmax_params *p) {
+  sm_job J;
+  int empty = 0;
+  size_t ws = 0;
+  if (sm_job_forward(p, &J, &empty) != OSS_OK || empty) return 0;
+  if (sm_dispatch<false>(&J, NULL, NULL, &ws) != OSS_OK) return 0;
+  return ws;
+}
+
+extern "C" oss_status oss_softmax_forward_cuda(const oss_softmax_params *p, void *workspace, void *cuda_stream) {
+  sm_job J;
+  int empty = 0;
+  oss_status s = sm_job_forward(p, &J, &empty);
+  if (s != OSS_OK || empty) return s;
+  return sm_dispatch<false>(&J, workspace, (cudaStream_t)cuda_stream, NULL);
+}
+
+extern "C" size_t oss_softmax_backward_workspace_size_cuda(const oss_softmax_backward_params *p) {
+  sm_job J;
+  int empty = 0;
+  size_t ws = 0;
+  if (sm_job_backward(p, &J, &empty) != OSS_OK || empty) return 0;
+  if (sm_dispatch<true>(&J, NULL, NULL, &ws) != OSS_OK) return 0;
+  return ws;
+}
+
+extern "C" oss_status oss_softmax_backward_cuda(const oss_softmax_backward_params *p, void *workspace,
+                                                void *cuda_stream) {
+  sm_job J;
+  int empty = 0;
+  oss_status s = sm_job_backward(p, &J, &empty);
+  if (s != OSS_OK || empty) return s;
+  return sm_dispatch<true>(&J, workspace, (cudaStream_t)cuda_stream, NULL);
+}

@@ -1,0 +1,423 @@
+/*
+ * softmax_common.cuh - pieces shared by every softmax tier (forward and
+ * backward): element I/O as raw bits, 16-byte "slots", the per-row statistics
+ * and their merge, and the warp / block reductions.
+ *
+ * Slots. A row (or a chunk of one) is cut into 16-byte slots aligned to the
+ * address of its reference tensor (x forward, y backward): a slot holds
+ * VEC = 16 / sizeof(T) consecutive elements, and element index k of the row
+ * lies in slot (k + ph) / VEC, where ph is the row's misalignment in elements.
+ * A slot entirely inside the row is moved with one 16-byte access; the head
+ * and tail slots (or every slot of a tensor whose misalignment differs from
+ * the reference's) go element by element, so no byte outside the row is ever
+ * read or written. Elements outside the row read as the neutral value (-inf
+ * forward, 0 backward) and are never stored.
+ *
+ * Statistics. Forward: (m, d) = max and sum of exp(x - m). Streaming code
+ * (column tiles, row edges) updates them online, d = d * exp(m_old - m_new)
+ * + sum exp(x - m_new) (sm_accumulate); data held in registers is folded
+ * max-first (softmax_rows.cuh); partials of threads, warps, CTAs, cluster
+ * ranks and split chunks are combined with sm_merge. A max of -inf is
+ * replaced by 0 in every subtraction (ms below), so -inf - -inf never makes a
+ * NaN by itself; the max ignores NaN (fmax) but a NaN element makes d NaN,
+ * which NaN-s the whole row as PyTorch does; a +inf element gives
+ * exp(inf - inf) = NaN, likewise; an all -inf row gives 0 * (1/0) = NaN.
+ * Backward: one sum (sum y*dy, or sum dy for log_softmax) in the d field.
+ */
+#ifndef OSS_SOFTMAX_COMMON_CUH
+#define OSS_SOFTMAX_COMMON_CUH
+
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda_common.cuh"
+
+// ---- constants -------------------------------------------------------------
+
+enum sm_mode {
+  SM_FULL = 0,  /* the CTA (or cluster) holds its whole row / column: stats and output */
+  SM_STATS = 1, /* write this chunk's partial statistics to the workspace */
+  SM_APPLY = 2, /* read the merged statistics from the workspace, write the output */
+};
+
+// ---- raw slots and element bits --------------------------------------------
+
+typedef union sm_slot {
+  uint4 u;
+  unsigned int w[4];
+  unsigned short h[8];
+  unsigned long long q[2];
+} sm_slot;
+
+template <typename T> __host__ __device__ constexpr int sm_vec() { return 16 / (int)sizeof(T); }
+
+template <typename A, typename B> struct sm_same { static constexpr bool value = false; };
+template <typename A> struct sm_same<A, A> { static constexpr bool value = true; };
+
+template <typename T> __device__ __forceinline__ unsigned long long sm_ld_bits(const T *p) {
+  if constexpr (sizeof(T) == 2) return __ldg((const unsigned short *)p);
+  else if constexpr (sizeof(T) == 4) return __ldg((const unsigned int *)p);
+  else return __ldg((const unsigned long long *)p);
+}
+
+template <typename T> __device__ __forceinline__ void sm_st_bits(T *p, unsigned long long b) {
+  if constexpr (sizeof(T) == 2) *(unsigned short *)p = (unsigned short)b;
+  else if constexpr (sizeof(T) == 4) *(unsigned int *)p = (unsigned int)b;
+  else *(unsigned long long *)p = b;
+}
+
+template <typename T> __device__ __forceinline__ unsigned long long sm_get_bits(const sm_slot &s, int e) {
+  if constexpr (sizeof(T) == 2) return s.h[e];
+  else if constexpr (sizeof(T) == 4) return s.w[e];
+  else return s.q[e];
+}
+
+template <typename T> __device__ __forceinline__ void sm_set_bits(sm_slot &s, int e, unsigned long long b) {
+  if constexpr (sizeof(T) == 2) s.h[e] = (unsigned short)b;
+  else if constexpr (sizeof(T) == 4) s.w[e] = (unsigned int)b;
+  else s.q[e] = b;
+}
+
+/* Bits of T -> compute type (float for float/half/bfloat16, double for double). */
+template <typename T, typename Acc> __device__ __forceinline__ Acc sm_bits_to_acc(unsigned long long b) {
+  if constexpr (sizeof(Acc) == 8) return __longlong_as_double((long long)b);
+  else if constexpr (sizeof(T) == 4) return __uint_as_float((unsigned int)b);
+  else if constexpr (sizeof(T) == 2 && sm_same<T, __half>::value) return __half2float(__ushort_as_half((unsigned short)b));
+  else return __uint_as_float(((unsigned int)b) << 16); /* bfloat16: exact */
+}
+
+/* Compute type -> bits of T, rounding to nearest even. */
+template <typename T, typename Acc> __device__ __forceinline__ unsigned long long sm_acc_to_bits(Acc v) {
+  if constexpr (sizeof(Acc) == 8) return (unsigned long long)__double_as_longlong(v);
+  else if constexpr (sizeof(T) == 4) return __float_as_uint(v);
+  else if constexpr (sm_same<T, __half>::value) return __half_as_ushort(__float2half_rn(v));
+  else return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+/* Bits of the neutral element: -inf (forward, adds nothing to m or d) or 0
+ * (backward, adds nothing to the sums). */
+template <typename T> __host__ __device__ constexpr unsigned long long sm_neg_inf_bits() {
+  return sizeof(T) == 8 ? 0xfff0000000000000ull
+         : sizeof(T) == 4 ? 0xff800000ull
+         : sm_same<T, __half>::value ? 0xfc00ull
+                                : 0xff80ull;
+}
+
+template <typename T, typename Acc> __device__ __forceinline__ Acc sm_slot_elem(const sm_slot &s, int e) {
+  return sm_bits_to_acc<T, Acc>(sm_get_bits<T>(s, e));
+}
+
+/* 16- and 8-byte global accesses written in PTX, so the compiler keeps them
+ * vectors (it otherwise may split a vector store into scalar ones to merge it
+ * with the element-wise path of the same slot). */
+__device__ __forceinline__ uint4 sm_ld16(const void *p) {
+  uint4 r;
+  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ void sm_st16(void *p, unsigned a, unsigned b, unsigned c, unsigned d) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+__device__ __forceinline__ void sm_st8(void *p, unsigned a, unsigned b) {
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};\n" ::"l"(p), "r"(a), "r"(b) : "memory");
+}
+
+/* Loads the slot whose first element is element k0 of p; only elements in
+ * [lo, hi) exist (the others read as `fill`). One 16-byte load when the slot
+ * lies inside [lo, hi) and p's slot grid is 16-byte aligned (vec_ok). Indices
+ * are relative to the chunk a CTA or lane group owns, so they fit in 32 bits. */
+template <typename T>
+__device__ __forceinline__ sm_slot sm_load_slot(const T *p, int k0, int lo, int hi, bool vec_ok,
+                                                unsigned long long fill) {
+  constexpr int VEC = sm_vec<T>();
+  sm_slot r;
+  if (vec_ok && k0 >= lo && k0 + VEC <= hi) {
+    r.u = sm_ld16(p + k0);
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+      const int k = k0 + e;
+      sm_set_bits<T>(r, e, (k >= lo && k < hi) ? sm_ld_bits(p + k) : fill);
+    }
+  }
+  return r;
+}
+
+/* Same, with cp.async into shared memory for the full-vector case (bypassing
+ * registers); the partial case stores through registers. The caller waits
+ * with sm_cp_async_wait() before reading its own slots back. */
+template <typename T>
+__device__ __forceinline__ void sm_load_slot_to_smem(uint4 *dst, const T *p, int k0, int lo, int hi, bool vec_ok,
+                                                     unsigned long long fill) {
+  constexpr int VEC = sm_vec<T>();
+  if (vec_ok && k0 >= lo && k0 + VEC <= hi) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(p + k0) : "memory");
+  } else {
+    *dst = sm_load_slot(p, k0, lo, hi, false, fill).u;
+  }
+}
+
+__device__ __forceinline__ void sm_cp_async_wait() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+/* Stores VEC values (the slot grid of the reference tensor, VEC of its type)
+ * as T2 elements k0 .. k0+VEC-1 of q, those inside [lo, hi): one 8-, 16- or
+ * 32-byte store when the whole slot is inside and vec_ok says q's slot grid
+ * is aligned. */
+template <typename T2, int VEC, typename Acc>
+__device__ __forceinline__ void sm_store_slot(T2 *q, int k0, int lo, int hi, bool vec_ok, const Acc (&v)[VEC]) {
+  constexpr int B = VEC * (int)sizeof(T2);
+  if (vec_ok && k0 >= lo && k0 + VEC <= hi) {
+    unsigned int w[B / 4];
+    if constexpr (sizeof(T2) == 2) {
+#pragma unroll
+      for (int i = 0; i < B / 4; i++)
+        w[i] = (unsigned int)sm_acc_to_bits<T2, Acc>(v[2 * i]) |
+               ((unsigned int)sm_acc_to_bits<T2, Acc>(v[2 * i + 1]) << 16);
+    } else if constexpr (sizeof(T2) == 4) {
+#pragma unroll
+      for (int i = 0; i < B / 4; i++) w[i] = (unsigned int)sm_acc_to_bits<T2, Acc>(v[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; i++) {
+        const unsigned long long b = sm_acc_to_bits<T2, Acc>(v[i]);
+        w[2 * i] = (unsigned int)b;
+        w[2 * i + 1] = (unsigned int)(b >> 32);
+      }
+    }
+    if constexpr (B == 8) {
+      sm_st8(q + k0, w[0], w[1]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < B / 16; i++) sm_st16((char *)(q + k0) + 16 * i, w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+      const int k = k0 + e;
+      if (k >= lo && k < hi) sm_st_bits(q + k, sm_acc_to_bits<T2, Acc>(v[e]));
+    }
+  }
+}
+
+/* An empty asm that "modifies" a slot: placed between the statistics and the
+ * output phase it stops the compiler from keeping the converted values of
+ * every slot alive across the reduction (which doubles the registers for
+ * 16-bit inputs); the output phase converts again from the raw bits. */
+__device__ __forceinline__ void sm_slot_fence(sm_slot &s) {
+  asm volatile("" : "+r"(s.w[0]), "+r"(s.w[1]), "+r"(s.w[2]), "+r"(s.w[3]));
+}
+
+/* A slot known to lie inside the row: one 16-byte load, or VEC element loads
+ * when p's slot grid is not 16-byte aligned (a tensor misaligned relative to
+ * the reference). */
+template <typename T> __device__ __forceinline__ sm_slot sm_load_full(const T *p, bool vec_ok) {
+  constexpr int VEC = sm_vec<T>();
+  sm_slot r;
+  if (vec_ok) {
+    r.u = sm_ld16(p);
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; e++) sm_set_bits<T>(r, e, sm_ld_bits(p + e));
+  }
+  return r;
+}
+
+/* Stores VEC values as T2 at q (a slot inside the row): one 8/16/32-byte
+ * access when vec_ok, else element by element. */
+template <typename T2, int VEC, typename Acc>
+__device__ __forceinline__ void sm_store_full(T2 *q, bool vec_ok, const Acc (&v)[VEC]) {
+  sm_store_slot<T2, VEC>(q, 0, 0, VEC, vec_ok, v);
+}
+
+/* Misalignment of p in elements of T, and whether a tensor of element type U
+ * at q can use the slot grid of a reference with misalignment ph (8-byte
+ * stores suffice when a slot of U is 8 bytes). */
+template <typename T> __device__ __forceinline__ int sm_phase(const T *p) {
+  return (int)(((uintptr_t)p / sizeof(T)) & (uintptr_t)(sm_vec<T>() - 1));
+}
+template <typename U, int VEC> __device__ __forceinline__ bool sm_grid_ok(const U *q, int ph) {
+  constexpr uintptr_t A = VEC * sizeof(U) < 16 ? VEC * sizeof(U) : 16;
+  return (((uintptr_t)q - (uintptr_t)ph * sizeof(U)) & (A - 1)) == 0;
+}
+
+// ---- math ------------------------------------------------------------------
+
+/* exp used per element: the fast hardware path when the output is 16-bit (its
+ * rounding dwarfs the difference), the accurate one for float32/float64. */
+template <bool FAST> __device__ __forceinline__ float sm_exp(float x) { return FAST ? __expf(x) : expf(x); }
+template <bool FAST> __device__ __forceinline__ double sm_exp(double x) { return exp(x); }
+__device__ __forceinline__ float sm_max(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double sm_max(double a, double b) { return fmax(a, b); }
+__device__ __forceinline__ float sm_log(float x) { return logf(x); }
+__device__ __forceinline__ double sm_log(double x) { return log(x); }
+
+/* 2^x, hardware approximation (ex2.approx: 2 ulp; -inf -> 0, NaN -> NaN). */
+__device__ __forceinline__ float sm_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+#define SM_LOG2E 1.4426950408889634
+
+/* exp(x - ms) given msl = ms * log2(e): FAST is one FFMA and one MUFU.EX2. */
+template <bool FAST> __device__ __forceinline__ float sm_exp_shift(float x, float ms, float msl) {
+  return FAST ? sm_ex2(fmaf(x, (float)SM_LOG2E, -msl)) : expf(x - ms);
+}
+template <bool FAST> __device__ __forceinline__ double sm_exp_shift(double x, double ms, double msl) {
+  return exp(x - ms);
+}
+
+template <typename Acc> __device__ __forceinline__ Acc sm_safe_max(Acc m) { return m == (Acc)-INFINITY ? (Acc)0 : m; }
+
+// ---- statistics and their merge --------------------------------------------
+
+template <typename Acc> struct sm_stat {
+  Acc m; /* forward: running max (never NaN; -inf when empty)   backward: unused */
+  Acc d; /* forward: sum of exp(x - ms)                          backward: the sum */
+};
+
+template <typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_stat_identity() {
+  sm_stat<Acc> s;
+  s.m = (Acc)-INFINITY;
+  s.d = 0;
+  return s;
+}
+
+/* (m, d) merge: the larger max keeps its d, the other d is rescaled by
+ * exp(m_small - m_big) (one exp). With both maxes -inf the rescale is exp(-inf)
+ * = 0, so empty partials never produce NaN; +inf with +inf gives NaN, as the
+ * row must. */
+template <bool BWD, typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_merge(sm_stat<Acc> a, sm_stat<Acc> b) {
+  if constexpr (BWD) {
+    a.d += b.d;
+    return a;
+  } else {
+    const bool ab = a.m >= b.m;
+    sm_stat<Acc> r;
+    r.m = ab ? a.m : b.m;
+    const Acc mn = ab ? b.m : a.m, dx = ab ? a.d : b.d, dn = ab ? b.d : a.d;
+    r.d = dx + dn * sm_exp<false>(mn - sm_safe_max(r.m));
+    return r;
+  }
+}
+
+template <typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_shfl_xor(sm_stat<Acc> s, int off) {
+  s.m = __shfl_xor_sync(0xffffffffu, s.m, off);
+  s.d = __shfl_xor_sync(0xffffffffu, s.d, off);
+  return s;
+}
+
+/* Online update with N values held on chip (forward: one rescale of d per
+ * call; backward: a plain sum of a*b or of b). Entries k >= count are skipped;
+ * entries outside the row hold the neutral value and add nothing. */
+template <bool BWD, bool FAST, typename Acc, int N>
+__device__ __forceinline__ void sm_accumulate(sm_stat<Acc> &st, const Acc (&a)[N], const Acc (&b)[N], int count,
+                                              int log) {
+  if constexpr (BWD) {
+    Acc s = 0;
+    if (log) {
+#pragma unroll
+      for (int e = 0; e < N; e++)
+        if (e < count) s += b[e];
+    } else {
+#pragma unroll
+      for (int e = 0; e < N; e++)
+        if (e < count) s += a[e] * b[e];
+    }
+    st.d += s;
+  } else {
+    Acc vm = st.m;
+#pragma unroll
+    for (int e = 0; e < N; e++)
+      if (e < count) vm = sm_max(vm, a[e]);
+    const Acc ms = sm_safe_max(vm), msl = ms * (Acc)SM_LOG2E;
+    Acc s = 0;
+#pragma unroll
+    for (int e = 0; e < N; e++)
+      if (e < count) s += sm_exp_shift<FAST>(a[e], ms, msl);
+    st.d = st.d * sm_exp<false>(st.m - ms) + s;
+    st.m = vm;
+  }
+}
+
+/* What the output phase needs, per row/column. Forward: c0 = ms and c1 = 1/d
+ * (softmax) or log(d) (log_softmax). FAST (16-bit output): c0 = ms + log(d)
+ * (log_softmax: y = x - c0) and c1 = -(ms*log2(e) + log2(d)) (softmax:
+ * y = 2^(x*log2(e) + c1), one FFMA and one MUFU). Backward: c0 = the sum. */
+template <bool BWD, bool FAST, typename Acc>
+__device__ __forceinline__ void sm_finish(sm_stat<Acc> st, int log, Acc &c0, Acc &c1) {
+  if constexpr (BWD) {
+    c0 = st.d;
+    c1 = 0;
+  } else {
+    const Acc ms = sm_safe_max(st.m);
+    if (FAST && sizeof(Acc) == 4) {
+      c0 = ms + sm_log(st.d);
+      c1 = -(ms * (Acc)SM_LOG2E + (Acc)log2f((float)st.d));
+    } else {
+      c0 = ms;
+      c1 = log ? sm_log(st.d) : (Acc)1 / st.d;
+    }
+  }
+}
+
+/* One output element: forward y from x = a; backward dx from y = a, dy = b. */
+template <bool BWD, bool FAST, typename Acc>
+__device__ __forceinline__ Acc sm_output(Acc a, Acc b, int log, Acc c0, Acc c1) {
+  if constexpr (BWD) {
+    return log ? b - sm_exp<FAST>(a) * c0 : a * (b - c0);
+  } else if constexpr (FAST && sizeof(Acc) == 4) {
+    return log ? a - c0 : (Acc)sm_ex2(fmaf((float)a, (float)SM_LOG2E, (float)c1));
+  } else {
+    return log ? (a - c0) - c1 : sm_exp<FAST>(a - c0) * c1;
+  }
+}
+
+// ---- reductions ------------------------------------------------------------
+
+/* Merge across the G lanes (a power of two <= 32) of each aligned lane group;
+ * every lane of the warp must call it; all G lanes get the result. */
+template <bool BWD, typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_group_reduce(sm_stat<Acc> st, int G) {
+  for (int off = G >> 1; off > 0; off >>= 1) st = sm_merge<BWD>(st, sm_shfl_xor(st, off));
+  return st;
+}
+
+/* Block reduction over "thread rows": thread t = ti * TJ + tj (TJ a power of
+ * two dividing blockDim.x, blockDim.x a multiple of 32). Every thread gets the
+ * merge over ti of the partials of its column tj. TJ == 1 is a plain block
+ * reduction. red must hold blockDim.x + TJ entries when TJ >= 32, and
+ * blockDim.x / 32 * TJ + TJ entries otherwise. Safe to call repeatedly. */
+template <bool BWD, typename Acc>
+__device__ __forceinline__ sm_stat<Acc> sm_block_reduce(sm_stat<Acc> st, int TJ, sm_stat<Acc> *red) {
+  const int T = blockDim.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  if (TJ >= T) return st;
+  if (TJ < 32) {
+    for (int off = 16; off >= TJ; off >>= 1) st = sm_merge<BWD>(st, sm_shfl_xor(st, off));
+    const int nw = T >> 5;
+    if (nw == 1) return st;
+    if (lane < TJ) red[warp * TJ + lane] = st;
+    __syncthreads();
+    const int entries = nw * TJ;
+    if (warp == 0) {
+      sm_stat<Acc> acc = sm_stat_identity<Acc>();
+      for (int e = lane; e < entries; e += 32) acc = sm_merge<BWD>(acc, red[e]);
+      for (int off = 16; off >= TJ; off >>= 1) acc = sm_merge<BWD>(acc, sm_shfl_xor(acc, off));
+      if (lane < TJ) red[entries + lane] = acc;
+    }
+    __syncthreads();
+    return red[entries + (t & (TJ - 1))];
+  } else {
+    const int TI = T / TJ, ti = t / TJ, tj = t & (TJ - 1);
+    red[t] = st;
+    __syncthreads();
+    if (ti == 0) {
+      for (int k = 1; k < TI; k++) st = sm_merge<BWD>(st, red[k * TJ + tj]);
+      red[T + tj] = st;
+    }
+    __syncthreads();
+    return red[T + tj];
+  }
+}
+
+#endif /* OSS_SOFTMAX_COMMON_CUH */

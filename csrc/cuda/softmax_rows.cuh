@@ -1,0 +1,475 @@
+/*
+ * softmax_rows.cuh - softmax / log_softmax forward and backward over
+ * contiguous rows (inner == 1 in oss.h's [outer, n, inner] view).
+ *
+ * Both kernels hold their part of a row on chip, so each element is read
+ * from global memory once and written once (the split tier re-reads):
+ *
+ * softmax_rows_in_warp_kernel: narrow rows (forward up to 32 * 8 slots: 1020
+ *   float32 or 2048 16-bit elements; backward 32 * 4 slots). A group of G
+ *   lanes (G = 1..32, a power of two) owns one row; a warp handles 32/G rows
+ *   at a time and lane g holds slots g, g+G, ... (K <= KM of them) in
+ *   registers as raw 16-byte values. KM = 4 or 8 (the 4-slot variant needs
+ *   fewer registers, so more warps stay resident for the narrowest rows).
+ *   Reduction: butterfly shuffles inside the group.
+ *
+ * softmax_row_chunks_kernel: one CTA owns a chunk of S slots of a row: thread
+ *   t holds slots t + k*T in registers (k < K <= sm_chunk_kreg) and, when the
+ *   chunk is larger than that, the rest in dynamic shared memory (filled by
+ *   cp.async; each thread reads back only the slots it copied, so no barrier
+ *   is needed for them). Modes:
+ *     SM_FULL, C == 1: the CTA holds the whole row (block tier).
+ *     SM_FULL, C > 1 (sm_90): a cluster of C CTAs holds the row; each CTA
+ *       writes its block (m, d) into slot [rank] of every CTA's shared memory
+ *       (distributed shared memory), one cluster barrier, then each merges the
+ *       C values in the same order, so all agree bit for bit. The exchange
+ *       buffer is double-buffered so one barrier per row suffices.
+ *     SM_STATS / SM_APPLY: split tier for rows of any width: C chunks per row
+ *       in separate CTAs; STATS writes each chunk's partial statistics to the
+ *       workspace, softmax_merge_partials_kernel merges them, APPLY re-reads
+ *       the chunk and writes the output.
+ *   Grid: x = chunk (cluster rank), y = rows (grid-stride loop).
+ *
+ * Slots and edges. Slots are 16-byte pieces aligned to the reference tensor
+ * (x forward, y backward); only slots entirely inside the row go through the
+ * unrolled register/shared-memory path (16-byte loads, 8/16/32-byte stores;
+ * element-wise for a tensor whose misalignment differs from the reference's).
+ * The at most 2 * (VEC - 1) elements before the first and after the last full
+ * slot ("edges") are handled by a short scalar loop that reads them again in
+ * the output phase (from L1/L2): the hot path stays branch-free and small.
+ *
+ * Statistics inside a thread are max-first over everything it holds (no
+ * running rescale: the data is on chip); float32/float64 softmax keeps the
+ * exp values in place of x so the output needs no second exp. Threads,
+ * warps, CTAs and cluster ranks merge (m, d) with sm_merge.
+ *
+ * Limits: blockDim.x <= 1024 and a multiple of 32 (chunk kernel; 64
+ * registers per thread, 512 for float64), 128 (warp kernel); 64-bit row
+ * offsets, 32-bit offsets inside a chunk.
+ */
+#ifndef OSS_SOFTMAX_ROWS_CUH
+#define OSS_SOFTMAX_ROWS_CUH
+
+#include <cooperative_groups.h>
+
+#include "softmax_common.cuh"
+
+// ---- arguments ----------------------------------------------------------------
+
+typedef struct sm_row_args {
+  const void *a;  /* forward: x        backward: y   (the reference of the slot grid) */
+  const void *b;  /* forward: unused   backward: dy */
+  void *out;      /* forward: y        backward: dx */
+  int64_t so_a, so_b, so_out; /* stride_outer, elements */
+  int64_t rows, n;
+  int log;
+  int mode;       /* sm_mode */
+  int C;          /* CTAs per row: cluster size (SM_FULL) or chunk count (SM_STATS/SM_APPLY) */
+  int K;          /* register slots per thread */
+  int G;          /* warp kernel: lanes per row */
+  int smem_slots; /* chunk kernel, SM_FULL: shared-memory slots per CTA */
+  int64_t S;      /* chunk kernel: slots per chunk = blockDim.x * K + smem_slots */
+  void *partials; /* workspace: [rows][C] statistics (SM_STATS) */
+  void *finals;   /* workspace: [rows] merged statistics (SM_APPLY) */
+} sm_row_args;
+
+enum { SM_WARP_THREADS = 128, SM_CHUNK_THREADS = 1024 };
+
+/* Register slots per thread: 128 bytes of raw data forward, 2 x 64 backward
+ * (chunk kernel) or 2 x 64 (warp kernel); halved for float64, whose math
+ * needs more registers. */
+template <bool BWD, typename Acc> __host__ __device__ constexpr int sm_warp_kmax() {
+  return (BWD ? 4 : 8) / (sizeof(Acc) == 8 ? 2 : 1);
+}
+template <bool BWD, typename Acc> __host__ __device__ constexpr int sm_chunk_kreg() {
+  return (BWD ? 4 : 8) / (sizeof(Acc) == 8 ? 2 : 1);
+}
+
+// ---- a chunk of a row: pointers, full slots and edges ---------------------------
+
+/* The chunk s0 .. s0+S-1 of a row's slot grid. Chunk-relative element k lives
+ * at a0[k]; full slot m (0 <= m < nfull) starts at element f0 + m*VEC; edge
+ * e (0 <= e < ne) is element lo + e (e < hlen) or tstart + e - hlen. */
+template <typename T1, typename T2> struct sm_chunk {
+  const T1 *a0, *b0;
+  T2 *out0;
+  int f0, nfull;
+  int lo, hlen, tstart, ne;
+  bool ok_b, ok_out; /* b / out share a's slot grid (vector access allowed) */
+};
+
+template <bool BWD, typename T1, typename T2>
+__device__ __forceinline__ sm_chunk<T1, T2> sm_chunk_setup(const sm_row_args &P, int64_t row, int64_t s0, int64_t S) {
+  constexpr int VEC = sm_vec<T1>();
+  sm_chunk<T1, T2> R;
+  const T1 *a = (const T1 *)P.a + row * P.so_a;
+  const T1 *b = BWD ? (const T1 *)P.b + row * P.so_b : a;
+  T2 *out = (T2 *)P.out + row * P.so_out;
+  const int ph = sm_phase(a);
+  R.ok_b = BWD ? sm_grid_ok<T1, VEC>(b, ph) : true;
+  R.ok_out = sm_grid_ok<T2, VEC>(out, ph);
+  const int64_t off = s0 * VEC - ph; /* row element of chunk element 0 */
+  R.a0 = a + off;
+  R.b0 = b + off;
+  R.out0 = out + off;
+  const int lo = off < 0 ? (int)-off : 0;
+  const int64_t rem = P.n - off;
+  const int hi = rem <= lo ? lo : (int)(rem < S * VEC ? rem : S * VEC);
+  const int lfirst = lo > 0 ? 1 : 0, llast = hi / VEC;
+  const int lend = llast > lfirst ? llast : lfirst;
+  const int hend = hi < lfirst * VEC ? hi : lfirst * VEC;
+  R.f0 = lfirst * VEC;
+  R.nfull = lend - lfirst;
+  R.lo = lo;
+  R.hlen = hend > lo ? hend - lo : 0;
+  R.tstart = lend * VEC > hend ? lend * VEC : hend;
+  R.ne = R.hlen + (hi > R.tstart ? hi - R.tstart : 0);
+  return R;
+}
+
+template <typename T1, typename T2> __device__ __forceinline__ int sm_edge_index(const sm_chunk<T1, T2> &R, int e) {
+  return e < R.hlen ? R.lo + e : R.tstart + (e - R.hlen);
+}
+
+template <bool BWD, typename T1, typename T2>
+__device__ __forceinline__ void sm_load_full_slot(const sm_chunk<T1, T2> &R, int m, sm_slot &ra, sm_slot &rb) {
+  constexpr int VEC = sm_vec<T1>();
+  const int k = R.f0 + m * VEC;
+  ra.u = sm_ld16(R.a0 + k);
+  if (BWD) rb = sm_load_full(R.b0 + k, R.ok_b);
+}
+
+template <bool BWD, typename T1, typename T2>
+__device__ __forceinline__ void sm_load_full_slot_to_smem(const sm_chunk<T1, T2> &R, int m, uint4 *da, uint4 *db) {
+  constexpr int VEC = sm_vec<T1>();
+  const int k = R.f0 + m * VEC;
+  sm_load_slot_to_smem(da, R.a0 + k, 0, 0, VEC, true, 0ull);
+  if (BWD) {
+    if (R.ok_b) sm_load_slot_to_smem(db, R.b0 + k, 0, 0, VEC, true, 0ull);
+    else *db = sm_load_full(R.b0 + k, false).u;
+  }
+}
+
+/* Forward softmax with 4- or 8-byte input (float32 / float64) keeps exp(x - ms)
+ * of its register slots in place of x, so the output needs no second exp. */
+template <typename T1, typename Acc> __host__ __device__ constexpr bool sm_can_cache() {
+  return sizeof(T1) == sizeof(Acc);
+}
+
+/* Per-slot pieces of the thread statistics (full slots only). Forward: the
+ * max over every value a thread holds (registers and shared memory) comes
+ * first, then one sum of exp(x - ms): the data is on chip, so no running
+ * rescale is needed inside a thread, and the (m, d) partials are merged
+ * across threads with sm_merge. With cache (softmax, 4-/8-byte input) the exp
+ * values replace x in the slot, so the output needs no second exp. Backward:
+ * the plain sums. */
+template <typename T1, typename Acc> __device__ __forceinline__ Acc sm_slot_max(const sm_slot &ra, Acc m) {
+  constexpr int VEC = sm_vec<T1>();
+  Acc v[2] = {m, (Acc)-INFINITY};
+#pragma unroll
+  for (int e = 0; e < VEC; e++) v[e & 1] = sm_max(v[e & 1], sm_slot_elem<T1, Acc>(ra, e));
+  return sm_max(v[0], v[1]);
+}
+
+template <bool FAST, typename T1, typename Acc>
+__device__ __forceinline__ Acc sm_slot_sumexp(sm_slot &ra, Acc ms, Acc msl, bool cache) {
+  constexpr int VEC = sm_vec<T1>();
+  Acc v[2] = {0, 0};
+#pragma unroll
+  for (int e = 0; e < VEC; e++) {
+    const Acc ex = sm_exp_shift<FAST>(sm_slot_elem<T1, Acc>(ra, e), ms, msl);
+    v[e & 1] += ex;
+    if (cache) sm_set_bits<T1>(ra, e, sm_acc_to_bits<T1, Acc>(ex));
+  }
+  return v[0] + v[1];
+}
+
+template <typename T1, typename Acc> __device__ __forceinline__ Acc sm_slot_dot(const sm_slot &ra, const sm_slot &rb, int log) {
+  constexpr int VEC = sm_vec<T1>();
+  Acc v[2] = {0, 0};
+#pragma unroll
+  for (int e = 0; e < VEC; e++) {
+    const Acc a = sm_slot_elem<T1, Acc>(ra, e), b = sm_slot_elem<T1, Acc>(rb, e);
+    v[e & 1] += log ? b : a * b;
+  }
+  return v[0] + v[1];
+}
+
+/* Statistics of a thread's first nv register slots and, in shared memory,
+ * slots l = first, first + step, ... < nsm of sa/sb (the caller has waited
+ * for their copies). */
+template <bool BWD, typename T1, typename T2, typename Acc, int KM>
+__device__ __forceinline__ sm_stat<Acc> sm_thread_stats(sm_slot (&ra)[KM], const sm_slot (&rb)[KM], int nv,
+                                                        uint4 *sa, const uint4 *sb, int first, int nsm, int step,
+                                                        int log) {
+  constexpr bool FAST = sizeof(T2) == 2;
+  sm_stat<Acc> st = sm_stat_identity<Acc>();
+  Acc acc[2] = {0, 0};
+  if constexpr (BWD) {
+#pragma unroll
+    for (int k = 0; k < KM; k++)
+      if (k < nv) acc[k & 1] += sm_slot_dot<T1, Acc>(ra[k], rb[k], log);
+    for (int l = first; l < nsm; l += step) {
+      sm_slot xa, xb;
+      xa.u = sa[l];
+      xb.u = sb[l];
+      acc[0] += sm_slot_dot<T1, Acc>(xa, xb, log);
+    }
+  } else {
+    Acc mv[2] = {(Acc)-INFINITY, (Acc)-INFINITY};
+#pragma unroll
+    for (int k = 0; k < KM; k++)
+      if (k < nv) mv[k & 1] = sm_slot_max<T1, Acc>(ra[k], mv[k & 1]);
+    for (int l = first; l < nsm; l += step) {
+      sm_slot xa;
+      xa.u = sa[l];
+      mv[0] = sm_slot_max<T1, Acc>(xa, mv[0]);
+    }
+    const Acc m = sm_max(mv[0], mv[1]);
+    const Acc ms = sm_safe_max(m), msl = ms * (Acc)SM_LOG2E;
+    const bool cache = sm_can_cache<T1, Acc>() && !log;
+#pragma unroll
+    for (int k = 0; k < KM; k++)
+      if (k < nv) acc[k & 1] += sm_slot_sumexp<FAST, T1, Acc>(ra[k], ms, msl, cache);
+    for (int l = first; l < nsm; l += step) {
+      sm_slot xa;
+      xa.u = sa[l];
+      acc[0] += sm_slot_sumexp<FAST, T1, Acc>(xa, ms, msl, cache);
+      if (cache) sa[l] = xa.u;
+    }
+    st.m = m;
+  }
+  st.d = acc[0] + acc[1];
+  return st;
+}
+
+/* Output of a slot whose values were replaced by exp(x - ms_thread): y = e * scale. */
+template <typename T1, typename T2, typename Acc>
+__device__ __forceinline__ void sm_slot_output_cached(const sm_chunk<T1, T2> &R, int m, const sm_slot &ra, Acc scale) {
+  constexpr int VEC = sm_vec<T1>();
+  Acc o[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; e++) o[e] = sm_slot_elem<T1, Acc>(ra, e) * scale;
+  sm_store_full<T2, VEC>(R.out0 + R.f0 + m * VEC, R.ok_out, o);
+}
+
+/* The factor turning a thread's cached exp(x - ms_thread) into y: exp(m_thread - ms) / d,
+ * or 0 / d (0, or NaN for an all -inf row) when the thread held only -inf. */
+template <typename Acc> __device__ __forceinline__ Acc sm_cache_scale(Acc m_thread, sm_stat<Acc> st) {
+  return (m_thread == (Acc)-INFINITY ? (Acc)0 : sm_exp<false>(m_thread - sm_safe_max(st.m))) / st.d;
+}
+
+template <bool BWD, typename T1, typename T2, typename Acc>
+__device__ __forceinline__ void sm_slot_output(const sm_chunk<T1, T2> &R, int m, const sm_slot &ra, const sm_slot &rb,
+                                               int log, Acc c0, Acc c1) {
+  constexpr int VEC = sm_vec<T1>();
+  constexpr bool FAST = sizeof(T2) == 2;
+  Acc o[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; e++) {
+    const Acc a = sm_slot_elem<T1, Acc>(ra, e);
+    const Acc b = BWD ? sm_slot_elem<T1, Acc>(rb, e) : a;
+    o[e] = sm_output<BWD, FAST>(a, b, log, c0, c1);
+  }
+  sm_store_full<T2, VEC>(R.out0 + R.f0 + m * VEC, R.ok_out, o);
+}
+
+/* Edge elements e = first, first + step, ...: fold into st (stats) or write
+ * their output (out). Scalar loads; in the output phase they hit L1/L2. */
+template <bool BWD, typename T1, typename T2, typename Acc>
+__device__ __forceinline__ void sm_edges_accumulate(const sm_chunk<T1, T2> &R, int first, int step, sm_stat<Acc> &st,
+                                                    int log) {
+  constexpr bool FAST = sizeof(T2) == 2;
+  for (int e = first; e < R.ne; e += step) {
+    const int k = sm_edge_index(R, e);
+    Acc va[1], vb[1];
+    va[0] = sm_bits_to_acc<T1, Acc>(sm_ld_bits(R.a0 + k));
+    vb[0] = BWD ? sm_bits_to_acc<T1, Acc>(sm_ld_bits(R.b0 + k)) : va[0];
+    sm_accumulate<BWD, FAST>(st, va, vb, 1, log);
+  }
+}
+
+template <bool BWD, typename T1, typename T2, typename Acc>
+__device__ __forceinline__ void sm_edges_output(const sm_chunk<T1, T2> &R, int first, int step, int log, Acc c0,
+                                                Acc c1) {
+  constexpr bool FAST = sizeof(T2) == 2;
+  for (int e = first; e < R.ne; e += step) {
+    const int k = sm_edge_index(R, e);
+    const Acc a = sm_bits_to_acc<T1, Acc>(sm_ld_bits(R.a0 + k));
+    const Acc b = BWD ? sm_bits_to_acc<T1, Acc>(sm_ld_bits(R.b0 + k)) : a;
+    sm_st_bits(R.out0 + k, sm_acc_to_bits<T2, Acc>(sm_output<BWD, FAST>(a, b, log, c0, c1)));
+  }
+}
+
+// ---- narrow rows: G lanes per row --------------------------------------------
+
+/* KM: register slots per lane (a light variant with half of sm_warp_kmax
+ * keeps more warps resident for the narrowest rows). */
+template <bool BWD, typename T1, typename T2, typename Acc, int KM>
+__global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8 ? 4 : (!BWD && KM <= 4) ? 9 : 6)
+    softmax_rows_in_warp_kernel(sm_row_args P) {
+  constexpr int KMAX = KM;
+  const int lane = threadIdx.x & 31, G = P.G, rpw = 32 / G, g = lane & (G - 1), sub = lane / G;
+  const int64_t warp0 = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int64_t wstride = (int64_t)gridDim.x * (blockDim.x >> 5);
+  for (int64_t base = warp0 * rpw; base < P.rows; base += wstride * rpw) {
+    const int64_t row = base + sub;
+    sm_chunk<T1, T2> R = sm_chunk_setup<BWD, T1, T2>(P, row < P.rows ? row : base, 0, (int64_t)G * P.K);
+    if (row >= P.rows) R.nfull = R.ne = 0;
+
+    const int nv = R.nfull > g ? (R.nfull - g + G - 1) / G < P.K ? (R.nfull - g + G - 1) / G : P.K : 0;
+
+    sm_slot ra[KMAX], rb[KMAX];
+#pragma unroll
+    for (int k = 0; k < KMAX; k++)
+      if (k < nv) sm_load_full_slot<BWD>(R, g + k * G, ra[k], rb[k]);
+    sm_stat<Acc> st = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, nv, (uint4 *)0, (const uint4 *)0, 0, 0, 1, P.log);
+    const Acc m_thread = st.m;
+    sm_edges_accumulate<BWD>(R, g, G, st, P.log);
+    st = sm_group_reduce<BWD>(st, G);
+#pragma unroll
+    for (int k = 0; k < KMAX; k++) {
+      sm_slot_fence(ra[k]);
+      if (BWD) sm_slot_fence(rb[k]);
+    }
+    Acc c0, c1;
+    sm_finish<BWD, sizeof(T2) == 2>(st, P.log, c0, c1);
+    if (!BWD && sm_can_cache<T1, Acc>() && !P.log) {
+      const Acc scale = sm_cache_scale(m_thread, st);
+#pragma unroll
+      for (int k = 0; k < KMAX; k++)
+        if (k < nv) sm_slot_output_cached(R, g + k * G, ra[k], scale);
+    } else {
+#pragma unroll
+      for (int k = 0; k < KMAX; k++)
+        if (k < nv) sm_slot_output<BWD>(R, g + k * G, ra[k], rb[k], P.log, c0, c1);
+    }
+    sm_edges_output<BWD>(R, g, G, P.log, c0, c1);
+  }
+}
+
+// ---- a chunk of a row per CTA: block, cluster and split tiers -----------------
+
+/* 64 registers per thread (float): two CTAs of 512 threads per SM, or one of
+ * 1024 for the configurations that need most of an SM's shared memory. */
+template <bool BWD, typename T1, typename T2, typename Acc>
+__global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_CHUNK_THREADS, 1)
+    softmax_row_chunks_kernel(sm_row_args P) {
+  constexpr int KREG = sm_chunk_kreg<BWD, Acc>();
+  extern __shared__ uint4 sm_dyn[];        /* [BWD ? 2 : 1][smem_slots] raw slots */
+  __shared__ sm_stat<Acc> red[SM_CHUNK_THREADS / 32 + 1];
+  static_assert(SM_CHUNK_THREADS <= 1024, "sm_block_reduce scratch");
+  __shared__ sm_stat<Acc> xch[2][16];      /* cluster exchange, double-buffered */
+  __shared__ sm_stat<Acc> cbc;             /* cluster result broadcast */
+  const int t = threadIdx.x, T = blockDim.x;
+  const bool in_cluster = P.mode == SM_FULL && P.C > 1;
+  (void)in_cluster;
+  uint4 *sa = sm_dyn, *sb = sm_dyn + P.smem_slots;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  /* every CTA of the cluster must be running before its shared memory is
+   * written: arrive now, wait just before the first remote write, so the
+   * barrier's latency hides behind the loads */
+  bool start_wait = in_cluster;
+  if (in_cluster) asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#endif
+
+  /* APPLY runs the chunks in the reverse order of STATS, so the chunks read
+   * last by STATS (still in L2) are re-read first */
+  const bool rev = P.mode == SM_APPLY;
+  const int64_t chunk_x = rev ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  for (int64_t r = blockIdx.y; r < P.rows; r += gridDim.y) {
+    const int64_t row = rev ? P.rows - 1 - r : r;
+    const sm_chunk<T1, T2> R = sm_chunk_setup<BWD, T1, T2>(P, row, chunk_x * P.S, P.S);
+    const int nreg = T * P.K;       /* full slots [0, nreg) in registers */
+    const int nsm = R.nfull - nreg; /* full slots [nreg, nfull) in shared memory */
+    const int nv = R.nfull > t ? (R.nfull - t + T - 1) / T < P.K ? (R.nfull - t + T - 1) / T : P.K : 0;
+
+    // -- load: registers, then shared memory (asynchronous)
+    sm_slot ra[KREG], rb[KREG];
+#pragma unroll
+    for (int k = 0; k < KREG; k++)
+      if (k < nv) sm_load_full_slot<BWD>(R, t + k * T, ra[k], rb[k]);
+    for (int l = t; l < nsm; l += T) sm_load_full_slot_to_smem<BWD>(R, nreg + l, sa + l, sb + l);
+
+    // -- statistics
+    sm_stat<Acc> st;
+    Acc m_thread = (Acc)-INFINITY;
+    const bool cached = !BWD && sm_can_cache<T1, Acc>() && !P.log && P.mode != SM_APPLY;
+    if (P.mode != SM_APPLY) {
+      if (nsm > 0) sm_cp_async_wait();
+      st = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, nv, sa, sb, t, nsm, T, P.log);
+      m_thread = st.m;
+      sm_edges_accumulate<BWD>(R, t, T, st, P.log);
+      st = sm_block_reduce<BWD>(st, 1, red);
+      if (P.mode == SM_STATS) {
+        if (t == 0) ((sm_stat<Acc> *)P.partials)[row * P.C + chunk_x] = st;
+        continue;
+      }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      if (in_cluster) {
+        cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+        const unsigned rank = cl.block_rank();
+        const int buf = (int)(((r - blockIdx.y) / gridDim.y) & 1); /* alternates row by row */
+        if (start_wait) {
+          asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+          start_wait = false;
+        }
+        if (t < P.C) *cl.map_shared_rank(&xch[buf][rank], (unsigned)t) = st;
+        cl.sync();
+        if (t < 32) {
+          sm_stat<Acc> acc = t < P.C ? xch[buf][t] : sm_stat_identity<Acc>();
+          acc = sm_group_reduce<BWD>(acc, 32);
+          if (t == 0) cbc = acc;
+        }
+        __syncthreads();
+        st = cbc;
+      }
+#endif
+    } else {
+      st = ((const sm_stat<Acc> *)P.finals)[row];
+    }
+
+    // -- output
+#pragma unroll
+    for (int k = 0; k < KREG; k++) {
+      sm_slot_fence(ra[k]);
+      if (BWD) sm_slot_fence(rb[k]);
+    }
+    Acc c0, c1;
+    sm_finish<BWD, sizeof(T2) == 2>(st, P.log, c0, c1);
+    if (cached) {
+      const Acc scale = sm_cache_scale(m_thread, st);
+#pragma unroll
+      for (int k = 0; k < KREG; k++)
+        if (k < nv) sm_slot_output_cached(R, t + k * T, ra[k], scale);
+    } else {
+#pragma unroll
+      for (int k = 0; k < KREG; k++)
+        if (k < nv) sm_slot_output<BWD>(R, t + k * T, ra[k], rb[k], P.log, c0, c1);
+    }
+    sm_edges_output<BWD>(R, t, T, P.log, c0, c1);
+    if (nsm > 0) {
+      sm_cp_async_wait();
+      if (cached) {
+        const Acc scale = sm_cache_scale(m_thread, st);
+        for (int l = t; l < nsm; l += T) {
+          sm_slot xa;
+          xa.u = sa[l];
+          sm_slot_output_cached(R, nreg + l, xa, scale);
+        }
+      } else {
+        for (int l = t; l < nsm; l += T) {
+          sm_slot xa, xb;
+          xa.u = sa[l];
+          if (BWD) xb.u = sb[l];
+          sm_slot_output<BWD>(R, nreg + l, xa, xb, P.log, c0, c1);
+        }
+      }
+    }
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (start_wait) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
+}
+
+#endif /* OSS_SOFTMAX_ROWS_CUH */

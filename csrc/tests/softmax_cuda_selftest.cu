@@ -1,0 +1,850 @@
+/*
+ * softmax_cuda_selftest.cu - standalone test and timing driver for the CUDA
+ * softmax C API (oss.h), no torch.
+ *
+ *   selftest check   correctness: many shapes / dtypes / alignments / tiers,
+ *                    forward and backward, softmax and log_softmax, special
+ *                    values, error paths; float64 CPU reference
+ *   selftest quick   a reduced check (for compute-sanitizer memcheck)
+ *   selftest race    a few small cases per tier (for compute-sanitizer racecheck)
+ *   selftest bench   timing table: % of a 1 GiB device-to-device copy
+ *                    measured in the same run (bytes read + written)
+ *   selftest sweep   timing of planner alternatives (test knobs)
+ *
+ * Inputs are fresh random values (randn * 3 plus a few large outliers, never
+ * zero); outputs and the whole output buffer are poisoned with NaN (0xff
+ * bytes) before each launch, and every byte outside the tensor view must
+ * still be poison afterwards. Workspaces are allocated at exactly the size
+ * the API reports. Exit status 0 only when every check passed.
+ *
+ * Build: nvcc -std=c++17 -O3 -DOSS_SOFTMAX_TEST_KNOBS -gencode arch=compute_90a,code=sm_90a -I csrc
+ *        csrc/common.c csrc/cuda/softmax.cu csrc/tests/softmax_cuda_selftest.cu
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "oss.h"
+
+/* Planner knobs of softmax.cu, for tests and tuning only (see there). */
+extern "C" int oss_softmax_cuda_test_knobs[8];
+
+#define CK(call)                                                                                  \
+  do {                                                                                            \
+    cudaError_t e_ = (call);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
+      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      exit(2);                                                                                    \
+    }                                                                                             \
+  } while (0)
+
+static int g_failures = 0, g_cases = 0;
+static cudaStream_t g_stream;
+
+// ---- dtypes and host conversion ------------------------------------------------
+
+static size_t dt_size(oss_dtype t) { return t == OSS_FLOAT64 ? 8 : t == OSS_FLOAT32 ? 4 : t == OSS_BOOL ? 1 : 2; }
+static const char *dt_name(oss_dtype t) {
+  switch (t) {
+  case OSS_FLOAT32: return "f32";
+  case OSS_FLOAT64: return "f64";
+  case OSS_FLOAT16: return "f16";
+  case OSS_BFLOAT16: return "bf16";
+  default: return "bool";
+  }
+}
+
+static double get_elem(const void *buf, oss_dtype t, int64_t i) {
+  switch (t) {
+  case OSS_FLOAT32: return ((const float *)buf)[i];
+  case OSS_FLOAT64: return ((const double *)buf)[i];
+  case OSS_FLOAT16: return (double)__half2float(((const __half *)buf)[i]);
+  case OSS_BFLOAT16: return (double)__bfloat162float(((const __nv_bfloat16 *)buf)[i]);
+  default: return 0;
+  }
+}
+
+static void set_elem(void *buf, oss_dtype t, int64_t i, double v) {
+  switch (t) {
+  case OSS_FLOAT32: ((float *)buf)[i] = (float)v; break;
+  case OSS_FLOAT64: ((double *)buf)[i] = v; break;
+  case OSS_FLOAT16: ((__half *)buf)[i] = __float2half_rn((float)v); break;
+  case OSS_BFLOAT16: ((__nv_bfloat16 *)buf)[i] = __float2bfloat16_rn((float)v); break;
+  default: break;
+  }
+}
+
+// ---- counter-based random numbers (same on host and device) --------------------
+
+__host__ __device__ static inline uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+static double unif(uint64_t seed, uint64_t i) { return ((mix64(seed ^ mix64(i)) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+/* randn * 3, one element in 500 an outlier of +-(20..40); never exactly 0 */
+static double rand_val(uint64_t seed, uint64_t i) {
+  const double u1 = unif(seed, 2 * i), u2 = unif(seed, 2 * i + 1);
+  double v = 3.0 * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+  const double u3 = unif(seed + 7, i);
+  if (u3 < 0.002) v += (u3 < 0.001 ? -1 : 1) * (20 + 20 * unif(seed + 11, i));
+  if (v == 0) v = 0.125;
+  return v;
+}
+
+// ---- strided tensors ---------------------------------------------------------------
+
+typedef struct {
+  oss_dtype dt;
+  int64_t off, so, sn; /* element offset of the view in the buffer, strides */
+  int64_t nbuf;        /* elements in the buffer */
+  void *h, *d;         /* host copy of the whole buffer, device buffer (base) */
+} tensor;
+
+static void tensor_make(tensor *t, oss_dtype dt, int64_t outer, int64_t n, int64_t inner, int64_t off,
+                        int64_t pad_outer, int64_t pad_n) {
+  t->dt = dt;
+  t->off = off;
+  t->sn = inner == 1 ? 1 : inner + pad_n;
+  t->so = n * t->sn + pad_outer;
+  t->nbuf = off + (outer - 1) * t->so + (n - 1) * t->sn + inner + 24;
+  t->h = malloc((size_t)t->nbuf * dt_size(dt));
+  if (!t->h) { fprintf(stderr, "host out of memory\n"); exit(2); }
+  memset(t->h, 0xff, (size_t)t->nbuf * dt_size(dt));
+  CK(cudaMalloc(&t->d, (size_t)t->nbuf * dt_size(dt)));
+}
+static void tensor_free(tensor *t) {
+  free(t->h);
+  CK(cudaFree(t->d));
+}
+static int64_t tidx(const tensor *t, int64_t o, int64_t i, int64_t j) { return t->off + o * t->so + i * t->sn + j; }
+static oss_strided3 tensor_view(const tensor *t) {
+  oss_strided3 v;
+  v.data = (char *)t->d + t->off * dt_size(t->dt);
+  v.dtype = t->dt;
+  v.stride_outer = t->so;
+  v.stride_n = t->sn;
+  return v;
+}
+static void tensor_upload(tensor *t) {
+  CK(cudaMemcpy(t->d, t->h, (size_t)t->nbuf * dt_size(t->dt), cudaMemcpyHostToDevice));
+}
+static void tensor_poison(tensor *t) { CK(cudaMemset(t->d, 0xff, (size_t)t->nbuf * dt_size(t->dt))); }
+static void tensor_download(tensor *t) {
+  CK(cudaMemcpy(t->h, t->d, (size_t)t->nbuf * dt_size(t->dt), cudaMemcpyDeviceToHost));
+}
+
+// ---- a test case ----------------------------------------------------------------------
+
+typedef struct {
+  int bwd, log;
+  int64_t outer, n, inner;
+  oss_dtype tin, tout; /* forward: x, y      backward: y/dy, dx */
+  int64_t off_a, off_b, off_out, pad_outer, pad_n;
+  int special; /* 1: rows of -inf, NaN, +inf, partial -inf */
+  const char *tag;
+} tcase;
+
+/* special row kinds, by line index */
+static int line_kind(uint64_t seed, int64_t line) {
+  const uint64_t h = mix64(seed * 31 + (uint64_t)line) % 8;
+  return (int)h; /* 0-2 normal, 3 all -inf, 4 a NaN, 5 a +inf, 6 some -inf, 7 one finite rest -inf */
+}
+
+static double tol_out_rel(oss_dtype t) {
+  return t == OSS_BFLOAT16 ? 1.0 / 256 : t == OSS_FLOAT16 ? 1.0 / 2048 : 0;
+}
+static double tol_out_abs(oss_dtype t) { return t == OSS_FLOAT16 ? 1e-7 : 1e-37; }
+
+static int run_case(const tcase *c, uint64_t seed) {
+  const int64_t outer = c->outer, n = c->n, inner = c->inner;
+  const int64_t lines = outer * inner;
+  tensor A, B, O;
+  tensor_make(&A, c->tin, outer, n, inner, c->off_a, c->pad_outer, c->pad_n);
+  if (c->bwd) tensor_make(&B, c->tin, outer, n, inner, c->off_b, c->pad_outer + 1, c->pad_n);
+  tensor_make(&O, c->tout, outer, n, inner, c->off_out, c->pad_outer + 2, c->pad_n + 1);
+  double *ref = (double *)malloc(sizeof(double) * (size_t)(n > 0 ? n : 1) * (size_t)(lines > 0 ? lines : 1));
+  double *scale = (double *)malloc(sizeof(double) * (size_t)(n > 0 ? n : 1) * (size_t)(lines > 0 ? lines : 1));
+
+  /* inputs */
+#pragma omp parallel for schedule(dynamic, 16)
+  for (int64_t line = 0; line < lines; line++) {
+    const int64_t o = line / inner, j = line % inner;
+    const int kind = c->special ? line_kind(seed, line) : 0;
+    if (!c->bwd) {
+      for (int64_t i = 0; i < n; i++) {
+        const uint64_t g = (uint64_t)(line * n + i);
+        double v = rand_val(seed, g);
+        if (kind == 3) v = -INFINITY;
+        if (kind == 4 && i == (int64_t)(mix64(g) % (uint64_t)n)) v = NAN;
+        if (kind == 4 && i == n / 2) v = NAN;
+        if (kind == 5 && i == n / 3) v = INFINITY;
+        if (kind == 6 && unif(seed + 3, g) < 0.3) v = -INFINITY;
+        if (kind == 7 && i != n / 2) v = -INFINITY;
+        set_elem(A.h, A.dt, tidx(&A, o, i, j), v);
+      }
+    } else {
+      /* y = softmax / log_softmax of a random row (rounded to the dtype), dy random */
+      double m = -INFINITY, s = 0;
+      for (int64_t i = 0; i < n; i++) m = fmax(m, rand_val(seed, (uint64_t)(line * n + i)));
+      for (int64_t i = 0; i < n; i++) s += exp(rand_val(seed, (uint64_t)(line * n + i)) - m);
+      for (int64_t i = 0; i < n; i++) {
+        const double x = rand_val(seed, (uint64_t)(line * n + i));
+        set_elem(A.h, A.dt, tidx(&A, o, i, j), c->log ? x - m - log(s) : exp(x - m) / s);
+        set_elem(B.h, B.dt, tidx(&B, o, i, j), rand_val(seed + 1, (uint64_t)(line * n + i)));
+      }
+    }
+  }
+  tensor_upload(&A);
+  if (c->bwd) tensor_upload(&B);
+  tensor_poison(&O);
+
+  /* reference */
+#pragma omp parallel for schedule(dynamic, 16)
+  for (int64_t line = 0; line < lines; line++) {
+    const int64_t o = line / inner, j = line % inner;
+    double *r = ref + line * n, *sc = scale + line * n;
+    if (!c->bwd) {
+      int nan = 0;
+      double m = -INFINITY, s = 0;
+      for (int64_t i = 0; i < n; i++) {
+        const double x = get_elem(A.h, A.dt, tidx(&A, o, i, j));
+        if (x != x) nan = 1;
+        if (x > m) m = x;
+      }
+      for (int64_t i = 0; i < n; i++) s += exp(get_elem(A.h, A.dt, tidx(&A, o, i, j)) - m);
+      for (int64_t i = 0; i < n; i++) {
+        const double x = get_elem(A.h, A.dt, tidx(&A, o, i, j));
+        r[i] = nan ? NAN : c->log ? x - m - log(s) : exp(x - m) / s;
+        /* float32 rounds x - m: relative error of exp grows with |x - m| */
+        const double xm = isfinite(x - m) ? fabs(x - m) : 0;
+        sc[i] = c->log ? xm + fabs(log(s)) + 1 : fabs(r[i]) * (1 + xm);
+      }
+    } else {
+      /* the sum's rounding error scales with the sum of magnitudes */
+      double s = 0, sa = 0;
+      for (int64_t i = 0; i < n; i++) {
+        const double y = get_elem(A.h, A.dt, tidx(&A, o, i, j)), g = get_elem(B.h, B.dt, tidx(&B, o, i, j));
+        s += c->log ? g : y * g;
+        sa += fabs(c->log ? g : y * g);
+      }
+      for (int64_t i = 0; i < n; i++) {
+        const double y = get_elem(A.h, A.dt, tidx(&A, o, i, j)), g = get_elem(B.h, B.dt, tidx(&B, o, i, j));
+        r[i] = c->log ? g - exp(y) * s : y * (g - s);
+        sc[i] = c->log ? fabs(g) + exp(y) * sa : fabs(y) * (fabs(g) + sa);
+      }
+    }
+  }
+
+  /* run */
+  oss_status st;
+  size_t ws_size;
+  void *ws = NULL;
+  if (!c->bwd) {
+    oss_softmax_params p;
+    memset(&p, 0, sizeof p);
+    p.outer = outer, p.n = n, p.inner = inner, p.log = c->log;
+    p.x = tensor_view(&A);
+    p.y = tensor_view(&O);
+    ws_size = oss_softmax_forward_workspace_size_cuda(&p);
+    if (ws_size) {
+      CK(cudaMalloc(&ws, ws_size));
+      CK(cudaMemset(ws, 0xff, ws_size));
+    }
+    st = oss_softmax_forward_cuda(&p, ws, g_stream);
+  } else {
+    oss_softmax_backward_params p;
+    memset(&p, 0, sizeof p);
+    p.outer = outer, p.n = n, p.inner = inner, p.log = c->log;
+    p.y = tensor_view(&A);
+    p.dy = tensor_view(&B);
+    p.dx = tensor_view(&O);
+    ws_size = oss_softmax_backward_workspace_size_cuda(&p);
+    if (ws_size) {
+      CK(cudaMalloc(&ws, ws_size));
+      CK(cudaMemset(ws, 0xff, ws_size));
+    }
+    st = oss_softmax_backward_cuda(&p, ws, g_stream);
+  }
+  CK(cudaStreamSynchronize(g_stream));
+  CK(cudaGetLastError());
+  int bad = 0;
+  if (st != OSS_OK) {
+    printf("FAIL %s: status %s: %s\n", c->tag, oss_status_name(st), oss_error_message());
+    bad = 1;
+  }
+  tensor_download(&O);
+
+  /* compare */
+  const double comp = (c->tin == OSS_FLOAT64) ? 1e-12 : 4e-6;
+  const double orel = tol_out_rel(c->tout), oabs = tol_out_abs(c->tout);
+  int64_t nbad = 0, first_line = -1, first_i = -1;
+  char *inview = (char *)calloc((size_t)O.nbuf, 1);
+  for (int64_t line = 0; line < lines && !bad; line++) {
+    const int64_t o = line / inner, j = line % inner;
+    for (int64_t i = 0; i < n; i++) inview[tidx(&O, o, i, j)] = 1;
+  }
+#pragma omp parallel for schedule(dynamic, 16) reduction(+ : nbad)
+  for (int64_t line = 0; line < lines; line++) {
+    if (bad) continue;
+    const int64_t o = line / inner, j = line % inner;
+    for (int64_t i = 0; i < n; i++) {
+      const double r = ref[line * n + i], v = get_elem(O.h, O.dt, tidx(&O, o, i, j));
+      int ok;
+      if (r != r) ok = v != v;
+      else if (isinf(r)) ok = v == r;
+      else {
+        const double tol = comp * scale[line * n + i] + orel * fabs(r) + oabs;
+        ok = v == v && fabs(v - r) <= tol;
+      }
+      if (!ok) {
+        nbad++;
+#pragma omp critical
+        if (first_line < 0 || line < first_line) first_line = line, first_i = i;
+      }
+    }
+  }
+  /* bytes outside the view must be untouched (0xff) */
+  int64_t clobbered = 0;
+  const size_t es = dt_size(O.dt);
+  for (int64_t e = 0; e < O.nbuf && !bad; e++) {
+    if (inview[e]) continue;
+    const unsigned char *p = (const unsigned char *)O.h + e * es;
+    for (size_t k = 0; k < es; k++)
+      if (p[k] != 0xff) {
+        clobbered++;
+        break;
+      }
+  }
+  if (nbad || clobbered) {
+    bad = 1;
+    printf("FAIL %s: %lld wrong elements, %lld bytes outside the view written", c->tag, (long long)nbad,
+           (long long)clobbered);
+    if (first_line >= 0) {
+      const int64_t o = first_line / inner, j = first_line % inner;
+      printf("; first at line %lld (o=%lld j=%lld) i=%lld: got %.9g want %.9g", (long long)first_line,
+             (long long)o, (long long)j, (long long)first_i, get_elem(O.h, O.dt, tidx(&O, o, first_i, j)),
+             ref[first_line * n + first_i]);
+    }
+    printf("\n");
+  }
+  free(inview);
+  free(ref);
+  free(scale);
+  if (ws) CK(cudaFree(ws));
+  tensor_free(&A);
+  if (c->bwd) tensor_free(&B);
+  tensor_free(&O);
+  g_cases++;
+  if (bad) g_failures++;
+  return bad;
+}
+
+static void check(int bwd, int log, int64_t outer, int64_t n, int64_t inner, oss_dtype tin, oss_dtype tout,
+                  int64_t off_a, int64_t off_b, int64_t off_out, int64_t pad_outer, int64_t pad_n, int special) {
+  static uint64_t seed = 12345;
+  char tag[256];
+  snprintf(tag, sizeof tag, "%s%s [%lld,%lld,%lld] %s->%s off=(%lld,%lld,%lld) pad=(%lld,%lld)%s", bwd ? "bwd" : "fwd",
+           log ? "-log" : "", (long long)outer, (long long)n, (long long)inner, dt_name(tin), dt_name(tout),
+           (long long)off_a, (long long)off_b, (long long)off_out, (long long)pad_outer, (long long)pad_n,
+           special ? " special" : "");
+  tcase c = {bwd, log, outer, n, inner, tin, tout, off_a, off_b, off_out, pad_outer, pad_n, special, tag};
+  seed = mix64(seed);
+  run_case(&c, seed);
+}
+
+// ---- correctness suites ---------------------------------------------------------------
+
+static const oss_dtype k3[3] = {OSS_FLOAT32, OSS_BFLOAT16, OSS_FLOAT16};
+
+static int64_t rows_for(int64_t n, int64_t budget) {
+  int64_t r = budget / (n > 0 ? n : 1);
+  if (r < 1) r = 1;
+  if (r > 67) r = 67;
+  return r;
+}
+
+static void suite_errors(void) {
+  /* unsupported dtype, empty shapes, mismatched y/dy */
+  float *d;
+  CK(cudaMalloc(&d, 1024));
+  oss_softmax_params p;
+  memset(&p, 0, sizeof p);
+  p.outer = 2, p.n = 3, p.inner = 1;
+  p.x.data = d, p.x.dtype = OSS_BOOL, p.x.stride_outer = 3, p.x.stride_n = 1;
+  p.y = p.x;
+  p.y.dtype = OSS_FLOAT32;
+  oss_status s = oss_softmax_forward_cuda(&p, NULL, g_stream);
+  g_cases++;
+  if (s != OSS_ERROR_NOT_SUPPORTED) printf("FAIL errors: bool input gave %s\n", oss_status_name(s)), g_failures++;
+  else printf("ok   bool input -> %s: %s\n", oss_status_name(s), oss_error_message());
+  p.x.dtype = OSS_FLOAT64;
+  s = oss_softmax_forward_cuda(&p, NULL, g_stream);
+  g_cases++;
+  if (s != OSS_ERROR_NOT_SUPPORTED) printf("FAIL errors: f64->f32 gave %s\n", oss_status_name(s)), g_failures++;
+  else printf("ok   f64 -> f32 -> %s: %s\n", oss_status_name(s), oss_error_message());
+  p.x.dtype = OSS_FLOAT32;
+  for (int z = 0; z < 3; z++) {
+    p.outer = z == 0 ? 0 : 2, p.n = z == 1 ? 0 : 3, p.inner = z == 2 ? 0 : 1;
+    s = oss_softmax_forward_cuda(&p, NULL, g_stream);
+    g_cases++;
+    if (s != OSS_OK) printf("FAIL errors: empty shape %d gave %s\n", z, oss_status_name(s)), g_failures++;
+  }
+  p.outer = 2, p.n = 3, p.inner = 1, p.x.stride_n = 2;
+  s = oss_softmax_forward_cuda(&p, NULL, g_stream);
+  g_cases++;
+  if (s != OSS_ERROR_INVALID_ARGUMENT) printf("FAIL errors: stride_n=2 rows gave %s\n", oss_status_name(s)), g_failures++;
+  else printf("ok   rows with stride_n=2 -> %s: %s\n", oss_status_name(s), oss_error_message());
+  oss_softmax_backward_params b;
+  memset(&b, 0, sizeof b);
+  b.outer = 2, b.n = 3, b.inner = 1;
+  b.y.data = d, b.y.dtype = OSS_FLOAT32, b.y.stride_outer = 3, b.y.stride_n = 1;
+  b.dy = b.y, b.dx = b.y;
+  b.dy.dtype = OSS_FLOAT16;
+  s = oss_softmax_backward_cuda(&b, NULL, g_stream);
+  g_cases++;
+  if (s == OSS_OK) printf("FAIL errors: y f32 / dy f16 accepted\n"), g_failures++;
+  else printf("ok   y f32 with dy f16 -> %s: %s\n", oss_status_name(s), oss_error_message());
+  CK(cudaStreamSynchronize(g_stream));
+  CK(cudaGetLastError());
+  CK(cudaFree(d));
+}
+
+static void suite_rows(int quick) {
+  static const int64_t widths[] = {1,    2,    3,    5,    7,    8,    9,    15,    16,    17,    31,     33,  63,
+                                   64,   65,   127,  128,  129,  255,  256,  257,   511,   513,   1000,   1023, 1024,
+                                   1025, 2047, 2049, 4095, 4097, 8191, 8193, 16389, 32771, 65543, 131072, 262144};
+  const int nw = (int)(sizeof widths / sizeof widths[0]);
+  const int64_t budget = quick ? 1 << 14 : 1 << 18;
+  for (int wi = 0; wi < nw; wi++) {
+    const int64_t n = widths[wi];
+    if (quick && (wi % 3) != 0 && n < 100000) continue;
+    const int64_t rows = rows_for(n, budget);
+    for (int d = 0; d < 3; d++)
+      for (int bwd = 0; bwd < 2; bwd++) {
+        const int log = (wi + d + bwd) & 1;
+        /* aligned; misaligned input and padded rows; misaligned output only */
+        check(bwd, log, rows, n, 1, k3[d], k3[d], 0, 0, 0, 0, 0, 0);
+        if (!quick || wi % 2 == 0) check(bwd, !log, rows, n, 1, k3[d], k3[d], 1, 3, 0, 3, 0, 0);
+        if (!quick) check(bwd, log, rows + 2, n, 1, k3[d], k3[d], 0, 0, 1, 5, 0, 0);
+      }
+  }
+  /* every dtype combination, including float64 */
+  static const int64_t combo_widths[] = {7, 129, 1000, 4097, 32771};
+  for (int wi = 0; wi < 5; wi++)
+    for (int a = 0; a < 3; a++)
+      for (int o = 0; o < 3; o++)
+        for (int bwd = 0; bwd < 2; bwd++) {
+          if (quick && (a + o + wi) % 3) continue;
+          const int64_t n = combo_widths[wi];
+          check(bwd, (a + o + bwd) & 1, rows_for(n, budget / 4), n, 1, k3[a], k3[o], (a + wi) % 3, o, (o + 1) % 2, wi, 0, 0);
+        }
+  static const int64_t f64_widths[] = {1, 7, 128, 255, 1000, 5000, 70001};
+  for (int wi = 0; wi < 7; wi++)
+    for (int bwd = 0; bwd < 2; bwd++)
+      for (int log = 0; log < 2; log++)
+        if (!quick || wi % 3 == 0) check(bwd, log, rows_for(f64_widths[wi], budget / 4), f64_widths[wi], 1, OSS_FLOAT64, OSS_FLOAT64, wi & 1, 0, 0, wi, 0, 0);
+}
+
+static void suite_wide(int quick) {
+  /* cluster and split tiers: few rows */
+  static const int64_t widths[] = {524291, 1048576, 2097152 + 5, 4194304, 16777216};
+  for (int wi = 0; wi < 5; wi++) {
+    if (quick && wi != 0 && wi != 3) continue;
+    const int64_t n = widths[wi];
+    const int64_t rows = n >= 4194304 ? (quick ? 1 : 2) : 3;
+    for (int d = 0; d < 3; d++)
+      for (int bwd = 0; bwd < 2; bwd++) {
+        if (quick && d == 2) continue;
+        check(bwd, (wi + d) & 1, rows, n, 1, k3[d], k3[d], (wi + d) % 4, 1, 0, wi & 1 ? 7 : 0, 0, 0);
+        if (!quick && d == 0 && wi == 1) check(bwd, 1, rows, n, 1, OSS_BFLOAT16, OSS_FLOAT32, 3, 0, 0, 0, 0, 0);
+      }
+  }
+}
+
+static void suite_columns(int quick) {
+  typedef struct {
+    int64_t outer, n, inner;
+  } shp;
+  static const shp shapes[] = {{3, 5, 7},     {2, 1000, 33}, {4, 3, 1000}, {2, 3000, 16}, {1, 1, 5},   {2, 2, 2},
+                               {3, 129, 130}, {2, 70000, 3}, {5, 17, 64},  {2, 1024, 4096}, {1, 20000, 40}};
+  const int ns = (int)(sizeof shapes / sizeof shapes[0]);
+  for (int s = 0; s < ns; s++)
+    for (int d = 0; d < 3; d++)
+      for (int bwd = 0; bwd < 2; bwd++) {
+        if (quick && (s + d) % 3) continue;
+        const shp h = shapes[s];
+        check(bwd, (s + d + bwd) & 1, h.outer, h.n, h.inner, k3[d], k3[d], 0, 0, 0, 0, 0, 0);
+        if (!quick) check(bwd, (s + bwd) & 1, h.outer, h.n, h.inner, k3[d], k3[(d + 1) % 3], s % 4, 2, 1, 3, s % 3, 0);
+      }
+  for (int bwd = 0; bwd < 2; bwd++) {
+    check(bwd, 0, 3, 33, 45, OSS_FLOAT64, OSS_FLOAT64, 1, 0, 0, 0, 1, 0);
+    check(bwd, 1, 2, 5000, 20, OSS_FLOAT64, OSS_FLOAT64, 0, 0, 1, 1, 0, 0);
+  }
+}
+
+static void suite_special(int quick) {
+  static const int64_t widths[] = {1, 7, 128, 1000, 5000, 300000, 4194304};
+  for (int wi = 0; wi < 7; wi++)
+    for (int d = 0; d < 2; d++)
+      for (int log = 0; log < 2; log++) {
+        if (quick && wi == 6) continue;
+        const int64_t n = widths[wi];
+        const int64_t rows = n > 100000 ? 8 : 64;
+        check(0, log, rows, n, 1, k3[d], k3[d], wi & 1, 0, 0, 0, 0, 1);
+      }
+  for (int log = 0; log < 2; log++) {
+    check(0, log, 4, 100, 37, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 1);
+    check(0, log, 2, 30000, 5, OSS_BFLOAT16, OSS_FLOAT32, 1, 0, 0, 0, 0, 1);
+    check(0, log, 32, 200, 1, OSS_FLOAT64, OSS_FLOAT64, 0, 0, 0, 0, 0, 1);
+  }
+}
+
+/* forced tiers (test knobs): the same shapes through every tier that can hold them */
+static void suite_forced(int quick) {
+  for (int tier = 1; tier <= 4; tier++) {
+    oss_softmax_cuda_test_knobs[0] = tier;
+    static const int64_t widths[] = {3, 100, 1000, 2049, 20000, 70001};
+    for (int wi = 0; wi < 6; wi++)
+      for (int bwd = 0; bwd < 2; bwd++) {
+        if (quick && (wi + bwd + tier) % 2) continue;
+        check(bwd, wi & 1, 5, widths[wi], 1, OSS_FLOAT32, OSS_BFLOAT16, wi % 3, 1, 0, 1, 0, 0);
+        if (!quick) check(bwd, 1, 3, widths[wi], 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 3, 0, 0, wi % 2 == 0 && !bwd);
+      }
+  }
+  oss_softmax_cuda_test_knobs[0] = 0;
+  oss_softmax_cuda_test_knobs[3] = 7; /* column split with 7-row chunks */
+  for (int bwd = 0; bwd < 2; bwd++) {
+    check(bwd, 0, 3, 100, 37, OSS_FLOAT32, OSS_FLOAT32, 1, 0, 0, 0, 0, 0);
+    check(bwd, 1, 2, 50, 300, OSS_BFLOAT16, OSS_FLOAT16, 0, 0, 0, 1, 2, 0);
+  }
+  check(0, 0, 2, 50, 300, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 1);
+  oss_softmax_cuda_test_knobs[3] = 0;
+}
+
+// ---- timing -----------------------------------------------------------------------------
+
+__device__ static inline float dev_rand(uint64_t seed, uint64_t i) {
+  const uint64_t a = mix64(seed ^ mix64(2 * i)), b = mix64(seed ^ mix64(2 * i + 1));
+  const float u1 = ((a >> 40) + 0.5f) * (1.0f / 16777216.0f), u2 = ((b >> 40) + 0.5f) * (1.0f / 16777216.0f);
+  float v = 3.0f * sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+  return v == 0.0f ? 0.125f : v;
+}
+
+__device__ static inline void dev_store(float *p, float v) { *p = v; }
+__device__ static inline void dev_store(__half *p, float v) { *p = __float2half_rn(v); }
+__device__ static inline void dev_store(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+
+template <typename T> __global__ void init_kernel(T *p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    dev_store(p + i, dev_rand(seed, (uint64_t)i));
+}
+
+static void init_device(void *p, oss_dtype t, int64_t n, uint64_t seed) {
+  if (t == OSS_FLOAT32) init_kernel<<<1024, 256, 0, g_stream>>>((float *)p, n, seed);
+  else if (t == OSS_FLOAT16) init_kernel<<<1024, 256, 0, g_stream>>>((__half *)p, n, seed);
+  else init_kernel<<<1024, 256, 0, g_stream>>>((__nv_bfloat16 *)p, n, seed);
+  CK(cudaGetLastError());
+}
+
+static int cmp_float(const void *a, const void *b) {
+  const float x = *(const float *)a, y = *(const float *)b;
+  return x < y ? -1 : x > y;
+}
+
+typedef oss_status (*launch_fn)(void *ctx);
+static float time_median_ms(launch_fn fn, void *ctx, int reps) {
+  cudaEvent_t ev[64];
+  float ms[32];
+  if (reps > 32) reps = 32;
+  for (int i = 0; i < 3; i++)
+    if (fn(ctx) != OSS_OK) {
+      printf("launch failed: %s\n", oss_error_message());
+      return -1;
+    }
+  for (int i = 0; i < 2 * reps; i++) CK(cudaEventCreate(&ev[i]));
+  for (int i = 0; i < reps; i++) {
+    CK(cudaEventRecord(ev[2 * i], g_stream));
+    fn(ctx);
+    CK(cudaEventRecord(ev[2 * i + 1], g_stream));
+  }
+  CK(cudaStreamSynchronize(g_stream));
+  CK(cudaGetLastError());
+  for (int i = 0; i < reps; i++) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  for (int i = 0; i < 2 * reps; i++) CK(cudaEventDestroy(ev[i]));
+  qsort(ms, (size_t)reps, sizeof(float), cmp_float);
+  return ms[reps / 2];
+}
+
+typedef struct {
+  void *dst, *src;
+  size_t bytes;
+} copy_ctx;
+static oss_status do_copy(void *ctx) {
+  copy_ctx *c = (copy_ctx *)ctx;
+  CK(cudaMemcpyAsync(c->dst, c->src, c->bytes, cudaMemcpyDeviceToDevice, g_stream));
+  return OSS_OK;
+}
+typedef struct {
+  oss_softmax_params f;
+  oss_softmax_backward_params b;
+  void *ws;
+} sm_ctx;
+static oss_status do_fwd(void *ctx) {
+  sm_ctx *c = (sm_ctx *)ctx;
+  return oss_softmax_forward_cuda(&c->f, c->ws, g_stream);
+}
+static oss_status do_bwd(void *ctx) {
+  sm_ctx *c = (sm_ctx *)ctx;
+  return oss_softmax_backward_cuda(&c->b, c->ws, g_stream);
+}
+
+/* Checks a few rows (first, middle, last) of a timed run against float64. */
+static int verify_rows(const sm_ctx *c, int bwd, int64_t rows, int64_t n, int64_t inner) {
+  const int64_t samples[4] = {0, rows / 2, rows - 1, rows / 3};
+  int bad = 0;
+  for (int s = 0; s < 4 && !bad; s++) {
+    const int64_t o = samples[s];
+    const oss_strided3 va = bwd ? c->b.y : c->f.x, vb = c->b.dy, vo = bwd ? c->b.dx : c->f.y;
+    const size_t ea = dt_size(va.dtype), eo = dt_size(vo.dtype);
+    const int64_t cnt = n * inner;
+    void *ha = malloc((size_t)cnt * 8), *hb = malloc((size_t)cnt * 8), *ho = malloc((size_t)cnt * 8);
+    CK(cudaMemcpy(ha, (char *)va.data + o * va.stride_outer * ea, (size_t)cnt * ea, cudaMemcpyDeviceToHost));
+    if (bwd) CK(cudaMemcpy(hb, (char *)vb.data + o * vb.stride_outer * ea, (size_t)cnt * ea, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(ho, (char *)vo.data + o * vo.stride_outer * eo, (size_t)cnt * eo, cudaMemcpyDeviceToHost));
+    for (int64_t j = 0; j < inner && !bad; j++) {
+      double m = -INFINITY, sum = 0, sabs = 0;
+      for (int64_t i = 0; i < n; i++) {
+        const double x = get_elem(ha, va.dtype, i * inner + j);
+        if (!bwd) m = fmax(m, x);
+        else sum += get_elem(hb, va.dtype, i * inner + j) * x, sabs += fabs(get_elem(hb, va.dtype, i * inner + j) * x);
+      }
+      if (!bwd)
+        for (int64_t i = 0; i < n; i++) sum += exp(get_elem(ha, va.dtype, i * inner + j) - m);
+      for (int64_t i = 0; i < n; i++) {
+        const double x = get_elem(ha, va.dtype, i * inner + j);
+        double r, sc;
+        if (!bwd) r = exp(x - m) / sum, sc = r * (1 + fabs(x - m));
+        else {
+          const double g = get_elem(hb, va.dtype, i * inner + j);
+          r = x * (g - sum), sc = fabs(x) * (fabs(g) + sabs);
+        }
+        const double v = get_elem(ho, vo.dtype, i * inner + j);
+        const double tol = 4e-6 * sc + tol_out_rel(vo.dtype) * fabs(r) + tol_out_abs(vo.dtype);
+        if (!(fabs(v - r) <= tol)) {
+          printf("FAIL timed run: row %lld col %lld i %lld got %.9g want %.9g\n", (long long)o, (long long)j,
+                 (long long)i, v, r);
+          bad = 1;
+          break;
+        }
+      }
+    }
+    free(ha), free(hb), free(ho);
+  }
+  g_cases++;
+  g_failures += bad;
+  return bad;
+}
+
+static double g_copy_gbs = 0;
+
+static void measure_copy(void) {
+  copy_ctx cc;
+  cc.bytes = (size_t)1 << 30;
+  CK(cudaMalloc(&cc.src, cc.bytes));
+  CK(cudaMalloc(&cc.dst, cc.bytes));
+  CK(cudaMemset(cc.src, 1, cc.bytes));
+  const float ms = time_median_ms(do_copy, &cc, 15);
+  g_copy_gbs = 2.0 * (double)cc.bytes / (ms * 1e-3) / 1e9;
+  printf("copy 1 GiB device-to-device: %.3f ms = %.0f GB/s (read + write)\n", ms, g_copy_gbs);
+  CK(cudaFree(cc.src));
+  CK(cudaFree(cc.dst));
+}
+
+/* One forward + backward timing of [outer, n, inner] in dtype t; returns % of copy. */
+static void bench_one(oss_dtype t, int64_t outer, int64_t n, int64_t inner, double *fwd_pct, double *bwd_pct,
+                      double *fwd_us, double *bwd_us, int verify) {
+  const int64_t cnt = outer * n * inner;
+  const size_t es = dt_size(t);
+  void *x, *y, *dy, *dx;
+  CK(cudaMalloc(&x, cnt * es));
+  CK(cudaMalloc(&y, cnt * es));
+  CK(cudaMalloc(&dy, cnt * es));
+  CK(cudaMalloc(&dx, cnt * es));
+  init_device(x, t, cnt, 1000 + n);
+  init_device(dy, t, cnt, 2000 + n);
+  sm_ctx c;
+  memset(&c, 0, sizeof c);
+  oss_strided3 v = {x, t, n * inner, inner};
+  c.f.outer = outer, c.f.n = n, c.f.inner = inner, c.f.log = 0;
+  c.f.x = v;
+  c.f.y = v, c.f.y.data = y;
+  c.b.outer = outer, c.b.n = n, c.b.inner = inner, c.b.log = 0;
+  c.b.y = c.f.y;
+  c.b.dy = v, c.b.dy.data = dy;
+  c.b.dx = v, c.b.dx.data = dx;
+  size_t ws = oss_softmax_forward_workspace_size_cuda(&c.f);
+  const size_t wsb = oss_softmax_backward_workspace_size_cuda(&c.b);
+  if (wsb > ws) ws = wsb;
+  if (ws) CK(cudaMalloc(&c.ws, ws));
+  const float fms = time_median_ms(do_fwd, &c, 15);
+  if (verify) verify_rows(&c, 0, outer, n, inner);
+  const float bms = time_median_ms(do_bwd, &c, 15);
+  if (verify) verify_rows(&c, 1, outer, n, inner);
+  const double bytes = (double)cnt * es;
+  *fwd_us = fms * 1e3, *bwd_us = bms * 1e3;
+  *fwd_pct = 100.0 * (2 * bytes / (fms * 1e-3) / 1e9) / g_copy_gbs;
+  *bwd_pct = 100.0 * (3 * bytes / (bms * 1e-3) / 1e9) / g_copy_gbs;
+  if (c.ws) CK(cudaFree(c.ws));
+  CK(cudaFree(x));
+  CK(cudaFree(y));
+  CK(cudaFree(dy));
+  CK(cudaFree(dx));
+}
+
+static const int64_t bench_widths[] = {128, 512, 1024, 4096, 32768, 128256, 262144, 1048576, 16777216};
+
+static void bench(void) {
+  measure_copy();
+  printf("\n%-5s %9s %6s | %9s %6s | %9s %6s   (%% of copy = bytes read+written / time / copy GB/s)\n", "dtype",
+         "cols", "rows", "fwd us", "fwd %", "bwd us", "bwd %");
+  for (int d = 0; d < 3; d++)
+    for (int w = 0; w < 9; w++) {
+      const int64_t n = bench_widths[w], rows = ((int64_t)1 << 26) / n;
+      double fp, bp, fu, bu;
+      bench_one(k3[d], rows, n, 1, &fp, &bp, &fu, &bu, 1);
+      printf("%-5s %9lld %6lld | %9.1f %6.1f | %9.1f %6.1f\n", dt_name(k3[d]), (long long)n, (long long)rows, fu, fp,
+             bu, bp);
+      fflush(stdout);
+    }
+  /* reduction over a non-last dim vs the last dim, same bytes */
+  double fp, bp, fu, bu, fp2, bp2, fu2, bu2;
+  bench_one(OSS_FLOAT32, 32, 1024, 64 * 64, &fp, &bp, &fu, &bu, 1);
+  bench_one(OSS_FLOAT32, 32 * 64 * 64, 1024, 1, &fp2, &bp2, &fu2, &bu2, 0);
+  printf("\ndim=1 of (32,1024,64,64) f32: fwd %.1f us %.1f%% (%.2fx of last-dim %.1f%%), bwd %.1f us %.1f%% (%.2fx of %.1f%%)\n",
+         fu, fp, fp / fp2, fp2, bu, bp, bp / bp2, bp2);
+  bench_one(OSS_BFLOAT16, 32, 1024, 64 * 64, &fp, &bp, &fu, &bu, 1);
+  bench_one(OSS_BFLOAT16, 32 * 64 * 64, 1024, 1, &fp2, &bp2, &fu2, &bu2, 0);
+  printf("dim=1 of (32,1024,64,64) bf16: fwd %.1f%% (%.2fx of last-dim %.1f%%), bwd %.1f%% (%.2fx of %.1f%%)\n", fp,
+         fp / fp2, fp2, bp, bp / bp2, bp2);
+}
+
+/* planner alternatives through the knobs (forced tier, warp slots per lane),
+ * each with the chosen plan printed: documents the planner's choices */
+static void sweep(void) {
+  measure_copy();
+  typedef struct {
+    oss_dtype t;
+    int64_t n;
+    int tier, wk;
+    const char *name;
+  } var;
+  static const var vars[] = {
+      {OSS_FLOAT32, 128, 0, 0, "auto"},      {OSS_FLOAT32, 128, 1, 8, "warp K8"},     {OSS_FLOAT32, 512, 0, 0, "auto"},
+      {OSS_FLOAT32, 512, 1, 8, "warp K8"},   {OSS_FLOAT32, 1024, 0, 0, "auto"},       {OSS_FLOAT32, 1024, 1, 8, "warp K8"},
+      {OSS_BFLOAT16, 128, 0, 0, "auto"},     {OSS_BFLOAT16, 128, 1, 8, "warp K8"},    {OSS_BFLOAT16, 1024, 0, 0, "auto"},
+      {OSS_BFLOAT16, 1024, 1, 4, "warp K4"}, {OSS_FLOAT32, 262144, 0, 0, "auto"},     {OSS_FLOAT32, 1048576, 0, 0, "auto"},
+      {OSS_FLOAT32, 1048576, 4, 0, "split"}, {OSS_BFLOAT16, 1048576, 0, 0, "auto"}, {OSS_BFLOAT16, 1048576, 4, 0, "split"}};
+  for (size_t v = 0; v < sizeof vars / sizeof vars[0]; v++) {
+    oss_softmax_cuda_test_knobs[0] = vars[v].tier;
+    oss_softmax_cuda_test_knobs[5] = vars[v].wk;
+    oss_softmax_cuda_test_knobs[7] = 3;
+    double fp, bp, fu, bu;
+    bench_one(vars[v].t, ((int64_t)1 << 26) / vars[v].n, vars[v].n, 1, &fp, &bp, &fu, &bu, 0);
+    printf("sweep %-5s %8lld %-8s fwd %6.1f%%  bwd %6.1f%%\n", dt_name(vars[v].t), (long long)vars[v].n, vars[v].name, fp, bp);
+    fflush(stdout);
+  }
+  memset(oss_softmax_cuda_test_knobs, 0, sizeof oss_softmax_cuda_test_knobs);
+}
+
+/* a reduced set for compute-sanitizer memcheck: every tier, alignments, dtypes */
+static void suite_quick(void) {
+  static const int64_t widths[] = {1, 7, 33, 129, 1000, 1025, 4097, 32771, 131072, 524291};
+  for (int wi = 0; wi < 10; wi++)
+    for (int d = 0; d < 3; d++)
+      for (int bwd = 0; bwd < 2; bwd++) {
+        const int64_t n = widths[wi], rows = n > 100000 ? 2 : 5;
+        check(bwd, (wi + d) & 1, rows, n, 1, k3[d], k3[(d + wi) % 3], (wi + d) % 4, bwd, wi & 1, wi % 3, 0, 0);
+      }
+  check(0, 0, 2, 1048576, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);       /* cluster of 16 x 1024 threads */
+  check(0, 1, 1, 1048576 + 1, 1, OSS_FLOAT32, OSS_BFLOAT16, 3, 0, 1, 0, 0, 0);
+  for (int bwd = 0; bwd < 2; bwd++) {
+    check(bwd, 1, 1, 4194304 + 3, 1, OSS_FLOAT32, OSS_FLOAT32, 1, 0, 0, 0, 0, 0); /* split */
+    check(bwd, 0, 3, 1000, 1, OSS_FLOAT64, OSS_FLOAT64, 1, 0, 0, 1, 0, 0);
+    check(bwd, 0, 3, 5, 7, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);
+    check(bwd, 1, 2, 1000, 33, OSS_BFLOAT16, OSS_FLOAT32, 1, 2, 1, 3, 1, 0);
+    check(bwd, 0, 2, 20000, 40, OSS_FLOAT32, OSS_FLOAT16, 0, 0, 0, 0, 0, 0); /* column split */
+    check(bwd, 1, 2, 40, 300, OSS_FLOAT64, OSS_FLOAT64, 0, 0, 0, 0, 0, 0);
+  }
+  check(0, 0, 16, 1000, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 1);
+  check(0, 1, 16, 100, 9, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 1);
+  for (int tier = 1; tier <= 4; tier++) {
+    oss_softmax_cuda_test_knobs[0] = tier;
+    for (int bwd = 0; bwd < 2; bwd++) check(bwd, 1, 3, 20000, 1, OSS_BFLOAT16, OSS_FLOAT32, 1, 0, 1, 1, 0, 0);
+  }
+  oss_softmax_cuda_test_knobs[0] = 0;
+}
+
+/* small cases through every tier that uses shared memory or clusters (for racecheck) */
+static void suite_race(void) {
+  for (int bwd = 0; bwd < 2; bwd++) {
+    check(bwd, 0, 3, 100, 1, OSS_FLOAT32, OSS_FLOAT32, 1, 0, 0, 1, 0, 0);       /* warp */
+    check(bwd, 1, 3, 3000, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);    /* one CTA, registers */
+    check(bwd, 0, 3, 40000, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);     /* one CTA + shared memory */
+    check(bwd, 1, 2, 300001, 1, OSS_FLOAT32, OSS_FLOAT32, 1, 0, 0, 0, 0, 0);    /* cluster */
+    if (!bwd) check(0, 0, 1, 1048576, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0); /* 1024-thread CTAs */
+    check(bwd, 0, 3, 700, 33, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);      /* columns */
+    oss_softmax_cuda_test_knobs[0] = 4;
+    check(bwd, 0, 2, 20000, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);     /* split */
+    oss_softmax_cuda_test_knobs[0] = 0;
+    oss_softmax_cuda_test_knobs[3] = 9;
+    check(bwd, 1, 2, 100, 40, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);      /* column split */
+    oss_softmax_cuda_test_knobs[3] = 0;
+  }
+}
+
+int main(int argc, char **argv) {
+  const char *mode = argc > 1 ? argv[1] : "check";
+  cudaDeviceProp prop;
+  int dev = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaGetDeviceProperties(&prop, dev));
+  printf("device: %s (sm_%d%d, %d SMs)  mode: %s\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount, mode);
+  CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+  if (strcmp(mode, "check") == 0) {
+    suite_errors();
+    printf("-- rows\n"), fflush(stdout);
+    suite_rows(0);
+    printf("-- wide rows\n"), fflush(stdout);
+    suite_wide(0);
+    printf("-- columns\n"), fflush(stdout);
+    suite_columns(0);
+    printf("-- special values\n"), fflush(stdout);
+    suite_special(0);
+    printf("-- forced tiers\n"), fflush(stdout);
+    suite_forced(0);
+  } else if (strcmp(mode, "quick") == 0) {
+    suite_errors();
+    suite_quick();
+  } else if (strcmp(mode, "race") == 0) {
+    suite_race();
+  } else if (strcmp(mode, "bench") == 0) {
+    bench();
+  } else if (strcmp(mode, "sweep") == 0) {
+    sweep();
+  } else {
+    fprintf(stderr, "usage: %s [check|quick|race|bench|sweep]\n", argv[0]);
+    return 2;
+  }
+  printf("\n%s: %d checks, %d failed\n", mode, g_cases, g_failures);
+  return g_failures ? 1 : 0;
+}
