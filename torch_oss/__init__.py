@@ -10,9 +10,14 @@ import torch  # noqa: F401  (the extension links against torch's libraries)
 from . import _C  # noqa: F401  registers the operator schemas and kernels
 from . import _registrations
 from .functional import attention, attention_with_lse, log_softmax, softmax
+from .patching import (FallbackError, FallbackWarning, disable, enable, enabled, fallback_stats, is_enabled,
+                       reset_fallback_stats)
+from .transformers_integration import register_transformers
 
 __version__ = "0.1.0"
 __all__ = ["softmax", "log_softmax", "attention", "attention_with_lse", "build_info", "__version__"]
+__all__ += ["enable", "disable", "enabled", "is_enabled", "fallback_stats", "reset_fallback_stats", "FallbackWarning",
+            "FallbackError", "register_transformers"]
 
 _registrations.register()
 
