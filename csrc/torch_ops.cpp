@@ -35,7 +35,12 @@ using at::Tensor;
 // ---------------------------------------------------------------------------
 
 [[noreturn]] void throw_status(const char *op, oss_status status) {
-  const std::string message = std::string(op) + ": " + oss_error_message();
+  // Kernel messages usually name their op already ("attention: ..."); add it otherwise.
+  const std::string detail = oss_error_message();
+  bool named = false;
+  for (const char *name : {"softmax", "log_softmax", "attention"})
+    named = named || detail.rfind(name, 0) == 0;
+  const std::string message = named ? detail : std::string(op) + ": " + detail;
   switch (status) {
   case OSS_ERROR_INVALID_ARGUMENT: TORCH_CHECK_VALUE(false, message);
   case OSS_ERROR_NOT_SUPPORTED: TORCH_CHECK_NOT_IMPLEMENTED(false, message);
@@ -218,12 +223,14 @@ Tensor softmax_backward(const Tensor &grad_output, const Tensor &output, int64_t
 
   Tensor y = output, dy = grad_output;
   if (dy.scalar_type() != y.scalar_type()) dy = dy.to(y.scalar_type());
-  if ((y.scalar_type() == at::kDouble) != (input_dtype == at::kDouble)) {
-    y = y.to(input_dtype);
-    dy = dy.to(input_dtype);
-  }
-  Tensor dx = at::empty(output.sizes(), output.options().dtype(input_dtype));
-  if (dx.numel() == 0) return dx;
+  // The gradient is computed in the output's precision and rounded to the
+  // input dtype once at the end (as PyTorch does). float64 kernels go with
+  // float64 only, so a float64 <-> other pair computes in the output dtype
+  // and casts afterwards.
+  const bool cast_after = (y.scalar_type() == at::kDouble) != (input_dtype == at::kDouble);
+  const at::ScalarType dx_dtype = cast_after ? y.scalar_type() : input_dtype;
+  Tensor dx = at::empty(output.sizes(), output.options().dtype(dx_dtype));
+  if (dx.numel() == 0) return dx.to(input_dtype);
   if (y.dim() == 0) {
     y = y.reshape({1});
     dy = dy.reshape({1});
@@ -244,11 +251,11 @@ Tensor softmax_backward(const Tensor &grad_output, const Tensor &output, int64_t
     const c10::cuda::CUDAGuard guard(y.device());
     Tensor ws = cuda_workspace(y, oss_softmax_backward_workspace_size_cuda(&p));
     check_status(op, oss_softmax_backward_cuda(&p, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
-    return dx;
+    return cast_after ? dx.to(input_dtype) : dx;
   }
 #endif
   check_status(op, oss_softmax_backward_cpu(&p, &cpu_exec));
-  return dx;
+  return cast_after ? dx.to(input_dtype) : dx;
 }
 
 Tensor softmax_op(const Tensor &self, int64_t dim, std::optional<at::ScalarType> dtype) {
@@ -323,9 +330,9 @@ AttentionInputs prepare_attention(const char *op, const Tensor &query, const Ten
                     kMaxHeadDim, "]");
   TORCH_CHECK_VALUE(Dv >= 1 && Dv <= kMaxHeadDim, op, ": value.size(-1)=", Dv, " but head_dim must be in [1, ",
                     kMaxHeadDim, "]");
-  TORCH_CHECK_VALUE(Hq >= 1 && Hkv >= 1, op, ": query.size(1)=", Hq, " and key.size(1)=", Hkv,
-                    " (heads) must be at least 1");
-  if (Hq != Hkv) {
+  TORCH_CHECK_VALUE(Hkv >= 1 || Hq == 0, op, ": key.size(1)=", Hkv, " (heads) must be at least 1 when query has ",
+                    Hq, " heads");
+  if (Hq != Hkv && Hq > 0) {
     TORCH_CHECK_VALUE(enable_gqa, op, ": query has ", Hq, " heads but key and value have ", Hkv,
                       "; pass enable_gqa=True for grouped-query attention");
     TORCH_CHECK_VALUE(Hq % Hkv == 0, op, ": query.size(1)=", Hq, " (heads) must be a multiple of key.size(1)=",
@@ -391,6 +398,7 @@ AttentionInputs prepare_attention(const char *op, const Tensor &query, const Ten
                         Lk, ")");
     }
     in.mask = m.expand({B, Hq, Lq, Lk});
+    if (in.mask.numel() == 0) return in;  // nothing to mask (and no storage to point at)
     p.mask_kind = mt == at::kBool ? OSS_MASK_BOOL : OSS_MASK_ADDITIVE;
     p.mask = in.mask.data_ptr();
     p.mask_dtype = to_oss_dtype(mt);
@@ -451,6 +459,8 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op(const Tensor &grad_out,
                    " must equal query.dtype=", query.scalar_type());
   TORCH_CHECK_TYPE(is_kernel_float(grad_out.scalar_type()), op, ": grad_out has dtype ", grad_out.scalar_type(),
                    " but must be a floating type");
+  TORCH_CHECK_TYPE(lse.scalar_type() == lse_dtype(query.scalar_type()), op, ": lse has dtype ", lse.scalar_type(),
+                   " but the forward of ", query.scalar_type(), " inputs produces ", lse_dtype(query.scalar_type()));
   const Tensor *named[3] = {&grad_out, &out, &lse};
   const char *names[3] = {"grad_out", "out", "lse"};
   for (int i = 0; i < 3; i++)
@@ -459,11 +469,11 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op(const Tensor &grad_out,
 
   Tensor o = last_dim_contiguous(out);
   Tensor dout = last_dim_contiguous(grad_out.to(query.scalar_type()));
-  Tensor lse_c = lse.to(lse_dtype(query.scalar_type())).contiguous();
+  Tensor lse_c = lse.contiguous();
   Tensor dq = at::empty(query.sizes(), query.options());
   Tensor dk = at::empty(key.sizes(), key.options());
   Tensor dv = at::empty(value.sizes(), value.options());
-  if (p.batch == 0) return {dq, dk, dv};
+  if (p.batch == 0 || p.heads_q == 0) return {dq, dk.zero_(), dv.zero_()};
 
   bp.fwd.out = o.data_ptr();
   fill_strides3(o, bp.fwd.out_stride);

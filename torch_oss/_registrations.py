@@ -14,6 +14,17 @@ def _lse_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _check_same_device(op, named):
+    """A meta tensor mixed with real ones dispatches here (to the fake kernel),
+    so the fake functions must reject device mixes as the real kernels do."""
+    (first_name, first), *rest = [(n, t) for n, t in named if t is not None]
+    for name, t in rest:
+        torch._check_value(
+            t.device == first.device,
+            lambda: f"{op}: {name} is on {t.device} but {first_name} is on {first.device}",
+        )
+
+
 # ---------------------------------------------------------------------------
 # softmax / log_softmax
 # ---------------------------------------------------------------------------
@@ -38,6 +49,7 @@ def _softmax_fake(name):
 
 def _softmax_backward_fake(name):
     def fake(grad_output, output, dim, input_dtype):
+        _check_same_device(name, [("output", output), ("grad_output", grad_output)])
         torch._check(
             grad_output.shape == output.shape,
             lambda: f"{name}: grad_output has shape {tuple(grad_output.shape)} but output has "
@@ -72,6 +84,7 @@ def _softmax_autograd(backward_op):
 
 def _attention_fake(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
                     causal_alignment="top_left"):
+    _check_same_device("attention", [("query", query), ("key", key), ("value", value), ("attn_mask", attn_mask)])
     for name, t in (("query", query), ("key", key), ("value", value)):
         torch._check_value(t.dim() == 4, lambda: f"attention: {name} must be 4-D, got {t.dim()}-D")
     torch._check_type(
@@ -90,6 +103,9 @@ def _attention_fake(query, key, value, attn_mask=None, is_causal=False, scale=No
 
 def _attention_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
                              causal_alignment, deterministic):
+    _check_same_device("attention_backward", [("query", query), ("key", key), ("value", value),
+                                              ("attn_mask", attn_mask), ("grad_out", grad_out), ("out", out),
+                                              ("lse", lse)])
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 

@@ -14,9 +14,10 @@
  * Backward (FlashAttention-2): a task is one (batch, kv head), so it owns dK
  * and dV of that head outright (GQA groups are summed inside the task, in a
  * fixed order: deterministic) and the dQ rows of the query heads of its
- * group. For each query block and visible key block it recomputes
- * P = exp(S - lse), then dV += P^T dO, dP = dO V^T, dS = P * (dP - D) with
- * D = rowsum(dO * O), dK += scale * dS^T Q and dQ += scale * dS K.
+ * group. For each query block it makes two passes over the visible keys: the
+ * first recomputes the row statistics (m, l, D = sum P * dP), the second
+ * P = exp(S - m) / l, dV += P^T dO, dP = dO V^T, dS = P * (dP - D),
+ * dK += scale * dS^T Q and dQ += scale * dS K, accumulating in double.
  * Only OSS_BR x OSS_BC tiles of scores exist at any time.
  */
 
@@ -55,20 +56,21 @@ static REAL FN(mask_value)(const oss_attention_params *p, int64_t offset) {
 
 /* S[r][c] = scale * Q[r] . K[c] for a rows x cols tile (Kt is K transposed),
  * then the causal rule and the mask: hidden scores become -inf, additive
- * mask values are added. */
+ * mask values are added. Scores are kept in double: a float score of 1e4 is
+ * only good to 1e-3, which exp() turns into a 1e-3 relative error. */
 static void FN(score_tile)(const oss_attention_params *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                           int64_t j0, int64_t cols, const REAL *Q, const REAL *Kt, REAL *S) {
+                           int64_t j0, int64_t cols, const REAL *Q, const REAL *Kt, double *S) {
   const int64_t D = p->head_dim;
-  const REAL scale = (REAL)p->scale;
+  const double scale = p->scale;
   const int64_t causal_offset = p->causal == OSS_CAUSAL_BOTTOM_RIGHT ? p->len_k - p->len_q : 0;
   for (int64_t r = 0; r < rows; r++) {
-    REAL *s = S + r * cols;
+    double *s = S + r * cols;
     for (int64_t c = 0; c < cols; c++) s[c] = 0;
     for (int64_t d = 0; d < D; d++) {
-      const REAL q = Q[r * D + d];
+      const double q = Q[r * D + d];
       const REAL *kt = Kt + d * cols;
 #pragma omp simd
-      for (int64_t c = 0; c < cols; c++) s[c] += q * kt[c];
+      for (int64_t c = 0; c < cols; c++) s[c] += q * (double)kt[c];
     }
     for (int64_t c = 0; c < cols; c++) s[c] *= scale;
     const int64_t i = i0 + r;
@@ -82,7 +84,7 @@ static void FN(score_tile)(const oss_attention_params *p, int64_t b, int64_t h, 
         if (p->mask_kind == OSS_MASK_BOOL) {
           if (!((const uint8_t *)p->mask)[at]) s[c] = -INFINITY;
         } else {
-          s[c] += FN(mask_value)(p, at);
+          s[c] += (double)FN(mask_value)(p, at);
         }
       }
     }
@@ -112,6 +114,7 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
   const oss_attention_params *p = (const oss_attention_params *)ctx->params;
   const int64_t D = p->head_dim, Dv = p->head_dim_v, group = p->heads_q / p->heads_kv;
   const int64_t qblocks = (p->len_q + OSS_BR - 1) / OSS_BR;
+  double Sd[OSS_BR * OSS_BC];
   REAL *scratch = (REAL *)malloc(sizeof(REAL) * (size_t)(OSS_BR * D + 2 * OSS_BC * D + OSS_BC * Dv +
                                                           OSS_BR * OSS_BC + OSS_BR * Dv + 3 * OSS_BR));
   if (!scratch) {
@@ -133,11 +136,13 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
       FN(load_rows)(p->k, p->dtype, p->k_stride, b, hk, j0, cols, D, K);
       FN(transpose)(K, cols, D, Kt);
       FN(load_rows)(p->v, p->dtype, p->v_stride, b, hk, j0, cols, Dv, V);
-      FN(score_tile)(p, b, h, i0, rows, j0, cols, Q, Kt, S);
+      FN(score_tile)(p, b, h, i0, rows, j0, cols, Q, Kt, Sd);
+      for (int64_t x = 0; x < rows * cols; x++) S[x] = (REAL)Sd[x];
       for (int64_t r = 0; r < rows; r++) {
         REAL *s = S + r * cols, *o = O + r * Dv;
         REAL m_new = m[r];
-        for (int64_t c = 0; c < cols; c++) m_new = s[c] > m_new ? s[c] : m_new;
+        for (int64_t c = 0; c < cols; c++) /* NaN sticks: a NaN score makes the row NaN, as in SDPA */
+          m_new = (s[c] > m_new || s[c] != s[c]) ? s[c] : m_new;
         if (m_new == -INFINITY) continue; /* nothing visible to this row yet */
         const REAL alpha = EXP(m[r] - m_new);
         REAL row_sum = 0;
@@ -176,86 +181,144 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
 
 /* ---- backward ------------------------------------------------------------------ */
 
+/* S (scores) and dP = dO V^T for one tile. */
+static void FN(score_and_dp_tile)(const oss_attention_params *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                                  int64_t j0, int64_t cols, const REAL *Q, const REAL *Kt, const REAL *Vt,
+                                  const REAL *dO, double *S, REAL *dP) {
+  const int64_t Dv = p->head_dim_v;
+  FN(score_tile)(p, b, h, i0, rows, j0, cols, Q, Kt, S);
+  for (int64_t r = 0; r < rows; r++) {
+    REAL *dpr = dP + r * cols;
+    const REAL *dor = dO + r * Dv;
+    for (int64_t c = 0; c < cols; c++) dpr[c] = 0;
+    for (int64_t d = 0; d < Dv; d++) {
+      const REAL g = dor[d], *vt = Vt + d * cols;
+#pragma omp simd
+      for (int64_t c = 0; c < cols; c++) dpr[c] += g * vt[c];
+    }
+  }
+}
+
+/* Loads key block [j0, j0 + cols) of kv head hk: K row-major (for dQ), K and
+ * V transposed (for S and dP). */
+static void FN(load_kv_tile)(const oss_attention_params *p, int64_t b, int64_t hk, int64_t j0, int64_t cols, REAL *K,
+                             REAL *Kt, REAL *V, REAL *Vt) {
+  FN(load_rows)(p->k, p->dtype, p->k_stride, b, hk, j0, cols, p->head_dim, K);
+  FN(transpose)(K, cols, p->head_dim, Kt);
+  FN(load_rows)(p->v, p->dtype, p->v_stride, b, hk, j0, cols, p->head_dim_v, V);
+  FN(transpose)(V, cols, p->head_dim_v, Vt);
+}
+
+static void FN(store_acc_rows)(void *base, oss_dtype dtype, const int64_t stride[3], int64_t b, int64_t h,
+                               int64_t row0, int64_t rows, int64_t width, const double *acc, REAL *tmp) {
+  for (int64_t r = 0; r < rows; r++) {
+    for (int64_t d = 0; d < width; d++) tmp[d] = (REAL)acc[r * width + d];
+    STORE(base, dtype, b * stride[0] + h * stride[1] + (row0 + r) * stride[2], 1, tmp, width);
+  }
+}
+
+/* Gradients accumulate in double (dK and dV sum over every query of the GQA
+ * group). A first pass over the keys recomputes each row's statistics from
+ * the very scores the second pass sees: the max m, l = sum exp(S - m) and
+ * D = sum_j P_ij dP_ij (= rowsum(dO * O) without the output's rounding), in
+ * double, with the forward's online rescaling. P = exp(S - m) / l then cancels
+ * exactly where scores are large, which a float32 lse cannot (a score of 1e4
+ * has an ulp of 1e-3), so the CPU backward reads the saved lse only for its
+ * shape; the CUDA kernels read it as FlashAttention does. */
 OSS_VECTOR_CLONES
 static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
   FN(attention_task_ctx) *ctx = (FN(attention_task_ctx) *)vctx;
   const oss_attention_backward_params *bp = (const oss_attention_backward_params *)ctx->params;
   const oss_attention_params *p = &bp->fwd;
   const int64_t D = p->head_dim, Dv = p->head_dim_v, group = p->heads_q / p->heads_kv, Lk = p->len_k;
-  const size_t tile = (size_t)(OSS_BR * D + OSS_BR * Dv * 2 + OSS_BR * D + OSS_BC * D * 2 + OSS_BC * Dv * 2 +
-                               OSS_BR * OSS_BC * 2 + 2 * OSS_BR);
-  REAL *scratch = (REAL *)malloc(sizeof(REAL) * (tile + (size_t)(Lk * (D + Dv))));
-  if (!scratch) {
+  const int64_t W = D > Dv ? D : Dv;
+  const size_t tile = (size_t)(OSS_BR * D + OSS_BR * Dv + OSS_BC * D * 2 + OSS_BC * Dv * 2 + OSS_BR * OSS_BC * 2 + W);
+  REAL *scratch = (REAL *)malloc(sizeof(REAL) * tile);
+  double *acc = (double *)malloc(sizeof(double) * (size_t)(Lk * (D + Dv) + OSS_BR * D + 4 * OSS_BR));
+  if (!scratch || !acc) {
+    free(scratch);
+    free(acc);
     ctx->failed = 1;
     return;
   }
-  REAL *Q = scratch, *dO = Q + OSS_BR * D, *O = dO + OSS_BR * Dv, *dQ = O + OSS_BR * Dv,
-       *K = dQ + OSS_BR * D, *Kt = K + OSS_BC * D, *V = Kt + OSS_BC * D, *Vt = V + OSS_BC * Dv,
-       *P = Vt + OSS_BC * Dv,
-       *dS = P + OSS_BR * OSS_BC, *lse = dS + OSS_BR * OSS_BC, *Drow = lse + OSS_BR,
-       *dK = Drow + OSS_BR, *dV = dK + Lk * D;
-  const REAL scale = (REAL)p->scale;
+  REAL *Q = scratch, *dO = Q + OSS_BR * D, *K = dO + OSS_BR * Dv, *Kt = K + OSS_BC * D, *V = Kt + OSS_BC * D,
+       *Vt = V + OSS_BC * Dv, *P = Vt + OSS_BC * Dv, *dS = P + OSS_BR * OSS_BC, *row_tmp = dS + OSS_BR * OSS_BC;
+  double *dK = acc, *dV = dK + Lk * D, *dQ = dV + Lk * Dv, *Drow = dQ + OSS_BR * D, *m = Drow + OSS_BR,
+         *l = m + OSS_BR, *inv_l = l + OSS_BR;
+  double S[OSS_BR * OSS_BC];
+  const double scale = p->scale;
   for (int64_t task = begin; task < end; task++) {
     const int64_t b = task / p->heads_kv, hk = task % p->heads_kv;
     for (int64_t x = 0; x < Lk * (D + Dv); x++) dK[x] = 0; /* dV follows dK */
     for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
       for (int64_t i0 = 0; i0 < p->len_q; i0 += OSS_BR) {
         const int64_t rows = p->len_q - i0 < OSS_BR ? p->len_q - i0 : OSS_BR;
+        const int64_t kend = FN(visible_keys)(p, i0, rows);
         FN(load_rows)(p->q, p->dtype, p->q_stride, b, h, i0, rows, D, Q);
         FN(load_rows)(bp->dout, p->dtype, bp->dout_stride, b, h, i0, rows, Dv, dO);
-        FN(load_rows)(p->out, p->dtype, p->out_stride, b, h, i0, rows, Dv, O);
-        const LSE_T *lse_in = (const LSE_T *)p->lse + (b * p->heads_q + h) * p->len_q + i0;
-        for (int64_t r = 0; r < rows; r++) {
-          lse[r] = (REAL)lse_in[r];
-          REAL s = 0;
-          for (int64_t d = 0; d < Dv; d++) s += dO[r * Dv + d] * O[r * Dv + d];
-          Drow[r] = s;
-        }
-        for (int64_t x = 0; x < rows * D; x++) dQ[x] = 0;
-        const int64_t kend = FN(visible_keys)(p, i0, rows);
+
+        /* pass 1: m, l and D per row */
+        for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0, Drow[r] = 0;
         for (int64_t j0 = 0; j0 < kend; j0 += OSS_BC) {
           const int64_t cols = kend - j0 < OSS_BC ? kend - j0 : OSS_BC;
-          FN(load_rows)(p->k, p->dtype, p->k_stride, b, hk, j0, cols, D, K);
-          FN(transpose)(K, cols, D, Kt);
-          FN(load_rows)(p->v, p->dtype, p->v_stride, b, hk, j0, cols, Dv, V);
-          FN(transpose)(V, cols, Dv, Vt);
-          FN(score_tile)(p, b, h, i0, rows, j0, cols, Q, Kt, P);
+          FN(load_kv_tile)(p, b, hk, j0, cols, K, Kt, V, Vt);
+          FN(score_and_dp_tile)(p, b, h, i0, rows, j0, cols, Q, Kt, Vt, dO, S, dS);
           for (int64_t r = 0; r < rows; r++) {
-            REAL *pr = P + r * cols, *dsr = dS + r * cols;
-            const REAL *dor = dO + r * Dv;
-            if (lse[r] == -INFINITY) { /* fully masked row: no gradient flows */
-              for (int64_t c = 0; c < cols; c++) pr[c] = 0, dsr[c] = 0;
-              continue;
+            const double *sr = S + r * cols;
+            const REAL *dpr = dS + r * cols;
+            double m_new = m[r];
+            for (int64_t c = 0; c < cols; c++) m_new = (sr[c] > m_new || sr[c] != sr[c]) ? sr[c] : m_new;
+            if (m_new == -INFINITY) continue; /* nothing visible yet */
+            const double alpha = m[r] == -INFINITY ? 0.0 : exp(m[r] - m_new);
+            double ls = 0, ds = 0;
+            for (int64_t c = 0; c < cols; c++) {
+              const double e = exp(sr[c] - m_new);
+              ls += e;
+              ds += e * (double)dpr[c];
             }
-            for (int64_t c = 0; c < cols; c++) pr[c] = EXP(pr[c] - lse[r]);
-            for (int64_t c = 0; c < cols; c++) dsr[c] = 0;
-            for (int64_t d = 0; d < Dv; d++) { /* dP = dO V^T */
-              const REAL g = dor[d], *vt = Vt + d * cols;
-#pragma omp simd
-              for (int64_t c = 0; c < cols; c++) dsr[c] += g * vt[c];
-            }
-            for (int64_t c = 0; c < cols; c++) dsr[c] = pr[c] * (dsr[c] - Drow[r]) * scale;
+            l[r] = l[r] * alpha + ls;
+            Drow[r] = Drow[r] * alpha + ds;
+            m[r] = m_new;
           }
+        }
+        for (int64_t r = 0; r < rows; r++) { /* l == 0: no visible key, so no gradient */
+          inv_l[r] = l[r] > 0 ? 1 / l[r] : (l[r] == 0 ? 0 : l[r]);
+          Drow[r] *= inv_l[r];
+        }
+
+        /* pass 2: P, dS and the gradients */
+        for (int64_t x = 0; x < rows * D; x++) dQ[x] = 0;
+        for (int64_t j0 = 0; j0 < kend; j0 += OSS_BC) {
+          const int64_t cols = kend - j0 < OSS_BC ? kend - j0 : OSS_BC;
+          FN(load_kv_tile)(p, b, hk, j0, cols, K, Kt, V, Vt);
+          FN(score_and_dp_tile)(p, b, h, i0, rows, j0, cols, Q, Kt, Vt, dO, S, dS);
+          for (int64_t r = 0; r < rows; r++) /* P = exp(S - m) / l, dS = P * (dP - D) * scale */
+            for (int64_t c = 0; c < cols; c++) {
+              const double pc = inv_l[r] == 0 ? 0.0 : exp(S[r * cols + c] - m[r]) * inv_l[r];
+              P[r * cols + c] = (REAL)pc;
+              dS[r * cols + c] = (REAL)(pc * ((double)dS[r * cols + c] - Drow[r]) * scale);
+            }
           for (int64_t r = 0; r < rows; r++) {
             const REAL *pr = P + r * cols, *dsr = dS + r * cols, *dor = dO + r * Dv, *qr = Q + r * D;
-            REAL *dqr = dQ + r * D;
+            double *dqr = dQ + r * D;
             for (int64_t c = 0; c < cols; c++) {
-              REAL *dv = dV + (j0 + c) * Dv, *dk = dK + (j0 + c) * D;
+              double *dv = dV + (j0 + c) * Dv, *dk = dK + (j0 + c) * D;
               const REAL pc = pr[c], dsc = dsr[c], *kc = K + c * D;
 #pragma omp simd
-              for (int64_t d = 0; d < Dv; d++) dv[d] += pc * dor[d];
+              for (int64_t d = 0; d < Dv; d++) dv[d] += (double)(pc * dor[d]);
 #pragma omp simd
-              for (int64_t d = 0; d < D; d++) dk[d] += dsc * qr[d];
+              for (int64_t d = 0; d < D; d++) dk[d] += (double)(dsc * qr[d]);
 #pragma omp simd
-              for (int64_t d = 0; d < D; d++) dqr[d] += dsc * kc[d];
+              for (int64_t d = 0; d < D; d++) dqr[d] += (double)(dsc * kc[d]);
             }
           }
         }
-        FN(store_rows)(bp->dq, p->dtype, bp->dq_stride, b, h, i0, rows, D, dQ);
+        FN(store_acc_rows)(bp->dq, p->dtype, bp->dq_stride, b, h, i0, rows, D, dQ, row_tmp);
       }
     }
-    FN(store_rows)(bp->dk, p->dtype, bp->dk_stride, b, hk, 0, Lk, D, dK);
-    FN(store_rows)(bp->dv, p->dtype, bp->dv_stride, b, hk, 0, Lk, Dv, dV);
+    FN(store_acc_rows)(bp->dk, p->dtype, bp->dk_stride, b, hk, 0, Lk, D, dK, row_tmp);
+    FN(store_acc_rows)(bp->dv, p->dtype, bp->dv_stride, b, hk, 0, Lk, Dv, dV, row_tmp);
   }
   free(scratch);
+  free(acc);
 }

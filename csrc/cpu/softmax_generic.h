@@ -34,11 +34,16 @@ static inline void FN(write_run)(void *base, oss_dtype dtype, int64_t offset, co
 
 /* ---- small vectorisable reductions ---------------------------------------- */
 
+/* Max of a run, NaN if the run holds a NaN (as PyTorch's CPU softmax). */
 static inline REAL FN(max_of)(const REAL *x, int64_t n) {
   REAL m = -INFINITY;
-#pragma omp simd reduction(max : m)
-  for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
-  return m;
+  int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+  for (int64_t i = 0; i < n; i++) {
+    m = x[i] > m ? x[i] : m;
+    nan |= x[i] != x[i];
+  }
+  return nan ? (REAL)NAN : m;
 }
 
 /* Sums run in blocks of OSS_SUM_BLOCK terms (vectorised, in REAL) whose
@@ -98,11 +103,13 @@ static inline double FN(dot)(const REAL *x, const REAL *y, int64_t n) {
   return total;
 }
 
-/* Folds a chunk whose max is chunk_max into the running (m, d); returns the
- * new m so the caller can add the chunk's exp-sum against it. */
+/* Folds a chunk whose max is chunk_max into the running (m, d): d is
+ * rescaled by exp(m_old - m_new) when m grows. A NaN max sticks. While m is
+ * still -inf every value so far is -inf and d stays 0 (the caller skips the
+ * chunk's exp-sum then: exp(-inf - -inf) would be NaN). */
 static inline REAL FN(online_rescale)(REAL *m, double *d, REAL chunk_max) {
-  REAL m_new = chunk_max > *m ? chunk_max : *m;
-  if (m_new != *m) *d *= (double)EXP(*m - m_new);
+  REAL m_new = (chunk_max > *m || chunk_max != chunk_max) ? chunk_max : *m;
+  if (m_new != *m && *m != -INFINITY) *d *= (double)EXP(*m - m_new);
   *m = m_new;
   return m_new;
 }
@@ -131,8 +138,7 @@ static void FN(softmax_fwd_rows)(void *ctx, int64_t begin, int64_t end) {
     for (int64_t c = 0; c < n; c += OSS_ROW_CHUNK) {
       const int64_t len = n - c < OSS_ROW_CHUNK ? n - c : OSS_ROW_CHUNK;
       const REAL *x = FN(read_run)(p->x.data, p->x.dtype, xo + c, xbuf, len);
-      FN(online_rescale)(&m, &d, FN(max_of)(x, len));
-      d += FN(sum_exp)(x, len, m);
+      if (FN(online_rescale)(&m, &d, FN(max_of)(x, len)) != -INFINITY) d += FN(sum_exp)(x, len, m);
     }
     const REAL inv_d = (REAL)(1 / d), log_d = (REAL)log(d);
     for (int64_t c = 0; c < n; c += OSS_ROW_CHUNK) {
@@ -171,7 +177,8 @@ static void FN(softmax_fwd_cols)(void *ctx, int64_t begin, int64_t end) {
       }
       for (int64_t j = 0; j < w; j++) FN(online_rescale)(&m[j], &d[j], chunk_max[j]);
       for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < w; j++) d[j] += (double)EXP(tile[i][j] - m[j]);
+        for (int64_t j = 0; j < w; j++) /* a column still all -inf adds 0, a NaN adds NaN */
+          d[j] += m[j] == -INFINITY ? (tile[i][j] != tile[i][j] ? (double)NAN : 0.0) : (double)EXP(tile[i][j] - m[j]);
     }
     for (int64_t j = 0; j < w; j++) log_d[j] = (REAL)log(d[j]), inv_d[j] = (REAL)(1 / d[j]);
     for (int64_t i = 0; i < p->n; i++) {

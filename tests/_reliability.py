@@ -1,0 +1,171 @@
+"""Helpers shared by the reliability tests (test_extremes, test_fuzz,
+test_determinism, test_concurrency, test_large): full forward + backward
+checks of softmax and attention against the float64 references of _util.py by
+GUIDE.md's tolerance rule, bitwise comparison and small utilities.
+
+Every check takes the *leaf* tensors and a view function, so that strided,
+sliced, transposed and broadcast (stride-0) inputs are checked the same way as
+contiguous ones: gradients are compared on the leaves.
+"""
+
+import torch
+import torch.nn.functional as F
+from _util import ATTENTION_ATOL, SOFTMAX_ATOL, assert_tolerance, attention_reference, sdpa_peer
+
+import torch_oss
+
+SOFTMAX_OPS = {
+    "softmax": (torch_oss.softmax, F.softmax),
+    "log_softmax": (torch_oss.log_softmax, F.log_softmax),
+}
+
+
+def dtype_id(dtype):
+    """Readable test ids: float16 rather than dtype1."""
+    return str(dtype).replace("torch.", "")
+
+
+def identity(t):
+    return t
+
+
+def looser_atol(table, *dtypes):
+    return max(table[d] for d in dtypes)
+
+
+def representable(ref64, dtype):
+    """The float64 reference as the output dtype can hold it: where rounding
+    the exact result to `dtype` overflows (a log-probability of -131008 in
+    float16, say) the correct stored answer is that infinity; elsewhere the
+    reference stays exact."""
+    if dtype == torch.float64:
+        return ref64
+    rounded = ref64.to(dtype)
+    overflow = torch.isinf(rounded) & torch.isfinite(ref64)
+    return torch.where(overflow, rounded.to(torch.float64), ref64)
+
+
+def bits(t):
+    """An integer view of t's bits, so equality is bitwise (NaN == NaN, -0 != +0)."""
+    t = t.detach().contiguous()
+    return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()])
+
+
+def assert_bitwise_equal(name, a, b):
+    assert a.shape == b.shape and a.dtype == b.dtype, f"{name}: {a.shape}/{a.dtype} vs {b.shape}/{b.dtype}"
+    if not torch.equal(bits(a), bits(b)):
+        diff = (bits(a) != bits(b)).sum().item()
+        raise AssertionError(f"{name}: {diff} of {a.numel()} elements differ bitwise")
+
+
+# ---------------------------------------------------------------------------
+# softmax
+# ---------------------------------------------------------------------------
+
+
+def _randn(shape, dtype, device, seed):
+    g = None if seed is None else torch.Generator().manual_seed(seed)
+    return torch.randn(shape, dtype=torch.float64, generator=g).to(dtype=dtype, device=device)
+
+
+def check_softmax(op_name, base, view_fn, dim, dtype=None, grad=True, label="", seed=None, check_values=True,
+                  grad_output=None):
+    """torch_oss.{op_name}(view_fn(base), dim, dtype=dtype) and its gradient
+    with respect to `base` against float64 (tolerance rule, PyTorch's same-dtype
+    kernel as the peer). The upstream gradient is drawn from `seed` (from
+    torch's global generator when None). Returns ours (forward)."""
+    ours_fn, torch_fn = SOFTMAX_OPS[op_name]
+    out_dtype = base.dtype if dtype is None else dtype
+    leaves = {name: base.detach().clone().requires_grad_(grad) for name in ("ours", "peer")}
+    # the reference sees the input exactly as the kernel computes on it: cast to
+    # out_dtype first (dtype= means "cast, then compute"), then widened
+    leaves["ref"] = base.detach().to(out_dtype).to(torch.float64).requires_grad_(grad)
+    ours = ours_fn(view_fn(leaves["ours"]), dim, dtype=dtype)
+    peer = torch_fn(view_fn(leaves["peer"]), dim, dtype=dtype)
+    ref = torch_fn(view_fn(leaves["ref"]), dim)
+    assert ours.dtype == out_dtype and ours.shape == peer.shape and ours.device == base.device, (
+        f"{label}: got {ours.dtype} {tuple(ours.shape)} on {ours.device}")
+    atol = SOFTMAX_ATOL[out_dtype]
+    if check_values:
+        assert_tolerance(f"{op_name} fwd {label}", ours, representable(ref.detach(), out_dtype), peer, atol)
+    if grad and ours.numel() > 0:
+        g = _randn(ours.shape, out_dtype, base.device, seed) if grad_output is None else grad_output.to(out_dtype)
+        ours.backward(g)
+        peer.backward(g)
+        ref.backward(g.to(torch.float64))
+        got = leaves["ours"].grad
+        assert got.dtype == base.dtype, f"{label}: gradient dtype {got.dtype} != input dtype {base.dtype}"
+        # with a dtype= cast the gradient carries the precision of the coarser of
+        # the two dtypes (the saved output is rounded to out_dtype): judge it there
+        coarse = max((base.dtype, out_dtype), key=lambda d: torch.finfo(d).eps)
+        assert_tolerance(f"{op_name} grad {label}", got.to(coarse), representable(leaves["ref"].grad, coarse),
+                         leaves["peer"].grad.to(coarse), looser_atol(SOFTMAX_ATOL, out_dtype, base.dtype))
+    return ours.detach()
+
+
+# ---------------------------------------------------------------------------
+# attention
+# ---------------------------------------------------------------------------
+
+
+def check_attention(bases, views=(identity, identity, identity), mask=None, is_causal=False, alignment="top_left",
+                    scale=None, grad=True, label="", lse_rows=None, seed=None, check_values=True):
+    """torch_oss.attention_with_lse on views[i](bases[i]) against the float64
+    reference: out and lse, then dq, dk, dv (on the leaves `bases`). Returns
+    (out, lse). lse_rows (a boolean (.., Lq) selection) limits the lse check to
+    those rows. The upstream gradient is drawn from `seed` (torch's global
+    generator when None); check_values=False checks the gradients only."""
+    q0, k0, v0 = views[0](bases[0]), views[1](bases[1]), views[2](bases[2])
+    gqa = q0.dim() == 4 and q0.shape[-3] != k0.shape[-3]
+    dtype, device = bases[0].dtype, bases[0].device
+    kw = dict(attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=gqa, causal_alignment=alignment)
+    leaves = {}
+    for name in ("ours", "peer", "ref"):
+        ldtype = torch.float64 if name == "ref" else dtype
+        leaves[name] = [b.detach().to(ldtype).requires_grad_(grad) for b in bases]
+    qkv = {name: [f(t) for f, t in zip(views, leaves[name])] for name in leaves}
+    out, lse = torch_oss.attention_with_lse(*qkv["ours"], **kw)
+    ref_out, ref_lse = attention_reference(*qkv["ref"], mask, is_causal, scale, gqa, alignment)
+    with torch.no_grad():
+        _, peer_lse = attention_reference(*(t.detach() for t in qkv["peer"]), mask, is_causal, scale, gqa,
+                                          alignment, compute_dtype=torch.float32)
+    # SDPA takes masks of at least 2 dims; torch_oss also takes 0-D and 1-D ones (broadcast)
+    peer_mask = mask if mask is None or mask.dim() >= 2 else mask.expand(q0.shape[-2], k0.shape[-2])
+    peer_out = sdpa_peer(*qkv["peer"], peer_mask, is_causal, scale, gqa, alignment)
+    atol = ATTENTION_ATOL[dtype]
+    assert out.dtype == dtype and out.device == device, f"{label}: out is {out.dtype} on {out.device}"
+    assert lse.dtype == (torch.float64 if dtype == torch.float64 else torch.float32), f"{label}: lse {lse.dtype}"
+    assert lse.shape == ref_lse.shape, f"{label}: lse shape {tuple(lse.shape)} != {tuple(ref_lse.shape)}"
+    if check_values:
+        assert_tolerance(f"out {label}", out, representable(ref_out.detach(), dtype), peer_out, atol)
+        if lse_rows is None:
+            assert_tolerance(f"lse {label}", lse, ref_lse.detach(), peer_lse, atol)
+        else:
+            assert_tolerance(f"lse {label}", lse[lse_rows], ref_lse.detach()[lse_rows], peer_lse[lse_rows], atol)
+    if grad:
+        dout = _randn(out.shape, dtype, device, seed)
+        out.backward(dout)
+        if peer_out.requires_grad:
+            peer_out.backward(dout)
+        if ref_out.requires_grad:
+            ref_out.backward(dout.to(torch.float64))
+        for i, name in enumerate(("dq", "dk", "dv")):
+            got = leaves["ours"][i].grad
+            ref_grad = leaves["ref"][i].grad
+            peer_grad = leaves["peer"][i].grad
+            if ref_grad is None:  # empty problem: no path from the output
+                ref_grad = torch.zeros_like(leaves["ref"][i])
+            if got is None:
+                got = torch.zeros_like(leaves["ours"][i])
+            assert got.dtype == dtype and got.shape == bases[i].shape, f"{name} {label}: {got.dtype} {got.shape}"
+            assert_tolerance(f"{name} {label}", got, representable(ref_grad, dtype), peer_grad, atol)
+    return out.detach(), lse.detach()
+
+
+def free_cuda():
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
