@@ -9,7 +9,8 @@
 #
 # Knobs: TORCH_CUDA_ARCH_LIST (default 9.0a), MAX_JOBS (default 16),
 # TORCH_OSS_HEAD_DIMS, PYTEST_ARGS (extra pytest arguments), BENCH_ARGS_SOFTMAX,
-# BENCH_ARGS_ATTENTION (extra benchmark arguments).
+# BENCH_ARGS_ATTENTION (extra benchmark arguments), SANITIZE_TOOLS (default
+# "memcheck racecheck synccheck"), STAGE_TIMEOUT (seconds per stage, default 900).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${TORCH_OSS_RESULTS:-results}
@@ -42,13 +43,14 @@ for s in $STAGES; do
     ;;
   test)
     stage test
-    python3 -m pytest tests -q -x -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$RESULTS/tests.log" | tail -25
+    timeout ${STAGE_TIMEOUT:-900} python3 -m pytest tests -q -rf -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 |
+      tee "$RESULTS/tests.log" | tail -40
     [ "${PIPESTATUS[0]}" = 0 ] && record tests ok || record tests failed
     ;;
   sanitize)
     stage sanitize
-    for tool in memcheck racecheck synccheck; do
-      compute-sanitizer --tool $tool --error-exitcode 99 --print-limit 20 \
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+      timeout ${STAGE_TIMEOUT:-900} compute-sanitizer --tool $tool --error-exitcode 99 --print-limit 20 \
         python3 scripts/sanitize_smoke.py >"$RESULTS/sanitize_$tool.log" 2>&1
       rc=$?
       tail -5 "$RESULTS/sanitize_$tool.log"
@@ -57,13 +59,15 @@ for s in $STAGES; do
     ;;
   bench)
     stage bench
-    python3 bench/softmax.py ${BENCH_ARGS_SOFTMAX:-} 2>&1 | tee "$RESULTS/bench_softmax.log" | tail -70
-    python3 bench/attention.py ${BENCH_ARGS_ATTENTION:-} 2>&1 | tee "$RESULTS/bench_attention.log" | tail -80
+    timeout ${STAGE_TIMEOUT:-900} python3 bench/softmax.py ${BENCH_ARGS_SOFTMAX:-} 2>&1 |
+      tee "$RESULTS/bench_softmax.log" | tail -70
+    timeout ${STAGE_TIMEOUT:-900} python3 bench/attention.py ${BENCH_ARGS_ATTENTION:-} 2>&1 |
+      tee "$RESULTS/bench_attention.log" | tail -80
     record bench done
     ;;
   model)
     stage model
-    python3 bench/model.py 2>&1 | tee "$RESULTS/bench_model.log" | tail -20
+    timeout ${STAGE_TIMEOUT:-900} python3 bench/model.py 2>&1 | tee "$RESULTS/bench_model.log" | tail -20
     record model done
     ;;
   *) echo "unknown stage $s"; status=1 ;;
