@@ -115,7 +115,9 @@ def make_extension():
     c_sources = [os.path.join(CSRC, "common.c")] + sorted(
         os.path.join(CSRC, "cpu", f) for f in os.listdir(os.path.join(CSRC, "cpu")) if f.endswith(".c")
     )
-    cxx_flags = ["-fvisibility=hidden"] + (["-O0", "-g"] if DEBUG else ["-O3"])
+    # No -fvisibility=hidden: it gives this library private copies of libstdc++'s
+    # facet ids, and then formatting a number into an error message crashes.
+    cxx_flags = ["-O0", "-g"] if DEBUG else ["-O3"]
     sources = [os.path.join(CSRC, "torch_ops.cpp")]
     depends = [os.path.join(CSRC, f) for f in ("oss.h", "oss_internal.h")]
     if not WITH_CUDA:
