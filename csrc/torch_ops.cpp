@@ -15,6 +15,8 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdarg>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -31,6 +33,61 @@ namespace {
 using at::Tensor;
 
 // ---------------------------------------------------------------------------
+// Errors
+//
+// Messages are formatted with vsnprintf and handed to torch as one string.
+// Nothing here formats through iostreams (c10::str with several arguments):
+// on the GPU machine's toolchain that put private copies of libstdc++'s
+// stream code, and its locale facet ids, into this library, and formatting a
+// number into an error message then crashed the process.
+// ---------------------------------------------------------------------------
+
+enum class Err { Value, Type, Index, NotImplemented, Runtime };
+
+[[noreturn]] void raise(Err kind, const std::string &message) {
+  switch (kind) {
+  case Err::Value: TORCH_CHECK_VALUE(false, message);
+  case Err::Type: TORCH_CHECK_TYPE(false, message);
+  case Err::Index: TORCH_CHECK_INDEX(false, message);
+  case Err::NotImplemented: TORCH_CHECK_NOT_IMPLEMENTED(false, message);
+  case Err::Runtime: break;
+  }
+  TORCH_CHECK(false, message);
+}
+
+std::string format(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+
+std::string format(const char *fmt, ...) {
+  char buf[1024];
+  va_list args;
+  va_start(args, fmt);
+  vsnprintf(buf, sizeof buf, fmt, args);
+  va_end(args);
+  return buf;
+}
+
+#define OSS_CHECK(cond, kind, ...)                          \
+  do {                                                      \
+    if (!(cond)) raise(Err::kind, format(__VA_ARGS__));     \
+  } while (0)
+
+const char *dtype_name(at::ScalarType t) { return c10::toString(t); }
+
+std::string shape_str(at::IntArrayRef sizes) {
+  std::string out = "(";
+  for (size_t i = 0; i < sizes.size(); i++) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + (sizes.size() == 1 ? ",)" : ")");
+}
+
+std::string device_str(const Tensor &t) { return t.device().str(); }
+
+#define LL(x) static_cast<long long>(x)
+
+// ---------------------------------------------------------------------------
 // Status and dtype plumbing
 // ---------------------------------------------------------------------------
 
@@ -42,9 +99,9 @@ using at::Tensor;
     named = named || detail.rfind(name, 0) == 0;
   const std::string message = named ? detail : std::string(op) + ": " + detail;
   switch (status) {
-  case OSS_ERROR_INVALID_ARGUMENT: TORCH_CHECK_VALUE(false, message);
-  case OSS_ERROR_NOT_SUPPORTED: TORCH_CHECK_NOT_IMPLEMENTED(false, message);
-  default: TORCH_CHECK(false, message, " (", oss_status_name(status), ")");
+  case OSS_ERROR_INVALID_ARGUMENT: raise(Err::Value, message);
+  case OSS_ERROR_NOT_SUPPORTED: raise(Err::NotImplemented, message);
+  default: raise(Err::Runtime, message + " (" + oss_status_name(status) + ")");
   }
 }
 
@@ -63,7 +120,7 @@ oss_dtype to_oss_dtype(at::ScalarType t) {
   case at::kHalf: return OSS_FLOAT16;
   case at::kBFloat16: return OSS_BFLOAT16;
   case at::kBool: return OSS_BOOL;
-  default: TORCH_CHECK_TYPE(false, "torch_oss: unsupported dtype ", t);
+  default: raise(Err::Type, format("torch_oss: unsupported dtype %s", dtype_name(t)));
   }
 }
 
@@ -79,14 +136,13 @@ void check_device_supported(const char *op, const Tensor &t, const char *name) {
 #else
   const bool ok = t.device().is_cpu();
 #endif
-  TORCH_CHECK_NOT_IMPLEMENTED(ok, op, ": ", name, " is on ", t.device(),
-                              "; this build of torch_oss supports cpu",
 #ifdef OSS_WITH_CUDA
-                              " and cuda"
+  const char *supported = "cpu and cuda";
 #else
-                              " only (built without CUDA)"
+  const char *supported = "cpu only (built without CUDA)";
 #endif
-  );
+  OSS_CHECK(ok, NotImplemented, "%s: %s is on %s; this build of torch_oss supports %s", op, name,
+            device_str(t).c_str(), supported);
 }
 
 #ifdef OSS_WITH_CUDA
@@ -153,8 +209,9 @@ oss_strided3 strided3(Tensor &t, int64_t dim, const SoftmaxView &v) {
 
 int64_t wrap_softmax_dim(const char *op, int64_t dim, int64_t ndim) {
   const int64_t rank = ndim > 0 ? ndim : 1;
-  TORCH_CHECK_INDEX(dim >= -rank && dim < rank, op, ": dim=", dim, " is out of range for a tensor with ", ndim,
-                    " dimensions (expected a value in [", -rank, ", ", rank - 1, "])");
+  OSS_CHECK(dim >= -rank && dim < rank, Index,
+            "%s: dim=%lld is out of range for a tensor with %lld dimensions (expected a value in [%lld, %lld])", op,
+            LL(dim), LL(ndim), LL(-rank), LL(rank - 1));
   return dim < 0 ? dim + rank : dim;
 }
 
@@ -163,11 +220,12 @@ Tensor softmax_forward(const Tensor &self, int64_t dim, std::optional<at::Scalar
   check_device_supported(op, self, "self");
   const at::ScalarType out_dtype = dtype.value_or(self.scalar_type());
   if (dtype) {
-    TORCH_CHECK_TYPE(is_kernel_float(*dtype), op, ": dtype=", *dtype,
-                     " is not supported; expected float16, bfloat16, float32 or float64");
+    OSS_CHECK(is_kernel_float(*dtype), Type, "%s: dtype=%s is not supported; expected float16, bfloat16, float32 or "
+              "float64", op, dtype_name(*dtype));
   } else {
-    TORCH_CHECK_TYPE(is_kernel_float(self.scalar_type()), op, ": self has dtype ", self.scalar_type(),
-                     " but must be float16, bfloat16, float32 or float64 (pass dtype= to cast)");
+    OSS_CHECK(is_kernel_float(self.scalar_type()), Type,
+              "%s: self has dtype %s but must be float16, bfloat16, float32 or float64 (pass dtype= to cast)", op,
+              dtype_name(self.scalar_type()));
   }
   dim = wrap_softmax_dim(op, dim, self.dim());
 
@@ -209,16 +267,18 @@ Tensor softmax_backward(const Tensor &grad_output, const Tensor &output, int64_t
                         bool log) {
   const char *op = log ? "log_softmax_backward" : "softmax_backward";
   check_device_supported(op, output, "output");
-  TORCH_CHECK_VALUE(grad_output.sizes() == output.sizes(), op, ": grad_output has shape ", grad_output.sizes(),
-                    " but output has shape ", output.sizes());
-  TORCH_CHECK_VALUE(grad_output.device() == output.device(), op, ": grad_output is on ", grad_output.device(),
-                    " but output is on ", output.device());
-  TORCH_CHECK_TYPE(is_kernel_float(output.scalar_type()), op, ": output has dtype ", output.scalar_type(),
-                   " but must be float16, bfloat16, float32 or float64");
-  TORCH_CHECK_TYPE(is_kernel_float(grad_output.scalar_type()), op, ": grad_output has dtype ",
-                   grad_output.scalar_type(), " but must be float16, bfloat16, float32 or float64");
-  TORCH_CHECK_TYPE(is_kernel_float(input_dtype), op, ": input_dtype=", input_dtype,
-                   " must be float16, bfloat16, float32 or float64");
+  OSS_CHECK(grad_output.sizes() == output.sizes(), Value, "%s: grad_output has shape %s but output has shape %s", op,
+            shape_str(grad_output.sizes()).c_str(), shape_str(output.sizes()).c_str());
+  OSS_CHECK(grad_output.device() == output.device(), Value, "%s: grad_output is on %s but output is on %s", op,
+            device_str(grad_output).c_str(), device_str(output).c_str());
+  OSS_CHECK(is_kernel_float(output.scalar_type()), Type,
+            "%s: output has dtype %s but must be float16, bfloat16, float32 or float64", op,
+            dtype_name(output.scalar_type()));
+  OSS_CHECK(is_kernel_float(grad_output.scalar_type()), Type,
+            "%s: grad_output has dtype %s but must be float16, bfloat16, float32 or float64", op,
+            dtype_name(grad_output.scalar_type()));
+  OSS_CHECK(is_kernel_float(input_dtype), Type, "%s: input_dtype=%s must be float16, bfloat16, float32 or float64",
+            op, dtype_name(input_dtype));
   dim = wrap_softmax_dim(op, dim, output.dim());
 
   Tensor y = output, dy = grad_output;
@@ -303,53 +363,56 @@ AttentionInputs prepare_attention(const char *op, const Tensor &query, const Ten
   const char *names[3] = {"query", "key", "value"};
   for (int i = 0; i < 3; i++) {
     const Tensor &t = *named[i];
-    TORCH_CHECK_TYPE(is_kernel_float(t.scalar_type()), op, ": ", names[i], " has dtype ", t.scalar_type(),
-                     " but must be float16, bfloat16, float32 or float64");
-    TORCH_CHECK_VALUE(t.dim() == 4, op, ": ", names[i], " must be 4-D (batch, heads, seq_len, head_dim), got ",
-                      t.dim(), "-D with shape ", t.sizes());
+    OSS_CHECK(is_kernel_float(t.scalar_type()), Type, "%s: %s has dtype %s but must be float16, bfloat16, float32 "
+              "or float64", op, names[i], dtype_name(t.scalar_type()));
+    OSS_CHECK(t.dim() == 4, Value, "%s: %s must be 4-D (batch, heads, seq_len, head_dim), got %lld-D with shape %s",
+              op, names[i], LL(t.dim()), shape_str(t.sizes()).c_str());
     check_device_supported(op, t, names[i]);
   }
   for (int i = 1; i < 3; i++) {
     const Tensor &t = *named[i];
-    TORCH_CHECK_TYPE(t.scalar_type() == query.scalar_type(), op, ": ", names[i], ".dtype=", t.scalar_type(),
-                     " must equal query.dtype=", query.scalar_type());
-    TORCH_CHECK_VALUE(t.device() == query.device(), op, ": ", names[i], " is on ", t.device(),
-                      " but query is on ", query.device());
-    TORCH_CHECK_VALUE(t.size(0) == query.size(0), op, ": ", names[i], ".size(0)=", t.size(0),
-                      " (batch) must equal query.size(0)=", query.size(0));
+    OSS_CHECK(t.scalar_type() == query.scalar_type(), Type, "%s: %s.dtype=%s must equal query.dtype=%s", op,
+              names[i], dtype_name(t.scalar_type()), dtype_name(query.scalar_type()));
+    OSS_CHECK(t.device() == query.device(), Value, "%s: %s is on %s but query is on %s", op, names[i],
+              device_str(t).c_str(), device_str(query).c_str());
+    OSS_CHECK(t.size(0) == query.size(0), Value, "%s: %s.size(0)=%lld (batch) must equal query.size(0)=%lld", op,
+              names[i], LL(t.size(0)), LL(query.size(0)));
   }
   const int64_t B = query.size(0), Hq = query.size(1), Lq = query.size(2), D = query.size(3);
   const int64_t Hkv = key.size(1), Lk = key.size(2), Dv = value.size(3);
-  TORCH_CHECK_VALUE(value.size(1) == Hkv, op, ": value.size(1)=", value.size(1),
-                    " (heads) must equal key.size(1)=", Hkv);
-  TORCH_CHECK_VALUE(value.size(2) == Lk, op, ": value.size(2)=", value.size(2),
-                    " (seq_len) must equal key.size(2)=", Lk);
-  TORCH_CHECK_VALUE(key.size(3) == D, op, ": key.size(-1)=", key.size(3), " (head_dim) must equal query.size(-1)=",
-                    D);
-  TORCH_CHECK_VALUE(D >= 1 && D <= kMaxHeadDim, op, ": query.size(-1)=", D, " but head_dim must be in [1, ",
-                    kMaxHeadDim, "]");
-  TORCH_CHECK_VALUE(Dv >= 1 && Dv <= kMaxHeadDim, op, ": value.size(-1)=", Dv, " but head_dim must be in [1, ",
-                    kMaxHeadDim, "]");
-  TORCH_CHECK_VALUE(Hkv >= 1 || Hq == 0, op, ": key.size(1)=", Hkv, " (heads) must be at least 1 when query has ",
-                    Hq, " heads");
+  OSS_CHECK(value.size(1) == Hkv, Value, "%s: value.size(1)=%lld (heads) must equal key.size(1)=%lld", op,
+            LL(value.size(1)), LL(Hkv));
+  OSS_CHECK(value.size(2) == Lk, Value, "%s: value.size(2)=%lld (seq_len) must equal key.size(2)=%lld", op,
+            LL(value.size(2)), LL(Lk));
+  OSS_CHECK(key.size(3) == D, Value, "%s: key.size(-1)=%lld (head_dim) must equal query.size(-1)=%lld", op,
+            LL(key.size(3)), LL(D));
+  OSS_CHECK(D >= 1 && D <= kMaxHeadDim, Value, "%s: query.size(-1)=%lld but head_dim must be in [1, %lld]", op, LL(D),
+            LL(kMaxHeadDim));
+  OSS_CHECK(Dv >= 1 && Dv <= kMaxHeadDim, Value, "%s: value.size(-1)=%lld but head_dim must be in [1, %lld]", op,
+            LL(Dv), LL(kMaxHeadDim));
+  OSS_CHECK(Hkv >= 1 || Hq == 0, Value, "%s: key.size(1)=%lld (heads) must be at least 1 when query has %lld heads",
+            op, LL(Hkv), LL(Hq));
   if (Hq != Hkv && Hq > 0) {
-    TORCH_CHECK_VALUE(enable_gqa, op, ": query has ", Hq, " heads but key and value have ", Hkv,
-                      "; pass enable_gqa=True for grouped-query attention");
-    TORCH_CHECK_VALUE(Hq % Hkv == 0, op, ": query.size(1)=", Hq, " (heads) must be a multiple of key.size(1)=",
-                      Hkv, " for grouped-query attention");
+    OSS_CHECK(enable_gqa, Value,
+              "%s: query has %lld heads but key and value have %lld; pass enable_gqa=True for grouped-query attention",
+              op, LL(Hq), LL(Hkv));
+    OSS_CHECK(Hq % Hkv == 0, Value,
+              "%s: query.size(1)=%lld (heads) must be a multiple of key.size(1)=%lld for grouped-query attention", op,
+              LL(Hq), LL(Hkv));
   }
-  TORCH_CHECK_VALUE(causal_alignment == "top_left" || causal_alignment == "bottom_right", op,
-                    ": causal_alignment must be 'top_left' or 'bottom_right', got '", std::string(causal_alignment),
-                    "'");
+  const std::string alignment(causal_alignment);
+  OSS_CHECK(alignment == "top_left" || alignment == "bottom_right", Value,
+            "%s: causal_alignment must be 'top_left' or 'bottom_right', got '%s'", op, alignment.c_str());
   if (scale) {
-    TORCH_CHECK_VALUE(std::isfinite(*scale), op, ": scale must be a finite number, got ", *scale);
+    OSS_CHECK(std::isfinite(*scale), Value, "%s: scale must be a finite number, got %g", op, *scale);
   }
 #ifdef OSS_WITH_CUDA
   if (query.is_cuda()) {
     const int64_t max_dim = oss_attention_cuda_max_head_dim();
-    TORCH_CHECK_NOT_IMPLEMENTED(std::max(D, Dv) <= max_dim, op, ": head_dim ", std::max(D, Dv),
-                                " exceeds the largest head dim compiled into this build (", max_dim,
-                                "); rebuild with TORCH_OSS_HEAD_DIMS including it");
+    OSS_CHECK(std::max(D, Dv) <= max_dim, NotImplemented,
+              "%s: head_dim %lld exceeds the largest head dim compiled into this build (%lld); rebuild with "
+              "TORCH_OSS_HEAD_DIMS including it",
+              op, LL(std::max(D, Dv)), LL(max_dim));
   }
 #endif
 
@@ -376,7 +439,7 @@ AttentionInputs prepare_attention(const char *op, const Tensor &query, const Ten
   p.lse = nullptr;
   p.scale = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(D));
   p.causal = !is_causal ? OSS_CAUSAL_NONE
-                        : (causal_alignment == "bottom_right" ? OSS_CAUSAL_BOTTOM_RIGHT : OSS_CAUSAL_TOP_LEFT);
+                        : (alignment == "bottom_right" ? OSS_CAUSAL_BOTTOM_RIGHT : OSS_CAUSAL_TOP_LEFT);
   p.mask_kind = OSS_MASK_NONE;
   p.mask = nullptr;
   p.mask_dtype = OSS_BOOL;
@@ -385,17 +448,20 @@ AttentionInputs prepare_attention(const char *op, const Tensor &query, const Ten
   if (attn_mask && attn_mask->defined()) {
     const Tensor &m = *attn_mask;
     const at::ScalarType mt = m.scalar_type();
-    TORCH_CHECK_TYPE(mt == at::kBool || mt == query.scalar_type() || mt == at::kFloat, op, ": attn_mask.dtype=", mt,
-                     " must be torch.bool, the dtype of query (", query.scalar_type(), ") or torch.float32");
-    TORCH_CHECK_VALUE(m.device() == query.device(), op, ": attn_mask is on ", m.device(), " but query is on ",
-                      query.device());
-    TORCH_CHECK_VALUE(m.dim() <= 4, op, ": attn_mask must have at most 4 dims, got shape ", m.sizes());
+    OSS_CHECK(mt == at::kBool || mt == query.scalar_type() || mt == at::kFloat, Type,
+              "%s: attn_mask.dtype=%s must be torch.bool, the dtype of query (%s) or torch.float32", op,
+              dtype_name(mt), dtype_name(query.scalar_type()));
+    OSS_CHECK(m.device() == query.device(), Value, "%s: attn_mask is on %s but query is on %s", op,
+              device_str(m).c_str(), device_str(query).c_str());
+    OSS_CHECK(m.dim() <= 4, Value, "%s: attn_mask must have at most 4 dims, got shape %s", op,
+              shape_str(m.sizes()).c_str());
     const int64_t target[4] = {B, Hq, Lq, Lk};
     for (int64_t i = 0; i < m.dim(); i++) {
       const int64_t size = m.size(m.dim() - 1 - i), want = target[3 - i];
-      TORCH_CHECK_VALUE(size == want || size == 1, op, ": attn_mask of shape ", m.sizes(),
-                        " cannot be broadcast to (batch, heads, len_q, len_k) = (", B, ", ", Hq, ", ", Lq, ", ",
-                        Lk, ")");
+      OSS_CHECK(size == want || size == 1, Value,
+                "%s: attn_mask of shape %s cannot be broadcast to (batch, heads, len_q, len_k) = (%lld, %lld, %lld, "
+                "%lld)",
+                op, shape_str(m.sizes()).c_str(), LL(B), LL(Hq), LL(Lq), LL(Lk));
     }
     in.mask = m.expand({B, Hq, Lq, Lk});
     if (in.mask.numel() == 0) return in;  // nothing to mask (and no storage to point at)
@@ -449,23 +515,22 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op(const Tensor &grad_out,
   const oss_attention_params &p = bp.fwd;
   const std::vector<int64_t> out_shape = {p.batch, p.heads_q, p.len_q, p.head_dim_v};
   const std::vector<int64_t> lse_shape = {p.batch, p.heads_q, p.len_q};
-  TORCH_CHECK_VALUE(out.sizes() == at::IntArrayRef(out_shape), op, ": out has shape ", out.sizes(), ", expected ",
-                    at::IntArrayRef(out_shape));
-  TORCH_CHECK_VALUE(grad_out.sizes() == at::IntArrayRef(out_shape), op, ": grad_out has shape ", grad_out.sizes(),
-                    ", expected ", at::IntArrayRef(out_shape));
-  TORCH_CHECK_VALUE(lse.sizes() == at::IntArrayRef(lse_shape), op, ": lse has shape ", lse.sizes(), ", expected ",
-                    at::IntArrayRef(lse_shape));
-  TORCH_CHECK_TYPE(out.scalar_type() == query.scalar_type(), op, ": out.dtype=", out.scalar_type(),
-                   " must equal query.dtype=", query.scalar_type());
-  TORCH_CHECK_TYPE(is_kernel_float(grad_out.scalar_type()), op, ": grad_out has dtype ", grad_out.scalar_type(),
-                   " but must be a floating type");
-  TORCH_CHECK_TYPE(lse.scalar_type() == lse_dtype(query.scalar_type()), op, ": lse has dtype ", lse.scalar_type(),
-                   " but the forward of ", query.scalar_type(), " inputs produces ", lse_dtype(query.scalar_type()));
   const Tensor *named[3] = {&grad_out, &out, &lse};
   const char *names[3] = {"grad_out", "out", "lse"};
-  for (int i = 0; i < 3; i++)
-    TORCH_CHECK_VALUE(named[i]->device() == query.device(), op, ": ", names[i], " is on ", named[i]->device(),
-                      " but query is on ", query.device());
+  const std::vector<int64_t> *want[3] = {&out_shape, &out_shape, &lse_shape};
+  for (int i = 0; i < 3; i++) {
+    OSS_CHECK(named[i]->sizes() == at::IntArrayRef(*want[i]), Value, "%s: %s has shape %s, expected %s", op,
+              names[i], shape_str(named[i]->sizes()).c_str(), shape_str(*want[i]).c_str());
+    OSS_CHECK(named[i]->device() == query.device(), Value, "%s: %s is on %s but query is on %s", op, names[i],
+              device_str(*named[i]).c_str(), device_str(query).c_str());
+  }
+  OSS_CHECK(out.scalar_type() == query.scalar_type(), Type, "%s: out.dtype=%s must equal query.dtype=%s", op,
+            dtype_name(out.scalar_type()), dtype_name(query.scalar_type()));
+  OSS_CHECK(is_kernel_float(grad_out.scalar_type()), Type, "%s: grad_out has dtype %s but must be a floating type",
+            op, dtype_name(grad_out.scalar_type()));
+  OSS_CHECK(lse.scalar_type() == lse_dtype(query.scalar_type()), Type,
+            "%s: lse has dtype %s but the forward of %s inputs produces %s", op, dtype_name(lse.scalar_type()),
+            dtype_name(query.scalar_type()), dtype_name(lse_dtype(query.scalar_type())));
 
   Tensor o = last_dim_contiguous(out);
   Tensor dout = last_dim_contiguous(grad_out.to(query.scalar_type()));

@@ -32,9 +32,14 @@ for s in $STAGES; do
     stage build
     rm -rf build torch_oss/_C*.so csrc/cuda/generated
     start=$(date +%s)
-    if python3 -m pip install --no-build-isolation --no-deps -e . >"$RESULTS/build.log" 2>&1; then
+    if python3 -m pip install -v --no-build-isolation --no-deps -e . >"$RESULTS/build.log" 2>&1; then
       record build ok
       echo "build took $(( $(date +%s) - start )) s"
+      # The library must use the process's libstdc++, not carry a private copy
+      # of its stream/locale code (that once crashed error formatting).
+      so=$(ls torch_oss/_C*.so)
+      echo "libstdc++ symbols defined in $so: $(nm -C -D --defined-only "$so" | grep -cE 'std::(basic_ostream|locale)')"
+      grep -E "^\s*(g\+\+|c\+\+|x86_64-linux-gnu-g\+\+).* -shared" "$RESULTS/build.log" | tail -1 | cut -c1-600
     else
       tail -40 "$RESULTS/build.log"; record build failed
     fi
