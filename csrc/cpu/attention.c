@@ -14,6 +14,8 @@
 
 #include "cpu_common.h"
 
+/* Tiles: OSS_BR query rows by OSS_BC keys; the tile product's register
+ * block is 4 rows by 64 bytes of columns. */
 enum { OSS_BR = 32, OSS_BC = 64 };
 
 #define REAL float
