@@ -8,7 +8,9 @@
 #   bash scripts/gpu_check.sh build test         # some stages: build test sanitize bench model
 #
 # Knobs: TORCH_CUDA_ARCH_LIST (default 9.0a), MAX_JOBS (default 16),
-# TORCH_OSS_HEAD_DIMS, PYTEST_ARGS (extra pytest arguments), BENCH_ARGS_SOFTMAX,
+# TORCH_OSS_HEAD_DIMS, TESTS (test files or node ids, each run on its own; default every
+# tests/test_*.py), FILE_TIMEOUT (seconds per pytest run, default 300), PYTEST_ARGS
+# (extra pytest arguments), BENCH_ARGS_SOFTMAX,
 # BENCH_ARGS_ATTENTION (extra benchmark arguments), SANITIZE_TOOLS (default
 # "memcheck racecheck synccheck"), STAGE_TIMEOUT (seconds per stage, default 900).
 set -uo pipefail
@@ -47,10 +49,23 @@ for s in $STAGES; do
     python3 -c "import torch, torch_oss; print(torch.cuda.get_device_name(0)); print(torch_oss.build_info())"
     ;;
   test)
+    # One pytest run per test file (or per entry of TESTS), each under its own
+    # timeout, so a slow or hanging file cannot hide the others' results; the
+    # failures are listed with their messages.
     stage test
-    timeout ${STAGE_TIMEOUT:-900} python3 -m pytest tests -q -rf -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 |
-      tee "$RESULTS/tests.log" | tail -40
-    [ "${PIPESTATUS[0]}" = 0 ] && record tests ok || record tests failed
+    : >"$RESULTS/tests.log"
+    ok=1
+    for t in ${TESTS:-$(ls tests/test_*.py)}; do
+      start=$(date +%s)
+      COLUMNS=500 timeout ${FILE_TIMEOUT:-300} python3 -m pytest "$t" -q -rfE --tb=short -p no:cacheprovider \
+        ${PYTEST_ARGS:-} >"$RESULTS/test_one.log" 2>&1
+      rc=$?
+      cat "$RESULTS/test_one.log" >>"$RESULTS/tests.log"
+      echo "$t: rc $rc, $(( $(date +%s) - start )) s, $(grep -E '^=+ .*(passed|failed|error|skipped).* =+$' "$RESULTS/test_one.log" | tail -1)"
+      grep -E '^(FAILED|ERROR) ' "$RESULTS/test_one.log" | cut -c1-700
+      [ $rc = 0 ] || [ $rc = 5 ] || ok=0
+    done
+    [ $ok = 1 ] && record tests ok || record tests failed
     ;;
   sanitize)
     stage sanitize

@@ -10,7 +10,7 @@ contiguous ones: gradients are compared on the leaves.
 
 import torch
 import torch.nn.functional as F
-from _util import ATTENTION_ATOL, SOFTMAX_ATOL, assert_tolerance, attention_reference, sdpa_peer
+from _util import ATTENTION_ATOL, SOFTMAX_ATOL, assert_tolerance, attention_reference, lse_peer, sdpa_peer
 
 import torch_oss
 
@@ -126,9 +126,7 @@ def check_attention(bases, views=(identity, identity, identity), mask=None, is_c
     qkv = {name: [f(t) for f, t in zip(views, leaves[name])] for name in leaves}
     out, lse = torch_oss.attention_with_lse(*qkv["ours"], **kw)
     ref_out, ref_lse = attention_reference(*qkv["ref"], mask, is_causal, scale, gqa, alignment)
-    with torch.no_grad():
-        _, peer_lse = attention_reference(*(t.detach() for t in qkv["peer"]), mask, is_causal, scale, gqa,
-                                          alignment, compute_dtype=torch.float32)
+    peer_lse = lse_peer(*(t.detach() for t in qkv["peer"]), mask, is_causal, scale, gqa, alignment)
     # SDPA takes masks of at least 2 dims; torch_oss also takes 0-D and 1-D ones (broadcast)
     peer_mask = mask if mask is None or mask.dim() >= 2 else mask.expand(q0.shape[-2], k0.shape[-2])
     peer_out = sdpa_peer(*qkv["peer"], peer_mask, is_causal, scale, gqa, alignment)

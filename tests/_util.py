@@ -131,10 +131,8 @@ def attention_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, en
     return p @ v, lse
 
 
-def sdpa_peer(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, alignment="top_left"):
-    """PyTorch's SDPA on the same-dtype inputs, the causal rule folded into an
-    explicit mask so every alignment and mask combination is expressible.
-    Rows that see no key are set to 0 (as torch_oss defines them)."""
+def _causal_and_mask(q, k, attn_mask, is_causal, alignment):
+    """The causal rule folded into an explicit SDPA mask (bool, or additive in q's dtype)."""
     Lq, Lk = q.shape[-2], k.shape[-2]
     mask = attn_mask
     vis = visible_mask(Lq, Lk, is_causal, alignment, attn_mask if (mask is not None and mask.dtype == torch.bool)
@@ -145,6 +143,79 @@ def sdpa_peer(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=F
             mask = mask.masked_fill(~vis, float("-inf"))
     elif vis is not None:
         mask = vis
+    return mask
+
+
+def _pad_last(t, multiple):
+    pad = -t.shape[-1] % multiple
+    return F.pad(t, (0, pad)) if pad else t
+
+
+def _fused_half_inputs(q, k, v):
+    """True for CUDA float16/bfloat16 inputs: PyTorch's fused SDPA kernels are
+    the same-dtype peer there. Its math backend computes half inputs in
+    float32, which no fused kernel (FlashAttention, cuDNN, torch_oss) matches,
+    so the peer is a fused kernel on inputs whose head dims are zero-padded to
+    a multiple of 8 (the padding changes no score and no output column)."""
+    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.numel() > 0 and k.numel() > 0
+
+
+def sdpa_peer(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, alignment="top_left"):
+    """PyTorch's SDPA on the same-dtype inputs, the causal rule folded into an
+    explicit mask so every alignment and mask combination is expressible.
+    Rows that see no key are set to 0 (as torch_oss defines them)."""
+    mask = _causal_and_mask(q, k, attn_mask, is_causal, alignment)
     kw = {"enable_gqa": True} if q.shape[-3] != k.shape[-3] else {}
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if q.shape[0] == 0 and q.is_cuda:
+        # SDPA's flash and cuDNN backends reject an empty batch
+        # (pytorch/pytorch#133780); the math backend returns the empty result
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **kw)
+    if _fused_half_inputs(q, k, v):
+        scale_ = q.shape[-1] ** -0.5 if scale is None else scale
+        Dv = v.shape[-1]
+        # contiguous, padded copies (differentiable): the fused kernels refuse
+        # stride-0 and other unusual layouts, which change nothing in the math
+        qp, kp, vp = (_pad_last(t.contiguous(), 8) for t in (q, k, v))
+        try:
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                              SDPBackend.CUDNN_ATTENTION]):
+                out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale_, **kw)[..., :Dv]
+            return torch.nan_to_num(out, nan=0.0)
+        except RuntimeError:
+            pass  # no fused kernel takes these inputs: the default choice below
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **kw)
     return torch.nan_to_num(out, nan=0.0)
+
+
+def lse_peer(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, alignment="top_left"):
+    """The same-dtype peer of the log-sum-exp. SDPA does not return it; for CUDA
+    half inputs PyTorch's memory-efficient kernel computes it
+    (aten._scaled_dot_product_efficient_attention); elsewhere, and where that
+    kernel does not take the inputs, a float32 computation."""
+    if _fused_half_inputs(q, k, v):
+        with torch.no_grad():
+            try:
+                Hq, Hkv, Lq, Lk = q.shape[-3], k.shape[-3], q.shape[-2], k.shape[-2]
+                scale_ = q.shape[-1] ** -0.5 if scale is None else scale
+                kr, vr = (t.repeat_interleave(Hq // Hkv, dim=-3) for t in (k, v))
+                qp, kp, vp = (_pad_last(t.contiguous(), 8) for t in (q, kr, vr))
+                mask = _causal_and_mask(q, k, attn_mask, is_causal, alignment)
+                bias = None
+                if mask is not None:
+                    if mask.dtype == torch.bool:
+                        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
+                    shape = (*qp.shape[:-1], Lk)
+                    # the kernel wants a 16-element aligned last-dim stride: pad, then slice
+                    bias = torch.zeros((*shape[:-1], Lk + (-Lk % 16)), dtype=q.dtype, device=q.device)[..., :Lk]
+                    bias.copy_(mask.expand(shape))
+                lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+                    qp, kp, vp, bias, True, 0.0, False, scale=scale_)[1][..., :Lq]
+                if lse.shape == q.shape[:-1]:
+                    return lse.float()
+            except RuntimeError:
+                pass
+    return attention_reference(q.detach(), k.detach(), v.detach(), attn_mask, is_causal, scale, enable_gqa, alignment,
+                               compute_dtype=torch.float32)[1]

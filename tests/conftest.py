@@ -13,6 +13,8 @@ Hypothesis profiles, chosen with TORCH_OSS_FUZZ_PROFILE (default "ci"):
         for the GPU:  TORCH_OSS_FUZZ_PROFILE=long pytest tests/test_fuzz.py -k cuda
   dev   a quick random smoke run (20 examples) while editing.
 
+TORCH_OSS_FUZZ_NO_SHRINK=1 reports a failing case as drawn, without shrinking it.
+
 A failing case prints its reproduction blob (print_blob=True); paste it into
 @reproduce_failure or rerun with the same profile (ci is fully reproducible).
 """
@@ -21,7 +23,7 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 _SLOW_CHECKS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
@@ -51,6 +53,12 @@ settings.register_profile(
     suppress_health_check=_SLOW_CHECKS,
 )
 FUZZ_PROFILE = os.environ.get("TORCH_OSS_FUZZ_PROFILE", "ci")
+if os.environ.get("TORCH_OSS_FUZZ_NO_SHRINK", "") not in ("", "0"):
+    # report the first failing case as drawn, without minimising it (shrinking
+    # re-runs a failing test hundreds of times: too slow for a GPU session)
+    settings.register_profile(FUZZ_PROFILE + "-noshrink", parent=settings.get_profile(FUZZ_PROFILE),
+                              phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    FUZZ_PROFILE += "-noshrink"
 settings.load_profile(FUZZ_PROFILE)
 
 

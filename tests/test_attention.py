@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _util import (ATTENTION_ATOL, BUILD, CUDA_OK, DEVICES, FLOAT_DTYPES, assert_tolerance, attention_reference,
-                   cuda_param, sdpa_peer)
+                   cuda_param, lse_peer, sdpa_peer)
 
 import torch_oss
 
@@ -51,7 +51,7 @@ def check_forward(q, k, v, mask=None, is_causal=False, alignment="top_left", sca
                                             enable_gqa=gqa, causal_alignment=alignment)
     ref_out, ref_lse = attention_reference(q, k, v, mask, is_causal, scale, gqa, alignment)
     peer_out = sdpa_peer(q, k, v, mask, is_causal, scale, gqa, alignment)
-    _, peer_lse = attention_reference(q, k, v, mask, is_causal, scale, gqa, alignment, compute_dtype=torch.float32)
+    peer_lse = lse_peer(q, k, v, mask, is_causal, scale, gqa, alignment)
     atol = ATTENTION_ATOL[q.dtype]
     assert out.dtype == q.dtype and out.shape == ref_out.shape
     assert lse.dtype == (torch.float64 if q.dtype == torch.float64 else torch.float32)

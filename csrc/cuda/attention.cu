@@ -10,11 +10,12 @@
  * kernel family (mma.sync for sm_80+, a reserved Hopper slot); the selection
  * takes the most specific family compiled for the device's architecture.
  *
- * Backward: a pre-pass computes D = rowsum(dO * O) and the lse in kernel units
- * (workspace); the tensor-core default mode also zeroes a float32 dQ
+ * Backward, tensor cores: a pre-pass computes D = rowsum(dO * O) and the lse
+ * in kernel units (workspace); the default mode also zeroes a float32 dQ
  * accumulator [B*Hq][Lq padded][KD] that the dK/dV kernel adds into with
- * atomics and a last pass scales into dq. Deterministic mode (and float32 /
- * float64) computes dQ in its own kernel without atomics.
+ * atomics and a last pass converts into dq. Deterministic mode computes dQ in
+ * its own kernel without atomics. float32 / float64: the SIMT dQ kernel
+ * recomputes the row statistics itself (attention_simt.cu).
  */
 #include <limits.h>
 #include <math.h>
@@ -207,24 +208,26 @@ oss_status oss_attn_forward_with(const oss_attention_params *p, void *workspace,
   return (override_fn ? override_fn : oss_attn_select_fwd(e, &dev))(&a, stream, &dev);
 }
 
-/* Workspace layout of the backward; every piece 256-byte aligned. */
+/* Workspace layout of the backward; every piece 256-byte aligned: the row
+ * statistics (two float arrays for the tensor-core kernels, three double
+ * arrays for the SIMT kernels), then the float32 dQ accumulator if any. */
 typedef struct oss_attn_bwd_layout {
   int64_t lq_pad;
   int dq_ld; /* 0: no float32 dQ accumulator */
-  size_t off_dsum, off_dq, total;
+  size_t off_dsum, off_inv_l, off_dq, total;
 } oss_attn_bwd_layout;
 
 static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params *bp) {
   const oss_attention_params *p = &bp->fwd;
-  oss_attn_bwd_layout L = {0, 0, 0, 0, 0};
+  oss_attn_bwd_layout L = {0, 0, 0, 0, 0, 0};
   L.lq_pad = (p->len_q + OSS_ATTN_LQ_PAD - 1) / OSS_ATTN_LQ_PAD * OSS_ATTN_LQ_PAD;
-  const size_t acc = p->dtype == OSS_FLOAT64 ? 8 : 4;
+  const int tc = oss_attn_is_tc(p->dtype);
   const size_t rows = (size_t)(p->batch * p->heads_q * L.lq_pad);
-  const size_t vec = (rows * acc + 255) / 256 * 256;
+  const size_t vec = (rows * (tc ? 4 : 8) + 255) / 256 * 256;
   L.off_dsum = vec;
-  L.off_dq = 2 * vec;
-  L.total = 2 * vec;
-  if (oss_attn_is_tc(p->dtype) && !bp->deterministic) {
+  L.off_inv_l = tc ? 0 : 2 * vec;
+  L.off_dq = L.total = (tc ? 2 : 3) * vec;
+  if (tc && !bp->deterministic) {
     const int64_t need = p->head_dim > p->head_dim_v ? p->head_dim : p->head_dim_v;
     const oss_attn_kernel_entry *e = oss_attn_find(p->dtype, need, 1);
     if (e != NULL) {
@@ -292,6 +295,7 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   a.lq_pad = L.lq_pad;
   a.lse_adj = workspace;
   a.dsum = (char *)workspace + L.off_dsum;
+  a.inv_l = L.off_inv_l ? (char *)workspace + L.off_inv_l : NULL;
   a.dq_acc = L.dq_ld > 0 ? (float *)((char *)workspace + L.off_dq) : NULL;
   a.dq_ld = L.dq_ld;
   cudaStream_t stream = (cudaStream_t)cuda_stream;
@@ -310,11 +314,11 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
                       "attention_backward: no backward kernel compiled for head dim %lld (compiled head dims: %s)",
                       (long long)need, oss_attention_cuda_head_dims_list());
   }
+  if (e == NULL) return oss_attn_bwd_simt(&a, p->dtype, stream, &dev);
   if (nq > 0) {
     st = oss_attn_bwd_prepare(&a, p->dtype, stream);
     if (st != OSS_OK) return st;
   }
-  if (e == NULL) return oss_attn_bwd_simt(&a, p->dtype, stream, &dev);
   st = (override_fn ? override_fn : e->bwd)(&a, stream, &dev);
   if (st != OSS_OK) return st;
   if (a.dq_acc != NULL && nq > 0) return oss_attn_bwd_dq_convert(&a, p->dtype, stream);

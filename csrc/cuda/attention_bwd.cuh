@@ -3,8 +3,9 @@
  * bfloat16, mma.sync m16n8k16, sm_80 and newer).
  *
  * With P = exp(scale*Q K^T + mask - lse) recomputed from the forward's lse,
- * dP = dO V^T, D = rowsum(dO * O) (attention_aux.cu, before these kernels) and
- * dS = P * (dP - D):  dV = P^T dO,  dK = scale dS^T Q,  dQ = scale dS K.
+ * dP = dO V^T, D = rowsum(dO * O) (oss_attn_bwd_pre_kernel, before these
+ * kernels) and dS' = scale * P * (dP - D):  dV = P^T dO,  dK = dS'^T Q,
+ * dQ = dS' K. The scale goes into dS before it is rounded to 16 bits.
  *
  * oss_attn_bwd_dkdv_mma_kernel - one CTA per (batch, kv head, block of Bc
  * keys). K and V of the block stay in shared memory; the CTA loops over every
@@ -18,14 +19,14 @@
  *   - per query block (two cp.async stages of Q, dO, lse, D, the next block
  *     loading while this one computes):
  *       S^T = K Q^T and dP^T = V dO^T (A from smem, B = Q / dO via ldmatrix),
- *       P^T = exp2(S^T scale log2e - lse log2e), dS^T = P^T (dP^T - D), in
+ *       P^T = exp2(S^T scale log2e - lse log2e), dS^T = scale P^T (dP^T - D), in
  *       registers, key-major, so P^T and dS^T are directly the A fragments of
  *       dV += P^T dO and dK += dS^T Q (B via ldmatrix.trans);
  *       default mode: dS^T goes to shared memory and all warps compute
  *       dQ_blk = dS K (warp grid WM x WN over the Br x KD block) and add it to
  *       a float32 accumulator in the workspace with atomics (red.add, float2 on
  *       sm_90); attention_aux.cu scales and converts it to dq at the end.
- *   - the end: dK *= scale, dK and dV written (rows < Lk, cols < D / Dv).
+ *   - the end: dK and dV written (rows < Lk, cols < D / Dv).
  *
  * oss_attn_bwd_dq_mma_kernel - deterministic mode only: one CTA per (batch,
  * query head, Br query rows), looping over key blocks like the forward
@@ -120,6 +121,9 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
   const T *gQb = (const T *)a.q + b * a.q_s[0];
   const T *gdOb = (const T *)a.dout + b * a.do_s[0];
   const bool atomic_dq = a.dq_acc != nullptr;
+  /* dS is scaled before it is rounded to T for the dK / dQ products: the
+   * unscaled P (dP - D) overflows float16 long before the gradients do. */
+  const float sc = (float)a.scale;
 
   float dV[1][NOW][4], dK[1][NOW][4];
 #pragma unroll
@@ -174,7 +178,8 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
     oss_warp_mma_ss<T, 1, NTQ, KD, LDS, LDS>(sT, oss_smem_u32(sK + kg * 16 * LDS), oss_smem_u32(cQ), lane);
     oss_warp_mma_ss<T, 1, NTQ, KD, LDS, LDS>(pT, oss_smem_u32(sV + kg * 16 * LDS), oss_smem_u32(cdO), lane);
 
-    /* P^T and dS^T (element (key r, query c)) */
+    /* P^T and scale * dS^T (element (key r, query c)). The scores are scaled
+     * (and masked) first, rounding s*c as the forward rounds its row max. */
     const bool need_mask = a.mask_kind != OSS_MASK_NONE || j0 + BC > a.lk ||
                            (a.causal && (int64_t)(j0 + BC - 1) > (int64_t)i0 + a.causal_off);
 #pragma unroll
@@ -192,7 +197,7 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
       for (int e = 0; e < 4; e++) {
         const float p = oss_ex2(sT[0][n][e] - ((e & 1) ? lv.y : lv.x));
         sT[0][n][e] = p;
-        pT[0][n][e] = p * (pT[0][n][e] - ((e & 1) ? dd.y : dd.x));
+        pT[0][n][e] = (p * sc) * (pT[0][n][e] - ((e & 1) ? dd.y : dd.x));
       }
     }
     uint32_t pa[1][NTQ / 2][4], dsa[1][NTQ / 2][4];
@@ -260,7 +265,6 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
   T *gdK = (T *)a.dk + b * a.dk_s[0] + hk * a.dk_s[1];
   T *gdV = (T *)a.dv_ptr + b * a.dv_s[0] + hk * a.dv_s[1];
   const bool vdk = a.vec & OSS_ATTN_VEC_DK, vdv = a.vec & OSS_ATTN_VEC_DV;
-  const float sc = (float)a.scale;
 #pragma unroll
   for (int hi = 0; hi < 2; hi++) {
     const int r = j0 + kg * 16 + g + hi * 8;
@@ -270,7 +274,7 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
 #pragma unroll
       for (int n = 0; n < NOW; n++) {
         const int c = cs * KDW + n * 8 + t2;
-        oss_store_pair<T>(rk, c, a.d, dK[0][n][2 * hi] * sc, dK[0][n][2 * hi + 1] * sc, vdk);
+        oss_store_pair<T>(rk, c, a.d, dK[0][n][2 * hi], dK[0][n][2 * hi + 1], vdk);
         oss_store_pair<T>(rv, c, a.dv, dV[0][n][2 * hi], dV[0][n][2 * hi + 1], vdv);
       }
     }
@@ -312,6 +316,7 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
   const T *gV = (const T *)a.v + b * a.v_s[0] + hk * a.v_s[1];
   const bool vk = a.vec & OSS_ATTN_VEC_K, vv = a.vec & OSS_ATTN_VEC_V;
   const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
+  const float sc = (float)a.scale;
 
   float dq[MT][NO][4];
 #pragma unroll
@@ -399,7 +404,7 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
 #pragma unroll
           for (int e = 0; e < 4; e++) {
             const float p = oss_ex2(s[mt][n][e] - lrow[mt][e >> 1]);
-            s[mt][n][e] = p * (dp[mt][n][e] - drow[mt][e >> 1]);
+            s[mt][n][e] = (p * sc) * (dp[mt][n][e] - drow[mt][e >> 1]);
           }
       uint32_t dsa[MT][BC / 16][4];
       oss_acc_to_a<T, MT, NT>(s, dsa);
@@ -409,7 +414,6 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
 
   T *gdQ = (T *)a.dq + b * a.dq_s[0] + h * a.dq_s[1];
   const bool vdq = a.vec & OSS_ATTN_VEC_DQ;
-  const float sc = (float)a.scale;
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -419,7 +423,7 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
         T *row = gdQ + (int64_t)r * a.dq_s[2];
 #pragma unroll
         for (int n = 0; n < NO; n++)
-          oss_store_pair<T>(row, n * 8 + t2, a.d, dq[mt][n][2 * hi] * sc, dq[mt][n][2 * hi + 1] * sc, vdq);
+          oss_store_pair<T>(row, n * 8 + t2, a.d, dq[mt][n][2 * hi], dq[mt][n][2 * hi + 1], vdq);
       }
     }
 }

@@ -57,8 +57,14 @@ typedef struct oss_attn_args {
   int64_t do_s[3];
   void *dq, *dk, *dv_ptr;
   int64_t dq_s[3], dk_s[3], dv_s[3];
-  void *lse_adj;  /* workspace [B*Hq*lq_pad]: lse in the kernel's units, +inf for rows with no key */
-  void *dsum;     /* workspace [B*Hq*lq_pad]: D = rowsum(dO * O) */
+  /* Backward row statistics, workspace arrays of [B*Hq*lq_pad]. Tensor-core
+   * kernels (float): lse_adj = lse in log2 units (+inf for rows with no key),
+   * dsum = D = rowsum(dO * O). SIMT kernels (double, written by their dQ
+   * kernel): lse_adj = the row max m of the scores, inv_l = 1 / sum exp(s - m)
+   * (0 for rows with no key), dsum = D = sum_j P_ij dP_ij. */
+  void *lse_adj;
+  void *dsum;
+  void *inv_l;    /* SIMT only */
   float *dq_acc;  /* workspace [B*Hq*lq_pad][dq_ld] float, or NULL (deterministic / SIMT) */
   int64_t lq_pad; /* Lq rounded up to OSS_ATTN_LQ_PAD */
   int dq_ld;
@@ -93,7 +99,7 @@ extern const int oss_attn_kernel_table_len;
 #endif
 
 /* attention_simt.cu: float32/float64 kernels, and the backward pre-pass / dQ
- * conversion shared by every dtype. */
+ * conversion of the tensor-core kernels. */
 oss_status oss_attn_fwd_simt(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream,
                              const oss_device_info *dev);
 oss_status oss_attn_bwd_simt(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream,

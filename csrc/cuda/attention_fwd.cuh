@@ -193,14 +193,17 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
       float lt = l[mt][hi];
       lt += __shfl_xor_sync(0xffffffffu, lt, 1);
       lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-      const float inv = lt > 0.f ? 1.f / lt : 0.f;
+      /* l == 0: no visible key (out 0, lse -inf); l NaN: a NaN or +inf score
+       * (out and lse NaN, as SDPA's math) */
+      const float inv = lt == 0.f ? 0.f : 1.f / lt;
       const int r = i0 + wrow + mt * 16 + g + hi * 8;
       if (r < a.lq) {
         T *orow = gO + (int64_t)r * a.o_s[2];
 #pragma unroll
         for (int n = 0; n < NO; n++)
           oss_store_pair<T>(orow, n * 8 + t2, a.dv, o[mt][n][2 * hi] * inv, o[mt][n][2 * hi + 1] * inv, vo);
-        if ((lane & 3) == 0) lse[r] = lt > 0.f ? m[mt][hi] * (float)OSS_LN2 + logf(lt) : -INFINITY;
+        if ((lane & 3) == 0) /* in double: one rounding of m ln2 + ln l, which can be large */
+          lse[r] = lt == 0.f ? -INFINITY : (float)((double)m[mt][hi] * OSS_LN2 + (double)logf(lt));
       }
     }
 }

@@ -1,20 +1,33 @@
 /*
  * attention_simt.cu - attention for float32 and float64 inputs on the CUDA
- * cores (no tensor cores, no tf32: every product and sum in the input
- * precision), with the same online-softmax algorithm as the tensor-core path.
- * Correctness first; speed is secondary here.
+ * cores (no tensor cores, no tf32), with the same online-softmax algorithm as
+ * the tensor-core path. Accuracy first; speed is secondary here.
  *
- * Layout shared by the three kernels: 4 warps, R = 4 rows (queries, or keys
- * for dK/dV) per warp, 16 per CTA; the other side is streamed in tiles of KT
- * (32 for float, 16 for double so that the tiles of head dim 256 fit in the
- * shared memory of an A100). In the score phase lane l takes tile element
- * l % KT for RL = R*KT/32 of the warp's rows (row group l / KT); in the
- * accumulation phase lane l takes output columns l, l+32, ... (up to 256) for
- * all R rows, reading p / dS of the tile from shared memory.
+ * Precision. Scores and dP are dot products in double (a product of two
+ * floats is exact in double), taken in order d = 0, 1, ... by one shared
+ * function, so every kernel that recomputes a score gets the same bits. The
+ * row max m stays in double and exponentials see only the small difference
+ * s - m, rounded once to the input precision: a float32 score of 2e4 is only
+ * good to 1e-3, which exp() would turn into a 1e-3 relative error of P.
+ * Products with V, dO, Q and K and their sums run in the input precision.
+ *
+ * Layout shared by the kernels: 4 warps, R = 4 rows (queries, or keys for
+ * dK/dV) per warp, 16 per CTA; the other side is streamed in tiles of KT (32
+ * for float, 16 for double so that the tiles of head dim 256 fit in the shared
+ * memory of an A100). In the score phase lane l takes tile element l % KT for
+ * RL = R*KT/32 of the warp's rows (row group l / KT); in the accumulation phase
+ * lane l takes output columns l, l+32, ... (up to 256) for all R rows, reading
+ * p / dS of the tile from shared memory.
  *   oss_attn_fwd_simt_kernel      per 16 queries: m, l, o over key tiles; out, lse
- *   oss_attn_bwd_dq_simt_kernel   per 16 queries: dQ = scale * sum_j dS_ij K_j
+ *   oss_attn_bwd_dq_simt_kernel   per 16 queries, two passes over the keys:
+ *                                 1. the row statistics m, l and D = sum_j P_ij dP_ij
+ *                                    (into the workspace), 2. dQ = scale * sum_j dS_ij K_j
  *   oss_attn_bwd_dkdv_simt_kernel per 16 keys, over the GQA group's query heads
  *                                 and query tiles: dV = P^T dO, dK = scale dS^T Q
+ * The backward never reads the forward's lse or output: P = exp(s - m) / l and
+ * D come from the very scores and dP it uses, so P sums to 1 and dS = P (dP -
+ * D) cancels exactly where it should (one visible key: dS = 0), which a
+ * rounded lse and a rounded output cannot give.
  * No atomics anywhere: the float32/float64 backward is always deterministic.
  * Limits: head dims up to 256; shared memory sized at run time from D and Dv.
  */
@@ -34,7 +47,8 @@ template <typename S> __device__ __forceinline__ S oss_log(S x);
 template <> __device__ __forceinline__ float oss_log<float>(float x) { return logf(x); }
 template <> __device__ __forceinline__ double oss_log<double>(double x) { return log(x); }
 
-template <typename S> __device__ __forceinline__ S oss_neg_inf() { return (S)(-INFINITY); }
+/* exp(x) for a double argument, evaluated in the input precision S. */
+template <typename S> __device__ __forceinline__ double oss_simt_exp(double x) { return (double)oss_exp<S>((S)x); }
 
 /* Loads rows [r0, r0+nrows) of a [L][cols] slice (row stride rs) into smem with
  * pitch ld; rows past `valid` are zero. */
@@ -50,6 +64,55 @@ __device__ __forceinline__ void oss_simt_load(S *s, int ld, const S *g, int64_t 
 /* Is key j visible to query i (bounds and causal rule)? */
 __device__ __forceinline__ bool oss_simt_visible(const oss_attn_args &a, int i, int j) {
   return i < a.lq && j < a.lk && (!a.causal || (int64_t)j <= (int64_t)i + a.causal_off);
+}
+
+/* x . y in double, in order 0, 1, ..., n-1 (the same bits in every kernel). */
+template <typename S> __device__ __forceinline__ double oss_simt_dot(const S *x, const S *y, int n) {
+  double acc = 0;
+  for (int d = 0; d < n; d++) acc = fma((double)x[d], (double)y[d], acc);
+  return acc;
+}
+
+/* Score of query i (row q) and key j (row k): scale * q.k plus the additive
+ * mask, or -inf where the key is hidden (causal rule, bounds, bool mask). */
+template <typename S>
+__device__ __forceinline__ double oss_simt_score(const oss_attn_args &a, const S *q, const S *k, int64_t mbase, int i,
+                                                 int j) {
+  if (!oss_simt_visible(a, i, j)) return -INFINITY;
+  double v = oss_simt_dot<S>(q, k, a.d) * a.scale;
+  if (a.mask_kind) v += oss_attn_mask_value<double>(a, mbase + i * a.m_s[2] + j * a.m_s[3]);
+  return v;
+}
+
+/* Row statistics of the backward: m = max score, l = sum exp(s - m) and
+ * d = sum exp(s - m) dP, updated online (one exp per score) and merged across
+ * lanes. A NaN score makes l and d NaN (the whole row NaN, as in SDPA). */
+typedef struct oss_simt_stat {
+  double m, l, d;
+} oss_simt_stat;
+
+template <typename S> __device__ __forceinline__ void oss_simt_stat_add(oss_simt_stat &st, double v, double dp) {
+  if (v == -INFINITY) return; /* hidden key: adds nothing */
+  if (v > st.m) {
+    const double f = oss_simt_exp<S>(st.m - v); /* m = -inf: 0 */
+    st.l = st.l * f + 1.0;
+    st.d = st.d * f + dp;
+    st.m = v;
+  } else {
+    const double e = oss_simt_exp<S>(v - st.m); /* NaN score: NaN */
+    st.l += e;
+    st.d += e * dp;
+  }
+}
+
+template <typename S> __device__ __forceinline__ oss_simt_stat oss_simt_stat_merge(oss_simt_stat x, oss_simt_stat y) {
+  oss_simt_stat r;
+  r.m = fmax(x.m, y.m);
+  const double fx = x.m == -INFINITY ? 0.0 : oss_simt_exp<S>(x.m - r.m);
+  const double fy = y.m == -INFINITY ? 0.0 : oss_simt_exp<S>(y.m - r.m);
+  r.l = x.l * fx + y.l * fy;
+  r.d = x.d * fx + y.d * fy;
+  return r;
 }
 
 // ---------------------------------------------------------------------------
@@ -81,15 +144,15 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_fwd_simt_kernel(con
   const S *gK = (const S *)a.k + b * a.k_s[0] + hk * a.k_s[1];
   const S *gV = (const S *)a.v + b * a.v_s[0] + hk * a.v_s[1];
   const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
-  const S scale = (S)a.scale;
 
   oss_simt_load<S>(sQ, D, (const S *)a.q + b * a.q_s[0] + h * a.q_s[1] + (int64_t)i0 * a.q_s[2], a.q_s[2],
                    OSS_SIMT_ROWS, rows, D, tid);
 
-  S o[R][OSS_SIMT_NCOL], m[R], lpart[RL];
+  S o[R][OSS_SIMT_NCOL], lpart[RL];
+  double m[R];
 #pragma unroll
   for (int r = 0; r < R; r++) {
-    m[r] = oss_neg_inf<S>();
+    m[r] = -INFINITY;
 #pragma unroll
     for (int c = 0; c < OSS_SIMT_NCOL; c++) o[r][c] = 0;
   }
@@ -104,44 +167,41 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_fwd_simt_kernel(con
     __syncthreads();
 
     const int j = j0 + kl;
-    S x[RL];
+    double x[RL];
 #pragma unroll
     for (int t = 0; t < RL; t++) {
-      const int rl = warp * R + rg * RL + t, i = i0 + rl;
-      S acc = 0;
-      for (int d = 0; d < D; d++) acc += sQ[rl * D + d] * sK[kl * LDK + d];
-      S v = acc * scale;
-      const bool vis = oss_simt_visible(a, i, j);
-      if (vis && a.mask_kind) v += oss_attn_mask_value<S>(a, mbase + i * a.m_s[2] + j * a.m_s[3]);
-      x[t] = vis ? v : oss_neg_inf<S>();
+      const int rl = warp * R + rg * RL + t;
+      x[t] = oss_simt_score<S>(a, sQ + rl * D, sK + kl * LDK, mbase, i0 + rl, j);
     }
     /* row max over the KT lanes of each row group, then to every lane */
-    S mx[RL];
+    double mx[RL];
 #pragma unroll
     for (int t = 0; t < RL; t++) {
       mx[t] = x[t];
 #pragma unroll
       for (int off = KT / 2; off >= 1; off /= 2) mx[t] = fmax(mx[t], __shfl_xor_sync(0xffffffffu, mx[t], off));
     }
-    S alpha[R], muse[R];
+    S alpha[R];
+    double muse[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
-      const S mt = __shfl_sync(0xffffffffu, mx[r % RL], (r / RL) * KT);
-      const S m_new = fmax(m[r], mt);
-      muse[r] = m_new == oss_neg_inf<S>() ? (S)0 : m_new;
-      alpha[r] = oss_exp<S>(m[r] - muse[r]);
+      const double mt = __shfl_sync(0xffffffffu, mx[r % RL], (r / RL) * KT);
+      const double m_new = fmax(m[r], mt);
+      muse[r] = m_new == -INFINITY ? 0.0 : m_new;
+      alpha[r] = oss_exp<S>((S)(m[r] - muse[r]));
       m[r] = m_new;
     }
 #pragma unroll
     for (int t = 0; t < RL; t++) {
-      S mu = muse[t], al = alpha[t];
+      double mu = muse[t];
+      S al = alpha[t];
 #pragma unroll
       for (int gg = 1; gg < NG; gg++)
         if (rg == gg) {
           mu = muse[gg * RL + t];
           al = alpha[gg * RL + t];
         }
-      const S p = oss_exp<S>(x[t] - mu);
+      const S p = oss_exp<S>((S)(x[t] - mu)); /* NaN score: NaN, the row becomes NaN */
       lpart[t] = lpart[t] * al + p;
       sP[(warp * R + rg * RL + t) * KT + kl] = p;
     }
@@ -176,20 +236,21 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_fwd_simt_kernel(con
     const S lt = __shfl_sync(0xffffffffu, ls[r % RL], (r / RL) * KT);
     const int i = i0 + warp * R + r;
     if (i < a.lq) {
-      const S inv = lt > 0 ? (S)1 / lt : (S)0;
+      /* l == 0: no visible key (out 0, lse -inf); l NaN: NaN or +inf scores (NaN) */
+      const S inv = lt == 0 ? (S)0 : (S)1 / lt;
       S *orow = gO + (int64_t)i * a.o_s[2];
 #pragma unroll
       for (int cc = 0; cc < OSS_SIMT_NCOL; cc++) {
         const int c = lane + 32 * cc;
         if (c < DV) orow[c] = o[r][cc] * inv;
       }
-      if (lane == 0) lse[i] = lt > 0 ? m[r] + oss_log<S>(lt) : oss_neg_inf<S>();
+      if (lane == 0) lse[i] = lt == 0 ? (S)(-INFINITY) : (S)(m[r] + (double)oss_log<S>(lt));
     }
   }
 }
 
 // ---------------------------------------------------------------------------
-// backward: dQ (one CTA per 16 queries)
+// backward: row statistics and dQ (one CTA per 16 queries)
 // ---------------------------------------------------------------------------
 template <typename S, int KT>
 __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dq_simt_kernel(const oss_attn_args a) {
@@ -219,45 +280,75 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dq_simt_kernel(
   const S *gV = (const S *)a.v + b * a.v_s[0] + hk * a.v_s[1];
   const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
   const S scale = (S)a.scale;
-  const S *lse_adj = (const S *)a.lse_adj + bh * a.lq_pad;
-  const S *dsum = (const S *)a.dsum + bh * a.lq_pad;
 
   oss_simt_load<S>(sQ, D, (const S *)a.q + b * a.q_s[0] + h * a.q_s[1] + (int64_t)i0 * a.q_s[2], a.q_s[2],
                    OSS_SIMT_ROWS, rows, D, tid);
   oss_simt_load<S>(sdO, DV, (const S *)a.dout + b * a.do_s[0] + h * a.do_s[1] + (int64_t)i0 * a.do_s[2], a.do_s[2],
                    OSS_SIMT_ROWS, rows, DV, tid);
 
-  S lr[RL], dr[RL];
+  /* pass 1: statistics of this lane's keys, merged over the KT lanes of each row group */
+  oss_simt_stat st[RL];
 #pragma unroll
-  for (int t = 0; t < RL; t++) {
-    const int i = i0 + warp * R + rg * RL + t; /* < lq_pad always */
-    lr[t] = lse_adj[i];
-    dr[t] = dsum[i];
-  }
-  S dq[R][OSS_SIMT_NCOL];
-#pragma unroll
-  for (int r = 0; r < R; r++)
-#pragma unroll
-    for (int c = 0; c < OSS_SIMT_NCOL; c++) dq[r][c] = 0;
-
+  for (int t = 0; t < RL; t++) st[t].m = -INFINITY, st[t].l = 0, st[t].d = 0;
   for (int j0 = 0; j0 < n_end; j0 += KT) {
     __syncthreads();
     const int kv = min(KT, a.lk - j0);
     oss_simt_load<S>(sK, LDK, gK + (int64_t)j0 * a.k_s[2], a.k_s[2], KT, kv, D, tid);
     oss_simt_load<S>(sV, LDV, gV + (int64_t)j0 * a.v_s[2], a.v_s[2], KT, kv, DV, tid);
     __syncthreads();
-    const int j = j0 + kl;
 #pragma unroll
     for (int t = 0; t < RL; t++) {
-      const int rl = warp * R + rg * RL + t, i = i0 + rl;
-      S s = 0, dp = 0;
-      for (int d = 0; d < D; d++) s += sQ[rl * D + d] * sK[kl * LDK + d];
-      for (int c = 0; c < DV; c++) dp += sdO[rl * DV + c] * sV[kl * LDV + c];
-      S v = s * scale;
-      const bool vis = oss_simt_visible(a, i, j);
-      if (vis && a.mask_kind) v += oss_attn_mask_value<S>(a, mbase + i * a.m_s[2] + j * a.m_s[3]);
-      const S p = vis ? oss_exp<S>(v - lr[t]) : (S)0;
-      sdS[rl * KT + kl] = p * (dp - dr[t]);
+      const int rl = warp * R + rg * RL + t;
+      const double v = oss_simt_score<S>(a, sQ + rl * D, sK + kl * LDK, mbase, i0 + rl, j0 + kl);
+      if (v != -INFINITY) oss_simt_stat_add<S>(st[t], v, oss_simt_dot<S>(sdO + rl * DV, sV + kl * LDV, DV));
+    }
+  }
+  double rm[RL], rinv[RL], rd[RL]; /* per row: m, 1/l (0 with no visible key), D */
+  double *ws_m = (double *)a.lse_adj + bh * a.lq_pad, *ws_inv = (double *)a.inv_l + bh * a.lq_pad;
+  double *ws_d = (double *)a.dsum + bh * a.lq_pad;
+#pragma unroll
+  for (int t = 0; t < RL; t++) {
+#pragma unroll
+    for (int off = KT / 2; off >= 1; off /= 2) {
+      oss_simt_stat o;
+      o.m = __shfl_xor_sync(0xffffffffu, st[t].m, off);
+      o.l = __shfl_xor_sync(0xffffffffu, st[t].l, off);
+      o.d = __shfl_xor_sync(0xffffffffu, st[t].d, off);
+      st[t] = oss_simt_stat_merge<S>(st[t], o);
+    }
+    rm[t] = st[t].m;
+    rinv[t] = st[t].l == 0 ? 0.0 : 1.0 / st[t].l; /* NaN stays NaN */
+    rd[t] = st[t].d * rinv[t];
+    const int i = i0 + warp * R + rg * RL + t; /* < lq_pad */
+    if (kl == 0) {
+      ws_m[i] = rm[t];
+      ws_inv[i] = rinv[t];
+      ws_d[i] = rd[t];
+    }
+  }
+
+  /* pass 2: dS = P (dP - D), dQ += dS K */
+  S dq[R][OSS_SIMT_NCOL];
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int c = 0; c < OSS_SIMT_NCOL; c++) dq[r][c] = 0;
+  for (int j0 = 0; j0 < n_end; j0 += KT) {
+    __syncthreads();
+    const int kv = min(KT, a.lk - j0);
+    oss_simt_load<S>(sK, LDK, gK + (int64_t)j0 * a.k_s[2], a.k_s[2], KT, kv, D, tid);
+    oss_simt_load<S>(sV, LDV, gV + (int64_t)j0 * a.v_s[2], a.v_s[2], KT, kv, DV, tid);
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < RL; t++) {
+      const int rl = warp * R + rg * RL + t;
+      const double v = oss_simt_score<S>(a, sQ + rl * D, sK + kl * LDK, mbase, i0 + rl, j0 + kl);
+      double ds = 0;
+      if (v != -INFINITY) {
+        const double p = oss_simt_exp<S>(v - rm[t]) * rinv[t];
+        ds = p * (oss_simt_dot<S>(sdO + rl * DV, sV + kl * LDV, DV) - rd[t]);
+      }
+      sdS[rl * KT + kl] = (S)ds;
     }
     __syncwarp();
 #pragma unroll
@@ -288,21 +379,23 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dq_simt_kernel(
 }
 
 // ---------------------------------------------------------------------------
-// backward: dK, dV (one CTA per 16 keys of a kv head, all query heads of its group)
+// backward: dK, dV (one CTA per 16 keys of a kv head, all query heads of its
+// group), from the row statistics the dQ kernel wrote
 // ---------------------------------------------------------------------------
 template <typename S, int KT>
 __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dkdv_simt_kernel(const oss_attn_args a) {
   constexpr int R = OSS_SIMT_R, RL = R * KT / 32;
   extern __shared__ __align__(16) unsigned char oss_smem[];
   const int D = a.d, DV = a.dv, LDQ = D + 1, LDO = DV + 1;
-  S *sK = reinterpret_cast<S *>(oss_smem); /* [16][D] */
-  S *sV = sK + OSS_SIMT_ROWS * D;          /* [16][DV] */
-  S *sQ = sV + OSS_SIMT_ROWS * DV;         /* [KT][D+1] */
-  S *sdO = sQ + KT * LDQ;                  /* [KT][DV+1] */
-  S *sL = sdO + KT * LDO;                  /* [KT] */
-  S *sDs = sL + KT;                        /* [KT] */
-  S *sP = sDs + KT;                        /* [16][KT] */
-  S *sdS = sP + OSS_SIMT_ROWS * KT;        /* [16][KT] */
+  double *sM = reinterpret_cast<double *>(oss_smem); /* [KT] row max */
+  double *sInv = sM + KT;                             /* [KT] 1/l */
+  double *sDs = sInv + KT;                            /* [KT] D */
+  S *sK = reinterpret_cast<S *>(sDs + KT);            /* [16][D] */
+  S *sV = sK + OSS_SIMT_ROWS * D;                     /* [16][DV] */
+  S *sQ = sV + OSS_SIMT_ROWS * DV;                    /* [KT][D+1] */
+  S *sdO = sQ + KT * LDQ;                             /* [KT][DV+1] */
+  S *sP = sdO + KT * LDO;                             /* [16][KT] */
+  S *sdS = sP + OSS_SIMT_ROWS * KT;                   /* [16][KT] */
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int ql = lane % KT, rg = lane / KT;
@@ -335,32 +428,33 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dkdv_simt_kerne
     const int h = hk * a.group + hh;
     const S *gQ = (const S *)a.q + b * a.q_s[0] + h * a.q_s[1];
     const S *gdO = (const S *)a.dout + b * a.do_s[0] + h * a.do_s[1];
-    const S *lse_adj = (const S *)a.lse_adj + ((int64_t)b * a.hq + h) * a.lq_pad;
-    const S *dsum = (const S *)a.dsum + ((int64_t)b * a.hq + h) * a.lq_pad;
+    const int64_t ro = ((int64_t)b * a.hq + h) * a.lq_pad;
+    const double *ws_m = (const double *)a.lse_adj + ro, *ws_inv = (const double *)a.inv_l + ro;
+    const double *ws_d = (const double *)a.dsum + ro;
     const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
     for (int q0 = q_start; q0 < a.lq; q0 += KT) {
       __syncthreads();
       const int qv = min(KT, a.lq - q0);
       oss_simt_load<S>(sQ, LDQ, gQ + (int64_t)q0 * a.q_s[2], a.q_s[2], KT, qv, D, tid);
       oss_simt_load<S>(sdO, LDO, gdO + (int64_t)q0 * a.do_s[2], a.do_s[2], KT, qv, DV, tid);
-      if (tid < KT) {
-        sL[tid] = lse_adj[q0 + tid]; /* rows past lq: +inf (padded) */
-        sDs[tid] = dsum[q0 + tid];
+      if (tid < KT) { /* rows past lq are never visible: not read from the workspace */
+        const bool in = q0 + tid < a.lq;
+        sM[tid] = in ? ws_m[q0 + tid] : 0.0;
+        sInv[tid] = in ? ws_inv[q0 + tid] : 0.0;
+        sDs[tid] = in ? ws_d[q0 + tid] : 0.0;
       }
       __syncthreads();
-      const int i = q0 + ql;
 #pragma unroll
       for (int t = 0; t < RL; t++) {
-        const int kr = warp * R + rg * RL + t, j = j0 + kr;
-        S s = 0, dp = 0;
-        for (int d = 0; d < D; d++) s += sK[kr * D + d] * sQ[ql * LDQ + d];
-        for (int c = 0; c < DV; c++) dp += sV[kr * DV + c] * sdO[ql * LDO + c];
-        S v = s * scale;
-        const bool vis = oss_simt_visible(a, i, j);
-        if (vis && a.mask_kind) v += oss_attn_mask_value<S>(a, mbase + i * a.m_s[2] + j * a.m_s[3]);
-        const S p = vis ? oss_exp<S>(v - sL[ql]) : (S)0;
-        sP[kr * KT + ql] = p;
-        sdS[kr * KT + ql] = p * (dp - sDs[ql]);
+        const int kr = warp * R + rg * RL + t;
+        const double v = oss_simt_score<S>(a, sQ + ql * LDQ, sK + kr * D, mbase, q0 + ql, j0 + kr);
+        double p = 0, ds = 0;
+        if (v != -INFINITY) {
+          p = oss_simt_exp<S>(v - sM[ql]) * sInv[ql];
+          ds = p * (oss_simt_dot<S>(sdO + ql * LDO, sV + kr * DV, DV) - sDs[ql]);
+        }
+        sP[kr * KT + ql] = (S)p;
+        sdS[kr * KT + ql] = (S)ds;
       }
       __syncwarp();
 #pragma unroll
@@ -397,8 +491,6 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dkdv_simt_kerne
 // ---------------------------------------------------------------------------
 // host side
 // ---------------------------------------------------------------------------
-template <typename S> static size_t oss_simt_kt() { return sizeof(S) == 4 ? 32 : 16; }
-
 template <typename S, int KT>
 static oss_status oss_simt_launch(void (*kernel)(const oss_attn_args), const char *name, size_t smem, int64_t blocks,
                                   int64_t bh, const oss_attn_args *a, cudaStream_t stream,
@@ -424,25 +516,25 @@ static oss_status oss_attn_fwd_simt_t(const oss_attn_args *a, cudaStream_t strea
                                 dev);
 }
 
+/* The dQ kernel also writes the row statistics the dK/dV kernel reads, so it
+ * runs first, on the same stream. */
 template <typename S>
 static oss_status oss_attn_bwd_simt_t(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   constexpr int KT = sizeof(S) == 4 ? 32 : 16;
   if (a->lq > 0) {
     const size_t smem = sizeof(S) * ((size_t)OSS_SIMT_ROWS * (a->d + a->dv) + (size_t)KT * (a->d + 1) +
                                      (size_t)KT * (a->dv + 1) + OSS_SIMT_ROWS * KT);
-    oss_status st = oss_simt_launch<S, KT>(oss_attn_bwd_dq_simt_kernel<S, KT>, "oss_attn_bwd_dq_simt_kernel", smem,
-                                           (a->lq + OSS_SIMT_ROWS - 1) / OSS_SIMT_ROWS, (int64_t)a->batch * a->hq,
-                                           a, stream, dev);
+    const oss_status st = oss_simt_launch<S, KT>(oss_attn_bwd_dq_simt_kernel<S, KT>, "oss_attn_bwd_dq_simt_kernel",
+                                                 smem, (a->lq + OSS_SIMT_ROWS - 1) / OSS_SIMT_ROWS,
+                                                 (int64_t)a->batch * a->hq, a, stream, dev);
     if (st != OSS_OK) return st;
   }
-  if (a->lk > 0) {
-    const size_t smem = sizeof(S) * ((size_t)OSS_SIMT_ROWS * (a->d + a->dv) + (size_t)KT * (a->d + 1) +
-                                     (size_t)KT * (a->dv + 1) + 2 * KT + 2 * OSS_SIMT_ROWS * KT);
-    return oss_simt_launch<S, KT>(oss_attn_bwd_dkdv_simt_kernel<S, KT>, "oss_attn_bwd_dkdv_simt_kernel", smem,
-                                  (a->lk + OSS_SIMT_ROWS - 1) / OSS_SIMT_ROWS, (int64_t)a->batch * a->hkv, a, stream,
-                                  dev);
-  }
-  return OSS_OK;
+  if (a->lk == 0) return OSS_OK;
+  const size_t smem = 3 * KT * sizeof(double) + sizeof(S) * ((size_t)OSS_SIMT_ROWS * (a->d + a->dv) + (size_t)KT * (a->d + 1) +
+                                                (size_t)KT * (a->dv + 1) + 2 * OSS_SIMT_ROWS * KT);
+  return oss_simt_launch<S, KT>(oss_attn_bwd_dkdv_simt_kernel<S, KT>, "oss_attn_bwd_dkdv_simt_kernel", smem,
+                                (a->lk + OSS_SIMT_ROWS - 1) / OSS_SIMT_ROWS, (int64_t)a->batch * a->hkv, a, stream,
+                                dev);
 }
 
 oss_status oss_attn_fwd_simt(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream,
@@ -455,36 +547,37 @@ oss_status oss_attn_bwd_simt(const oss_attn_args *a, oss_dtype dtype, cudaStream
   return dtype == OSS_FLOAT64 ? oss_attn_bwd_simt_t<double>(a, stream, dev) : oss_attn_bwd_simt_t<float>(a, stream, dev);
 }
 
+
 // ---------------------------------------------------------------------------
-// backward pre-pass (every dtype) and dQ conversion (tensor-core default mode)
+// backward pre-pass and dQ conversion of the tensor-core kernels
 // ---------------------------------------------------------------------------
 
-/* One warp per padded row of [B*Hq][lq_pad]: dsum = rowsum(dO * O) in Acc,
- * lse_adj = lse * lse_mult (+inf where lse = -inf and for padding rows), and
+/* One warp per padded row of [B*Hq][lq_pad]: dsum = rowsum(dO * O) (summed in
+ * double: it is subtracted from dP, where every rounding shows in dS),
+ * lse_adj = lse * log2(e) (+inf where lse = -inf and for padding rows), and
  * the row of the float32 dQ accumulator zeroed when there is one. */
-template <typename T, typename Acc>
-__global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_args a, Acc lse_mult) {
+template <typename T>
+__global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_args a) {
+  typedef float Acc;
   const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= (int64_t)a.batch * a.hq * a.lq_pad) return;
   const int64_t bh = row / a.lq_pad;
   const int i = (int)(row % a.lq_pad);
   const int b = (int)(bh / a.hq), h = (int)(bh % a.hq);
-  Acc sum = 0, ladj = (Acc)INFINITY;
+  double sum = 0;
+  Acc ladj = (Acc)INFINITY;
   if (i < a.lq) {
     const T *o = (const T *)a.out + b * a.o_s[0] + h * a.o_s[1] + (int64_t)i * a.o_s[2];
     const T *d = (const T *)a.dout + b * a.do_s[0] + h * a.do_s[1] + (int64_t)i * a.do_s[2];
-    for (int c = lane; c < a.dv; c += 32) {
-      if constexpr (sizeof(Acc) == 8) sum += (Acc)o[c] * (Acc)d[c];
-      else sum += oss_to_float(o[c]) * oss_to_float(d[c]);
-    }
+    for (int c = lane; c < a.dv; c += 32) sum += (double)oss_to_float(o[c]) * (double)oss_to_float(d[c]);
 #pragma unroll
     for (int off = 16; off >= 1; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     const Acc lse = ((const Acc *)a.lse)[bh * a.lq + i];
-    ladj = lse == (Acc)(-INFINITY) ? (Acc)INFINITY : lse * lse_mult;
+    ladj = lse == (Acc)(-INFINITY) ? (Acc)INFINITY : (Acc)((double)lse * OSS_LOG2E); /* one rounding */
   }
   if (lane == 0) {
-    ((Acc *)a.dsum)[row] = sum;
+    ((Acc *)a.dsum)[row] = (Acc)sum;
     ((Acc *)a.lse_adj)[row] = ladj;
   }
   if (a.dq_acc) {
@@ -493,7 +586,7 @@ __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_ar
   }
 }
 
-/* dq = scale * dq_acc for rows < Lq, cols < D. One warp per row. */
+/* dq = dq_acc (already scaled) for rows < Lq, cols < D. One warp per row. */
 template <typename T> __global__ void __launch_bounds__(256) oss_attn_bwd_dq_convert_kernel(const oss_attn_args a) {
   const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
@@ -503,22 +596,15 @@ template <typename T> __global__ void __launch_bounds__(256) oss_attn_bwd_dq_con
   const int b = (int)(bh / a.hq), h = (int)(bh % a.hq);
   const float *src = a.dq_acc + (bh * a.lq_pad + i) * a.dq_ld;
   T *dst = (T *)a.dq + b * a.dq_s[0] + h * a.dq_s[1] + (int64_t)i * a.dq_s[2];
-  const float sc = (float)a.scale;
-  for (int c = lane; c < a.d; c += 32) dst[c] = oss_from_float<T>(src[c] * sc);
+  for (int c = lane; c < a.d; c += 32) dst[c] = oss_from_float<T>(src[c]);
 }
 
 oss_status oss_attn_bwd_prepare(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream) {
   const int64_t rows = (int64_t)a->batch * a->hq * a->lq_pad;
   if (rows == 0) return OSS_OK;
   const dim3 grid((unsigned)((rows + 7) / 8));
-  switch (dtype) {
-  case OSS_FLOAT16: oss_attn_bwd_pre_kernel<__half, float><<<grid, 256, 0, stream>>>(*a, (float)OSS_LOG2E); break;
-  case OSS_BFLOAT16:
-    oss_attn_bwd_pre_kernel<__nv_bfloat16, float><<<grid, 256, 0, stream>>>(*a, (float)OSS_LOG2E);
-    break;
-  case OSS_FLOAT32: oss_attn_bwd_pre_kernel<float, float><<<grid, 256, 0, stream>>>(*a, 1.f); break;
-  default: oss_attn_bwd_pre_kernel<double, double><<<grid, 256, 0, stream>>>(*a, 1.0); break;
-  }
+  if (dtype == OSS_FLOAT16) oss_attn_bwd_pre_kernel<__half><<<grid, 256, 0, stream>>>(*a);
+  else oss_attn_bwd_pre_kernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(*a);
   return oss_check_launch("oss_attn_bwd_pre_kernel");
 }
 

@@ -260,13 +260,15 @@ __device__ __forceinline__ float sm_ex2(float x) {
 }
 #define SM_LOG2E 1.4426950408889634
 
-/* exp(x - ms) given msl = ms * log2(e): FAST is one FFMA and one MUFU.EX2. */
-template <bool FAST> __device__ __forceinline__ float sm_exp_shift(float x, float ms, float msl) {
-  return FAST ? sm_ex2(fmaf(x, (float)SM_LOG2E, -msl)) : expf(x - ms);
+/* exp(x - ms). FAST: 2^((x - ms) log2(e)), one FADD, FMUL and MUFU.EX2. The
+ * subtraction comes first: x - ms is exact for the values that matter (those
+ * near the max), while folding ms into the FFMA as ms*log2(e) would round the
+ * shift by an ulp of ms*log2(e) (0.4% of the result at |ms| = 6e4, float16's
+ * range) and overflow to inf past 2.4e38 (bfloat16's range). */
+template <bool FAST> __device__ __forceinline__ float sm_exp_shift(float x, float ms) {
+  return FAST ? sm_ex2((x - ms) * (float)SM_LOG2E) : expf(x - ms);
 }
-template <bool FAST> __device__ __forceinline__ double sm_exp_shift(double x, double ms, double msl) {
-  return exp(x - ms);
-}
+template <bool FAST> __device__ __forceinline__ double sm_exp_shift(double x, double ms) { return exp(x - ms); }
 
 template <typename Acc> __device__ __forceinline__ Acc sm_safe_max(Acc m) { return m == (Acc)-INFINITY ? (Acc)0 : m; }
 
@@ -331,34 +333,31 @@ __device__ __forceinline__ void sm_accumulate(sm_stat<Acc> &st, const Acc (&a)[N
 #pragma unroll
     for (int e = 0; e < N; e++)
       if (e < count) vm = sm_max(vm, a[e]);
-    const Acc ms = sm_safe_max(vm), msl = ms * (Acc)SM_LOG2E;
+    const Acc ms = sm_safe_max(vm);
     Acc s = 0;
 #pragma unroll
     for (int e = 0; e < N; e++)
-      if (e < count) s += sm_exp_shift<FAST>(a[e], ms, msl);
+      if (e < count) s += sm_exp_shift<FAST>(a[e], ms);
     st.d = st.d * sm_exp<false>(st.m - ms) + s;
     st.m = vm;
   }
 }
 
-/* What the output phase needs, per row/column. Forward: c0 = ms and c1 = 1/d
- * (softmax) or log(d) (log_softmax). FAST (16-bit output): c0 = ms + log(d)
- * (log_softmax: y = x - c0) and c1 = -(ms*log2(e) + log2(d)) (softmax:
- * y = 2^(x*log2(e) + c1), one FFMA and one MUFU). Backward: c0 = the sum. */
+/* What the output phase needs, per row/column. Forward: c0 = ms and c1 =
+ * log(d) (log_softmax: y = (x - c0) - c1), else 1/d (softmax: y = exp(x - c0)
+ * c1), or with FAST (16-bit output) -log2(d) (softmax: y = 2^((x - c0) log2(e)
+ * + c1), one FADD, FFMA and MUFU). x - ms is computed first so that a large
+ * |ms| is never rounded into a combined constant. Backward: c0 = the sum. */
 template <bool BWD, bool FAST, typename Acc>
 __device__ __forceinline__ void sm_finish(sm_stat<Acc> st, int log, Acc &c0, Acc &c1) {
   if constexpr (BWD) {
     c0 = st.d;
     c1 = 0;
   } else {
-    const Acc ms = sm_safe_max(st.m);
-    if (FAST && sizeof(Acc) == 4) {
-      c0 = ms + sm_log(st.d);
-      c1 = -(ms * (Acc)SM_LOG2E + (Acc)log2f((float)st.d));
-    } else {
-      c0 = ms;
-      c1 = log ? sm_log(st.d) : (Acc)1 / st.d;
-    }
+    c0 = sm_safe_max(st.m);
+    if (log) c1 = sm_log(st.d);
+    else if (FAST && sizeof(Acc) == 4) c1 = -(Acc)log2f((float)st.d);
+    else c1 = (Acc)1 / st.d;
   }
 }
 
@@ -368,7 +367,7 @@ __device__ __forceinline__ Acc sm_output(Acc a, Acc b, int log, Acc c0, Acc c1) 
   if constexpr (BWD) {
     return log ? b - sm_exp<FAST>(a) * c0 : a * (b - c0);
   } else if constexpr (FAST && sizeof(Acc) == 4) {
-    return log ? a - c0 : (Acc)sm_ex2(fmaf((float)a, (float)SM_LOG2E, (float)c1));
+    return log ? (a - c0) - c1 : (Acc)sm_ex2(fmaf((float)(a - c0), (float)SM_LOG2E, (float)c1));
   } else {
     return log ? (a - c0) - c1 : sm_exp<FAST>(a - c0) * c1;
   }

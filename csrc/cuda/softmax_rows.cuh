@@ -172,12 +172,12 @@ template <typename T1, typename Acc> __device__ __forceinline__ Acc sm_slot_max(
 }
 
 template <bool FAST, typename T1, typename Acc>
-__device__ __forceinline__ Acc sm_slot_sumexp(sm_slot &ra, Acc ms, Acc msl, bool cache) {
+__device__ __forceinline__ Acc sm_slot_sumexp(sm_slot &ra, Acc ms, bool cache) {
   constexpr int VEC = sm_vec<T1>();
   Acc v[2] = {0, 0};
 #pragma unroll
   for (int e = 0; e < VEC; e++) {
-    const Acc ex = sm_exp_shift<FAST>(sm_slot_elem<T1, Acc>(ra, e), ms, msl);
+    const Acc ex = sm_exp_shift<FAST>(sm_slot_elem<T1, Acc>(ra, e), ms);
     v[e & 1] += ex;
     if (cache) sm_set_bits<T1>(ra, e, sm_acc_to_bits<T1, Acc>(ex));
   }
@@ -226,15 +226,15 @@ __device__ __forceinline__ sm_stat<Acc> sm_thread_stats(sm_slot (&ra)[KM], const
       mv[0] = sm_slot_max<T1, Acc>(xa, mv[0]);
     }
     const Acc m = sm_max(mv[0], mv[1]);
-    const Acc ms = sm_safe_max(m), msl = ms * (Acc)SM_LOG2E;
+    const Acc ms = sm_safe_max(m);
     const bool cache = sm_can_cache<T1, Acc>() && !log;
 #pragma unroll
     for (int k = 0; k < KM; k++)
-      if (k < nv) acc[k & 1] += sm_slot_sumexp<FAST, T1, Acc>(ra[k], ms, msl, cache);
+      if (k < nv) acc[k & 1] += sm_slot_sumexp<FAST, T1, Acc>(ra[k], ms, cache);
     for (int l = first; l < nsm; l += step) {
       sm_slot xa;
       xa.u = sa[l];
-      acc[0] += sm_slot_sumexp<FAST, T1, Acc>(xa, ms, msl, cache);
+      acc[0] += sm_slot_sumexp<FAST, T1, Acc>(xa, ms, cache);
       if (cache) sa[l] = xa.u;
     }
     st.m = m;
