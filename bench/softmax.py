@@ -85,6 +85,10 @@ def main():
         "F.softmax": lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype),
     }
     if not args.no_compile:
+        # one specialised graph per (shape, dtype), as a user compiling for a fixed
+        # shape gets; without raising the limit dynamo stops recompiling after 8
+        # shapes and silently runs the rest eagerly
+        torch._dynamo.config.recompile_limit = 1024
         impls["compile"] = torch.compile(lambda x: F.softmax(x, -1), dynamic=False)
         bwd_impls["compile"] = torch.compile(lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype),
                                              dynamic=False)

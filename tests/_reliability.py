@@ -123,9 +123,16 @@ def check_attention(bases, views=(identity, identity, identity), mask=None, is_c
     for name in ("ours", "peer", "ref"):
         ldtype = torch.float64 if name == "ref" else dtype
         leaves[name] = [b.detach().to(ldtype).requires_grad_(grad) for b in bases]
+    if dtype == torch.float64 and device.type == "cuda":
+        # For float64 on CUDA the peer (SDPA's math backend) is the very
+        # computation of attention_reference, so their difference would be 0
+        # and the rule would degenerate to atol alone; the reference runs on the
+        # CPU instead, so the peer's error is its real float64 rounding.
+        leaves["ref"] = [b.detach().cpu().requires_grad_(grad) for b in bases]
     qkv = {name: [f(t) for f, t in zip(views, leaves[name])] for name in leaves}
     out, lse = torch_oss.attention_with_lse(*qkv["ours"], **kw)
-    ref_out, ref_lse = attention_reference(*qkv["ref"], mask, is_causal, scale, gqa, alignment)
+    ref_mask = mask.cpu() if (mask is not None and qkv["ref"][0].device != device) else mask
+    ref_out, ref_lse = attention_reference(*qkv["ref"], ref_mask, is_causal, scale, gqa, alignment)
     peer_lse = lse_peer(*(t.detach() for t in qkv["peer"]), mask, is_causal, scale, gqa, alignment)
     # SDPA takes masks of at least 2 dims; torch_oss also takes 0-D and 1-D ones (broadcast)
     peer_mask = mask if mask is None or mask.dim() >= 2 else mask.expand(q0.shape[-2], k0.shape[-2])
@@ -139,14 +146,15 @@ def check_attention(bases, views=(identity, identity, identity), mask=None, is_c
         if lse_rows is None:
             assert_tolerance(f"lse {label}", lse, ref_lse.detach(), peer_lse, atol)
         else:
-            assert_tolerance(f"lse {label}", lse[lse_rows], ref_lse.detach()[lse_rows], peer_lse[lse_rows], atol)
+            assert_tolerance(f"lse {label}", lse[lse_rows], ref_lse.detach()[lse_rows.to(ref_lse.device)],
+                             peer_lse[lse_rows], atol)
     if grad:
         dout = _randn(out.shape, dtype, device, seed)
         out.backward(dout)
         if peer_out.requires_grad:
             peer_out.backward(dout)
         if ref_out.requires_grad:
-            ref_out.backward(dout.to(torch.float64))
+            ref_out.backward(dout.to(device=ref_out.device, dtype=torch.float64))
         for i, name in enumerate(("dq", "dk", "dv")):
             got = leaves["ours"][i].grad
             ref_grad = leaves["ref"][i].grad

@@ -176,13 +176,16 @@ def sdpa_peer(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=F
     if _fused_half_inputs(q, k, v):
         scale_ = q.shape[-1] ** -0.5 if scale is None else scale
         Dv = v.shape[-1]
-        # contiguous, padded copies (differentiable): the fused kernels refuse
-        # stride-0 and other unusual layouts, which change nothing in the math
-        qp, kp, vp = (_pad_last(t.contiguous(), 8) for t in (q, k, v))
+        # contiguous, padded copies with the kv heads repeated (all
+        # differentiable): the fused kernels refuse stride-0 and other unusual
+        # layouts and most refuse GQA, none of which changes the math
+        group = q.shape[-3] // k.shape[-3] if q.dim() == 4 else 1
+        kr, vr = (t.repeat_interleave(group, dim=-3) if group > 1 else t for t in (k, v))
+        qp, kp, vp = (_pad_last(t.contiguous(), 8) for t in (q, kr, vr))
         try:
             with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                               SDPBackend.CUDNN_ATTENTION]):
-                out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale_, **kw)[..., :Dv]
+                out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale_)[..., :Dv]
             return torch.nan_to_num(out, nan=0.0)
         except RuntimeError:
             pass  # no fused kernel takes these inputs: the default choice below
