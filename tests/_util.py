@@ -160,6 +160,17 @@ def _fused_half_inputs(q, k, v):
     return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.numel() > 0 and k.numel() > 0
 
 
+def _fused_peer_inputs(q, k, v, scale):
+    """Contiguous copies of q, k, v with the kv heads repeated and the head dims
+    zero-padded to a multiple of 8 (all differentiable), and the scale made
+    explicit: the fused kernels refuse stride-0 and other unusual layouts, most
+    refuse GQA and odd head dims, and none of that changes the math."""
+    group = q.shape[-3] // k.shape[-3] if q.dim() == 4 else 1
+    kr, vr = (t.repeat_interleave(group, dim=-3) if group > 1 else t for t in (k, v))
+    qp, kp, vp = (_pad_last(t.contiguous(), 8) for t in (q, kr, vr))
+    return qp, kp, vp, q.shape[-1] ** -0.5 if scale is None else scale
+
+
 def sdpa_peer(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, alignment="top_left"):
     """PyTorch's SDPA on the same-dtype inputs, the causal rule folded into an
     explicit mask so every alignment and mask combination is expressible.
@@ -174,18 +185,11 @@ def sdpa_peer(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=F
         with sdpa_kernel(SDPBackend.MATH):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **kw)
     if _fused_half_inputs(q, k, v):
-        scale_ = q.shape[-1] ** -0.5 if scale is None else scale
-        Dv = v.shape[-1]
-        # contiguous, padded copies with the kv heads repeated (all
-        # differentiable): the fused kernels refuse stride-0 and other unusual
-        # layouts and most refuse GQA, none of which changes the math
-        group = q.shape[-3] // k.shape[-3] if q.dim() == 4 else 1
-        kr, vr = (t.repeat_interleave(group, dim=-3) if group > 1 else t for t in (k, v))
-        qp, kp, vp = (_pad_last(t.contiguous(), 8) for t in (q, kr, vr))
+        qp, kp, vp, scale_ = _fused_peer_inputs(q, k, v, scale)
         try:
             with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                               SDPBackend.CUDNN_ATTENTION]):
-                out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale_)[..., :Dv]
+                out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale_)[..., :v.shape[-1]]
             return torch.nan_to_num(out, nan=0.0)
         except RuntimeError:
             pass  # no fused kernel takes these inputs: the default choice below
@@ -201,10 +205,8 @@ def lse_peer(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=Fa
     if _fused_half_inputs(q, k, v):
         with torch.no_grad():
             try:
-                Hq, Hkv, Lq, Lk = q.shape[-3], k.shape[-3], q.shape[-2], k.shape[-2]
-                scale_ = q.shape[-1] ** -0.5 if scale is None else scale
-                kr, vr = (t.repeat_interleave(Hq // Hkv, dim=-3) for t in (k, v))
-                qp, kp, vp = (_pad_last(t.contiguous(), 8) for t in (q, kr, vr))
+                Lq, Lk = q.shape[-2], k.shape[-2]
+                qp, kp, vp, scale_ = _fused_peer_inputs(q, k, v, scale)
                 mask = _causal_and_mask(q, k, attn_mask, is_causal, alignment)
                 bias = None
                 if mask is not None:
