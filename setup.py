@@ -131,10 +131,12 @@ def make_extension():
 
     archs = cuda_arch_list()
     dims = head_dims()
-    generated = load_generator().generate(dims, os.path.join(CSRC, "cuda", "generated"))
+    # The Hopper (wgmma) forward needs the arch-specific sm_90a target.
+    sm90 = any(a.strip().lower().split("+")[0] == "9.0a" for a in archs.replace(" ", ";").split(";"))
+    generated = load_generator().generate(dims, os.path.join(CSRC, "cuda", "generated"), sm90=sm90)
     cuda_dir = os.path.join(CSRC, "cuda")
     cu_sources = sorted(os.path.join(cuda_dir, f) for f in os.listdir(cuda_dir) if f.endswith(".cu"))
-    log(f"CUDA build: archs={archs} attention head dims={dims} ({len(cu_sources) + len(generated)} .cu files)")
+    log(f"CUDA build: archs={archs} attention head dims={dims} hopper forward={sm90} ({len(cu_sources) + len(generated)} .cu files)")
     nvcc_flags = [
         "-DOSS_WITH_CUDA",
         # torch disables the half operators for its own reasons; the kernels use them.

@@ -6,9 +6,12 @@ torch_oss against every SDPA backend in the same run. TFLOP/s: forward
 
     python bench/attention.py                       # GPU if visible, else a small CPU grid
     python bench/attention.py --hdims 128 --seqlens 2048,8192 --dtypes bfloat16
+    python bench/attention.py --with-mma    # also torch_oss with its mma.sync forward forced
+                                            # (on Hopper hd 64/128 otherwise run the wgmma kernel)
 """
 
 import argparse
+import os
 import sys
 from contextlib import nullcontext
 
@@ -51,6 +54,8 @@ def main():
     ap.add_argument("--modes", default="fwd,fwd+bwd")
     ap.add_argument("--tokens", type=int, default=None)
     ap.add_argument("--width", type=int, default=None)
+    ap.add_argument("--with-mma", action="store_true",
+                    help="also time torch_oss with TORCH_OSS_ATTENTION_FORWARD=mma (column torch_oss-mma)")
     args = ap.parse_args()
     device = args.device
     gpu = device == "cuda"
@@ -65,6 +70,8 @@ def main():
     print(f"attention benchmark on {env.get('gpu', env.get('cpu'))}, torch {env['torch']}, commit {env['commit']}")
 
     impls = {"torch_oss": nullcontext}
+    if args.with_mma:
+        impls["torch_oss-mma"] = nullcontext
     impls.update(sdpa_backends(device))
     records = []
     for dname in dtypes:
@@ -79,8 +86,13 @@ def main():
                     with torch.no_grad():
                         expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                     for name, ctx in impls.items():
+                        if name == "torch_oss-mma":
+                            os.environ["TORCH_OSS_ATTENTION_FORWARD"] = "mma"
+                        else:
+                            os.environ.pop("TORCH_OSS_ATTENTION_FORWARD", None)
+
                         def fwd():
-                            if name == "torch_oss":
+                            if name.startswith("torch_oss"):
                                 return torch_oss.attention(q, k, v, is_causal=causal)
                             with ctx():
                                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -118,7 +130,7 @@ def main():
                 del q, k, v, dout, expected
 
     names = list(dict.fromkeys(r["impl"] for r in records))
-    peers = [n for n in names if n != "torch_oss"]
+    peers = [n for n in names if not n.startswith("torch_oss")]
     header = ["dtype", "hd", "causal", "seqlen", "mode"] + names + [f"vs {p.replace('sdpa-', '')}" for p in peers]
     keys = list(dict.fromkeys((r["dtype"], r["hdim"], r["causal"], r["seqlen"], r["mode"]) for r in records))
     rows = []

@@ -39,10 +39,10 @@ const char *oss_status_name(oss_status status) {
 const char *oss_build_config(void) {
   static _Thread_local char config[512];
 #ifdef OSS_WITH_CUDA
-  snprintf(config, sizeof config, "cuda=1 archs=%s attention_head_dims=%s", OSS_CUDA_ARCHS,
-           oss_attention_cuda_head_dims_list());
+  snprintf(config, sizeof config, "cuda=1 archs=%s attention_head_dims=%s attention_hopper_head_dims=%s",
+           OSS_CUDA_ARCHS, oss_attention_cuda_head_dims_list(), oss_attention_cuda_hopper_head_dims_list());
 #else
-  snprintf(config, sizeof config, "cuda=0 archs= attention_head_dims=");
+  snprintf(config, sizeof config, "cuda=0 archs= attention_head_dims= attention_hopper_head_dims=");
 #endif
   return config;
 }

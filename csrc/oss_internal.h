@@ -22,6 +22,7 @@ oss_status oss_fail(oss_status status, const char *fmt, ...)
 /* Comma-separated head dims compiled into the CUDA attention kernels
  * (defined by the generated dispatch file; absent in CPU-only builds). */
 const char *oss_attention_cuda_head_dims_list(void);
+const char *oss_attention_cuda_hopper_head_dims_list(void); /* head dims of the sm_90a wgmma forward */
 
 #ifdef __cplusplus
 }

@@ -24,7 +24,8 @@ _registrations.register()
 
 def build_info():
     """What this build compiled: version, torch version, whether CUDA kernels
-    are present, their archs and the attention head dims with tile kernels."""
+    are present, their archs, the attention head dims with tile kernels and
+    those with the Hopper forward."""
     fields = dict(item.split("=", 1) for item in _C.build_config().split())
 
     def as_list(text, cast=str):
@@ -36,4 +37,6 @@ def build_info():
         "cuda": fields.get("cuda") == "1",
         "cuda_archs": as_list(fields.get("archs", "")),
         "attention_head_dims": as_list(fields.get("attention_head_dims", ""), int),
+        # head dims whose forward has the Hopper (wgmma, sm_90a) kernel
+        "attention_hopper_head_dims": as_list(fields.get("attention_hopper_head_dims", ""), int),
     }

@@ -7,8 +7,8 @@
  * dim (generate_attention_kernels.py -> generated/attention_dispatch.cu): the
  * smallest compiled head dim >= max(D, Dv) is used, the extra columns being
  * zero padding in shared memory. Each table entry has a slot per forward
- * kernel family (mma.sync for sm_80+, a reserved Hopper slot); the selection
- * takes the most specific family compiled for the device's architecture.
+ * kernel family (mma.sync for sm_80+; wgmma for sm_90a, head dims 64 and 128);
+ * the selection takes the most specific family compiled for the device.
  *
  * Backward, tensor cores: a pre-pass computes D = rowsum(dO * O) and the lse
  * in kernel units (workspace); the default mode also zeroes a float32 dQ
@@ -20,6 +20,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attention_common.cuh"
@@ -59,9 +60,15 @@ static const oss_attn_kernel_entry *oss_attn_find(oss_dtype dtype, int64_t need,
   return best;
 }
 
-/* Forward family for the device: the Hopper slot on sm_90 when compiled, else mma.sync. */
+/* Forward family for the device: the Hopper (wgmma) kernel on sm_90 where it
+ * is compiled for the head dim, else mma.sync. TORCH_OSS_ATTENTION_FORWARD=mma
+ * in the environment (read at each call) forces mma.sync, so that kernel stays
+ * testable and comparable on Hopper. */
 static oss_attn_launch_fn oss_attn_select_fwd(const oss_attn_kernel_entry *e, const oss_device_info *dev) {
-  if (dev->cc_major == 9 && e->fwd[OSS_ATTN_FWD_SM90] != NULL) return e->fwd[OSS_ATTN_FWD_SM90];
+  const char *force = getenv("TORCH_OSS_ATTENTION_FORWARD");
+  const int mma_only = force != NULL && strcmp(force, "mma") == 0;
+  if (!mma_only && dev->cc_major == 9 && dev->cc_minor == 0 && e->fwd[OSS_ATTN_FWD_SM90] != NULL)
+    return e->fwd[OSS_ATTN_FWD_SM90];
   return e->fwd[OSS_ATTN_FWD_MMA];
 }
 

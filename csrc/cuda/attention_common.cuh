@@ -79,7 +79,7 @@ typedef oss_status (*oss_attn_launch_fn)(const oss_attn_args *a, cudaStream_t st
 
 /* Forward kernel families: a slot per architecture-specific implementation.
  * OSS_ATTN_FWD_MMA is the mma.sync/ldmatrix/cp.async kernel (sm_80 and newer);
- * OSS_ATTN_FWD_SM90 is reserved for a Hopper wgmma/TMA kernel (none yet). */
+ * OSS_ATTN_FWD_SM90 is the Hopper wgmma kernel (attention_fwd_sm90.cuh). */
 enum { OSS_ATTN_FWD_MMA = 0, OSS_ATTN_FWD_SM90 = 1, OSS_ATTN_FWD_FAMILIES = 2 };
 
 typedef struct oss_attn_kernel_entry {

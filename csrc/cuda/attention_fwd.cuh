@@ -29,6 +29,100 @@
 
 #include "attention_mma.cuh"
 
+/* ---- per-tile steps shared by the mma.sync kernel here and the wgmma kernel
+ * (attention_fwd_sm90.cuh). Scores and output are C fragments: s[mt][n][e] is
+ * row r0 + 16mt + g (+8 for e >= 2), column 8n + 2t + (e & 1) of the tile. */
+
+/* Prepares the raw scores of key tile j0 for rows r0 .. r0 + 16 MT - 1 and
+ * returns c, the factor the softmax applies to them: unmasked tiles keep raw
+ * scores and c = scale log2(e) (folded into the row max and exp2's FFMA);
+ * tiles that need the element mask (mask tensor, key bound, causal diagonal,
+ * or a negative scale, where max and scaling do not commute) are scaled and
+ * masked here, and c = 1. */
+template <typename T, int MT, int NT>
+__device__ __forceinline__ float oss_attn_fwd_mask_scores(float (&s)[MT][NT][4], const oss_attn_args &a,
+                                                          int64_t mbase, int r0, int j0, int lane) {
+  const bool need_mask = a.mask_kind != OSS_MASK_NONE || a.scale_log2 < 0.f || j0 + NT * 8 > a.lk ||
+                         (a.causal && (int64_t)(j0 + NT * 8 - 1) > (int64_t)r0 + a.causal_off);
+  if (!need_mask) return a.scale_log2;
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[mt][n][e] *= a.scale_log2;
+  oss_attn_mask_tile<T, false, MT, NT>(s, a, mbase, r0, j0, lane);
+  return 1.f;
+}
+
+/* Online softmax over one tile: rows g and g+8 of each m-tile, a row's 4
+ * owners are one quad. m (log2 units) and l are per row, o is rescaled by
+ * exp2(m_old - m_new), s becomes P = exp2(c s - m_new). */
+template <int MT, int NT, int NO>
+__device__ __forceinline__ void oss_attn_online_softmax(float (&s)[MT][NT][4], float (&o)[MT][NO][4],
+                                                        float (&m)[MT][2], float (&l)[MT][2], float c) {
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int hi = 0; hi < 2; hi++) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[mt][n][2 * hi], s[mt][n][2 * hi + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[mt][hi], mx * c);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new; /* fully masked so far: p = 0 */
+      const float alpha = oss_ex2(m[mt][hi] - m_use);
+      m[mt][hi] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < NT; n++) {
+        const float p0 = oss_ex2(fmaf(s[mt][n][2 * hi], c, -m_use));
+        const float p1 = oss_ex2(fmaf(s[mt][n][2 * hi + 1], c, -m_use));
+        s[mt][n][2 * hi] = p0;
+        s[mt][n][2 * hi + 1] = p1;
+        sum += p0 + p1;
+      }
+      l[mt][hi] = l[mt][hi] * alpha + sum;
+#pragma unroll
+      for (int n = 0; n < NO; n++) {
+        o[mt][n][2 * hi] *= alpha;
+        o[mt][n][2 * hi + 1] *= alpha;
+      }
+    }
+}
+
+/* Writes out = o / l for rows r0 .. r0 + 16 MT - 1 (those < Lq, columns < Dv)
+ * and lse = m ln2 + ln l (float32). l == 0: no visible key (out 0, lse -inf);
+ * l NaN: a NaN or +inf score (out and lse NaN, as SDPA's math). */
+template <typename T, int MT, int NO>
+__device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const float (&o)[MT][NO][4],
+                                                   const float (&m)[MT][2], const float (&l)[MT][2], int b, int h,
+                                                   int64_t bh, int r0, int lane) {
+  T *gO = (T *)a.out + b * a.o_s[0] + h * a.o_s[1];
+  float *lse = (float *)a.lse + bh * a.lq;
+  const bool vo = a.vec & OSS_ATTN_VEC_O;
+  const int g = lane >> 2, t2 = (lane & 3) * 2;
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int hi = 0; hi < 2; hi++) {
+      float lt = l[mt][hi];
+      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+      const float inv = lt == 0.f ? 0.f : 1.f / lt;
+      const int r = r0 + mt * 16 + g + hi * 8;
+      if (r < a.lq) {
+        T *orow = gO + (int64_t)r * a.o_s[2];
+#pragma unroll
+        for (int n = 0; n < NO; n++)
+          oss_store_pair<T>(orow, n * 8 + t2, a.dv, o[mt][n][2 * hi] * inv, o[mt][n][2 * hi + 1] * inv, vo);
+        if ((lane & 3) == 0) /* in double: one rounding of m ln2 + ln l, which can be large */
+          lse[r] = lt == 0.f ? -INFINITY : (float)((double)m[mt][hi] * OSS_LN2 + (double)logf(lt));
+      }
+    }
+}
+
 /* Tile configuration per compiled head dim. */
 template <int HD> struct oss_attn_fwd_cfg {
   static constexpr int BR = 128;                 /* query rows per CTA */
@@ -94,7 +188,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
   }
 
   const uint32_t sQw = oss_smem_u32(sQ + wrow * LDS);
-  const int g = lane >> 2, t2 = (lane & 3) * 2;
 
 #pragma unroll 1
   for (int j = 0; j < ntiles; j++) {
@@ -126,54 +219,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
         for (int n = 0; n < NT; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
       oss_warp_mma_ss<T, MT, NT, KD, LDS, LDS>(s, sQw, oss_smem_u32(sK + st * BC * LDS), lane);
 
-      /* Unmasked tiles keep raw scores: c = scale log2(e) is folded into the
-       * row max (scaled once per row) and into exp2's FFMA. Masked tiles (and
-       * a negative scale, where max and scaling do not commute) are scaled and
-       * masked first, with c = 1. */
-      const bool need_mask = a.mask_kind != OSS_MASK_NONE || a.scale_log2 < 0.f || j0 + BC > a.lk ||
-                             (a.causal && (int64_t)(j0 + BC - 1) > (int64_t)(i0 + wrow) + a.causal_off);
-      float c = a.scale_log2;
-      if (need_mask) {
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-          for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[mt][n][e] *= a.scale_log2;
-        oss_attn_mask_tile<T, false, MT, NT>(s, a, mbase, i0 + wrow, j0, lane);
-        c = 1.f;
-      }
-
-      /* online softmax, rows g and g+8 of each m-tile; a row's 4 owners are one quad */
-#pragma unroll
-      for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int hi = 0; hi < 2; hi++) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[mt][n][2 * hi], s[mt][n][2 * hi + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m[mt][hi], mx * c);
-          const float m_use = m_new == -INFINITY ? 0.f : m_new; /* fully masked so far: p = 0 */
-          const float alpha = oss_ex2(m[mt][hi] - m_use);
-          m[mt][hi] = m_new;
-          float sum = 0.f;
-#pragma unroll
-          for (int n = 0; n < NT; n++) {
-            const float p0 = oss_ex2(fmaf(s[mt][n][2 * hi], c, -m_use));
-            const float p1 = oss_ex2(fmaf(s[mt][n][2 * hi + 1], c, -m_use));
-            s[mt][n][2 * hi] = p0;
-            s[mt][n][2 * hi + 1] = p1;
-            sum += p0 + p1;
-          }
-          l[mt][hi] = l[mt][hi] * alpha + sum;
-#pragma unroll
-          for (int n = 0; n < NO; n++) {
-            o[mt][n][2 * hi] *= alpha;
-            o[mt][n][2 * hi + 1] *= alpha;
-          }
-        }
+      const float c = oss_attn_fwd_mask_scores<T, MT, NT>(s, a, mbase, i0 + wrow, j0, lane);
+      oss_attn_online_softmax<MT, NT, NO>(s, o, m, l, c);
       oss_acc_to_a<T, MT, NT>(s, pa);
     }
 
@@ -182,30 +229,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
     if (warp_live) oss_warp_mma_rs<T, MT, NO, BC / 16, LDS>(o, pa, oss_smem_u32(sV + st * BC * LDS), lane);
   }
 
-  /* finalize: o / l, lse */
-  T *gO = (T *)a.out + b * a.o_s[0] + h * a.o_s[1];
-  float *lse = (float *)a.lse + bh * a.lq;
-  const bool vo = a.vec & OSS_ATTN_VEC_O;
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int hi = 0; hi < 2; hi++) {
-      float lt = l[mt][hi];
-      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-      /* l == 0: no visible key (out 0, lse -inf); l NaN: a NaN or +inf score
-       * (out and lse NaN, as SDPA's math) */
-      const float inv = lt == 0.f ? 0.f : 1.f / lt;
-      const int r = i0 + wrow + mt * 16 + g + hi * 8;
-      if (r < a.lq) {
-        T *orow = gO + (int64_t)r * a.o_s[2];
-#pragma unroll
-        for (int n = 0; n < NO; n++)
-          oss_store_pair<T>(orow, n * 8 + t2, a.dv, o[mt][n][2 * hi] * inv, o[mt][n][2 * hi + 1] * inv, vo);
-        if ((lane & 3) == 0) /* in double: one rounding of m ln2 + ln l, which can be large */
-          lse[r] = lt == 0.f ? -INFINITY : (float)((double)m[mt][hi] * OSS_LN2 + (double)logf(lt));
-      }
-    }
+  oss_attn_fwd_write<T, MT, NO>(a, o, m, l, b, h, bh, i0 + wrow, lane);
 }
 
 template <typename T, int HD, int BR, int BC, int NW, int MINB>

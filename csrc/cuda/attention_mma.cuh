@@ -115,10 +115,15 @@ __device__ __forceinline__ unsigned short oss_ld_bits16(const void *p) {
 // element loads and 16-byte shared stores (visible after the next
 // __syncthreads, like the cp.async path after its wait).
 // g points at row 0 of the tile, which must exist (rows_valid >= 1).
+// SW128 (the wgmma operand layout, attention_fwd_sm90.cuh): the tile is stored
+// as KD/64 column blocks of [ROWS][64] elements, 128-byte rows, and chunk c of
+// row r sits at chunk position c ^ (r % 8) of its row (the hardware's 128-byte
+// swizzle; blocks must start on 1024-byte boundaries). LDS is then 64. Rows a
+// thread visits differ by multiples of 8, so its swizzled column is fixed.
 // ---------------------------------------------------------------------------
 __host__ __device__ constexpr int oss_pow2_ceil(int x) { return x <= 1 ? 1 : 2 * oss_pow2_ceil((x + 1) / 2); }
 
-template <typename T, int ROWS, int KD, int LDS, int NTHREADS>
+template <typename T, int ROWS, int KD, int LDS, int NTHREADS, bool SW128 = false>
 __device__ __forceinline__ void oss_load_tile(T *s, const T *g, int64_t row_stride, int rows_valid,
                                               int cols_valid, bool vec, int tid) {
   constexpr int CPR = KD / 8; /* 16-byte chunks per row */
@@ -127,12 +132,13 @@ __device__ __forceinline__ void oss_load_tile(T *s, const T *g, int64_t row_stri
   constexpr int RSTEP = NTHREADS / TPR;
   constexpr int ITERS = (ROWS + RSTEP - 1) / RSTEP;
   static_assert(sizeof(T) == 2, "tensor-core tiles hold 16-bit elements");
+  static_assert(!SW128 || (LDS == 64 && KD % 64 == 0 && RSTEP % 8 == 0), "swizzled tiles: 64-column blocks");
   const int ch = tid % TPR, r0 = tid / TPR;
   if (ch >= CPR) return;
   const int col = ch * 8;
   const int64_t step = oss_opaque(row_stride * RSTEP);
   const T *src = g + r0 * row_stride + col;
-  T *dst = s + r0 * LDS + col;
+  T *dst = SW128 ? s + (ch >> 3) * ROWS * 64 + r0 * 64 + (((ch & 7) ^ (r0 & 7)) << 3) : s + r0 * LDS + col;
   if (vec) {
     int nb = cols_valid - col;
     nb = (nb < 0 ? 0 : (nb > 8 ? 8 : nb)) * 2;
