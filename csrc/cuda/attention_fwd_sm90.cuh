@@ -5,22 +5,24 @@
  * query row), computed with m64nNk16 wgmma instead of warp-level mma.sync.
  *
  * One CTA owns BR = 64 NWG query rows of one (batch, query head) and streams
- * the keys of its kv head (h / group) in tiles of BC:
- *   - NWG warpgroups of 4 warps; warpgroup w owns query rows [64w, 64w + 64)
- *     of the tile, warp k of it rows 16k .. 16k + 15 (the wgmma accumulator
- *     layout), and runs its own online softmax on its S = Q K^T accumulators.
- *   - shared memory, in the 128-byte-swizzled layout wgmma reads (see
- *     oss_load_tile's SW128): Q (BR x HD) and two stages of K and V tiles
- *     (BC x HD each), filled by cp.async from every thread, 16 bytes each.
- *   - per key tile j: wait K_j, barrier, issue the loads of K_{j+1}, V_{j+1}
- *     into the other stage; S = Q K_j^T (wgmma, A = Q and B = K from shared
- *     memory, K-major); mask and online softmax in registers (shared with the
- *     mma.sync kernel); P packed to 16-bit A fragments in registers; wait V_j,
- *     barrier; O += P V_j (wgmma, A = P from registers, B = V from shared
- *     memory, MN-major).
+ * the keys of its kv head (h / group) in tiles of BC, warp-specialised:
+ *   - a producer warpgroup (few registers, setmaxnreg) copies Q, then K_j and
+ *     V_j into stage j % 2 with 16-byte cp.async, in the 128-byte-swizzled
+ *     layout wgmma reads (oss_load_tile's SW128); each copy completes on the
+ *     stage's "full" mbarrier, and a stage is refilled only after every
+ *     consumer thread arrived on its "empty" mbarrier.
+ *   - NWG consumer warpgroups (more registers); warpgroup w owns query rows
+ *     [64w, 64w + 64) of the tile, warp k of it rows 16k .. 16k + 15 (the wgmma
+ *     accumulator layout). Per tile: wait K_j, S = Q K_j^T (wgmma, A = Q and
+ *     B = K from shared memory, K-major), release K_j; mask and online softmax
+ *     in registers (shared with the mma.sync kernel), P packed to 16-bit A
+ *     fragments; wait V_j, O += P V_j (A = P from registers, B = V MN-major),
+ *     release V_j. No CTA-wide barrier after setup, so the two warpgroups
+ *     drift apart and one's softmax overlaps the other's products.
  *   - causal: key tiles past the diagonal are not loaded, and a warpgroup
  *     whose rows see none of a tile skips its products.
- * Limits: head dims (D and Dv) up to HD, zero padded; HD a multiple of 64;
+ * Limits: head dims (D and Dv) up to HD, zero padded; HD a multiple of 64
+ * (64 and 128 are compiled: S and O accumulators of 256 need more registers);
  * built only for sm_90a (the launcher is in the dispatch table only when the
  * build includes that target; elsewhere the kernel body traps).
  */
@@ -31,9 +33,17 @@
 #include "wgmma_ops.cuh"
 
 template <int HD> struct oss_attn_fwd_sm90_cfg {
-  static constexpr int NWG = 2;  /* warpgroups: 128 query rows per CTA */
+  static constexpr int NWG = 2;  /* consumer warpgroups: 128 query rows per CTA */
   static constexpr int BC = 128; /* keys per tile */
 };
+
+/* Registers per thread after setmaxnreg. A CTA keeps the registers it was
+ * launched with (the 168 per thread that ptxas allots for 384 threads), so the
+ * producer's and consumers' budgets must fit in them, or the consumers' request
+ * waits forever. */
+enum { OSS_SM90_PRODUCER_REGS = 72, OSS_SM90_CONSUMER_REGS = 216, OSS_SM90_LAUNCH_REGS = 168 };
+static_assert(128 * OSS_SM90_PRODUCER_REGS + 256 * OSS_SM90_CONSUMER_REGS <= 384 * OSS_SM90_LAUNCH_REGS,
+              "register budgets exceed the CTA's launch allocation");
 
 template <int HD, int BR, int BC> __host__ __device__ constexpr size_t oss_attn_fwd_sm90_smem_bytes() {
   return (size_t)(BR + 4 * BC) * HD * 2 + 1024; /* + room to align the tiles to 1024 bytes */
@@ -54,6 +64,37 @@ __device__ __forceinline__ void oss_wgmma_wait_all() { asm volatile("wgmma.wait_
  * included, visible to the tensor cores' reads after the next barrier. */
 __device__ __forceinline__ void oss_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+/* mbarrier (PTX ISA, "mbarrier"): a shared-memory barrier object completing a
+ * phase when its pending arrivals reach zero; waiters poll the parity of the
+ * phase they wait for. */
+__device__ __forceinline__ void oss_mbar_init(uint64_t *bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(oss_smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void oss_mbar_arrive(uint64_t *bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(oss_smem_u32(bar))
+               : "memory");
+}
+/* Arrives on bar once all of this thread's earlier cp.async copies landed. */
+__device__ __forceinline__ void oss_cp_async_arrive(uint64_t *bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(oss_smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void oss_mbar_wait(uint64_t *bar, int parity) {
+  asm volatile("{\n.reg .pred done;\nwait_%=:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra wait_%=;\n}\n" ::"r"(oss_smem_u32(bar)),
+               "r"(parity)
+               : "memory");
+}
+
+/* Register budget per thread of the executing warpgroup (sm_90a): the
+ * producer gives registers back, the consumers take them. */
+template <int N> __device__ __forceinline__ void oss_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void oss_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 /* Ties accumulator registers to this point of the program, so that the
  * compiler neither reads them before the wgmma.wait that completes them nor
  * moves their last writes past the wgmma that reads them. */
@@ -64,17 +105,54 @@ template <int N> __device__ __forceinline__ void oss_wgmma_fence_operand(float (
     for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[n][e])::"memory");
 }
 
-template <typename T, int HD, int BC, int NWG>
-__global__ void __launch_bounds__(NWG * 128, 1) oss_attn_fwd_sm90_kernel(const oss_attn_args a) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BR = 64 * NWG, NT = BC / 8, NO = HD / 8, NTHREADS = NWG * 128;
-  static_assert(HD % 64 == 0 && BC % 16 == 0, "head dim a multiple of 64, key tile of 16");
-  constexpr uint32_t Q_BLOCK = BR * 128, KV_BLOCK = BC * 128; /* bytes of one column block */
+/* Issues S = Q K^T for one warpgroup (64 rows x BC keys, no commit): k-step kk
+ * reads column block kk / 4 of Q and K at 32 bytes per step inside it. */
+template <typename T, int HD, int BR, int BC>
+__device__ __forceinline__ void oss_attn_sm90_qk(float (&s)[1][BC / 8][4], uint32_t sQa, uint32_t sKa) {
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; kk++)
+    oss_wgmma<T, BC>::template ss<0, 0>(s[0], oss_wgmma_desc(sQa + (kk >> 2) * (BR * 128) + (kk & 3) * 32, 16, 1024),
+                                        oss_wgmma_desc(sKa + (kk >> 2) * (BC * 128) + (kk & 3) * 32, 16, 1024),
+                                        kk > 0);
+}
 
-  extern __shared__ __align__(1024) unsigned char oss_smem[];
-  T *sQ = reinterpret_cast<T *>(oss_smem + ((1024u - (oss_smem_u32(oss_smem) & 1023u)) & 1023u));
+/* Issues O += P V for one warpgroup (no commit): B = V, MN-major, 16 keys (two
+ * 8-row groups, 1024 bytes apart) per k-step, the 64-column blocks of the head
+ * dim BC * 128 bytes apart. */
+template <typename T, int HD, int BC>
+__device__ __forceinline__ void oss_attn_sm90_pv(float (&o)[1][HD / 8][4], const uint32_t (&pa)[1][BC / 16][4],
+                                                 uint32_t sVa) {
+#pragma unroll
+  for (int kk = 0; kk < BC / 16; kk++)
+    oss_wgmma<T, HD>::template rs<1>(o[0], pa[0][kk], oss_wgmma_desc(sVa + kk * 16 * 128, BC * 128, 1024), 1);
+}
+
+/* Mask, online softmax and packing of P into A fragments for one tile. */
+template <typename T, int NT, int NO>
+__device__ __forceinline__ void oss_attn_sm90_softmax(float (&s)[1][NT][4], float (&o)[1][NO][4], float (&m)[1][2],
+                                                      float (&l)[1][2], uint32_t (&pa)[1][NT / 2][4],
+                                                      const oss_attn_args &a, int64_t mbase, int r0, int j0,
+                                                      int lane) {
+  const float c = oss_attn_fwd_mask_scores<T, 1, NT>(s, a, mbase, r0, j0, lane);
+  oss_attn_online_softmax<1, NT, NO>(s, o, m, l, c);
+  oss_acc_to_a<T, 1, NT>(s, pa);
+}
+
+template <typename T, int HD, int BC, int NWG>
+__global__ void __launch_bounds__(NWG * 128 + 128, 1) oss_attn_fwd_sm90_kernel(const oss_attn_args a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BR = 64 * NWG, NT = BC / 8, NO = HD / 8, NCONSUMER = NWG * 128;
+  static_assert(HD % 64 == 0 && BC % 16 == 0, "head dim a multiple of 64, key tile of 16");
+  static_assert(NWG == 2, "the register budgets assume two consumer warpgroups");
+
+  extern __shared__ __align__(1024) unsigned char oss_sm90_smem[];
+  T *sQ = reinterpret_cast<T *>(oss_sm90_smem + ((1024u - (oss_smem_u32(oss_sm90_smem) & 1023u)) & 1023u));
   T *sK = sQ + BR * HD;
   T *sV = sK + 2 * BC * HD;
+
+  /* barriers: full[stage] (the producer's copies landed), empty[stage] (every
+   * consumer thread is done reading it), for K (0, 1) and V (2, 3) */
+  __shared__ __align__(8) uint64_t full_bar[4], empty_bar[4];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int64_t bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
@@ -83,7 +161,6 @@ __global__ void __launch_bounds__(NWG * 128, 1) oss_attn_fwd_sm90_kernel(const o
   const int qb = a.causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x; /* heavy blocks first */
   const int i0 = qb * BR;
   const int rows = min(BR, a.lq - i0);
-  const int wrow = wg * 64 + (warp & 3) * 16; /* this warp's first row in the tile */
 
   int n_end = a.lk;
   if (a.causal) {
@@ -92,90 +169,85 @@ __global__ void __launch_bounds__(NWG * 128, 1) oss_attn_fwd_sm90_kernel(const o
   }
   const int ntiles = (n_end + BC - 1) / BC;
 
-  const T *gQ = (const T *)a.q + b * a.q_s[0] + h * a.q_s[1] + (int64_t)i0 * a.q_s[2];
-  const T *gK = (const T *)a.k + b * a.k_s[0] + hk * a.k_s[1];
-  const T *gV = (const T *)a.v + b * a.v_s[0] + hk * a.v_s[1];
-  const bool vq = a.vec & OSS_ATTN_VEC_Q, vk = a.vec & OSS_ATTN_VEC_K, vv = a.vec & OSS_ATTN_VEC_V;
-  const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
+  if (tid == 0) {
+    for (int i = 0; i < 4; i++) {
+      oss_mbar_init(&full_bar[i], 128);        /* the producer warpgroup's threads (cp.async arrivals) */
+      oss_mbar_init(&empty_bar[i], NCONSUMER); /* every consumer thread */
+    }
+  }
+  __syncthreads(); /* the only CTA-wide barrier */
 
+  if (wg == NWG) {
+    /* producer warpgroup (few registers): Q with K_0, then K_j and V_j into stage j % 2 once the
+     * consumers released its previous use (tile j - 2) */
+    const T *gQ = (const T *)a.q + b * a.q_s[0] + h * a.q_s[1] + (int64_t)i0 * a.q_s[2];
+    const T *gK = (const T *)a.k + b * a.k_s[0] + hk * a.k_s[1];
+    const T *gV = (const T *)a.v + b * a.v_s[0] + hk * a.v_s[1];
+    const bool vq = a.vec & OSS_ATTN_VEC_Q, vk = a.vec & OSS_ATTN_VEC_K, vv = a.vec & OSS_ATTN_VEC_V;
+    const int ptid = tid - NCONSUMER;
+    oss_setmaxnreg_dec<OSS_SM90_PRODUCER_REGS>();
+    if (ntiles > 0) oss_load_tile<T, BR, HD, 64, 128, true>(sQ, gQ, a.q_s[2], rows, a.d, vq, ptid);
+#pragma unroll 1
+    for (int j = 0; j < ntiles; j++) {
+      const int st = j & 1, use = j >> 1, j0 = j * BC;
+      if (use > 0) oss_mbar_wait(&empty_bar[st], (use - 1) & 1);
+      oss_load_tile<T, BC, HD, 64, 128, true>(sK + st * BC * HD, gK + (int64_t)j0 * a.k_s[2], a.k_s[2],
+                                              min(BC, a.lk - j0), a.d, vk, ptid);
+      oss_fence_proxy_async(); /* the element-load path's plain stores */
+      oss_cp_async_arrive(&full_bar[st]);
+      if (use > 0) oss_mbar_wait(&empty_bar[2 + st], (use - 1) & 1);
+      oss_load_tile<T, BC, HD, 64, 128, true>(sV + st * BC * HD, gV + (int64_t)j0 * a.v_s[2], a.v_s[2],
+                                              min(BC, a.lk - j0), a.dv, vv, ptid);
+      oss_fence_proxy_async();
+      oss_cp_async_arrive(&full_bar[2 + st]);
+    }
+    oss_cp_async_wait<0>();
+  } else {
+  /* consumer warpgroups */
+  oss_setmaxnreg_inc<OSS_SM90_CONSUMER_REGS>();
+  const int wrow = wg * 64 + (warp & 3) * 16; /* this warp's first row in the tile */
+  const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
   float o[1][NO][4], s[1][NT][4];
   float m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.f, 0.f}};
 #pragma unroll
   for (int n = 0; n < NO; n++) o[0][n][0] = o[0][n][1] = o[0][n][2] = o[0][n][3] = 0.f;
 #pragma unroll
   for (int n = 0; n < NT; n++) s[0][n][0] = s[0][n][1] = s[0][n][2] = s[0][n][3] = 0.f;
-
-  if (ntiles > 0) {
-    oss_load_tile<T, BR, HD, 64, NTHREADS, true>(sQ, gQ, a.q_s[2], rows, a.d, vq, tid);
-    oss_load_tile<T, BC, HD, 64, NTHREADS, true>(sK, gK, a.k_s[2], min(BC, a.lk), a.d, vk, tid);
-    oss_cp_async_commit();
-    oss_load_tile<T, BC, HD, 64, NTHREADS, true>(sV, gV, a.v_s[2], min(BC, a.lk), a.dv, vv, tid);
-    oss_cp_async_commit();
-  }
-
   const uint32_t sQa = oss_smem_u32(sQ) + wg * 64 * 128; /* this warpgroup's 64 rows */
+  uint32_t pa[1][BC / 16][4];
 
 #pragma unroll 1
   for (int j = 0; j < ntiles; j++) {
-    const int j0 = j * BC;
-    const int st = j & 1;
-    oss_cp_async_wait<1>(); /* K_j (and Q) landed; V_j may still be in flight */
-    oss_fence_proxy_async();
-    __syncthreads(); /* ... for every thread; and stage st^1 is free again */
-    if (j + 1 < ntiles) {
-      const int jn = j0 + BC;
-      oss_load_tile<T, BC, HD, 64, NTHREADS, true>(sK + (st ^ 1) * BC * HD, gK + (int64_t)jn * a.k_s[2],
-                                                   a.k_s[2], min(BC, a.lk - jn), a.d, vk, tid);
-      oss_cp_async_commit();
-      oss_load_tile<T, BC, HD, 64, NTHREADS, true>(sV + (st ^ 1) * BC * HD, gV + (int64_t)jn * a.v_s[2],
-                                                   a.v_s[2], min(BC, a.lk - jn), a.dv, vv, tid);
-      oss_cp_async_commit();
-    } else {
-      oss_cp_async_commit();
-      oss_cp_async_commit();
-    }
-
+    const int st = j & 1, par = (j >> 1) & 1, j0 = j * BC;
     /* keys of this tile visible to some row of this warpgroup (uniform over it) */
-    const bool wg_live = !a.causal || (int64_t)j0 <= (int64_t)(i0 + wg * 64 + 63) + a.causal_off;
-    uint32_t pa[1][BC / 16][4];
-    if (wg_live) {
-      const uint32_t sKa = oss_smem_u32(sK + st * BC * HD);
-      oss_wgmma_fence_operand<NT>(s[0]);
-      oss_wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < HD / 16; kk++) /* k-step kk: column block kk / 4, 32 bytes per step inside it */
-        oss_wgmma<T, BC>::template ss<0, 0>(s[0],
-                                           oss_wgmma_desc(sQa + (kk >> 2) * Q_BLOCK + (kk & 3) * 32, 16, 1024),
-                                           oss_wgmma_desc(sKa + (kk >> 2) * KV_BLOCK + (kk & 3) * 32, 16, 1024),
-                                           kk > 0);
-      oss_wgmma_commit();
-      oss_wgmma_wait_all();
-      oss_wgmma_fence_operand<NT>(s[0]);
-
-      const float c = oss_attn_fwd_mask_scores<T, 1, NT>(s, a, mbase, i0 + wrow, j0, lane);
-      oss_attn_online_softmax<1, NT, NO>(s, o, m, l, c);
-      oss_acc_to_a<T, 1, NT>(s, pa);
-    }
-
-    oss_cp_async_wait<2>(); /* V_j landed (K_{j+1}, V_{j+1} may be in flight) */
+    const bool live = !a.causal || (int64_t)j0 <= (int64_t)(i0 + wg * 64 + 63) + a.causal_off;
+    oss_mbar_wait(&full_bar[st], par); /* K_j (and Q) landed */
     oss_fence_proxy_async();
-    __syncthreads();
-    if (wg_live) {
-      /* B = V_j, MN-major: 16 keys (two 8-row groups, 1024 bytes apart) per
-       * k-step; the 64-column blocks of the head dim are KV_BLOCK apart. */
-      const uint32_t sVa = oss_smem_u32(sV + st * BC * HD);
+    if (live) {
+      oss_wgmma_fence_operand<NT>(s[0]);
+      oss_wgmma_fence();
+      oss_attn_sm90_qk<T, HD, BR, BC>(s, sQa, oss_smem_u32(sK + st * BC * HD));
+      oss_wgmma_commit();
+      oss_wgmma_wait_all();
+      oss_wgmma_fence_operand<NT>(s[0]);
+    }
+    oss_mbar_arrive(&empty_bar[st]);
+    if (live) oss_attn_sm90_softmax<T, NT, NO>(s, o, m, l, pa, a, mbase, i0 + wrow, j0, lane);
+    oss_mbar_wait(&full_bar[2 + st], par); /* V_j landed */
+    oss_fence_proxy_async();
+    if (live) {
       oss_wgmma_fence_operand<NO>(o[0]);
       oss_wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BC / 16; kk++)
-        oss_wgmma<T, HD>::template rs<1>(o[0], pa[0][kk], oss_wgmma_desc(sVa + kk * 16 * 128, KV_BLOCK, 1024), 1);
+      oss_attn_sm90_pv<T, HD, BC>(o, pa, oss_smem_u32(sV + st * BC * HD));
       oss_wgmma_commit();
       oss_wgmma_wait_all();
       oss_wgmma_fence_operand<NO>(o[0]);
     }
+    oss_mbar_arrive(&empty_bar[2 + st]);
   }
 
   oss_attn_fwd_write<T, 1, NO>(a, o, m, l, b, h, bh, i0 + wrow, lane);
+  }
 #else
   __trap(); /* not built for sm_90a: never in the dispatch table */
 #endif
@@ -192,9 +264,19 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
                     "device allows %d",
                     HD, smem, dev->max_smem_per_block_optin);
   void (*kernel)(const oss_attn_args) = oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::NWG>;
+  /* The budgets of setmaxnreg hold only if the kernel launches with the
+   * registers assumed above; a compiler that allots fewer would make the
+   * consumers wait forever, so then the mma.sync kernel runs instead. */
+  static int launch_regs = -1;
+  if (launch_regs < 0) {
+    cudaFuncAttributes attr;
+    OSS_CUDA_TRY(cudaFuncGetAttributes(&attr, kernel));
+    launch_regs = attr.numRegs;
+  }
+  if (launch_regs < OSS_SM90_LAUNCH_REGS) return oss_attn_fwd_mma_launch<T, HD>(a, stream, dev);
   OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   const dim3 grid = oss_attn_grid((a->lq + BR - 1) / BR, (int64_t)a->batch * a->hq);
-  kernel<<<grid, C::NWG * 128, smem, stream>>>(*a);
+  kernel<<<grid, C::NWG * 128 + 128, smem, stream>>>(*a);
   return oss_check_launch("oss_attn_fwd_sm90_kernel");
 }
 

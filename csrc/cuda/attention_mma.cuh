@@ -118,8 +118,7 @@ __device__ __forceinline__ unsigned short oss_ld_bits16(const void *p) {
 // SW128 (the wgmma operand layout, attention_fwd_sm90.cuh): the tile is stored
 // as KD/64 column blocks of [ROWS][64] elements, 128-byte rows, and chunk c of
 // row r sits at chunk position c ^ (r % 8) of its row (the hardware's 128-byte
-// swizzle; blocks must start on 1024-byte boundaries). LDS is then 64. Rows a
-// thread visits differ by multiples of 8, so its swizzled column is fixed.
+// swizzle; blocks must start on 1024-byte boundaries). LDS is then 64.
 // ---------------------------------------------------------------------------
 __host__ __device__ constexpr int oss_pow2_ceil(int x) { return x <= 1 ? 1 : 2 * oss_pow2_ceil((x + 1) / 2); }
 
@@ -132,13 +131,15 @@ __device__ __forceinline__ void oss_load_tile(T *s, const T *g, int64_t row_stri
   constexpr int RSTEP = NTHREADS / TPR;
   constexpr int ITERS = (ROWS + RSTEP - 1) / RSTEP;
   static_assert(sizeof(T) == 2, "tensor-core tiles hold 16-bit elements");
-  static_assert(!SW128 || (LDS == 64 && KD % 64 == 0 && RSTEP % 8 == 0), "swizzled tiles: 64-column blocks");
+  static_assert(!SW128 || (LDS == 64 && KD % 64 == 0), "swizzled tiles: 64-column blocks");
   const int ch = tid % TPR, r0 = tid / TPR;
   if (ch >= CPR) return;
   const int col = ch * 8;
   const int64_t step = oss_opaque(row_stride * RSTEP);
   const T *src = g + r0 * row_stride + col;
-  T *dst = SW128 ? s + (ch >> 3) * ROWS * 64 + r0 * 64 + (((ch & 7) ^ (r0 & 7)) << 3) : s + r0 * LDS + col;
+  /* element offset of (row r0 + it * RSTEP, this thread's chunk) is dst + off(it) */
+  T *dst = SW128 ? s + (ch >> 3) * ROWS * 64 + r0 * 64 : s + r0 * LDS + col;
+#define OSS_TILE_OFF(it) (SW128 ? (it) * RSTEP * 64 + (((ch & 7) ^ ((r0 + (it) * RSTEP) & 7)) << 3) : (it) * RSTEP * LDS)
   if (vec) {
     int nb = cols_valid - col;
     nb = (nb < 0 ? 0 : (nb > 8 ? 8 : nb)) * 2;
@@ -148,7 +149,7 @@ __device__ __forceinline__ void oss_load_tile(T *s, const T *g, int64_t row_stri
       const int r = r0 + it * RSTEP;
       if (ROWS % RSTEP == 0 || r < ROWS) {
         const int bytes = r < rows_valid ? nb : 0;
-        oss_cp_async16(d0 + it * RSTEP * LDS * 2, bytes ? src : g, bytes);
+        oss_cp_async16(d0 + OSS_TILE_OFF(it) * 2, bytes ? src : g, bytes);
       }
       src += step;
     }
@@ -163,11 +164,12 @@ __device__ __forceinline__ void oss_load_tile(T *s, const T *g, int64_t row_stri
           for (int e = 0; e < 8; e++)
             if (col + e < cols_valid) w[e >> 1] |= (uint32_t)oss_ld_bits16(src + e) << (16 * (e & 1));
         }
-        *reinterpret_cast<uint4 *>(dst + it * RSTEP * LDS) = make_uint4(w[0], w[1], w[2], w[3]);
+        *reinterpret_cast<uint4 *>(dst + OSS_TILE_OFF(it)) = make_uint4(w[0], w[1], w[2], w[3]);
       }
       src += step;
     }
   }
+#undef OSS_TILE_OFF
 }
 
 // ---------------------------------------------------------------------------
