@@ -12,7 +12,8 @@
 # tests/test_*.py), FILE_TIMEOUT (seconds per pytest run, default 300), PYTEST_ARGS
 # (extra pytest arguments), BENCH_ARGS_SOFTMAX,
 # BENCH_ARGS_ATTENTION (extra benchmark arguments), SANITIZE_TOOLS (default
-# "memcheck racecheck synccheck"), STAGE_TIMEOUT (seconds per stage, default 900).
+# "memcheck racecheck synccheck"), SANITIZE_PARTS (softmax and/or attention; default both),
+# STAGE_TIMEOUT (seconds per stage, default 900).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${TORCH_OSS_RESULTS:-results}
@@ -71,7 +72,7 @@ for s in $STAGES; do
     stage sanitize
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
       timeout ${STAGE_TIMEOUT:-900} compute-sanitizer --tool $tool --error-exitcode 99 --print-limit 20 \
-        python3 scripts/sanitize_smoke.py >"$RESULTS/sanitize_$tool.log" 2>&1
+        python3 scripts/sanitize_smoke.py ${SANITIZE_PARTS:-} >"$RESULTS/sanitize_$tool.log" 2>&1
       rc=$?
       tail -5 "$RESULTS/sanitize_$tool.log"
       [ $rc = 0 ] && record "sanitize $tool" ok || record "sanitize $tool" "failed (rc $rc)"

@@ -4,7 +4,10 @@ dims, masks, GQA, causal modes, deterministic mode), checking results against
 the CPU kernels. Small enough to run under compute-sanitizer:
 
     compute-sanitizer --tool memcheck python3 scripts/sanitize_smoke.py
+    compute-sanitizer --tool racecheck python3 scripts/sanitize_smoke.py attention   # one part only
 """
+
+import sys
 
 import torch
 
@@ -47,6 +50,7 @@ def attention_cases():
     for dtype, tol in ((torch.bfloat16, 3e-2), (torch.float16, 5e-3), (torch.float32, 1e-4)):
         for (B, Hq, Hkv, Lq, Lk, D, Dv) in ((1, 2, 2, 17, 17, 64, 64), (2, 4, 2, 129, 127, 128, 128),
                                            (1, 8, 1, 1, 300, 40, 40), (1, 2, 2, 70, 45, 100, 72),
+                                           (1, 2, 1, 200, 300, 64, 48),  # several key tiles and query blocks
                                            (1, 2, 1, 65, 190, max(dims), max(dims))):
             if max(D, Dv) > max(dims):
                 continue
@@ -79,7 +83,10 @@ def attention_cases():
 
 
 if __name__ == "__main__":
-    softmax_cases()
-    attention_cases()
+    parts = sys.argv[1:] or ["softmax", "attention"]
+    if "softmax" in parts:
+        softmax_cases()
+    if "attention" in parts:
+        attention_cases()
     torch.cuda.synchronize()
     print("sanitize smoke: all CUDA paths ran and matched the CPU kernels")
