@@ -5,6 +5,7 @@ the CPU kernels. Small enough to run under compute-sanitizer:
 
     compute-sanitizer --tool memcheck python3 scripts/sanitize_smoke.py
     compute-sanitizer --tool racecheck python3 scripts/sanitize_smoke.py attention   # one part only
+Parts: softmax, attention, attention_forward (the attention cases, forward only).
 """
 
 import sys
@@ -44,7 +45,7 @@ def softmax_cases():
               tol)
 
 
-def attention_cases():
+def attention_cases(forward_only=False):
     torch.manual_seed(1)
     dims = torch_oss.build_info()["attention_head_dims"]
     for dtype, tol in ((torch.bfloat16, 3e-2), (torch.float16, 5e-3), (torch.float32, 1e-4)):
@@ -62,20 +63,24 @@ def attention_cases():
             for causal, align, m in ((False, "top_left", None), (True, "top_left", None),
                                      (True, "bottom_right", mask), (False, "top_left", mask.float().log())):
                 args = dict(attn_mask=m, is_causal=causal, enable_gqa=Hq != Hkv, causal_alignment=align)
-                leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+                leaves = [t.clone().requires_grad_(not forward_only) for t in (q, k, v)]
                 out, lse = torch_oss.attention_with_lse(*leaves, **args)
-                dout = torch.randn_like(out)
-                out.backward(dout)
-                cpu = [t.detach().cpu().float().requires_grad_() for t in (q, k, v)]
+                name = f"attention {dtype} {(B, Hq, Hkv, Lq, Lk, D, Dv)} causal={causal}/{align} mask={m is not None}"
+                cpu = [t.detach().cpu().float().requires_grad_(not forward_only) for t in (q, k, v)]
                 cargs = dict(args, attn_mask=None if m is None else m.cpu().float() if m.dtype != torch.bool
                              else m.cpu())
                 cout, clse = torch_oss.attention_with_lse(*cpu, **cargs)
-                cout.backward(dout.cpu().float())
-                name = f"attention {dtype} {(B, Hq, Hkv, Lq, Lk, D, Dv)} causal={causal}/{align} mask={m is not None}"
                 close(name + " out", out, cout, tol)
                 close(name + " lse", lse, clse, tol)
+                if forward_only:
+                    continue
+                dout = torch.randn_like(out)
+                out.backward(dout)
+                cout.backward(dout.cpu().float())
                 for g, cg, n in zip(leaves, cpu, "qkv"):
                     close(name + f" d{n}", g.grad, cg.grad, tol * 20)
+    if forward_only:
+        return
     torch.use_deterministic_algorithms(True)
     q, k, v = (torch.randn(1, 4, 100, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     torch_oss.attention(q, k, v, is_causal=True).sum().backward()
@@ -88,5 +93,7 @@ if __name__ == "__main__":
         softmax_cases()
     if "attention" in parts:
         attention_cases()
+    if "attention_forward" in parts:
+        attention_cases(forward_only=True)
     torch.cuda.synchronize()
     print("sanitize smoke: all CUDA paths ran and matched the CPU kernels")

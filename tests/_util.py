@@ -161,13 +161,17 @@ def _fused_half_inputs(q, k, v):
 
 
 def _fused_peer_inputs(q, k, v, scale):
-    """Contiguous copies of q, k, v with the kv heads repeated and the head dims
-    zero-padded to a multiple of 8 (all differentiable), and the scale made
-    explicit: the fused kernels refuse stride-0 and other unusual layouts, most
-    refuse GQA and odd head dims, and none of that changes the math."""
+    """Fresh contiguous copies of q, k, v with the kv heads repeated and the
+    head dims zero-padded to a multiple of 8 (all differentiable), and the scale
+    made explicit: the fused kernels refuse stride-0 and other unusual layouts,
+    most refuse GQA and odd head dims, and none of that changes the math.
+    Copies, not .contiguous(): a contiguous view at a misaligned storage offset
+    stays misaligned, and aten._scaled_dot_product_efficient_attention (called
+    directly by lse_peer, past SDPA's checks) then reads it with 16-byte loads
+    and faults (found by compute-sanitizer on the fuzz tests)."""
     group = q.shape[-3] // k.shape[-3] if q.dim() == 4 else 1
     kr, vr = (t.repeat_interleave(group, dim=-3) if group > 1 else t for t in (k, v))
-    qp, kp, vp = (_pad_last(t.contiguous(), 8) for t in (q, kr, vr))
+    qp, kp, vp = (_pad_last(t.clone(memory_format=torch.contiguous_format), 8) for t in (q, kr, vr))
     return qp, kp, vp, q.shape[-1] ** -0.5 if scale is None else scale
 
 
