@@ -175,6 +175,19 @@ def _fused_peer_inputs(q, k, v, scale):
     return qp, kp, vp, q.shape[-1] ** -0.5 if scale is None else scale
 
 
+def _fused_peer_mask(mask, shape):
+    """The mask materialised at its full shape (same dtype and values), each
+    row 16-element aligned (padded, then sliced). PyTorch's memory-efficient
+    kernel reads the mask with 16-byte loads and, given some broadcast or
+    transposed masks, picks its aligned variant anyway and faults with a
+    misaligned read (found with compute-sanitizer on the attention fuzz tests);
+    the math is unchanged by the copy."""
+    Lk = shape[-1]
+    out = torch.zeros((*shape[:-1], Lk + (-Lk % 16)), dtype=mask.dtype, device=mask.device)[..., :Lk]
+    out.copy_(mask.expand(shape))
+    return out
+
+
 def sdpa_peer(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, alignment="top_left"):
     """PyTorch's SDPA on the same-dtype inputs, the causal rule folded into an
     explicit mask so every alignment and mask combination is expressible.
@@ -190,13 +203,19 @@ def sdpa_peer(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=F
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **kw)
     if _fused_half_inputs(q, k, v):
         qp, kp, vp, scale_ = _fused_peer_inputs(q, k, v, scale)
-        try:
-            with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                              SDPBackend.CUDNN_ATTENTION]):
-                out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale_)[..., :v.shape[-1]]
-            return torch.nan_to_num(out, nan=0.0)
-        except RuntimeError:
-            pass  # no fused kernel takes these inputs: the default choice below
+        mp = None if mask is None else _fused_peer_mask(mask, (*qp.shape[:-1], k.shape[-2]))
+        # With a mask: the memory-efficient kernel first (flash takes no mask, and
+        # cuDNN, which SDPA prefers on Hopper, builds a graph per shape: seconds
+        # per test case); without one, whichever fused kernel SDPA picks.
+        choices = ([[SDPBackend.EFFICIENT_ATTENTION], [SDPBackend.CUDNN_ATTENTION]] if mp is not None else
+                   [[SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]])
+        for backends in choices:
+            try:
+                with sdpa_kernel(backends):
+                    out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mp, scale=scale_)[..., :v.shape[-1]]
+                return torch.nan_to_num(out, nan=0.0)
+            except RuntimeError:
+                pass  # not taken by these backends: the next, then the default choice below
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **kw)
     return torch.nan_to_num(out, nan=0.0)
 
@@ -216,10 +235,7 @@ def lse_peer(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=Fa
                 if mask is not None:
                     if mask.dtype == torch.bool:
                         mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
-                    shape = (*qp.shape[:-1], Lk)
-                    # the kernel wants a 16-element aligned last-dim stride: pad, then slice
-                    bias = torch.zeros((*shape[:-1], Lk + (-Lk % 16)), dtype=q.dtype, device=q.device)[..., :Lk]
-                    bias.copy_(mask.expand(shape))
+                    bias = _fused_peer_mask(mask, (*qp.shape[:-1], Lk))
                 lse = torch.ops.aten._scaled_dot_product_efficient_attention(
                     qp, kp, vp, bias, True, 0.0, False, scale=scale_)[1][..., :Lq]
                 if lse.shape == q.shape[:-1]:
