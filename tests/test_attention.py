@@ -405,3 +405,15 @@ def test_compile_reduce_overhead_next_to_other_ops(device):
         got = compiled(q, k, v)
         ref = F.softmax(F.scaled_dot_product_attention(q * 1.5 + 0.1, k, v, is_causal=True).float(), -1) * 2
         torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
+
+
+def test_generated_wgmma_wrappers_are_current():
+    """csrc/cuda/wgmma_ops.cuh is checked in; it must be what its generator writes."""
+    import importlib.util
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "csrc" / "cuda"
+    spec = importlib.util.spec_from_file_location("generate_wgmma", root / "generate_wgmma.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert (root / "wgmma_ops.cuh").read_text() == gen.render(), "run python csrc/cuda/generate_wgmma.py"

@@ -77,15 +77,20 @@ def struct(ctype, ptx, n):
     return "\n".join(out)
 
 
-def main():
+def render():
+    """The text of wgmma_ops.cuh."""
     parts = [HEAD]
     for n in sorted(set(SHAPES["ss"]) | set(SHAPES["rs"])):
         for ctype, ptx in TYPES:
             parts.append(struct(ctype, ptx, n))
     parts.append("#endif /* OSS_WGMMA_OPS_CUH */\n")
+    return "\n".join(parts)
+
+
+def main():
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wgmma_ops.cuh")
     with open(path, "w") as f:
-        f.write("\n".join(parts))
+        f.write(render())
     print(path)
 
 
