@@ -55,7 +55,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=None)
     ap.add_argument("--width", type=int, default=None)
     ap.add_argument("--with-mma", action="store_true",
-                    help="also time torch_oss with TORCH_OSS_ATTENTION_FORWARD=mma (column torch_oss-mma)")
+                    help="also time torch_oss with TORCH_OSS_ATTENTION_FORWARD=mma and "
+                         "TORCH_OSS_ATTENTION_BACKWARD=mma (the mma.sync kernels; column torch_oss-mma)")
     args = ap.parse_args()
     device = args.device
     gpu = device == "cuda"
@@ -86,10 +87,11 @@ def main():
                     with torch.no_grad():
                         expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                     for name, ctx in impls.items():
-                        if name == "torch_oss-mma":
-                            os.environ["TORCH_OSS_ATTENTION_FORWARD"] = "mma"
-                        else:
-                            os.environ.pop("TORCH_OSS_ATTENTION_FORWARD", None)
+                        for var in ("TORCH_OSS_ATTENTION_FORWARD", "TORCH_OSS_ATTENTION_BACKWARD"):
+                            if name == "torch_oss-mma":
+                                os.environ[var] = "mma"
+                            else:
+                                os.environ.pop(var, None)
 
                         def fwd():
                             if name.startswith("torch_oss"):

@@ -5,7 +5,8 @@ the CPU kernels. Small enough to run under compute-sanitizer:
 
     compute-sanitizer --tool memcheck python3 scripts/sanitize_smoke.py
     compute-sanitizer --tool racecheck python3 scripts/sanitize_smoke.py attention   # one part only
-Parts: softmax, attention, attention_forward (the attention cases, forward only).
+Parts: softmax, attention, attention_forward (the attention cases, forward only),
+attention_tc (the attention cases in float16/bfloat16 only: the tensor-core kernels).
 """
 
 import sys
@@ -45,10 +46,11 @@ def softmax_cases():
               tol)
 
 
-def attention_cases(forward_only=False):
+def attention_cases(forward_only=False, tensor_core_only=False):
     torch.manual_seed(1)
     dims = torch_oss.build_info()["attention_head_dims"]
-    for dtype, tol in ((torch.bfloat16, 3e-2), (torch.float16, 5e-3), (torch.float32, 1e-4)):
+    dtypes = ((torch.bfloat16, 3e-2), (torch.float16, 5e-3), (torch.float32, 1e-4))
+    for dtype, tol in dtypes[:2] if tensor_core_only else dtypes:
         for (B, Hq, Hkv, Lq, Lk, D, Dv) in ((1, 2, 2, 17, 17, 64, 64), (2, 4, 2, 129, 127, 128, 128),
                                            (1, 8, 1, 1, 300, 40, 40), (1, 2, 2, 70, 45, 100, 72),
                                            (1, 2, 1, 200, 300, 64, 48),  # several key tiles and query blocks
@@ -95,5 +97,7 @@ if __name__ == "__main__":
         attention_cases()
     if "attention_forward" in parts:
         attention_cases(forward_only=True)
+    if "attention_tc" in parts:
+        attention_cases(tensor_core_only=True)
     torch.cuda.synchronize()
     print("sanitize smoke: all CUDA paths ran and matched the CPU kernels")

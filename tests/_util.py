@@ -216,6 +216,13 @@ def sdpa_peer(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=F
                 return torch.nan_to_num(out, nan=0.0)
             except RuntimeError:
                 pass  # not taken by these backends: the next, then the default choice below
+    if q.is_cuda:
+        # fresh copies here too: PyTorch's float32 memory-efficient kernel reads
+        # views at a misaligned storage offset with 16-byte loads and faults
+        # ("misaligned address", found by the long fuzz profile on the H100)
+        q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
+        if mask is not None:
+            mask = mask.clone(memory_format=torch.contiguous_format)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **kw)
     return torch.nan_to_num(out, nan=0.0)
 

@@ -97,10 +97,12 @@ def test_forward_and_backward(device, dtype, is_causal, alignment, case):
 
 
 # On an H100 head dims 64 and 128 (D and Dv up to them) run the Hopper wgmma
-# forward, the others the mma.sync one; TORCH_OSS_ATTENTION_FORWARD=mma forces
-# mma.sync. Both kernels are checked on the same cases: lengths across several
-# tiles and off the tile size, Dv != D, GQA, padded head dims, one query.
-FORWARD_KERNEL_PARAMS = ["cpu-default", cuda_param("cuda-default"), cuda_param("cuda-mma")]
+# forward and backward, the others the mma.sync ones; TORCH_OSS_ATTENTION_FORWARD=mma
+# and TORCH_OSS_ATTENTION_BACKWARD=mma force mma.sync. Both families are checked
+# on the same cases: lengths across several tiles and off the tile size,
+# Dv != D, GQA, padded head dims, one query, a mask, unaligned rows
+# (test_determinism.py runs the deterministic backward of the default family).
+KERNEL_FAMILY_PARAMS = ["cpu-default", cuda_param("cuda-default"), cuda_param("cuda-mma")]
 KERNEL_CASES = [
     (2, 4, 2, 300, 520, 64, 64),
     (1, 2, 2, 129, 1000, 128, 128),
@@ -110,23 +112,27 @@ KERNEL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("device_kernel", FORWARD_KERNEL_PARAMS)
+@pytest.mark.parametrize("device_kernel", KERNEL_FAMILY_PARAMS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("is_causal,alignment", CAUSAL, ids=CAUSAL_IDS)
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=["b{}_h{}-{}_l{}-{}_d{}-{}".format(*c) for c in KERNEL_CASES])
-def test_forward_kernel_families(device_kernel, dtype, is_causal, alignment, case, monkeypatch):
+def test_kernel_families(device_kernel, dtype, is_causal, alignment, case, monkeypatch):
     device, kernel = device_kernel.split("-")
     if kernel == "mma":
         monkeypatch.setenv("TORCH_OSS_ATTENTION_FORWARD", "mma")
+        monkeypatch.setenv("TORCH_OSS_ATTENTION_BACKWARD", "mma")
     q, k, v = make_qkv(case, dtype, device)
     label = f"{dtype} {device_kernel} causal={is_causal}/{alignment} case={case}"
     check_forward(q, k, v, is_causal=is_causal, alignment=alignment, label=label)
+    check_backward(q, k, v, is_causal=is_causal, alignment=alignment, label=label)
     if case[3] == 300:  # with a mask tensor, and through unaligned rows (element loads)
         mask = mask_variants(2, 4, 300, 520, dtype, device)["bool_full"]
         check_forward(q, k, v, mask=mask, is_causal=is_causal, alignment=alignment, label=label + " bool mask")
+        check_backward(q, k, v, mask=mask, is_causal=is_causal, alignment=alignment, label=label + " bool mask")
         buf = torch.randn(1 + q.numel(), dtype=dtype, device=device)
         q_mis = buf[1:].view(q.shape)
         check_forward(q_mis, k, v, is_causal=is_causal, alignment=alignment, label=label + " misaligned q")
+        check_backward(q_mis, k, v, is_causal=is_causal, alignment=alignment, label=label + " misaligned q")
 
 
 def mask_variants(B, Hq, Lq, Lk, dtype, device):

@@ -44,32 +44,33 @@ static bool oss_attn_rows_aligned(const void *ptr, const int64_t s[3], const int
   return true;
 }
 
-/* The compiled entry for this dtype with the smallest head dim >= need whose
- * `bwd` (backward != 0) or any forward family is present. */
+/* The compiled entry for this dtype with the smallest head dim >= need that
+ * has some backward (backward != 0) or forward kernel family. */
 static const oss_attn_kernel_entry *oss_attn_find(oss_dtype dtype, int64_t need, int backward) {
   const oss_attn_kernel_entry *best = NULL;
   for (int i = 0; i < oss_attn_kernel_table_len; i++) {
     const oss_attn_kernel_entry *e = &oss_attn_kernel_table[i];
     if (e->dtype != dtype || e->head_dim < need) continue;
+    const oss_attn_launch_fn *fns = backward ? e->bwd : e->fwd;
     int has = 0;
-    if (backward) has = e->bwd != NULL;
-    else
-      for (int f = 0; f < OSS_ATTN_FWD_FAMILIES; f++) has |= e->fwd[f] != NULL;
+    for (int f = 0; f < OSS_ATTN_FAMILIES; f++) has |= fns[f] != NULL;
     if (has && (best == NULL || e->head_dim < best->head_dim)) best = e;
   }
   return best;
 }
 
-/* Forward family for the device: the Hopper (wgmma) kernel on sm_90 where it
- * is compiled for the head dim, else mma.sync. TORCH_OSS_ATTENTION_FORWARD=mma
- * in the environment (read at each call) forces mma.sync, so that kernel stays
- * testable and comparable on Hopper. */
-static oss_attn_launch_fn oss_attn_select_fwd(const oss_attn_kernel_entry *e, const oss_device_info *dev) {
-  const char *force = getenv("TORCH_OSS_ATTENTION_FORWARD");
-  const int mma_only = force != NULL && strcmp(force, "mma") == 0;
-  if (!mma_only && dev->cc_major == 9 && dev->cc_minor == 0 && e->fwd[OSS_ATTN_FWD_SM90] != NULL)
-    return e->fwd[OSS_ATTN_FWD_SM90];
-  return e->fwd[OSS_ATTN_FWD_MMA];
+/* Kernel family for the device: the Hopper (wgmma) kernel on sm_90 where it is
+ * compiled for the head dim, else mma.sync. The environment variable `force`
+ * (TORCH_OSS_ATTENTION_FORWARD / TORCH_OSS_ATTENTION_BACKWARD) set to "mma",
+ * read at each call, forces mma.sync, so that kernel stays testable and
+ * comparable on Hopper. */
+static oss_attn_launch_fn oss_attn_select(const oss_attn_launch_fn fns[OSS_ATTN_FAMILIES],
+                                          const oss_device_info *dev, const char *force) {
+  const char *v = getenv(force);
+  const int mma_only = v != NULL && strcmp(v, "mma") == 0;
+  if (!mma_only && dev->cc_major == 9 && dev->cc_minor == 0 && fns[OSS_ATTN_SM90] != NULL)
+    return fns[OSS_ATTN_SM90];
+  return fns[OSS_ATTN_MMA];
 }
 
 static int64_t oss_attn_max_dim(oss_dtype dtype) {
@@ -212,7 +213,8 @@ oss_status oss_attn_forward_with(const oss_attention_params *p, void *workspace,
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
                     "attention: no forward kernel compiled for head dim %lld (compiled head dims: %s)",
                     (long long)need, oss_attention_cuda_head_dims_list());
-  return (override_fn ? override_fn : oss_attn_select_fwd(e, &dev))(&a, stream, &dev);
+  return (override_fn ? override_fn : oss_attn_select(e->fwd, &dev, "TORCH_OSS_ATTENTION_FORWARD"))(&a, stream,
+                                                                                                     &dev);
 }
 
 /* Workspace layout of the backward; every piece 256-byte aligned: the row
@@ -326,7 +328,8 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
     st = oss_attn_bwd_prepare(&a, p->dtype, stream);
     if (st != OSS_OK) return st;
   }
-  st = (override_fn ? override_fn : e->bwd)(&a, stream, &dev);
+  st = (override_fn ? override_fn : oss_attn_select(e->bwd, &dev, "TORCH_OSS_ATTENTION_BACKWARD"))(&a, stream,
+                                                                                                  &dev);
   if (st != OSS_OK) return st;
   if (a.dq_acc != NULL && nq > 0) return oss_attn_bwd_dq_convert(&a, p->dtype, stream);
   return OSS_OK;

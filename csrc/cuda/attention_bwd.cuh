@@ -71,6 +71,19 @@ __device__ __forceinline__ void oss_attn_load_rowstats(float *sL, float *sD, con
   else if (tid < BR / 2) oss_cp_async16(oss_smem_u32(sD + (tid - BR / 4) * 4), gD + (tid - BR / 4) * 4, 16);
 }
 
+/* The blocks of BR query rows that see some key of the key block starting at
+ * j0: blocks qb0 .. qb0 + nqe - 1 (causal: from the diagonal on). */
+template <int BR>
+__device__ __forceinline__ void oss_attn_bwd_query_blocks(const oss_attn_args &a, int j0, int *qb0, int *nqe) {
+  int first_block = 0;
+  if (a.causal) {
+    const int64_t first = (int64_t)j0 - a.causal_off; /* first row i with j0 <= i + off */
+    first_block = first <= 0 ? 0 : (first >= a.lq ? (a.lq + BR - 1) / BR : (int)(first / BR));
+  }
+  *qb0 = first_block;
+  *nqe = (a.lq + BR - 1) / BR - first_block;
+}
+
 template <typename T, int HD, int BR, int NKW, int NCS, int MINB>
 __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_kernel(const oss_attn_args a) {
   constexpr int NW = NKW * NCS, NTHREADS = NW * 32, BC = 16 * NKW;
@@ -106,14 +119,8 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
   const int j0 = blockIdx.x * BC;
   const int krows = min(BC, a.lk - j0);
 
-  /* query blocks that see some key of this block */
-  int qb0 = 0;
-  if (a.causal) {
-    const int64_t first = (int64_t)j0 - a.causal_off; /* first row i with j0 <= i + off */
-    qb0 = first <= 0 ? 0 : (first >= a.lq ? (a.lq + BR - 1) / BR : (int)(first / BR));
-  }
-  const int nqb = (a.lq + BR - 1) / BR;
-  const int nqe = nqb - qb0;
+  int qb0, nqe;
+  oss_attn_bwd_query_blocks<BR>(a, j0, &qb0, &nqe);
   const int niter = a.group * nqe;
 
   const bool vq = a.vec & OSS_ATTN_VEC_Q, vk = a.vec & OSS_ATTN_VEC_K, vv = a.vec & OSS_ATTN_VEC_V;
@@ -428,6 +435,30 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
     }
 }
 
+/* Deterministic mode (no float32 dQ accumulator): dQ by the query-major
+ * kernel, after a dK/dV kernel that skipped it. */
+template <typename T, int HD, int DQ_BR, int DQ_BC, int DQ_NW>
+oss_status oss_attn_bwd_dq_det_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+  if (a->dq_acc != nullptr || a->lq == 0) return OSS_OK;
+  constexpr size_t smem = oss_attn_bwd_dq_smem_bytes<HD, DQ_BR, DQ_BC>();
+  if (smem > (size_t)dev->max_smem_per_block_optin)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                    "deterministic attention backward for head dim %d needs %zu bytes of shared memory per "
+                    "block, the device allows %d",
+                    HD, smem, dev->max_smem_per_block_optin);
+  void (*kernel)(const oss_attn_args) = oss_attn_bwd_dq_mma_kernel<T, HD, DQ_BR, DQ_BC, DQ_NW>;
+  OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  const dim3 grid = oss_attn_grid((a->lq + DQ_BR - 1) / DQ_BR, (int64_t)a->batch * a->hq);
+  kernel<<<grid, DQ_NW * 32, smem, stream>>>(*a);
+  return oss_check_launch("oss_attn_bwd_dq_mma_kernel");
+}
+
+template <typename T, int HD>
+oss_status oss_attn_bwd_dq_det_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+  typedef oss_attn_bwd_cfg<HD> C;
+  return oss_attn_bwd_dq_det_run<T, HD, C::DQ_BR, C::DQ_BC, C::DQ_NW>(a, stream, dev);
+}
+
 template <typename T, int HD, int BR, int NKW, int NCS, int MINB, int DQ_BR, int DQ_BC, int DQ_NW>
 oss_status oss_attn_bwd_mma_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   if (a->lk > 0) {
@@ -441,23 +472,10 @@ oss_status oss_attn_bwd_mma_run(const oss_attn_args *a, cudaStream_t stream, con
     OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid = oss_attn_grid((a->lk + 16 * NKW - 1) / (16 * NKW), (int64_t)a->batch * a->hkv);
     kernel<<<grid, NKW * NCS * 32, smem, stream>>>(*a);
-    oss_status st = oss_check_launch("oss_attn_bwd_dkdv_mma_kernel");
+    const oss_status st = oss_check_launch("oss_attn_bwd_dkdv_mma_kernel");
     if (st != OSS_OK) return st;
   }
-  if (a->dq_acc == nullptr && a->lq > 0) {
-    constexpr size_t smem = oss_attn_bwd_dq_smem_bytes<HD, DQ_BR, DQ_BC>();
-    if (smem > (size_t)dev->max_smem_per_block_optin)
-      return oss_fail(OSS_ERROR_NOT_SUPPORTED,
-                      "deterministic attention backward for head dim %d needs %zu bytes of shared memory per "
-                      "block, the device allows %d",
-                      HD, smem, dev->max_smem_per_block_optin);
-    void (*kernel)(const oss_attn_args) = oss_attn_bwd_dq_mma_kernel<T, HD, DQ_BR, DQ_BC, DQ_NW>;
-    OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const dim3 grid = oss_attn_grid((a->lq + DQ_BR - 1) / DQ_BR, (int64_t)a->batch * a->hq);
-    kernel<<<grid, DQ_NW * 32, smem, stream>>>(*a);
-    return oss_check_launch("oss_attn_bwd_dq_mma_kernel");
-  }
-  return OSS_OK;
+  return oss_attn_bwd_dq_det_run<T, HD, DQ_BR, DQ_BC, DQ_NW>(a, stream, dev);
 }
 
 /* Entry point instantiated once per (head dim, dtype) by the generator. */

@@ -77,16 +77,18 @@ typedef struct oss_attn_args {
 typedef oss_status (*oss_attn_launch_fn)(const oss_attn_args *a, cudaStream_t stream,
                                          const oss_device_info *dev);
 
-/* Forward kernel families: a slot per architecture-specific implementation.
- * OSS_ATTN_FWD_MMA is the mma.sync/ldmatrix/cp.async kernel (sm_80 and newer);
- * OSS_ATTN_FWD_SM90 is the Hopper wgmma kernel (attention_fwd_sm90.cuh). */
-enum { OSS_ATTN_FWD_MMA = 0, OSS_ATTN_FWD_SM90 = 1, OSS_ATTN_FWD_FAMILIES = 2 };
+/* Kernel families: a slot per architecture-specific implementation, for the
+ * forward and the backward. OSS_ATTN_MMA: the mma.sync/ldmatrix/cp.async
+ * kernels (sm_80 and newer, attention_fwd.cuh / attention_bwd.cuh);
+ * OSS_ATTN_SM90: the Hopper wgmma kernels (attention_fwd_sm90.cuh /
+ * attention_bwd_sm90.cuh), present only where the build targets sm_90a. */
+enum { OSS_ATTN_MMA = 0, OSS_ATTN_SM90 = 1, OSS_ATTN_FAMILIES = 2 };
 
 typedef struct oss_attn_kernel_entry {
   int head_dim;    /* compiled head dim (D and Dv up to it run here, zero padded) */
   oss_dtype dtype; /* OSS_FLOAT16 or OSS_BFLOAT16 */
-  oss_attn_launch_fn fwd[OSS_ATTN_FWD_FAMILIES]; /* NULL where not compiled */
-  oss_attn_launch_fn bwd;                        /* backward kernels, NULL where not compiled */
+  oss_attn_launch_fn fwd[OSS_ATTN_FAMILIES]; /* NULL where not compiled */
+  oss_attn_launch_fn bwd[OSS_ATTN_FAMILIES]; /* backward kernels, NULL where not compiled */
 } oss_attn_kernel_entry;
 
 #ifdef __cplusplus

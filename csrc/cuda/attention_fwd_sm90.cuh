@@ -30,7 +30,7 @@
 #define OSS_ATTENTION_FWD_SM90_CUH
 
 #include "attention_fwd.cuh"
-#include "wgmma_ops.cuh"
+#include "attention_sm90.cuh"
 
 template <int HD> struct oss_attn_fwd_sm90_cfg {
   static constexpr int NWG = 2;  /* consumer warpgroups: 128 query rows per CTA */
@@ -47,84 +47,6 @@ static_assert(128 * OSS_SM90_PRODUCER_REGS + 256 * OSS_SM90_CONSUMER_REGS <= 384
 
 template <int HD, int BR, int BC> __host__ __device__ constexpr size_t oss_attn_fwd_sm90_smem_bytes() {
   return (size_t)(BR + 4 * BC) * HD * 2 + 1024; /* + room to align the tiles to 1024 bytes */
-}
-
-/* Shared-memory matrix descriptor of a 128-byte-swizzled operand (PTX ISA,
- * "matrix descriptor"): start address, leading and stride byte offsets, all in
- * 16-byte units; layout type 1 = 128-byte swizzle. */
-__device__ __forceinline__ uint64_t oss_wgmma_desc(uint32_t addr, uint32_t lead_bytes, uint32_t stride_bytes) {
-  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lead_bytes & 0x3FFFF) >> 4) << 16) |
-         ((uint64_t)((stride_bytes & 0x3FFFF) >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void oss_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void oss_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void oss_wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-/* Makes writes of ordinary (generic-proxy) shared-memory stores, cp.async
- * included, visible to the tensor cores' reads after the next barrier. */
-__device__ __forceinline__ void oss_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-/* mbarrier (PTX ISA, "mbarrier"): a shared-memory barrier object completing a
- * phase when its pending arrivals reach zero; waiters poll the parity of the
- * phase they wait for. */
-__device__ __forceinline__ void oss_mbar_init(uint64_t *bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(oss_smem_u32(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void oss_mbar_arrive(uint64_t *bar) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(oss_smem_u32(bar))
-               : "memory");
-}
-/* Arrives on bar once all of this thread's earlier cp.async copies landed. */
-__device__ __forceinline__ void oss_cp_async_arrive(uint64_t *bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(oss_smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void oss_mbar_wait(uint64_t *bar, int parity) {
-  asm volatile("{\n.reg .pred done;\nwait_%=:\n"
-               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-               "@!done bra wait_%=;\n}\n" ::"r"(oss_smem_u32(bar)),
-               "r"(parity)
-               : "memory");
-}
-
-/* Register budget per thread of the executing warpgroup (sm_90a): the
- * producer gives registers back, the consumers take them. */
-template <int N> __device__ __forceinline__ void oss_setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N> __device__ __forceinline__ void oss_setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-
-/* Ties accumulator registers to this point of the program, so that the
- * compiler neither reads them before the wgmma.wait that completes them nor
- * moves their last writes past the wgmma that reads them. */
-template <int N> __device__ __forceinline__ void oss_wgmma_fence_operand(float (&d)[N][4]) {
-#pragma unroll
-  for (int n = 0; n < N; n++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[n][e])::"memory");
-}
-
-/* Issues S = Q K^T for one warpgroup (64 rows x BC keys, no commit): k-step kk
- * reads column block kk / 4 of Q and K at 32 bytes per step inside it. */
-template <typename T, int HD, int BR, int BC>
-__device__ __forceinline__ void oss_attn_sm90_qk(float (&s)[1][BC / 8][4], uint32_t sQa, uint32_t sKa) {
-#pragma unroll
-  for (int kk = 0; kk < HD / 16; kk++)
-    oss_wgmma<T, BC>::template ss<0, 0>(s[0], oss_wgmma_desc(sQa + (kk >> 2) * (BR * 128) + (kk & 3) * 32, 16, 1024),
-                                        oss_wgmma_desc(sKa + (kk >> 2) * (BC * 128) + (kk & 3) * 32, 16, 1024),
-                                        kk > 0);
-}
-
-/* Issues O += P V for one warpgroup (no commit): B = V, MN-major, 16 keys (two
- * 8-row groups, 1024 bytes apart) per k-step, the 64-column blocks of the head
- * dim BC * 128 bytes apart. */
-template <typename T, int HD, int BC>
-__device__ __forceinline__ void oss_attn_sm90_pv(float (&o)[1][HD / 8][4], const uint32_t (&pa)[1][BC / 16][4],
-                                                 uint32_t sVa) {
-#pragma unroll
-  for (int kk = 0; kk < BC / 16; kk++)
-    oss_wgmma<T, HD>::template rs<1>(o[0], pa[0][kk], oss_wgmma_desc(sVa + kk * 16 * 128, BC * 128, 1024), 1);
 }
 
 /* Mask, online softmax and packing of P into A fragments for one tile. */
@@ -226,9 +148,9 @@ __global__ void __launch_bounds__(NWG * 128 + 128, 1) oss_attn_fwd_sm90_kernel(c
     if (live) {
       oss_wgmma_fence_operand<NT>(s[0]);
       oss_wgmma_fence();
-      oss_attn_sm90_qk<T, HD, BR, BC>(s, sQa, oss_smem_u32(sK + st * BC * HD));
+      oss_attn_sm90_qk<T, HD, BR, BC>(s[0], sQa, oss_smem_u32(sK + st * BC * HD));
       oss_wgmma_commit();
-      oss_wgmma_wait_all();
+      oss_wgmma_wait<0>();
       oss_wgmma_fence_operand<NT>(s[0]);
     }
     oss_mbar_arrive(&empty_bar[st]);
@@ -238,9 +160,9 @@ __global__ void __launch_bounds__(NWG * 128 + 128, 1) oss_attn_fwd_sm90_kernel(c
     if (live) {
       oss_wgmma_fence_operand<NO>(o[0]);
       oss_wgmma_fence();
-      oss_attn_sm90_pv<T, HD, BC>(o, pa, oss_smem_u32(sV + st * BC * HD));
+      oss_attn_sm90_pv<T, HD, BC>(o[0], pa[0], oss_smem_u32(sV + st * BC * HD));
       oss_wgmma_commit();
-      oss_wgmma_wait_all();
+      oss_wgmma_wait<0>();
       oss_wgmma_fence_operand<NO>(o[0]);
     }
     oss_mbar_arrive(&empty_bar[2 + st]);

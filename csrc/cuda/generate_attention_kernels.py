@@ -3,9 +3,9 @@
 
 One file per (head dim, dtype, kernel) so that a parallel build compiles them
 side by side, and attention_dispatch.cu with the lookup table that
-attention.cu searches (a slot per forward kernel family: mma.sync for every
-head dim, and Hopper's wgmma kernel for SM90_HEAD_DIMS when the build targets
-sm_90a) plus oss_attention_cuda_head_dims_list(),
+attention.cu searches (a slot per kernel family, forward and backward:
+mma.sync for every head dim, and Hopper's wgmma kernels for SM90_HEAD_DIMS when
+the build targets sm_90a) plus oss_attention_cuda_head_dims_list(),
 oss_attention_cuda_hopper_head_dims_list() and
 oss_attention_cuda_max_head_dim().
 
@@ -24,7 +24,8 @@ DEFAULT_HEAD_DIMS = [32, 40, 64, 80, 96, 112, 128, 160, 192, 256]
 # compiled backward head dim): set BACKWARD_HEAD_DIMS to such a list.
 BACKWARD_HEAD_DIMS = None
 
-# Head dims of the Hopper (wgmma, sm_90a) forward; others run the mma.sync one.
+# Head dims of the Hopper (wgmma, sm_90a) forward and backward; others run the
+# mma.sync kernels.
 SM90_HEAD_DIMS = [64, 128]
 
 DTYPES = [("fp16", "__half", "OSS_FLOAT16"), ("bf16", "__nv_bfloat16", "OSS_BFLOAT16")]
@@ -42,6 +43,10 @@ def _sm90_name(hd, tag):
 
 def _bwd_name(hd, tag):
     return f"oss_attn_bwd_mma_hd{hd}_{tag}"
+
+
+def _bwd_sm90_name(hd, tag):
+    return f"oss_attn_bwd_sm90_hd{hd}_{tag}"
 
 
 def _write(path, text):
@@ -81,7 +86,7 @@ def _launcher(path, header, name, call):
 
 def generate(head_dims, out_dir, sm90=False):
     """Writes the files for `head_dims` into out_dir; returns their paths.
-    sm90: the build targets sm_90a, so the Hopper forward is compiled too."""
+    sm90: the build targets sm_90a, so the Hopper kernels are compiled too."""
     dims = sorted({int(d) for d in head_dims})
     for d in dims:
         if d < 1 or d > 256:
@@ -101,30 +106,37 @@ def generate(head_dims, out_dir, sm90=False):
             if hd in bwd_dims:
                 paths.append(_launcher(os.path.join(out_dir, f"attention_bwd_hd{hd}_{tag}.cu"), "attention_bwd.cuh",
                                        _bwd_name(hd, tag), f"oss_attn_bwd_mma_launch<{ctype}, {hd}>"))
+                if hd in sm90_dims:
+                    paths.append(_launcher(os.path.join(out_dir, f"attention_bwd_sm90_hd{hd}_{tag}.cu"),
+                                           "attention_bwd_sm90.cuh", _bwd_sm90_name(hd, tag),
+                                           f"oss_attn_bwd_sm90_launch<{ctype}, {hd}>"))
 
     lines = [HEADER, '#include "../attention_common.cuh"\n\n', 'extern "C" {\n']
+    def declare(name):
+        lines.append(f"oss_status {name}(const oss_attn_args *, cudaStream_t, const oss_device_info *);\n")
+
     for hd in dims:
         for tag, _, _ in DTYPES:
-            lines.append(f"oss_status {_fwd_name(hd, tag)}(const oss_attn_args *, cudaStream_t, const oss_device_info *);\n")
+            declare(_fwd_name(hd, tag))
             if hd in sm90_dims:
-                lines.append(
-                    f"oss_status {_sm90_name(hd, tag)}(const oss_attn_args *, cudaStream_t, const oss_device_info *);\n"
-                )
+                declare(_sm90_name(hd, tag))
             if hd in bwd_dims:
-                lines.append(
-                    f"oss_status {_bwd_name(hd, tag)}(const oss_attn_args *, cudaStream_t, const oss_device_info *);\n"
-                )
-    lines.append("\n/* {head_dim, dtype, {mma.sync forward, Hopper wgmma forward}, backward} */\n")
+                declare(_bwd_name(hd, tag))
+                if hd in sm90_dims:
+                    declare(_bwd_sm90_name(hd, tag))
+    lines.append("\n/* {head_dim, dtype, {mma.sync forward, Hopper wgmma forward},\n"
+                 " *  {mma.sync backward, Hopper wgmma backward}} */\n")
     lines.append("const oss_attn_kernel_entry oss_attn_kernel_table[] = {\n")
     n = 0
     for hd in dims:
         for tag, _, enum in DTYPES:
             bwd = _bwd_name(hd, tag) if hd in bwd_dims else "NULL"
             hopper = _sm90_name(hd, tag) if hd in sm90_dims else "NULL"
-            lines.append(f"    {{{hd}, {enum}, {{{_fwd_name(hd, tag)}, {hopper}}}, {bwd}}},\n")
+            bwd_hopper = _bwd_sm90_name(hd, tag) if hd in bwd_dims and hd in sm90_dims else "NULL"
+            lines.append(f"    {{{hd}, {enum}, {{{_fwd_name(hd, tag)}, {hopper}}}, {{{bwd}, {bwd_hopper}}}}},\n")
             n += 1
     if n == 0:
-        lines.append("    {0, OSS_FLOAT16, {NULL, NULL}, NULL},\n")
+        lines.append("    {0, OSS_FLOAT16, {NULL, NULL}, {NULL, NULL}},\n")
     lines.append("};\n")
     lines.append(f"const int oss_attn_kernel_table_len = {n};\n\n")
     lines.append(f'const char *oss_attention_cuda_head_dims_list(void) {{ return "{",".join(str(d) for d in dims)}"; }}\n\n')
@@ -141,7 +153,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head-dims", default=",".join(str(d) for d in DEFAULT_HEAD_DIMS),
                         help="comma-separated head dims to compile (default: %(default)s)")
-    parser.add_argument("--sm90", action="store_true", help="also the Hopper (sm_90a) forward")
+    parser.add_argument("--sm90", action="store_true", help="also the Hopper (sm_90a) kernels")
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "generated"))
     args = parser.parse_args()
     dims = [int(x) for x in args.head_dims.replace(";", ",").split(",") if x.strip()]

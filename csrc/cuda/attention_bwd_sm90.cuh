@@ -1,0 +1,277 @@
+/*
+ * attention_bwd_sm90.cuh - the attention backward on Hopper's warpgroup tensor
+ * cores (wgmma, sm_90a; float16 and bfloat16, head dims 64 and 128): the same
+ * gradients as attention_bwd.cuh's dK/dV kernel, with m64nNk16 wgmma in place
+ * of warp-level mma.sync.
+ *
+ * With P = exp(scale Q K^T + mask - lse) recomputed from the forward's lse,
+ * dP = dO V^T, D = rowsum(dO * O) (oss_attn_bwd_pre_kernel, run before) and
+ * dS' = scale P (dP - D):  dV = P^T dO,  dK = dS'^T Q,  dQ = dS' K.
+ *
+ * One CTA (256 threads, two warpgroups) owns BC = 128 keys of one (batch, kv
+ * head); K and V of the block stay in shared memory, and the CTA loops over
+ * every query head of its GQA group and every block of BR query rows that sees
+ * the keys (causal: from the diagonal on). Warpgroup w owns keys
+ * [64w, 64w + 64) of the block, warp k of it keys 16k .. 16k + 15 (the wgmma
+ * accumulator rows), and accumulates their dK and dV in registers. Per query
+ * block (Q, dO, lse and D double buffered with cp.async, the next block
+ * loading while this one computes; all tiles 128-byte swizzled):
+ *   S^T = K_w Q^T and dP^T = V_w dO^T (wgmma, both operands in shared memory,
+ *   K-major); P^T and dS'^T in registers, key-major, so they are directly the
+ *   A operands of dV += P^T dO and dK += dS'^T Q (B = dO, Q read MN-major).
+ *   dQ (default, non-deterministic mode): dS'^T goes to shared memory and,
+ *   after a CTA barrier, warpgroup w computes a 64 x 64 piece of
+ *   dQ_blk = dS' K (A = dS' read MN-major from dS'^T, B = K MN-major; BR = 64:
+ *   head-dim columns [64w, 64w + 64), BR = 128: query rows [64w, 64w + 64)),
+ *   added to the float32 dQ accumulator of the workspace with vector atomics.
+ *   Deterministic mode skips that and runs the mma.sync dQ kernel afterwards.
+ * Limits: D and Dv up to HD, zero padded; HD in {64, 128} with BR * HD = 8192
+ * (the dQ split); built only for sm_90a (elsewhere the body traps and the
+ * launcher is not in the dispatch table).
+ */
+#ifndef OSS_ATTENTION_BWD_SM90_CUH
+#define OSS_ATTENTION_BWD_SM90_CUH
+
+#include "attention_bwd.cuh"
+#include "attention_sm90.cuh"
+
+template <int HD> struct oss_attn_bwd_sm90_cfg {
+  static constexpr int BC = 128;             /* keys per CTA (two warpgroups of 64) */
+  static constexpr int BR = 8192 / HD;       /* query rows per iteration: 128 (hd 64), 64 (hd 128) */
+};
+
+template <int HD, int BR, int BC> __host__ __device__ constexpr size_t oss_attn_bwd_sm90_smem_bytes() {
+  return (size_t)(2 * BC + 4 * BR) * HD * 2 /* K, V, 2 x (Q, dO) */
+         + (size_t)BC * BR * 2               /* dS'^T */
+         + (size_t)4 * BR * 4                /* 2 x (lse, D) */
+         + 1024;                             /* room to align the tiles to 1024 bytes */
+}
+
+template <typename T, int HD, int BR, int BC>
+__global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_attn_args a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int NTHREADS = 256, NTQ = BR / 8, NO = HD / 8;
+  static_assert(HD % 64 == 0 && BR % 64 == 0 && BC == 128, "64-multiples, two warpgroups of 64 keys");
+  static_assert(BR * HD == 8192, "the dQ block splits into one 64 x 64 piece per warpgroup");
+
+  extern __shared__ __align__(1024) unsigned char oss_sm90_smem[];
+  T *sK = reinterpret_cast<T *>(oss_sm90_smem + ((1024u - (oss_smem_u32(oss_sm90_smem) & 1023u)) & 1023u));
+  T *sV = sK + BC * HD;
+  T *sQ = sV + BC * HD;       /* [2][BR x HD] */
+  T *sdO = sQ + 2 * BR * HD;  /* [2][BR x HD] */
+  T *sdS = sdO + 2 * BR * HD; /* dS'^T: BC rows (keys) x BR columns (queries) */
+  float *sL = reinterpret_cast<float *>(sdS + BC * BR); /* [2][BR] */
+  float *sD = sL + 2 * BR;                              /* [2][BR] */
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int g = lane >> 2, t2 = (lane & 3) * 2;
+  const int64_t bhk = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
+  if (bhk >= (int64_t)a.batch * a.hkv) return;
+  const int b = (int)(bhk / a.hkv), hk = (int)(bhk % a.hkv);
+  const int j0 = blockIdx.x * BC;
+  const int krows = min(BC, a.lk - j0);
+  const int kw0 = j0 + wg * 64 + (warp & 3) * 16; /* this warp's first key */
+
+  int qb0, nqe;
+  oss_attn_bwd_query_blocks<BR>(a, j0, &qb0, &nqe);
+  const int niter = a.group * nqe;
+
+  const bool vq = a.vec & OSS_ATTN_VEC_Q, vdo = a.vec & OSS_ATTN_VEC_DO;
+  const T *gQb = (const T *)a.q + b * a.q_s[0];
+  const T *gdOb = (const T *)a.dout + b * a.do_s[0];
+  const bool atomic_dq = a.dq_acc != nullptr;
+  const float sc = (float)a.scale;
+
+  float dV[NO][4], dK[NO][4], sT[NTQ][4], pT[NTQ][4];
+#pragma unroll
+  for (int n = 0; n < NO; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dV[n][e] = dK[n][e] = 0.f;
+#pragma unroll
+  for (int n = 0; n < NTQ; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) sT[n][e] = pT[n][e] = 0.f;
+
+  if (niter > 0) {
+    oss_load_tile<T, BC, HD, 64, NTHREADS, true>(
+        sK, (const T *)a.k + b * a.k_s[0] + hk * a.k_s[1] + (int64_t)j0 * a.k_s[2], a.k_s[2], krows, a.d,
+        a.vec & OSS_ATTN_VEC_K, tid);
+    oss_load_tile<T, BC, HD, 64, NTHREADS, true>(
+        sV, (const T *)a.v + b * a.v_s[0] + hk * a.v_s[1] + (int64_t)j0 * a.v_s[2], a.v_s[2], krows, a.dv,
+        a.vec & OSS_ATTN_VEC_V, tid);
+  }
+  const uint32_t sKw = oss_smem_u32(sK) + wg * 64 * 128, sVw = oss_smem_u32(sV) + wg * 64 * 128;
+  /* this warpgroup's 64 x 64 piece of dQ_blk: query rows mo.., head-dim columns no.. */
+  const int mo = BR == 128 ? wg * 64 : 0, no = BR == 128 ? 0 : wg * 64;
+
+#pragma unroll 1
+  for (int it = -1; it < niter; it++) {
+    const int st = it & 1;
+    if (it >= 0) {
+      oss_cp_async_wait<0>(); /* stage st (and K, V) landed */
+      oss_fence_proxy_async(); /* ... for the tensor cores' reads too */
+      __syncthreads();        /* for all threads; stage st^1 and dS'^T are free */
+    }
+    if (it + 1 < niter) { /* prefetch iteration it + 1 into stage st^1 */
+      const int hn = hk * a.group + (it + 1) / nqe;
+      const int in0 = (qb0 + (it + 1) % nqe) * BR;
+      const int rn = min(BR, a.lq - in0);
+      const int sn = st ^ 1;
+      oss_load_tile<T, BR, HD, 64, NTHREADS, true>(sQ + sn * BR * HD, gQb + hn * a.q_s[1] + (int64_t)in0 * a.q_s[2],
+                                                   a.q_s[2], rn, a.d, vq, tid);
+      oss_load_tile<T, BR, HD, 64, NTHREADS, true>(sdO + sn * BR * HD,
+                                                   gdOb + hn * a.do_s[1] + (int64_t)in0 * a.do_s[2], a.do_s[2], rn,
+                                                   a.dv, vdo, tid);
+      const int64_t ro = ((int64_t)b * a.hq + hn) * a.lq_pad + in0;
+      oss_attn_load_rowstats<BR, NTHREADS>(sL + sn * BR, sD + sn * BR, (const float *)a.lse_adj + ro,
+                                           (const float *)a.dsum + ro, tid);
+    }
+    oss_cp_async_commit();
+    if (it < 0) continue;
+
+    const int h = hk * a.group + it / nqe;
+    const int i0 = (qb0 + it % nqe) * BR;
+    const uint32_t cQ = oss_smem_u32(sQ + st * BR * HD), cdO = oss_smem_u32(sdO + st * BR * HD);
+    const float *cL = sL + st * BR, *cD = sD + st * BR;
+
+    /* S^T = K_w Q^T and dP^T = V_w dO^T, committed as two groups */
+    oss_wgmma_fence_operand<NTQ>(sT);
+    oss_wgmma_fence_operand<NTQ>(pT);
+    oss_wgmma_fence();
+    oss_attn_sm90_qk<T, HD, BC, BR>(sT, sKw, cQ);
+    oss_wgmma_commit();
+    oss_attn_sm90_qk<T, HD, BC, BR>(pT, sVw, cdO);
+    oss_wgmma_commit();
+    oss_wgmma_wait<1>();
+    oss_wgmma_fence_operand<NTQ>(sT);
+
+    /* P^T (element (key r, query c)); scaled scores masked first, as in the
+     * forward, then exp2 against the query's lse */
+    const bool need_mask = a.mask_kind != OSS_MASK_NONE || j0 + BC > a.lk ||
+                           (a.causal && (int64_t)(j0 + wg * 64 + 63) > (int64_t)i0 + a.causal_off);
+#pragma unroll
+    for (int n = 0; n < NTQ; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) sT[n][e] *= a.scale_log2;
+    if (need_mask)
+      oss_attn_mask_tile<T, true, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a,
+                                          a.mask_kind ? oss_attn_mask_base(a, b, h) : 0, kw0, i0, lane);
+#pragma unroll
+    for (int n = 0; n < NTQ; n++) {
+      const float2 lv = *reinterpret_cast<const float2 *>(cL + n * 8 + t2);
+#pragma unroll
+      for (int e = 0; e < 4; e++) sT[n][e] = oss_ex2(sT[n][e] - ((e & 1) ? lv.y : lv.x));
+    }
+    uint32_t pa[1][NTQ / 2][4], dsa[1][NTQ / 2][4];
+    oss_acc_to_a<T, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), pa);
+
+    /* dV += P^T dO while dP^T completes */
+    oss_wgmma_fence_operand<NO>(dV);
+    oss_wgmma_fence();
+    oss_attn_sm90_pv<T, HD, BR>(dV, pa[0], cdO);
+    oss_wgmma_commit();
+    oss_wgmma_wait<1>(); /* dP^T (the older group) done */
+    oss_wgmma_fence_operand<NTQ>(pT);
+#pragma unroll
+    for (int n = 0; n < NTQ; n++) {
+      const float2 dd = *reinterpret_cast<const float2 *>(cD + n * 8 + t2);
+#pragma unroll
+      for (int e = 0; e < 4; e++) pT[n][e] = (sT[n][e] * sc) * (pT[n][e] - ((e & 1) ? dd.y : dd.x));
+    }
+    oss_acc_to_a<T, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(pT), dsa);
+
+    /* dK += dS'^T Q */
+    oss_wgmma_fence_operand<NO>(dK);
+    oss_wgmma_fence();
+    oss_attn_sm90_pv<T, HD, BR>(dK, dsa[0], cQ);
+    oss_wgmma_commit();
+
+    if (atomic_dq) {
+      /* dS'^T rows (keys) kw0 - j0 + g (+8), columns (queries) 16kk + t2 (+1, +8, +9), swizzled */
+#pragma unroll
+      for (int kk = 0; kk < NTQ / 2; kk++)
+#pragma unroll
+        for (int f = 0; f < 4; f++) {
+          const int r = kw0 - j0 + g + (f & 1) * 8, c = kk * 16 + (f >> 1) * 8 + t2;
+          T *p = sdS + (c >> 6) * BC * 64 + r * 64 + ((((c & 63) >> 3) ^ (r & 7)) << 3) + (c & 7);
+          *reinterpret_cast<uint32_t *>(p) = dsa[0][kk][f];
+        }
+      oss_fence_proxy_async();
+      __syncthreads(); /* dS'^T of both warpgroups stored */
+
+      float dq[8][4];
+#pragma unroll
+      for (int n = 0; n < 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+      oss_wgmma_fence_operand<8>(dq);
+      oss_wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; kk++)
+        oss_wgmma<T, 64>::template ss<1, 1>(
+            dq, oss_wgmma_desc(oss_smem_u32(sdS) + (mo >> 6) * BC * 128 + kk * 16 * 128, BC * 128, 1024),
+            oss_wgmma_desc(oss_smem_u32(sK) + (no >> 6) * BC * 128 + kk * 16 * 128, BC * 128, 1024), kk > 0);
+      oss_wgmma_commit();
+      oss_wgmma_wait<0>();
+      oss_wgmma_fence_operand<8>(dq);
+      float *acc = a.dq_acc + (((int64_t)b * a.hq + h) * a.lq_pad + i0 + mo) * a.dq_ld + no;
+#pragma unroll
+      for (int hi = 0; hi < 2; hi++) {
+        const int r = (warp & 3) * 16 + g + hi * 8;
+        if (i0 + mo + r < a.lq) {
+          float *row = acc + (int64_t)r * a.dq_ld;
+#pragma unroll
+          for (int n = 0; n < 8; n++)
+            if (no + n * 8 < a.d)
+              atomicAdd(reinterpret_cast<float2 *>(row + n * 8 + t2), make_float2(dq[n][2 * hi], dq[n][2 * hi + 1]));
+        }
+      }
+    } else {
+      oss_wgmma_wait<0>();
+    }
+    oss_wgmma_fence_operand<NO>(dV);
+    oss_wgmma_fence_operand<NO>(dK);
+  }
+
+  /* dK and dV for rows < Lk, columns < D / Dv */
+  T *gdK = (T *)a.dk + b * a.dk_s[0] + hk * a.dk_s[1];
+  T *gdV = (T *)a.dv_ptr + b * a.dv_s[0] + hk * a.dv_s[1];
+  const bool vdk = a.vec & OSS_ATTN_VEC_DK, vdv = a.vec & OSS_ATTN_VEC_DV;
+#pragma unroll
+  for (int hi = 0; hi < 2; hi++) {
+    const int r = kw0 + g + hi * 8;
+    if (r < a.lk) {
+      T *rk = gdK + (int64_t)r * a.dk_s[2];
+      T *rv = gdV + (int64_t)r * a.dv_s[2];
+#pragma unroll
+      for (int n = 0; n < NO; n++) {
+        oss_store_pair<T>(rk, n * 8 + t2, a.d, dK[n][2 * hi], dK[n][2 * hi + 1], vdk);
+        oss_store_pair<T>(rv, n * 8 + t2, a.dv, dV[n][2 * hi], dV[n][2 * hi + 1], vdv);
+      }
+    }
+  }
+#else
+  __trap(); /* not built for sm_90a: never in the dispatch table */
+#endif
+}
+
+/* Entry point instantiated once per (head dim, dtype) by the generator. */
+template <typename T, int HD>
+oss_status oss_attn_bwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+  typedef oss_attn_bwd_sm90_cfg<HD> C;
+  if (a->lk > 0) {
+    constexpr size_t smem = oss_attn_bwd_sm90_smem_bytes<HD, C::BR, C::BC>();
+    if (smem > (size_t)dev->max_smem_per_block_optin)
+      return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                      "attention backward (sm90) for head dim %d needs %zu bytes of shared memory per block, the "
+                      "device allows %d",
+                      HD, smem, dev->max_smem_per_block_optin);
+    void (*kernel)(const oss_attn_args) = oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC>;
+    OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const dim3 grid = oss_attn_grid((a->lk + C::BC - 1) / C::BC, (int64_t)a->batch * a->hkv);
+    kernel<<<grid, 256, smem, stream>>>(*a);
+    const oss_status st = oss_check_launch("oss_attn_bwd_sm90_kernel");
+    if (st != OSS_OK) return st;
+  }
+  return oss_attn_bwd_dq_det_launch<T, HD>(a, stream, dev);
+}
+
+#endif /* OSS_ATTENTION_BWD_SM90_CUH */

@@ -1,0 +1,103 @@
+/*
+ * attention_sm90.cuh - building blocks of the Hopper (sm_90a) attention
+ * kernels (attention_fwd_sm90.cuh, attention_bwd_sm90.cuh): wgmma shared-memory
+ * descriptors for 128-byte-swizzled tiles (oss_load_tile's SW128 layout),
+ * wgmma fences, commits and waits, proxy fences, mbarriers, setmaxnreg, and the
+ * two tile products every kernel issues (S = A B^T from shared memory,
+ * O += P V with P in registers). Compiled only for sm_90a (uses sit inside
+ * __CUDA_ARCH_FEAT_SM90_ALL).
+ */
+#ifndef OSS_ATTENTION_SM90_CUH
+#define OSS_ATTENTION_SM90_CUH
+
+#include "attention_mma.cuh"
+#include "wgmma_ops.cuh"
+
+/* Shared-memory matrix descriptor of a 128-byte-swizzled operand (PTX ISA,
+ * "matrix descriptor"): start address, leading and stride byte offsets, all in
+ * 16-byte units; layout type 1 = 128-byte swizzle. */
+__device__ __forceinline__ uint64_t oss_wgmma_desc(uint32_t addr, uint32_t lead_bytes, uint32_t stride_bytes) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lead_bytes & 0x3FFFF) >> 4) << 16) |
+         ((uint64_t)((stride_bytes & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void oss_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void oss_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+/* Waits until at most N of this warpgroup's committed wgmma groups are pending. */
+template <int N> __device__ __forceinline__ void oss_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Makes writes of ordinary (generic-proxy) shared-memory stores, cp.async
+ * included, visible to the tensor cores' reads after the next barrier. */
+__device__ __forceinline__ void oss_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* mbarrier (PTX ISA, "mbarrier"): a shared-memory barrier object completing a
+ * phase when its pending arrivals reach zero; waiters poll the parity of the
+ * phase they wait for. */
+__device__ __forceinline__ void oss_mbar_init(uint64_t *bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(oss_smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void oss_mbar_arrive(uint64_t *bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(oss_smem_u32(bar))
+               : "memory");
+}
+/* Arrives on bar once all of this thread's earlier cp.async copies landed. */
+__device__ __forceinline__ void oss_cp_async_arrive(uint64_t *bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(oss_smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void oss_mbar_wait(uint64_t *bar, int parity) {
+  asm volatile("{\n.reg .pred done;\nwait_%=:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra wait_%=;\n}\n" ::"r"(oss_smem_u32(bar)),
+               "r"(parity)
+               : "memory");
+}
+
+/* Register budget per thread of the executing warpgroup (sm_90a): the
+ * producer gives registers back, the consumers take them. */
+template <int N> __device__ __forceinline__ void oss_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void oss_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+/* Ties accumulator registers to this point of the program, so that the
+ * compiler neither reads them before the wgmma.wait that completes them nor
+ * moves their last writes past the wgmma that reads them. */
+template <int N> __device__ __forceinline__ void oss_wgmma_fence_operand(float (&d)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[n][e])::"memory");
+}
+
+/* Issues S = A B^T for one warpgroup (64 rows of A x NB rows of B, summed over
+ * HD columns; no commit), both operands K-major 128-byte-swizzled tiles of HD
+ * columns stored as 64-column blocks (of MA and NB rows): k-step kk reads
+ * column block kk / 4 at 32 bytes per step inside it. sAa points at the
+ * warpgroup's first row of A. Forward: S = Q K^T; backward: S^T = K Q^T and
+ * dP^T = V dO^T. */
+template <typename T, int HD, int MA, int NB>
+__device__ __forceinline__ void oss_attn_sm90_qk(float (&s)[NB / 8][4], uint32_t sAa, uint32_t sBa) {
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; kk++)
+    oss_wgmma<T, NB>::template ss<0, 0>(s, oss_wgmma_desc(sAa + (kk >> 2) * (MA * 128) + (kk & 3) * 32, 16, 1024),
+                                        oss_wgmma_desc(sBa + (kk >> 2) * (NB * 128) + (kk & 3) * 32, 16, 1024),
+                                        kk > 0);
+}
+
+/* Issues O += P V for one warpgroup (no commit): A = P from registers (one
+ * mma.sync A fragment per 16 of the KR summed rows), B = V, a KR x HD tile read
+ * MN-major: 16 rows (two 8-row groups, 1024 bytes apart) per k-step, the
+ * 64-column blocks KR * 128 bytes apart. Forward: O += P V; backward:
+ * dV += P^T dO and dK += dS^T Q. */
+template <typename T, int HD, int KR>
+__device__ __forceinline__ void oss_attn_sm90_pv(float (&o)[HD / 8][4], const uint32_t (&pa)[KR / 16][4],
+                                                 uint32_t sVa) {
+#pragma unroll
+  for (int kk = 0; kk < KR / 16; kk++)
+    oss_wgmma<T, HD>::template rs<1>(o, pa[kk], oss_wgmma_desc(sVa + kk * 16 * 128, KR * 128, 1024), 1);
+}
+
+#endif /* OSS_ATTENTION_SM90_CUH */
