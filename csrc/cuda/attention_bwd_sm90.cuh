@@ -23,7 +23,9 @@
  *   after a CTA barrier, warpgroup w computes a 64 x 64 piece of
  *   dQ_blk = dS' K (A = dS' read MN-major from dS'^T, B = K MN-major; BR = 64:
  *   head-dim columns [64w, 64w + 64), BR = 128: query rows [64w, 64w + 64)),
- *   added to the float32 dQ accumulator of the workspace with vector atomics.
+ *   staged in shared memory and added to the float32 dQ accumulator of the
+ *   workspace with one bulk reduction (cp.reduce.async.bulk) per row, issued
+ *   after the next barrier.
  *   Deterministic mode skips that and runs the mma.sync dQ kernel afterwards.
  * Limits: D and Dv up to HD, zero padded; HD in {64, 128} with BR * HD = 8192
  * (the dQ split); built only for sm_90a (elsewhere the body traps and the
@@ -40,11 +42,26 @@ template <int HD> struct oss_attn_bwd_sm90_cfg {
   static constexpr int BR = 8192 / HD;       /* query rows per iteration: 128 (hd 64), 64 (hd 128) */
 };
 
+/* float pitch of the dQ staging rows: 16 bytes of padding against bank conflicts */
+template <int HD> __host__ __device__ constexpr int oss_attn_bwd_sm90_dq_pitch() { return HD + 4; }
+
 template <int HD, int BR, int BC> __host__ __device__ constexpr size_t oss_attn_bwd_sm90_smem_bytes() {
-  return (size_t)(2 * BC + 4 * BR) * HD * 2 /* K, V, 2 x (Q, dO) */
-         + (size_t)BC * BR * 2               /* dS'^T */
-         + (size_t)4 * BR * 4                /* 2 x (lse, D) */
-         + 1024;                             /* room to align the tiles to 1024 bytes */
+  return (size_t)(2 * BC + 4 * BR) * HD * 2                  /* K, V, 2 x (Q, dO) */
+         + (size_t)BC * BR * 2                                /* dS'^T */
+         + (size_t)BR * oss_attn_bwd_sm90_dq_pitch<HD>() * 4 /* dQ block (float) */
+         + (size_t)4 * BR * 4                                 /* 2 x (lse, D) */
+         + 1024;                                              /* room to align the tiles to 1024 bytes */
+}
+
+/* Adds the dQ block staged in sdQ (rows < `rows`) to the float32 accumulator
+ * rows acc[r * ld]: one bulk reduction per row, issued by thread r. */
+template <int HD, int BR>
+__device__ __forceinline__ void oss_attn_bwd_sm90_flush_dq(float *acc, int64_t ld, const float *sdQ, int rows,
+                                                           int tid) {
+  if (tid < BR && tid < rows) {
+    oss_bulk_reduce_add_f32(acc + tid * ld, oss_smem_u32(sdQ + tid * oss_attn_bwd_sm90_dq_pitch<HD>()), HD * 4);
+    oss_bulk_commit();
+  }
 }
 
 template <typename T, int HD, int BR, int BC>
@@ -60,7 +77,8 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
   T *sQ = sV + BC * HD;       /* [2][BR x HD] */
   T *sdO = sQ + 2 * BR * HD;  /* [2][BR x HD] */
   T *sdS = sdO + 2 * BR * HD; /* dS'^T: BC rows (keys) x BR columns (queries) */
-  float *sL = reinterpret_cast<float *>(sdS + BC * BR); /* [2][BR] */
+  float *sdQ = reinterpret_cast<float *>(sdS + BC * BR);  /* [BR][dq pitch] */
+  float *sL = sdQ + BR * oss_attn_bwd_sm90_dq_pitch<HD>(); /* [2][BR] */
   float *sD = sL + 2 * BR;                              /* [2][BR] */
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
@@ -82,15 +100,11 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
   const bool atomic_dq = a.dq_acc != nullptr;
   const float sc = (float)a.scale;
 
-  float dV[NO][4], dK[NO][4], sT[NTQ][4], pT[NTQ][4];
+  float dV[NO][4], dK[NO][4];
 #pragma unroll
   for (int n = 0; n < NO; n++)
 #pragma unroll
     for (int e = 0; e < 4; e++) dV[n][e] = dK[n][e] = 0.f;
-#pragma unroll
-  for (int n = 0; n < NTQ; n++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) sT[n][e] = pT[n][e] = 0.f;
 
   if (niter > 0) {
     oss_load_tile<T, BC, HD, 64, NTHREADS, true>(
@@ -103,6 +117,9 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
   const uint32_t sKw = oss_smem_u32(sK) + wg * 64 * 128, sVw = oss_smem_u32(sV) + wg * 64 * 128;
   /* this warpgroup's 64 x 64 piece of dQ_blk: query rows mo.., head-dim columns no.. */
   const int mo = BR == 128 ? wg * 64 : 0, no = BR == 128 ? 0 : wg * 64;
+  /* the dQ block staged in sdQ, to be added to the accumulator after the next barrier */
+  float *dq_pending = nullptr;
+  int dq_pending_rows = 0;
 
 #pragma unroll 1
   for (int it = -1; it < niter; it++) {
@@ -110,7 +127,8 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
     if (it >= 0) {
       oss_cp_async_wait<0>(); /* stage st (and K, V) landed */
       oss_fence_proxy_async(); /* ... for the tensor cores' reads too */
-      __syncthreads();        /* for all threads; stage st^1 and dS'^T are free */
+      __syncthreads();        /* for all threads; stage st^1 and dS'^T are free, sdQ is staged */
+      if (dq_pending != nullptr) oss_attn_bwd_sm90_flush_dq<HD, BR>(dq_pending, a.dq_ld, sdQ, dq_pending_rows, tid);
     }
     if (it + 1 < niter) { /* prefetch iteration it + 1 into stage st^1 */
       const int hn = hk * a.group + (it + 1) / nqe;
@@ -134,15 +152,16 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
     const uint32_t cQ = oss_smem_u32(sQ + st * BR * HD), cdO = oss_smem_u32(sdO + st * BR * HD);
     const float *cL = sL + st * BR, *cD = sD + st * BR;
 
-    /* S^T = K_w Q^T and dP^T = V_w dO^T, committed as two groups */
-    oss_wgmma_fence_operand<NTQ>(sT);
-    oss_wgmma_fence_operand<NTQ>(pT);
+    /* S^T = K_w Q^T and dP^T = V_w dO^T, committed as two groups (their first
+     * k-step ignores the accumulators' old values, so these start undefined and
+     * are live only inside the iteration) */
+    float sT[NTQ][4], pT[NTQ][4];
     oss_wgmma_fence();
     oss_attn_sm90_qk<T, HD, BC, BR>(sT, sKw, cQ);
     oss_wgmma_commit();
     oss_attn_sm90_qk<T, HD, BC, BR>(pT, sVw, cdO);
     oss_wgmma_commit();
-    oss_wgmma_wait<1>();
+    oss_wgmma_wait<1>(); /* S^T done */
     oss_wgmma_fence_operand<NTQ>(sT);
 
     /* P^T (element (key r, query c)); scaled scores masked first, as in the
@@ -162,15 +181,7 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
 #pragma unroll
       for (int e = 0; e < 4; e++) sT[n][e] = oss_ex2(sT[n][e] - ((e & 1) ? lv.y : lv.x));
     }
-    uint32_t pa[1][NTQ / 2][4], dsa[1][NTQ / 2][4];
-    oss_acc_to_a<T, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), pa);
-
-    /* dV += P^T dO while dP^T completes */
-    oss_wgmma_fence_operand<NO>(dV);
-    oss_wgmma_fence();
-    oss_attn_sm90_pv<T, HD, BR>(dV, pa[0], cdO);
-    oss_wgmma_commit();
-    oss_wgmma_wait<1>(); /* dP^T (the older group) done */
+    oss_wgmma_wait<0>(); /* dP^T done */
     oss_wgmma_fence_operand<NTQ>(pT);
 #pragma unroll
     for (int n = 0; n < NTQ; n++) {
@@ -178,11 +189,16 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
 #pragma unroll
       for (int e = 0; e < 4; e++) pT[n][e] = (sT[n][e] * sc) * (pT[n][e] - ((e & 1) ? dd.y : dd.x));
     }
+    /* dV += P^T dO and dK += dS'^T Q, P^T and dS'^T packed to 16-bit A fragments
+     * (after both are computed, so the float copies and the fragments are not
+     * live together) */
+    uint32_t pa[1][NTQ / 2][4], dsa[1][NTQ / 2][4];
+    oss_acc_to_a<T, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), pa);
     oss_acc_to_a<T, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(pT), dsa);
-
-    /* dK += dS'^T Q */
+    oss_wgmma_fence_operand<NO>(dV);
     oss_wgmma_fence_operand<NO>(dK);
     oss_wgmma_fence();
+    oss_attn_sm90_pv<T, HD, BR>(dV, pa[0], cdO);
     oss_attn_sm90_pv<T, HD, BR>(dK, dsa[0], cQ);
     oss_wgmma_commit();
 
@@ -197,7 +213,8 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
           *reinterpret_cast<uint32_t *>(p) = dsa[0][kk][f];
         }
       oss_fence_proxy_async();
-      __syncthreads(); /* dS'^T of both warpgroups stored */
+      oss_bulk_wait_read<0>(); /* the previous dQ block left sdQ */
+      __syncthreads();         /* dS'^T of both warpgroups stored; sdQ free */
 
       float dq[8][4];
 #pragma unroll
@@ -212,24 +229,28 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
       oss_wgmma_commit();
       oss_wgmma_wait<0>();
       oss_wgmma_fence_operand<8>(dq);
-      float *acc = a.dq_acc + (((int64_t)b * a.hq + h) * a.lq_pad + i0 + mo) * a.dq_ld + no;
+      /* stage the piece in sdQ; the next barrier publishes it and the bulk reductions follow */
 #pragma unroll
       for (int hi = 0; hi < 2; hi++) {
-        const int r = (warp & 3) * 16 + g + hi * 8;
-        if (i0 + mo + r < a.lq) {
-          float *row = acc + (int64_t)r * a.dq_ld;
+        float *row = sdQ + (mo + (warp & 3) * 16 + g + hi * 8) * oss_attn_bwd_sm90_dq_pitch<HD>() + no + t2;
 #pragma unroll
-          for (int n = 0; n < 8; n++)
-            if (no + n * 8 < a.d)
-              atomicAdd(reinterpret_cast<float2 *>(row + n * 8 + t2), make_float2(dq[n][2 * hi], dq[n][2 * hi + 1]));
-        }
+        for (int n = 0; n < 8; n++) *reinterpret_cast<float2 *>(row + n * 8) = make_float2(dq[n][2 * hi], dq[n][2 * hi + 1]);
       }
+      oss_fence_proxy_async();
+      dq_pending = a.dq_acc + (((int64_t)b * a.hq + h) * a.lq_pad + i0) * a.dq_ld;
+      dq_pending_rows = min(BR, a.lq - i0);
     } else {
       oss_wgmma_wait<0>();
     }
     oss_wgmma_fence_operand<NO>(dV);
     oss_wgmma_fence_operand<NO>(dK);
   }
+
+  if (dq_pending != nullptr) { /* the last dQ block */
+    __syncthreads();
+    oss_attn_bwd_sm90_flush_dq<HD, BR>(dq_pending, a.dq_ld, sdQ, dq_pending_rows, tid);
+  }
+  oss_bulk_wait<0>();
 
   /* dK and dV for rows < Lk, columns < D / Dv */
   T *gdK = (T *)a.dk + b * a.dk_s[0] + hk * a.dk_s[1];

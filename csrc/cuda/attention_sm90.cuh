@@ -31,6 +31,24 @@ template <int N> __device__ __forceinline__ void oss_wgmma_wait() {
  * included, visible to the tensor cores' reads after the next barrier. */
 __device__ __forceinline__ void oss_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+/* Bulk reduction (PTX ISA, "cp.reduce.async.bulk"): adds `bytes` (a multiple of
+ * 16) of float32 from shared memory into global memory in L2, asynchronously;
+ * both addresses 16-byte aligned. Completion is tracked per thread in bulk
+ * groups: wait_read<N> returns once the shared memory of all but the last N
+ * groups was read (it may then be rewritten), wait<N> once they completed. */
+__device__ __forceinline__ void oss_bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void oss_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void oss_bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N> __device__ __forceinline__ void oss_bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 /* mbarrier (PTX ISA, "mbarrier"): a shared-memory barrier object completing a
  * phase when its pending arrivals reach zero; waiters poll the parity of the
  * phase they wait for. */
