@@ -304,20 +304,11 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t2 = (lane & 3) * 2;
-  const int64_t bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
-  if (bh >= (int64_t)a.batch * a.hq) return;
-  const int b = (int)(bh / a.hq), h = (int)(bh % a.hq), hk = h / a.group;
-  const int qb = a.causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
-  const int i0 = qb * BR;
-  const int rows = min(BR, a.lq - i0);
+  oss_attn_query_block qblk;
+  if (!oss_attn_query_block_of<BR, BC>(a, &qblk)) return;
+  const int64_t bh = qblk.bh;
+  const int b = qblk.b, h = qblk.h, hk = qblk.hk, i0 = qblk.i0, rows = qblk.rows, ntiles = qblk.ntiles;
   const int wrow = warp * MT * 16;
-
-  int n_end = a.lk;
-  if (a.causal) {
-    const int64_t lim = (int64_t)(i0 + rows) + a.causal_off;
-    n_end = (int)(lim < 0 ? 0 : (lim < a.lk ? lim : a.lk));
-  }
-  const int ntiles = (n_end + BC - 1) / BC;
 
   const T *gK = (const T *)a.k + b * a.k_s[0] + hk * a.k_s[1];
   const T *gV = (const T *)a.v + b * a.v_s[0] + hk * a.v_s[1];

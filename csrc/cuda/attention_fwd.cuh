@@ -148,20 +148,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
   T *sV = sK + 2 * BC * LDS;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int64_t bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
-  if (bh >= (int64_t)a.batch * a.hq) return;
-  const int b = (int)(bh / a.hq), h = (int)(bh % a.hq), hk = h / a.group;
-  const int qb = a.causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x; /* heavy blocks first */
-  const int i0 = qb * BR;
-  const int rows = min(BR, a.lq - i0);
+  oss_attn_query_block qblk;
+  if (!oss_attn_query_block_of<BR, BC>(a, &qblk)) return;
+  const int64_t bh = qblk.bh;
+  const int b = qblk.b, h = qblk.h, hk = qblk.hk, i0 = qblk.i0, rows = qblk.rows, ntiles = qblk.ntiles;
   const int wrow = warp * MT * 16; /* this warp's first row in the tile */
-
-  int n_end = a.lk; /* keys [0, n_end) can be visible to some row of the CTA */
-  if (a.causal) {
-    const int64_t lim = (int64_t)(i0 + rows) + a.causal_off;
-    n_end = (int)(lim < 0 ? 0 : (lim < a.lk ? lim : a.lk));
-  }
-  const int ntiles = (n_end + BC - 1) / BC;
 
   const T *gQ = (const T *)a.q + b * a.q_s[0] + h * a.q_s[1] + (int64_t)i0 * a.q_s[2];
   const T *gK = (const T *)a.k + b * a.k_s[0] + hk * a.k_s[1];

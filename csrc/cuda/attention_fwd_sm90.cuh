@@ -77,19 +77,10 @@ __global__ void __launch_bounds__(NWG * 128 + 128, 1) oss_attn_fwd_sm90_kernel(c
   __shared__ __align__(8) uint64_t full_bar[4], empty_bar[4];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-  const int64_t bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
-  if (bh >= (int64_t)a.batch * a.hq) return;
-  const int b = (int)(bh / a.hq), h = (int)(bh % a.hq), hk = h / a.group;
-  const int qb = a.causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x; /* heavy blocks first */
-  const int i0 = qb * BR;
-  const int rows = min(BR, a.lq - i0);
-
-  int n_end = a.lk;
-  if (a.causal) {
-    const int64_t lim = (int64_t)(i0 + rows) + a.causal_off;
-    n_end = (int)(lim < 0 ? 0 : (lim < a.lk ? lim : a.lk));
-  }
-  const int ntiles = (n_end + BC - 1) / BC;
+  oss_attn_query_block qblk;
+  if (!oss_attn_query_block_of<BR, BC>(a, &qblk)) return;
+  const int64_t bh = qblk.bh;
+  const int b = qblk.b, h = qblk.h, hk = qblk.hk, i0 = qblk.i0, rows = qblk.rows, ntiles = qblk.ntiles;
 
   if (tid == 0) {
     for (int i = 0; i < 4; i++) {

@@ -347,6 +347,35 @@ __device__ __forceinline__ void oss_store_pair(T *row, int c, int ncols, float v
   }
 }
 
+/* The block of BR query rows a query-major CTA owns (grid: oss_attn_grid over
+ * query blocks x batch * query heads): batch b, query head h and its kv head
+ * hk, rows i0 .. i0 + rows - 1, and the ntiles key tiles of BC that some of
+ * them can see (causal: up to the diagonal). Causal grids run the heaviest
+ * (last) query blocks first. False for the padding CTAs past batch * heads. */
+typedef struct oss_attn_query_block {
+  int64_t bh;
+  int b, h, hk, i0, rows, ntiles;
+} oss_attn_query_block;
+
+template <int BR, int BC>
+__device__ __forceinline__ bool oss_attn_query_block_of(const oss_attn_args &a, oss_attn_query_block *q) {
+  q->bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
+  if (q->bh >= (int64_t)a.batch * a.hq) return false;
+  q->b = (int)(q->bh / a.hq);
+  q->h = (int)(q->bh % a.hq);
+  q->hk = q->h / a.group;
+  const int qb = a.causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  q->i0 = qb * BR;
+  q->rows = min(BR, a.lq - q->i0);
+  int n_end = a.lk; /* keys [0, n_end) can be visible to some row of the block */
+  if (a.causal) {
+    const int64_t lim = (int64_t)(q->i0 + q->rows) + a.causal_off;
+    n_end = (int)(lim < 0 ? 0 : (lim < a.lk ? lim : a.lk));
+  }
+  q->ntiles = (n_end + BC - 1) / BC;
+  return true;
+}
+
 /* Grid for (blocks along a sequence) x (batch * heads), the second folded into
  * y and z so that any batch * heads up to 65535^2 fits. */
 static inline dim3 oss_attn_grid(int64_t blocks, int64_t bh) {

@@ -286,15 +286,20 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dq_simt_kernel(
   oss_simt_load<S>(sdO, DV, (const S *)a.dout + b * a.do_s[0] + h * a.do_s[1] + (int64_t)i0 * a.do_s[2], a.do_s[2],
                    OSS_SIMT_ROWS, rows, DV, tid);
 
+  /* keys j0 .. j0 + KT - 1 of K and V into shared memory (both passes) */
+  auto load_kv_tile = [&](int j0) {
+    const int kv = min(KT, a.lk - j0);
+    oss_simt_load<S>(sK, LDK, gK + (int64_t)j0 * a.k_s[2], a.k_s[2], KT, kv, D, tid);
+    oss_simt_load<S>(sV, LDV, gV + (int64_t)j0 * a.v_s[2], a.v_s[2], KT, kv, DV, tid);
+  };
+
   /* pass 1: statistics of this lane's keys, merged over the KT lanes of each row group */
   oss_simt_stat st[RL];
 #pragma unroll
   for (int t = 0; t < RL; t++) st[t].m = -INFINITY, st[t].l = 0, st[t].d = 0;
   for (int j0 = 0; j0 < n_end; j0 += KT) {
     __syncthreads();
-    const int kv = min(KT, a.lk - j0);
-    oss_simt_load<S>(sK, LDK, gK + (int64_t)j0 * a.k_s[2], a.k_s[2], KT, kv, D, tid);
-    oss_simt_load<S>(sV, LDV, gV + (int64_t)j0 * a.v_s[2], a.v_s[2], KT, kv, DV, tid);
+    load_kv_tile(j0);
     __syncthreads();
 #pragma unroll
     for (int t = 0; t < RL; t++) {
@@ -335,9 +340,7 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dq_simt_kernel(
     for (int c = 0; c < OSS_SIMT_NCOL; c++) dq[r][c] = 0;
   for (int j0 = 0; j0 < n_end; j0 += KT) {
     __syncthreads();
-    const int kv = min(KT, a.lk - j0);
-    oss_simt_load<S>(sK, LDK, gK + (int64_t)j0 * a.k_s[2], a.k_s[2], KT, kv, D, tid);
-    oss_simt_load<S>(sV, LDV, gV + (int64_t)j0 * a.v_s[2], a.v_s[2], KT, kv, DV, tid);
+    load_kv_tile(j0);
     __syncthreads();
 #pragma unroll
     for (int t = 0; t < RL; t++) {
