@@ -151,7 +151,10 @@ def timed(model, impl, mode, ids):
         fn()
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() / 2**30
-    ms = bench(fn, ids.device.type)
+    # a model step takes 10-200 ms on the GPU: warm up and repeat for a second, so the
+    # median covers more than a handful of steps (with the default 100 ms, one run's
+    # first point came out 2.6x slower than the same point in the next run)
+    ms = bench(fn, ids.device.type, warmup_ms=250, rep_ms=1000)
     model.zero_grad(set_to_none=True)
     return ms, peak
 
