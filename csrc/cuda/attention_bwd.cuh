@@ -71,6 +71,27 @@ __device__ __forceinline__ void oss_attn_load_rowstats(float *sL, float *sD, con
   else if (tid < BR / 2) oss_cp_async16(oss_smem_u32(sD + (tid - BR / 4) * 4), gD + (tid - BR / 4) * 4, 16);
 }
 
+/* Issues the cp.async copies for iteration `it` of a key-block CTA (query head
+ * hk * group + it / nqe, query block qb0 + it % nqe): its Q and dO rows into sQ
+ * and sdO, in the calling kernel's tile layout (pitch LDS, or SW128), and its
+ * lse_adj and D rows into sL and sD. */
+template <typename T, int BR, int KD, int LDS, int NTHREADS, bool SW128>
+__device__ __forceinline__ void oss_attn_bwd_load_query_block(const oss_attn_args &a, int b, int hk, int qb0,
+                                                              int nqe, int it, T *sQ, T *sdO, float *sL, float *sD,
+                                                              int tid) {
+  const int h = hk * a.group + it / nqe;
+  const int i0 = (qb0 + it % nqe) * BR;
+  const int rows = min(BR, a.lq - i0);
+  oss_load_tile<T, BR, KD, LDS, NTHREADS, SW128>(
+      sQ, (const T *)a.q + b * a.q_s[0] + h * a.q_s[1] + (int64_t)i0 * a.q_s[2], a.q_s[2], rows, a.d,
+      a.vec & OSS_ATTN_VEC_Q, tid);
+  oss_load_tile<T, BR, KD, LDS, NTHREADS, SW128>(
+      sdO, (const T *)a.dout + b * a.do_s[0] + h * a.do_s[1] + (int64_t)i0 * a.do_s[2], a.do_s[2], rows, a.dv,
+      a.vec & OSS_ATTN_VEC_DO, tid);
+  const int64_t ro = ((int64_t)b * a.hq + h) * a.lq_pad + i0;
+  oss_attn_load_rowstats<BR, NTHREADS>(sL, sD, (const float *)a.lse_adj + ro, (const float *)a.dsum + ro, tid);
+}
+
 /* The blocks of BR query rows that see some key of the key block starting at
  * j0: blocks qb0 .. qb0 + nqe - 1 (causal: from the diagonal on). */
 template <int BR>
@@ -123,10 +144,7 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
   oss_attn_bwd_query_blocks<BR>(a, j0, &qb0, &nqe);
   const int niter = a.group * nqe;
 
-  const bool vq = a.vec & OSS_ATTN_VEC_Q, vk = a.vec & OSS_ATTN_VEC_K, vv = a.vec & OSS_ATTN_VEC_V;
-  const bool vdo = a.vec & OSS_ATTN_VEC_DO;
-  const T *gQb = (const T *)a.q + b * a.q_s[0];
-  const T *gdOb = (const T *)a.dout + b * a.do_s[0];
+  const bool vk = a.vec & OSS_ATTN_VEC_K, vv = a.vec & OSS_ATTN_VEC_V;
   const bool atomic_dq = a.dq_acc != nullptr;
   /* dS is scaled before it is rounded to T for the dK / dQ products: the
    * unscaled P (dP - D) overflows float16 long before the gradients do. */
@@ -154,18 +172,10 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
     }
     /* prefetch iteration it+1 into stage st^1 */
     if (it + 1 < niter) {
-      const int hn = hk * a.group + (it + 1) / nqe;
-      const int in0 = (qb0 + (it + 1) % nqe) * BR;
-      const int rn = min(BR, a.lq - in0);
       const int sn = st ^ 1;
-      oss_load_tile<T, BR, KD, LDS, NTHREADS>(sQ + sn * BR * LDS, gQb + hn * a.q_s[1] + (int64_t)in0 * a.q_s[2],
-                                               a.q_s[2], rn, a.d, vq, tid);
-      oss_load_tile<T, BR, KD, LDS, NTHREADS>(sdO + sn * BR * LDS,
-                                               gdOb + hn * a.do_s[1] + (int64_t)in0 * a.do_s[2], a.do_s[2], rn,
-                                               a.dv, vdo, tid);
-      const int64_t ro = ((int64_t)b * a.hq + hn) * a.lq_pad + in0;
-      oss_attn_load_rowstats<BR, NTHREADS>(sL + sn * BR, sD + sn * BR, (const float *)a.lse_adj + ro,
-                                           (const float *)a.dsum + ro, tid);
+      oss_attn_bwd_load_query_block<T, BR, KD, LDS, NTHREADS, false>(a, b, hk, qb0, nqe, it + 1, sQ + sn * BR * LDS,
+                                                                     sdO + sn * BR * LDS, sL + sn * BR, sD + sn * BR,
+                                                                     tid);
     }
     oss_cp_async_commit();
     if (it < 0) continue;
@@ -431,17 +441,11 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
 template <typename T, int HD, int DQ_BR, int DQ_BC, int DQ_NW>
 oss_status oss_attn_bwd_dq_det_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   if (a->dq_acc != nullptr || a->lq == 0) return OSS_OK;
-  constexpr size_t smem = oss_attn_bwd_dq_smem_bytes<HD, DQ_BR, DQ_BC>();
-  if (smem > (size_t)dev->max_smem_per_block_optin)
-    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
-                    "deterministic attention backward for head dim %d needs %zu bytes of shared memory per "
-                    "block, the device allows %d",
-                    HD, smem, dev->max_smem_per_block_optin);
-  void (*kernel)(const oss_attn_args) = oss_attn_bwd_dq_mma_kernel<T, HD, DQ_BR, DQ_BC, DQ_NW>;
-  OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  const dim3 grid = oss_attn_grid((a->lq + DQ_BR - 1) / DQ_BR, (int64_t)a->batch * a->hq);
-  kernel<<<grid, DQ_NW * 32, smem, stream>>>(*a);
-  return oss_check_launch("oss_attn_bwd_dq_mma_kernel");
+  return oss_attn_launch(oss_attn_bwd_dq_mma_kernel<T, HD, DQ_BR, DQ_BC, DQ_NW>,
+                         "deterministic attention backward (dQ, mma.sync)", HD,
+                         oss_attn_bwd_dq_smem_bytes<HD, DQ_BR, DQ_BC>(),
+                         oss_attn_grid((a->lq + DQ_BR - 1) / DQ_BR, (int64_t)a->batch * a->hq), DQ_NW * 32, a, stream,
+                         dev);
 }
 
 template <typename T, int HD>
@@ -453,17 +457,11 @@ oss_status oss_attn_bwd_dq_det_launch(const oss_attn_args *a, cudaStream_t strea
 template <typename T, int HD, int BR, int NKW, int NCS, int MINB, int DQ_BR, int DQ_BC, int DQ_NW>
 oss_status oss_attn_bwd_mma_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   if (a->lk > 0) {
-    constexpr size_t smem = oss_attn_bwd_dkdv_smem_bytes<HD, BR, NKW>();
-    if (smem > (size_t)dev->max_smem_per_block_optin)
-      return oss_fail(OSS_ERROR_NOT_SUPPORTED,
-                      "attention backward for head dim %d needs %zu bytes of shared memory per block, the device "
-                      "allows %d",
-                      HD, smem, dev->max_smem_per_block_optin);
-    void (*kernel)(const oss_attn_args) = oss_attn_bwd_dkdv_mma_kernel<T, HD, BR, NKW, NCS, MINB>;
-    OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const dim3 grid = oss_attn_grid((a->lk + 16 * NKW - 1) / (16 * NKW), (int64_t)a->batch * a->hkv);
-    kernel<<<grid, NKW * NCS * 32, smem, stream>>>(*a);
-    const oss_status st = oss_check_launch("oss_attn_bwd_dkdv_mma_kernel");
+    const oss_status st = oss_attn_launch(
+        oss_attn_bwd_dkdv_mma_kernel<T, HD, BR, NKW, NCS, MINB>, "attention backward (dK/dV, mma.sync)", HD,
+        oss_attn_bwd_dkdv_smem_bytes<HD, BR, NKW>(),
+        oss_attn_grid((a->lk + 16 * NKW - 1) / (16 * NKW), (int64_t)a->batch * a->hkv), NKW * NCS * 32, a, stream,
+        dev);
     if (st != OSS_OK) return st;
   }
   return oss_attn_bwd_dq_det_run<T, HD, DQ_BR, DQ_BC, DQ_NW>(a, stream, dev);

@@ -94,9 +94,6 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
   oss_attn_bwd_query_blocks<BR>(a, j0, &qb0, &nqe);
   const int niter = a.group * nqe;
 
-  const bool vq = a.vec & OSS_ATTN_VEC_Q, vdo = a.vec & OSS_ATTN_VEC_DO;
-  const T *gQb = (const T *)a.q + b * a.q_s[0];
-  const T *gdOb = (const T *)a.dout + b * a.do_s[0];
   const bool atomic_dq = a.dq_acc != nullptr;
   const float sc = (float)a.scale;
 
@@ -131,18 +128,10 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
       if (dq_pending != nullptr) oss_attn_bwd_sm90_flush_dq<HD, BR>(dq_pending, a.dq_ld, sdQ, dq_pending_rows, tid);
     }
     if (it + 1 < niter) { /* prefetch iteration it + 1 into stage st^1 */
-      const int hn = hk * a.group + (it + 1) / nqe;
-      const int in0 = (qb0 + (it + 1) % nqe) * BR;
-      const int rn = min(BR, a.lq - in0);
       const int sn = st ^ 1;
-      oss_load_tile<T, BR, HD, 64, NTHREADS, true>(sQ + sn * BR * HD, gQb + hn * a.q_s[1] + (int64_t)in0 * a.q_s[2],
-                                                   a.q_s[2], rn, a.d, vq, tid);
-      oss_load_tile<T, BR, HD, 64, NTHREADS, true>(sdO + sn * BR * HD,
-                                                   gdOb + hn * a.do_s[1] + (int64_t)in0 * a.do_s[2], a.do_s[2], rn,
-                                                   a.dv, vdo, tid);
-      const int64_t ro = ((int64_t)b * a.hq + hn) * a.lq_pad + in0;
-      oss_attn_load_rowstats<BR, NTHREADS>(sL + sn * BR, sD + sn * BR, (const float *)a.lse_adj + ro,
-                                           (const float *)a.dsum + ro, tid);
+      oss_attn_bwd_load_query_block<T, BR, HD, 64, NTHREADS, true>(a, b, hk, qb0, nqe, it + 1, sQ + sn * BR * HD,
+                                                                   sdO + sn * BR * HD, sL + sn * BR, sD + sn * BR,
+                                                                   tid);
     }
     oss_cp_async_commit();
     if (it < 0) continue;
@@ -279,17 +268,10 @@ template <typename T, int HD>
 oss_status oss_attn_bwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   typedef oss_attn_bwd_sm90_cfg<HD> C;
   if (a->lk > 0) {
-    constexpr size_t smem = oss_attn_bwd_sm90_smem_bytes<HD, C::BR, C::BC>();
-    if (smem > (size_t)dev->max_smem_per_block_optin)
-      return oss_fail(OSS_ERROR_NOT_SUPPORTED,
-                      "attention backward (sm90) for head dim %d needs %zu bytes of shared memory per block, the "
-                      "device allows %d",
-                      HD, smem, dev->max_smem_per_block_optin);
-    void (*kernel)(const oss_attn_args) = oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC>;
-    OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const dim3 grid = oss_attn_grid((a->lk + C::BC - 1) / C::BC, (int64_t)a->batch * a->hkv);
-    kernel<<<grid, 256, smem, stream>>>(*a);
-    const oss_status st = oss_check_launch("oss_attn_bwd_sm90_kernel");
+    const oss_status st = oss_attn_launch(oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC>, "attention backward (wgmma)",
+                                          HD, oss_attn_bwd_sm90_smem_bytes<HD, C::BR, C::BC>(),
+                                          oss_attn_grid((a->lk + C::BC - 1) / C::BC, (int64_t)a->batch * a->hkv), 256,
+                                          a, stream, dev);
     if (st != OSS_OK) return st;
   }
   return oss_attn_bwd_dq_det_launch<T, HD>(a, stream, dev);

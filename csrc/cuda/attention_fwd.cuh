@@ -225,17 +225,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
 
 template <typename T, int HD, int BR, int BC, int NW, int MINB>
 oss_status oss_attn_fwd_mma_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
-  constexpr size_t smem = oss_attn_fwd_smem_bytes<HD, BR, BC>();
-  if (smem > (size_t)dev->max_smem_per_block_optin)
-    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
-                    "attention forward for head dim %d needs %zu bytes of shared memory per block, the device "
-                    "allows %d",
-                    HD, smem, dev->max_smem_per_block_optin);
-  void (*kernel)(const oss_attn_args) = oss_attn_fwd_mma_kernel<T, HD, BR, BC, NW, MINB>;
-  OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  const dim3 grid = oss_attn_grid((a->lq + BR - 1) / BR, (int64_t)a->batch * a->hq);
-  kernel<<<grid, NW * 32, smem, stream>>>(*a);
-  return oss_check_launch("oss_attn_fwd_mma_kernel");
+  return oss_attn_launch(oss_attn_fwd_mma_kernel<T, HD, BR, BC, NW, MINB>, "attention forward (mma.sync)", HD,
+                         oss_attn_fwd_smem_bytes<HD, BR, BC>(),
+                         oss_attn_grid((a->lq + BR - 1) / BR, (int64_t)a->batch * a->hq), NW * 32, a, stream, dev);
 }
 
 /* Entry point instantiated once per (head dim, dtype) by the generator. */

@@ -170,12 +170,6 @@ template <typename T, int HD>
 oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   typedef oss_attn_fwd_sm90_cfg<HD> C;
   constexpr int BR = 64 * C::NWG;
-  constexpr size_t smem = oss_attn_fwd_sm90_smem_bytes<HD, BR, C::BC>();
-  if (smem > (size_t)dev->max_smem_per_block_optin)
-    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
-                    "attention forward (sm90) for head dim %d needs %zu bytes of shared memory per block, the "
-                    "device allows %d",
-                    HD, smem, dev->max_smem_per_block_optin);
   void (*kernel)(const oss_attn_args) = oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::NWG>;
   /* The budgets of setmaxnreg hold only if the kernel launches with the
    * registers assumed above; a compiler that allots fewer would make the
@@ -187,10 +181,9 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
     launch_regs = attr.numRegs;
   }
   if (launch_regs < OSS_SM90_LAUNCH_REGS) return oss_attn_fwd_mma_launch<T, HD>(a, stream, dev);
-  OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  const dim3 grid = oss_attn_grid((a->lq + BR - 1) / BR, (int64_t)a->batch * a->hq);
-  kernel<<<grid, C::NWG * 128 + 128, smem, stream>>>(*a);
-  return oss_check_launch("oss_attn_fwd_sm90_kernel");
+  return oss_attn_launch(kernel, "attention forward (wgmma)", HD, oss_attn_fwd_sm90_smem_bytes<HD, BR, C::BC>(),
+                         oss_attn_grid((a->lq + BR - 1) / BR, (int64_t)a->batch * a->hq), C::NWG * 128 + 128, a,
+                         stream, dev);
 }
 
 #endif /* OSS_ATTENTION_FWD_SM90_CUH */

@@ -383,4 +383,19 @@ static inline dim3 oss_attn_grid(int64_t blocks, int64_t bh) {
   return dim3((unsigned)blocks, (unsigned)(y > 0 ? y : 1), (unsigned)((bh + y - 1) / (y > 0 ? y : 1)));
 }
 
+/* Launches kernel(*a) with grid x threads and `smem` bytes of dynamic shared
+ * memory, once the device is known to allow that much per block; `what` names
+ * the kernel in errors (with the head dim it was instantiated for). */
+static inline oss_status oss_attn_launch(void (*kernel)(const oss_attn_args), const char *what, int head_dim,
+                                         size_t smem, dim3 grid, int threads, const oss_attn_args *a,
+                                         cudaStream_t stream, const oss_device_info *dev) {
+  if (smem > (size_t)dev->max_smem_per_block_optin)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                    "%s for head dim %d needs %zu bytes of shared memory per block, the device allows %d", what,
+                    head_dim, smem, dev->max_smem_per_block_optin);
+  OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  kernel<<<grid, threads, smem, stream>>>(*a);
+  return oss_check_launch(what);
+}
+
 #endif /* OSS_ATTENTION_MMA_CUH */
