@@ -78,8 +78,13 @@ def check_softmax(op_name, base, view_fn, dim, dtype=None, grad=True, label="", 
     out_dtype = base.dtype if dtype is None else dtype
     leaves = {name: base.detach().clone().requires_grad_(grad) for name in ("ours", "peer")}
     # the reference sees the input exactly as the kernel computes on it: cast to
-    # out_dtype first (dtype= means "cast, then compute"), then widened
-    leaves["ref"] = base.detach().to(out_dtype).to(torch.float64).requires_grad_(grad)
+    # out_dtype first (dtype= means "cast, then compute"), then widened. For
+    # float64 on CUDA the peer would be the very computation of the reference
+    # (an error of 0, and a bound of atol alone, tighter than float64 sums of
+    # 1000 terms in another order): that reference runs on the CPU, as in
+    # check_attention, so the peer's error is its real float64 rounding.
+    ref_device = "cpu" if out_dtype == torch.float64 and base.is_cuda else base.device
+    leaves["ref"] = base.detach().to(out_dtype).to(device=ref_device, dtype=torch.float64).requires_grad_(grad)
     ours = ours_fn(view_fn(leaves["ours"]), dim, dtype=dtype)
     peer = torch_fn(view_fn(leaves["peer"]), dim, dtype=dtype)
     ref = torch_fn(view_fn(leaves["ref"]), dim)
@@ -92,7 +97,7 @@ def check_softmax(op_name, base, view_fn, dim, dtype=None, grad=True, label="", 
         g = _randn(ours.shape, out_dtype, base.device, seed) if grad_output is None else grad_output.to(out_dtype)
         ours.backward(g)
         peer.backward(g)
-        ref.backward(g.to(torch.float64))
+        ref.backward(g.to(device=ref_device, dtype=torch.float64))
         got = leaves["ours"].grad
         assert got.dtype == base.dtype, f"{label}: gradient dtype {got.dtype} != input dtype {base.dtype}"
         # with a dtype= cast the gradient carries the precision of the coarser of
