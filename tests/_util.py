@@ -165,11 +165,17 @@ def _fused_peer_inputs(q, k, v, scale):
     head dims zero-padded to a multiple of 8 (all differentiable), and the scale
     made explicit: the fused kernels refuse stride-0 and other unusual layouts,
     most refuse GQA and odd head dims, and none of that changes the math.
+    3-D inputs (heads, L, D) get a leading batch dim of 1: the fused kernels
+    take 4-D inputs only, and without it SDPA fell back to its math backend,
+    a float32 computation, contrary to the rule above (a long-profile fuzz
+    case with 3-D bf16 inputs failed against it; docs/reliability.md).
     Copies, not .contiguous(): a contiguous view at a misaligned storage offset
     stays misaligned, and aten._scaled_dot_product_efficient_attention (called
     directly by lse_peer, past SDPA's checks) then reads it with 16-byte loads
     and faults (found by compute-sanitizer on the fuzz tests)."""
-    group = q.shape[-3] // k.shape[-3] if q.dim() == 4 else 1
+    if q.dim() == 3:
+        q, k, v = (t.unsqueeze(0) for t in (q, k, v))
+    group = q.shape[-3] // k.shape[-3]
     kr, vr = (t.repeat_interleave(group, dim=-3) if group > 1 else t for t in (k, v))
     qp, kp, vp = (_pad_last(t.clone(memory_format=torch.contiguous_format), 8) for t in (q, kr, vr))
     return qp, kp, vp, q.shape[-1] ** -0.5 if scale is None else scale
@@ -213,6 +219,7 @@ def sdpa_peer(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=F
             try:
                 with sdpa_kernel(backends):
                     out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mp, scale=scale_)[..., :v.shape[-1]]
+                out = out.reshape(*q.shape[:-1], v.shape[-1])  # drops the batch dim added to 3-D inputs
                 return torch.nan_to_num(out, nan=0.0)
             except RuntimeError:
                 pass  # not taken by these backends: the next, then the default choice below
@@ -245,6 +252,8 @@ def lse_peer(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=Fa
                     bias = _fused_peer_mask(mask, (*qp.shape[:-1], Lk))
                 lse = torch.ops.aten._scaled_dot_product_efficient_attention(
                     qp, kp, vp, bias, True, 0.0, False, scale=scale_)[1][..., :Lq]
+                if q.dim() == 3:
+                    lse = lse.squeeze(0)
                 if lse.shape == q.shape[:-1]:
                     return lse.float()
             except RuntimeError:
