@@ -13,7 +13,8 @@ Hypothesis profiles, chosen with TORCH_OSS_FUZZ_PROFILE (default "ci"):
         for the GPU:  TORCH_OSS_FUZZ_PROFILE=long pytest tests/test_fuzz.py -k cuda
   dev   a quick random smoke run (20 examples) while editing.
 
-TORCH_OSS_FUZZ_NO_SHRINK=1 reports a failing case as drawn, without shrinking it.
+TORCH_OSS_FUZZ_NO_SHRINK=1 reports a failing case as drawn, without shrinking it,
+and skips the replay of failures saved in the example database (fresh cases only).
 
 A failing case prints its reproduction blob (print_blob=True); paste it into
 @reproduce_failure or rerun with the same profile (ci is fully reproducible).
@@ -55,9 +56,11 @@ settings.register_profile(
 FUZZ_PROFILE = os.environ.get("TORCH_OSS_FUZZ_PROFILE", "ci")
 if os.environ.get("TORCH_OSS_FUZZ_NO_SHRINK", "") not in ("", "0"):
     # report the first failing case as drawn, without minimising it (shrinking
-    # re-runs a failing test hundreds of times: too slow for a GPU session)
+    # re-runs a failing test hundreds of times: too slow for a GPU session),
+    # and draw fresh cases only: no replay of failures saved by earlier runs
+    # (scripts/fuzz_chunks.sh counts fresh cases)
     settings.register_profile(FUZZ_PROFILE + "-noshrink", parent=settings.get_profile(FUZZ_PROFILE),
-                              phases=[Phase.explicit, Phase.reuse, Phase.generate])
+                              phases=[Phase.explicit, Phase.generate])
     FUZZ_PROFILE += "-noshrink"
 settings.load_profile(FUZZ_PROFILE)
 

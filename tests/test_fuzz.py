@@ -51,7 +51,7 @@ def gen(seed):
 @st.composite
 def layouts(draw, shape, allow_last_dim_stride=True):
     """Returns (base_shape, view_fn, name): view_fn(base) has `shape` and the
-    drawn memory layout; gradients are checked on `base`."""
+    drawn memory layout; gradients are checked on the view (the op's own)."""
     rank = len(shape)
     kinds = ["contiguous"]
     if rank >= 2:
