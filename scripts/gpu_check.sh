@@ -7,13 +7,15 @@
 #   bash scripts/gpu_check.sh                    # all stages
 #   bash scripts/gpu_check.sh build test         # some stages: build test sanitize bench model
 #
+#   bash scripts/gpu_check.sh build fuzz         # the long fuzz profile (FUZZ_SECONDS per test)
+#
 # Knobs: TORCH_CUDA_ARCH_LIST (default 9.0a), MAX_JOBS (default 16),
 # TORCH_OSS_HEAD_DIMS, TESTS (test files or node ids, each run on its own; default every
 # tests/test_*.py), FILE_TIMEOUT (seconds per pytest run, default 300), PYTEST_ARGS
 # (extra pytest arguments), BENCH_ARGS_SOFTMAX,
 # BENCH_ARGS_ATTENTION (extra benchmark arguments), SANITIZE_TOOLS (default
 # "memcheck racecheck synccheck"), SANITIZE_PARTS (softmax and/or attention; default both),
-# STAGE_TIMEOUT (seconds per stage, default 900).
+# STAGE_TIMEOUT (seconds per stage, default 900), FUZZ_SECONDS, FUZZ_CHUNK, FUZZ_TESTS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${TORCH_OSS_RESULTS:-results}
@@ -85,6 +87,18 @@ for s in $STAGES; do
     timeout ${STAGE_TIMEOUT:-900} python3 bench/attention.py ${BENCH_ARGS_ATTENTION:-} 2>&1 |
       tee "$RESULTS/bench_attention.log" | tail -80
     record bench done
+    ;;
+  fuzz)
+    # The long fuzz profile on CUDA: each test in chunks of fresh cases
+    # (scripts/fuzz_chunks.sh) for FUZZ_SECONDS (default 120) seconds per test;
+    # FUZZ_TESTS picks the tests (default all four)
+    stage fuzz
+    ok=1
+    for t in ${FUZZ_TESTS:-test_fuzz_softmax_forward test_fuzz_softmax_backward test_fuzz_attention_forward test_fuzz_attention_backward}; do
+      echo "$t:"
+      bash scripts/fuzz_chunks.sh "$t" "${FUZZ_SECONDS:-120}" "${FUZZ_CHUNK:-500}" || ok=0
+    done
+    [ $ok = 1 ] && record fuzz ok || record fuzz failed
     ;;
   model)
     stage model
