@@ -9,6 +9,9 @@ Knobs (environment variables):
                         (default: the generator's list, 32..256). Others are padded up.
   TORCH_OSS_CPU_ONLY=1  skip CUDA even when a toolkit is present.
   TORCH_OSS_DEBUG=1     -O0 -g host code, -lineinfo device code, assertions on.
+  TORCH_OSS_SANITIZE    host-code sanitizers, e.g. "address,undefined": the C11 kernels
+                        and the registration layer are built with -fsanitize=... (run
+                        with the sanitizer runtime preloaded; see docs/reliability.md).
   MAX_JOBS              parallel compile jobs (ninja and the C compile step).
 """
 
@@ -39,6 +42,8 @@ def env_flag(name):
 
 
 DEBUG = env_flag("TORCH_OSS_DEBUG")
+SANITIZE = os.environ.get("TORCH_OSS_SANITIZE", "").strip()
+SANITIZE_FLAGS = [f"-fsanitize={SANITIZE}", "-fno-omit-frame-pointer", "-g"] if SANITIZE else []
 WITH_CUDA = CUDA_HOME is not None and not env_flag("TORCH_OSS_CPU_ONLY")
 
 
@@ -95,6 +100,7 @@ class BuildWithC11(BuildExtension):
         flags = ["-std=c11", "-fPIC", "-fopenmp-simd", "-fno-trapping-math", "-Wall", "-Wextra", "-Wno-psabi",
                  f"-I{CSRC}"]
         flags += ["-O0", "-g"] if DEBUG else ["-O3", "-DNDEBUG"]
+        flags += SANITIZE_FLAGS
         if WITH_CUDA:
             flags += ["-DOSS_WITH_CUDA", f'-DOSS_CUDA_ARCHS="{os.environ["TORCH_CUDA_ARCH_LIST"]}"']
         for ext in self.extensions:
@@ -120,12 +126,14 @@ def make_extension():
     )
     # No -fvisibility=hidden: it gives this library private copies of libstdc++'s
     # facet ids, and then formatting a number into an error message crashes.
-    cxx_flags = ["-O0", "-g"] if DEBUG else ["-O3"]
+    cxx_flags = (["-O0", "-g"] if DEBUG else ["-O3"]) + SANITIZE_FLAGS
+    link_flags = [f"-fsanitize={SANITIZE}"] if SANITIZE else []
     sources = [os.path.join(CSRC, "torch_ops.cpp")]
     depends = [os.path.join(CSRC, f) for f in ("oss.h", "oss_internal.h")]
     if not WITH_CUDA:
         log("no CUDA toolkit found (or TORCH_OSS_CPU_ONLY=1): building the CPU-only extension")
-        ext = CppExtension("torch_oss._C", sources, extra_compile_args={"cxx": cxx_flags}, depends=depends)
+        ext = CppExtension("torch_oss._C", sources, extra_compile_args={"cxx": cxx_flags}, extra_link_args=link_flags,
+                           depends=depends)
         ext.c_sources = c_sources
         return ext
 
@@ -154,6 +162,7 @@ def make_extension():
         "torch_oss._C",
         sources + cu_sources + generated,
         extra_compile_args={"cxx": cxx_flags + ["-DOSS_WITH_CUDA"], "nvcc": nvcc_flags},
+        extra_link_args=link_flags,
         depends=depends + [os.path.join(cuda_dir, f) for f in os.listdir(cuda_dir) if f.endswith(".cuh")],
     )
     ext.c_sources = c_sources
