@@ -6,9 +6,10 @@
  *
  * Forward (FlashAttention's tiled online softmax): a task is one (batch,
  * query head, block of OSS_BR query rows). It walks the visible keys in
- * blocks of OSS_BC, computes S = scale * Q K^T (+ mask) for the tile, and
- * keeps per row the running max m, denominator l and output o, rescaling l
- * and o by exp(m_old - m_new) when m grows. At the end o / l is the output
+ * blocks of OSS_BC, computes S = scale * Q K^T (+ mask) for the tile in
+ * double (score_gemm), and keeps per row the running max m (double),
+ * denominator l and output o, rescaling l and o by exp(m_old - m_new) when m
+ * grows; exp() sees S - m rounded once to REAL. At the end o / l is the output
  * and m + log(l) the lse; a row that saw no key gets output 0 and lse -inf.
  *
  * Backward (FlashAttention-2): a task is one (batch, kv head), so it owns dK
@@ -102,6 +103,62 @@ static void FN(tile_gemm)(int64_t M, int64_t N, int64_t K, const REAL *A, int64_
   }
 }
 
+/* C = A B in double for an M x N tile of scores (A is M x K, B is K x N, both
+ * REAL): the products of two floats are exact in double and the K-term sums
+ * run in double, so a float32 score carries no rounding of its own (PyTorch's
+ * float GEMM, the peer, is off by ~K ulps of |q||k|). The same 4-row blocks as
+ * tile_gemm, with 8 columns as two vectors of 4 doubles. */
+typedef double FN(dvec) __attribute__((vector_size(32)));
+typedef REAL FN(rvec4) __attribute__((vector_size(4 * sizeof(REAL))));
+
+static inline FN(dvec) FN(dload)(const REAL *x) {
+  FN(rvec4) v;
+  memcpy(&v, x, sizeof v);
+  return __builtin_convertvector(v, FN(dvec));
+}
+
+OSS_VECTOR_CLONES
+static void FN(score_gemm)(int64_t M, int64_t N, int64_t K, const REAL *A, int64_t lda, const REAL *B, int64_t ldb,
+                           double *C, int64_t ldc) {
+  enum { MB = 4, NB = 8 };
+  int64_t i = 0;
+  for (; i + MB <= M; i += MB) {
+    int64_t j = 0;
+    for (; j + NB <= N; j += NB) {
+      FN(dvec) acc[MB][2];
+      for (int r = 0; r < MB; r++) acc[r][0] = acc[r][1] = (FN(dvec)){0};
+      for (int64_t k = 0; k < K; k++) {
+        const FN(dvec) b0 = FN(dload)(B + k * ldb + j), b1 = FN(dload)(B + k * ldb + j + 4);
+        for (int r = 0; r < MB; r++) {
+          const double a = A[(i + r) * lda + k];
+          acc[r][0] += a * b0;
+          acc[r][1] += a * b1;
+        }
+      }
+      for (int r = 0; r < MB; r++) {
+        memcpy(C + (i + r) * ldc + j, &acc[r][0], sizeof acc[r][0]);
+        memcpy(C + (i + r) * ldc + j + 4, &acc[r][1], sizeof acc[r][1]);
+      }
+    }
+    for (int r = 0; r < MB; r++) /* column tail */
+      for (int64_t c = j; c < N; c++) {
+        double acc = 0;
+        for (int64_t k = 0; k < K; k++) acc += (double)A[(i + r) * lda + k] * (double)B[k * ldb + c];
+        C[(i + r) * ldc + c] = acc;
+      }
+  }
+  for (; i < M; i++) { /* row tail */
+    double *crow = C + i * ldc;
+    for (int64_t c = 0; c < N; c++) crow[c] = 0;
+    for (int64_t k = 0; k < K; k++) {
+      const double a = A[i * lda + k];
+      const REAL *b = B + k * ldb;
+#pragma omp simd
+      for (int64_t c = 0; c < N; c++) crow[c] += a * (double)b[c];
+    }
+  }
+}
+
 static REAL FN(mask_value)(const oss_attention_params *p, int64_t offset) {
   switch (p->mask_dtype) {
   case OSS_FLOAT32: return (REAL)((const float *)p->mask)[offset];
@@ -113,33 +170,20 @@ static REAL FN(mask_value)(const oss_attention_params *p, int64_t offset) {
 }
 
 /* S[r][c] = scale * Q[r] . K[c] for a rows x cols tile (Kt is K transposed),
- * then the causal rule and the mask: hidden scores become -inf, additive
- * mask values are added. With `exact` the dot products run in double (the
- * backward: a float score of 1e4 is only good to 1e-3, which exp() turns
- * into a 1e-3 relative error of P); without it they are a REAL tile product
- * (`work` holds rows x cols REALs). */
+ * in double (score_gemm), then the causal rule and the mask: hidden scores
+ * become -inf, additive mask values are added. Scores stay in double through
+ * the row max, so exp() sees only S - m rounded once: a float32 score of 1e4
+ * is only good to 1e-3, which exp() would turn into a 1e-3 relative error of P.
+ * The forward and the backward's recomputation get the same bits. */
 static void FN(score_tile)(const oss_attention_params *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                           int64_t j0, int64_t cols, const REAL *Q, const REAL *Kt, double *S, int exact,
-                           REAL *work) {
+                           int64_t j0, int64_t cols, const REAL *Q, const REAL *Kt, double *S) {
   const int64_t D = p->head_dim;
   const double scale = p->scale;
   const int64_t causal_offset = p->causal == OSS_CAUSAL_BOTTOM_RIGHT ? p->len_k - p->len_q : 0;
-  if (!exact) {
-    FN(tile_gemm)(rows, cols, D, Q, D, Kt, cols, work, cols, 0);
-    for (int64_t x = 0; x < rows * cols; x++) S[x] = (double)work[x] * scale;
-  }
+  FN(score_gemm)(rows, cols, D, Q, D, Kt, cols, S, cols);
   for (int64_t r = 0; r < rows; r++) {
     double *s = S + r * cols;
-    if (exact) {
-      for (int64_t c = 0; c < cols; c++) s[c] = 0;
-      for (int64_t d = 0; d < D; d++) {
-        const double q = Q[r * D + d];
-        const REAL *kt = Kt + d * cols;
-#pragma omp simd
-        for (int64_t c = 0; c < cols; c++) s[c] += q * (double)kt[c];
-      }
-      for (int64_t c = 0; c < cols; c++) s[c] *= scale;
-    }
+    for (int64_t c = 0; c < cols; c++) s[c] *= scale;
     const int64_t i = i0 + r;
     if (p->causal != OSS_CAUSAL_NONE)
       for (int64_t c = 0; c < cols; c++)
@@ -181,15 +225,15 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
   const oss_attention_params *p = (const oss_attention_params *)ctx->params;
   const int64_t D = p->head_dim, Dv = p->head_dim_v, group = p->heads_q / p->heads_kv;
   const int64_t qblocks = (p->len_q + OSS_BR - 1) / OSS_BR;
-  double Sd[OSS_BR * OSS_BC];
+  double Sd[OSS_BR * OSS_BC], m[OSS_BR]; /* scores and row maxes in double */
   REAL *scratch = (REAL *)malloc(sizeof(REAL) * (size_t)(OSS_BR * D + 2 * OSS_BC * D + OSS_BC * Dv +
-                                                          OSS_BR * OSS_BC + OSS_BR * Dv + 3 * OSS_BR));
+                                                          OSS_BR * OSS_BC + OSS_BR * Dv + 2 * OSS_BR));
   if (!scratch) {
     ctx->failed = 1;
     return;
   }
   REAL *Q = scratch, *K = Q + OSS_BR * D, *Kt = K + OSS_BC * D, *V = Kt + OSS_BC * D, *S = V + OSS_BC * Dv,
-       *O = S + OSS_BR * OSS_BC, *m = O + OSS_BR * Dv, *l = m + OSS_BR, *lse = l + OSS_BR;
+       *O = S + OSS_BR * OSS_BC, *l = O + OSS_BR * Dv, *lse = l + OSS_BR;
   for (int64_t task = begin; task < end; task++) {
     const int64_t b = task / (p->heads_q * qblocks), h = task / qblocks % p->heads_q;
     const int64_t hk = h / group, i0 = task % qblocks * OSS_BR;
@@ -203,22 +247,22 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
       FN(load_rows)(p->k, p->dtype, p->k_stride, b, hk, j0, cols, D, K);
       FN(transpose)(K, cols, D, Kt);
       FN(load_rows)(p->v, p->dtype, p->v_stride, b, hk, j0, cols, Dv, V);
-      FN(score_tile)(p, b, h, i0, rows, j0, cols, Q, Kt, Sd, 0, S);
-      for (int64_t x = 0; x < rows * cols; x++) S[x] = (REAL)Sd[x];
+      FN(score_tile)(p, b, h, i0, rows, j0, cols, Q, Kt, Sd);
       for (int64_t r = 0; r < rows; r++) { /* online softmax: P into S, rescale o */
+        const double *sd = Sd + r * cols;
         REAL *s = S + r * cols, *o = O + r * Dv;
-        REAL m_new = m[r];
+        double m_new = m[r];
         for (int64_t c = 0; c < cols; c++) /* NaN sticks: a NaN score makes the row NaN, as in SDPA */
-          m_new = (s[c] > m_new || s[c] != s[c]) ? s[c] : m_new;
+          m_new = (sd[c] > m_new || sd[c] != sd[c]) ? sd[c] : m_new;
         if (m_new == -INFINITY) { /* nothing visible to this row yet: P = 0 */
           for (int64_t c = 0; c < cols; c++) s[c] = 0;
           continue;
         }
-        const REAL alpha = EXP(m[r] - m_new);
+        const REAL alpha = EXP((REAL)(m[r] - m_new));
         REAL row_sum = 0;
 #pragma omp simd reduction(+ : row_sum)
         for (int64_t c = 0; c < cols; c++) {
-          s[c] = EXP(s[c] - m_new);
+          s[c] = EXP((REAL)(sd[c] - m_new));
           row_sum += s[c];
         }
         l[r] = l[r] * alpha + row_sum;
@@ -235,7 +279,7 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
       } else {
         const REAL inv_l = 1 / l[r];
         for (int64_t d = 0; d < Dv; d++) o[d] *= inv_l;
-        lse[r] = m[r] + LOG(l[r]);
+        lse[r] = (REAL)(m[r] + (double)LOG(l[r]));
       }
     }
     FN(store_rows)(p->out, p->dtype, p->out_stride, b, h, i0, rows, Dv, O);
@@ -251,7 +295,7 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
 static void FN(score_and_dp_tile)(const oss_attention_params *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
                                   int64_t j0, int64_t cols, const REAL *Q, const REAL *Kt, const REAL *Vt,
                                   const REAL *dO, double *S, REAL *dP) {
-  FN(score_tile)(p, b, h, i0, rows, j0, cols, Q, Kt, S, 1, NULL);
+  FN(score_tile)(p, b, h, i0, rows, j0, cols, Q, Kt, S);
   FN(tile_gemm)(rows, cols, p->head_dim_v, dO, p->head_dim_v, Vt, cols, dP, cols, 0);
 }
 
