@@ -5,7 +5,7 @@
 # $TORCH_OSS_RESULTS (default: results/).
 #
 #   bash scripts/gpu_check.sh                    # all stages
-#   bash scripts/gpu_check.sh build test         # some stages: build test sanitize bench model
+#   bash scripts/gpu_check.sh build test         # some stages: build test sanitize bench model selftest
 #
 #   bash scripts/gpu_check.sh build fuzz         # the long fuzz profile (FUZZ_SECONDS per test)
 #
@@ -87,6 +87,21 @@ for s in $STAGES; do
     timeout ${STAGE_TIMEOUT:-900} python3 bench/attention.py ${BENCH_ARGS_ATTENTION:-} 2>&1 |
       tee "$RESULTS/bench_attention.log" | tail -80
     record bench done
+    ;;
+  selftest)
+    # The standalone softmax self-test (no torch; csrc/tests/softmax_cuda_selftest.cu):
+    # every tier forced, every dtype pair, widths 1..16M, misaligned pointers,
+    # special values and error paths, against a CPU reference
+    stage selftest
+    mkdir -p build
+    if nvcc -std=c++17 -O3 -DOSS_SOFTMAX_TEST_KNOBS -arch=native -I csrc csrc/common.c csrc/cuda/softmax.cu \
+         csrc/tests/softmax_cuda_selftest.cu -o build/softmax_selftest >"$RESULTS/selftest_build.log" 2>&1 &&
+       timeout ${STAGE_TIMEOUT:-900} build/softmax_selftest check >"$RESULTS/softmax_selftest.log" 2>&1; then
+      record selftest ok
+    else
+      record selftest failed
+    fi
+    tail -5 "$RESULTS/selftest_build.log" "$RESULTS/softmax_selftest.log"
     ;;
   fuzz)
     # The long fuzz profile on CUDA: each test in chunks of fresh cases
