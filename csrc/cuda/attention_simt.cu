@@ -9,7 +9,11 @@
  * row max m stays in double and exponentials see only the small difference
  * s - m, rounded once to the input precision: a float32 score of 2e4 is only
  * good to 1e-3, which exp() would turn into a 1e-3 relative error of P.
- * Products with V, dO, Q and K and their sums run in the input precision.
+ * Products with V, dO, Q and K and their sums run in the input precision,
+ * blocked as a GEMM's are: the KT terms of a tile are summed into a partial
+ * that is then added to the running total, so the rounding error grows with
+ * KT + L/KT terms rather than L (one sequential sum over 256 queries was 6x
+ * less accurate than PyTorch's float32 matmul; found by the long fuzz profile).
  *
  * Layout shared by the kernels: 4 warps, R = 4 rows (queries, or keys for
  * dK/dV) per warp, 16 per CTA; the other side is streamed in tiles of KT (32
@@ -208,16 +212,17 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_fwd_simt_kernel(con
     __syncwarp();
 #pragma unroll
     for (int r = 0; r < R; r++) {
-#pragma unroll
-      for (int cc = 0; cc < OSS_SIMT_NCOL; cc++) o[r][cc] *= alpha[r];
+      S tile[OSS_SIMT_NCOL] = {};
       for (int jj = 0; jj < KT; jj++) {
         const S p = sP[(warp * R + r) * KT + jj];
 #pragma unroll
         for (int cc = 0; cc < OSS_SIMT_NCOL; cc++) {
           const int c = lane + 32 * cc;
-          if (c < DV) o[r][cc] += p * sV[jj * DV + c];
+          if (c < DV) tile[cc] += p * sV[jj * DV + c];
         }
       }
+#pragma unroll
+      for (int cc = 0; cc < OSS_SIMT_NCOL; cc++) o[r][cc] = o[r][cc] * alpha[r] + tile[cc];
     }
   }
 
@@ -355,15 +360,19 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dq_simt_kernel(
     }
     __syncwarp();
 #pragma unroll
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
+      S tile[OSS_SIMT_NCOL] = {};
       for (int jj = 0; jj < KT; jj++) {
         const S ds = sdS[(warp * R + r) * KT + jj];
 #pragma unroll
         for (int cc = 0; cc < OSS_SIMT_NCOL; cc++) {
           const int c = lane + 32 * cc;
-          if (c < D) dq[r][cc] += ds * sK[jj * LDK + c];
+          if (c < D) tile[cc] += ds * sK[jj * LDK + c];
         }
       }
+#pragma unroll
+      for (int cc = 0; cc < OSS_SIMT_NCOL; cc++) dq[r][cc] += tile[cc];
+    }
   }
 
   S *gdQ = (S *)a.dq + b * a.dq_s[0] + h * a.dq_s[1];
@@ -461,16 +470,23 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dkdv_simt_kerne
       }
       __syncwarp();
 #pragma unroll
-      for (int r = 0; r < R; r++)
+      for (int r = 0; r < R; r++) {
+        S tile_v[OSS_SIMT_NCOL] = {}, tile_k[OSS_SIMT_NCOL] = {};
         for (int qq = 0; qq < KT; qq++) {
           const S p = sP[(warp * R + r) * KT + qq], ds = sdS[(warp * R + r) * KT + qq];
 #pragma unroll
           for (int cc = 0; cc < OSS_SIMT_NCOL; cc++) {
             const int c = lane + 32 * cc;
-            if (c < DV) dv[r][cc] += p * sdO[qq * LDO + c];
-            if (c < D) dk[r][cc] += ds * sQ[qq * LDQ + c];
+            if (c < DV) tile_v[cc] += p * sdO[qq * LDO + c];
+            if (c < D) tile_k[cc] += ds * sQ[qq * LDQ + c];
           }
         }
+#pragma unroll
+        for (int cc = 0; cc < OSS_SIMT_NCOL; cc++) {
+          dv[r][cc] += tile_v[cc];
+          dk[r][cc] += tile_k[cc];
+        }
+      }
     }
   }
 
