@@ -159,6 +159,11 @@ __device__ __forceinline__ void sm_load_slot_to_smem(uint4 *dst, const T *p, int
 }
 
 __device__ __forceinline__ void sm_cp_async_wait() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+__device__ __forceinline__ void sm_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+/* waits until at most N of this thread's committed cp.async groups are pending */
+template <int N> __device__ __forceinline__ void sm_cp_async_wait_pending() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 /* Stores VEC values (the slot grid of the reference tensor, VEC of its type)
  * as T2 elements k0 .. k0+VEC-1 of q, those inside [lo, hi): one 8-, 16- or

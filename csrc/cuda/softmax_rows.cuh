@@ -38,10 +38,13 @@
  * slot ("edges") are handled by a short scalar loop that reads them again in
  * the output phase (from L1/L2): the hot path stays branch-free and small.
  *
- * Statistics inside a thread are max-first over everything it holds (no
- * running rescale: the data is on chip); float32/float64 softmax keeps the
- * exp values in place of x so the output needs no second exp. Threads,
- * warps, CTAs and cluster ranks merge (m, d) with sm_merge.
+ * Statistics inside a thread are max-first over each part of what it holds
+ * (no running rescale inside a part: the data is on chip). The chunk kernel
+ * has three parts, its register slots and two cp.async groups of shared-
+ * memory slots, so the statistics of the first parts run while the rest is
+ * still arriving. float32/float64 softmax keeps the exp values (relative to
+ * their part's max) in place of x so the output needs no second exp. Parts,
+ * threads, warps, CTAs and cluster ranks merge (m, d) with sm_merge.
  *
  * Limits: blockDim.x <= 1024 and a multiple of 32 (chunk kernel; 64
  * registers per thread, 512 for float64), 128 (warp kernel); 64-bit row
@@ -384,21 +387,38 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
     const int nsm = R.nfull - nreg; /* full slots [nreg, nfull) in shared memory */
     const int nv = R.nfull > t ? (R.nfull - t + T - 1) / T < P.K ? (R.nfull - t + T - 1) / T : P.K : 0;
 
-    // -- load: registers, then shared memory (asynchronous)
+    // -- load: registers, then shared memory (asynchronous) in two cp.async
+    // groups, slots [0, mid) and [mid, nsm) with mid a multiple of T, so that
+    // the statistics of the registers and of the first group run while the
+    // rest is still arriving
+    const int mid = nsm > 0 ? (nsm / T / 2) * T : 0;
     sm_slot ra[KREG], rb[KREG];
 #pragma unroll
     for (int k = 0; k < KREG; k++)
       if (k < nv) sm_load_full_slot<BWD>(R, t + k * T, ra[k], rb[k]);
-    for (int l = t; l < nsm; l += T) sm_load_full_slot_to_smem<BWD>(R, nreg + l, sa + l, sb + l);
+    for (int l = t; l < mid; l += T) sm_load_full_slot_to_smem<BWD>(R, nreg + l, sa + l, sb + l);
+    sm_cp_async_commit();
+    for (int l = mid + t; l < nsm; l += T) sm_load_full_slot_to_smem<BWD>(R, nreg + l, sa + l, sb + l);
+    sm_cp_async_commit();
 
-    // -- statistics
+    // -- statistics: registers, then each shared-memory group as it lands; the
+    // thread's (m, d) of the three parts merge with sm_merge. With the cache,
+    // each part's exp values are relative to its own max (m_reg, m_lo, m_hi).
     sm_stat<Acc> st;
-    Acc m_thread = (Acc)-INFINITY;
+    Acc m_reg = (Acc)-INFINITY, m_lo = (Acc)-INFINITY, m_hi = (Acc)-INFINITY;
     const bool cached = !BWD && sm_can_cache<T1, Acc>() && !P.log && P.mode != SM_APPLY;
     if (P.mode != SM_APPLY) {
-      if (nsm > 0) sm_cp_async_wait();
-      st = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, nv, sa, sb, t, nsm, T, P.log);
-      m_thread = st.m;
+      st = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, nv, sa, sb, 0, 0, T, P.log);
+      m_reg = st.m;
+      if (nsm > 0) {
+        sm_cp_async_wait_pending<1>();
+        const sm_stat<Acc> lo = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, 0, sa, sb, t, mid, T, P.log);
+        sm_cp_async_wait_pending<0>();
+        const sm_stat<Acc> hi = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, 0, sa, sb, mid + t, nsm, T, P.log);
+        m_lo = lo.m;
+        m_hi = hi.m;
+        st = sm_merge<BWD>(sm_merge<BWD>(st, lo), hi);
+      }
       sm_edges_accumulate<BWD>(R, t, T, st, P.log);
       st = sm_block_reduce<BWD>(st, 1, red);
       if (P.mode == SM_STATS) {
@@ -438,7 +458,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
     Acc c0, c1;
     sm_finish<BWD, sizeof(T2) == 2>(st, P.log, c0, c1);
     if (cached) {
-      const Acc scale = sm_cache_scale(m_thread, st);
+      const Acc scale = sm_cache_scale(m_reg, st);
 #pragma unroll
       for (int k = 0; k < KREG; k++)
         if (k < nv) sm_slot_output_cached(R, t + k * T, ra[k], scale);
@@ -451,11 +471,11 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
     if (nsm > 0) {
       sm_cp_async_wait();
       if (cached) {
-        const Acc scale = sm_cache_scale(m_thread, st);
+        const Acc scale_lo = sm_cache_scale(m_lo, st), scale_hi = sm_cache_scale(m_hi, st);
         for (int l = t; l < nsm; l += T) {
           sm_slot xa;
           xa.u = sa[l];
-          sm_slot_output_cached(R, nreg + l, xa, scale);
+          sm_slot_output_cached(R, nreg + l, xa, l < mid ? scale_lo : scale_hi);
         }
       } else {
         for (int l = t; l < nsm; l += T) {
