@@ -163,7 +163,11 @@ def _fused_half_inputs(q, k, v):
 def _fused_peer_inputs(q, k, v, scale):
     """Fresh contiguous copies of q, k, v with the kv heads repeated and the
     head dims zero-padded to a multiple of 8 (all differentiable), and the scale
-    made explicit: the fused kernels refuse stride-0 and other unusual layouts,
+    made explicit and non-negative (a negative one moves onto q, exactly:
+    PyTorch's FlashAttention and cuDNN backends return NaN for scale=-0.3 in
+    float16 on the H100, torch 2.11, where the memory-efficient one is right; a
+    long-profile fuzz case's peer dq was all NaN; docs/reliability.md). The
+    fused kernels refuse stride-0 and other unusual layouts,
     most refuse GQA and odd head dims, and none of that changes the math.
     3-D inputs (heads, L, D) get a leading batch dim of 1: the fused kernels
     take 4-D inputs only, and without it SDPA fell back to its math backend,
@@ -175,10 +179,13 @@ def _fused_peer_inputs(q, k, v, scale):
     and faults (found by compute-sanitizer on the fuzz tests)."""
     if q.dim() == 3:
         q, k, v = (t.unsqueeze(0) for t in (q, k, v))
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if scale < 0:
+        q, scale = -q, -scale
     group = q.shape[-3] // k.shape[-3]
     kr, vr = (t.repeat_interleave(group, dim=-3) if group > 1 else t for t in (k, v))
     qp, kp, vp = (_pad_last(t.clone(memory_format=torch.contiguous_format), 8) for t in (q, kr, vr))
-    return qp, kp, vp, q.shape[-1] ** -0.5 if scale is None else scale
+    return qp, kp, vp, scale
 
 
 def _fused_peer_mask(mask, shape):
@@ -227,9 +234,13 @@ def sdpa_peer(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=F
         # fresh copies here too: PyTorch's float32 memory-efficient kernel reads
         # views at a misaligned storage offset with 16-byte loads and faults
         # ("misaligned address", found by the long fuzz profile on the H100)
+        # The mask at its full shape: one broadcast over the key dim (stride 0)
+        # makes the memory-efficient kernel refuse it ("(*bias): last dimension
+        # must be contiguous", found by the long fuzz profile with a (2, 1, 1)
+        # float32 mask on the H100).
         q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
         if mask is not None:
-            mask = mask.clone(memory_format=torch.contiguous_format)
+            mask = _fused_peer_mask(mask, (*q.shape[:-1], k.shape[-2]))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **kw)
     return torch.nan_to_num(out, nan=0.0)
 
