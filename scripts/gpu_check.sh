@@ -106,13 +106,24 @@ for s in $STAGES; do
   fuzz)
     # The long fuzz profile on CUDA: each test in chunks of fresh cases
     # (scripts/fuzz_chunks.sh) for FUZZ_SECONDS (default 120) seconds per test;
-    # FUZZ_TESTS picks the tests (default all four)
+    # FUZZ_TESTS picks the tests (default all four). The tests run at the same
+    # time, one process each (their time goes to the CPU-side float64
+    # reference and to hypothesis, not to the GPU), with FUZZ_THREADS (default
+    # 4) CPU threads each.
     stage fuzz
     ok=1
-    for t in ${FUZZ_TESTS:-test_fuzz_softmax_forward test_fuzz_softmax_backward test_fuzz_attention_forward test_fuzz_attention_backward}; do
-      echo "$t:"
-      bash scripts/fuzz_chunks.sh "$t" "${FUZZ_SECONDS:-120}" "${FUZZ_CHUNK:-500}" || ok=0
+    pids=()
+    tests=(${FUZZ_TESTS:-test_fuzz_softmax_forward test_fuzz_softmax_backward test_fuzz_attention_forward test_fuzz_attention_backward})
+    for t in "${tests[@]}"; do
+      OMP_NUM_THREADS=${FUZZ_THREADS:-4} bash scripts/fuzz_chunks.sh "$t" "${FUZZ_SECONDS:-120}" "${FUZZ_CHUNK:-500}" \
+        >"$RESULTS/fuzz_$t.log" 2>&1 &
+      pids+=($!)
     done
+    for i in "${!tests[@]}"; do
+      wait "${pids[$i]}" || ok=0
+      echo "${tests[$i]}:"; cat "$RESULTS/fuzz_${tests[$i]}.log"
+    done
+    echo "fresh passing cases in all: $(grep -h '^total:' "$RESULTS"/fuzz_test_*.log | awk '{s += $2} END {print s + 0}')"
     [ $ok = 1 ] && record fuzz ok || record fuzz failed
     ;;
   model)
