@@ -45,6 +45,10 @@ static void FN(transpose)(const REAL *src, int64_t cols, int64_t width, REAL *ds
     for (int64_t d = 0; d < width; d++) dst[d * cols + c] = src[c * width + d];
 }
 
+static void FN(widen)(const REAL *src, int64_t n, double *dst) {
+  for (int64_t x = 0; x < n; x++) dst[x] = (double)src[x];
+}
+
 /* C (+)= A B for an M x N tile: A is M x K (row stride lda), B is K x N
  * (ldb), C is M x N (ldc). Blocks of 4 rows by two 32-byte vectors of
  * columns keep their 8 accumulators in registers (GNU vector extension;
@@ -103,23 +107,21 @@ static void FN(tile_gemm)(int64_t M, int64_t N, int64_t K, const REAL *A, int64_
   }
 }
 
-/* C = A B in double for an M x N tile of scores (A is M x K, B is K x N, both
- * REAL): the products of two floats are exact in double and the K-term sums
+/* C = A B in double for an M x N tile of scores, A (M x K: the query block)
+ * and B (K x N: the key tile transposed) both widened to double once per
+ * block: the products of two floats are exact in double and the K-term sums
  * run in double, so a float32 score carries no rounding of its own (PyTorch's
  * float GEMM, the peer, is off by ~K ulps of |q||k|). The same 4-row blocks as
- * tile_gemm, with 8 columns as two vectors of 4 doubles. */
+ * tile_gemm, with 8 columns as two vectors of 4 doubles. Contraction into
+ * fused multiply-adds is allowed here alone (the C11 build keeps it off):
+ * with exact products it changes no bit of a float32/16 score, and it halves
+ * the instructions; float64 scores may differ in the last bit between
+ * machines with and without FMA. */
 typedef double FN(dvec) __attribute__((vector_size(32)));
-typedef REAL FN(rvec4) __attribute__((vector_size(4 * sizeof(REAL))));
 
-static inline FN(dvec) FN(dload)(const REAL *x) {
-  FN(rvec4) v;
-  memcpy(&v, x, sizeof v);
-  return __builtin_convertvector(v, FN(dvec));
-}
-
-OSS_VECTOR_CLONES
-static void FN(score_gemm)(int64_t M, int64_t N, int64_t K, const REAL *A, int64_t lda, const REAL *B, int64_t ldb,
-                           double *C, int64_t ldc) {
+OSS_VECTOR_CLONES __attribute__((optimize("fp-contract=fast")))
+static void FN(score_gemm)(int64_t M, int64_t N, int64_t K, const double *A, int64_t lda, const double *B,
+                           int64_t ldb, double *C, int64_t ldc) {
   enum { MB = 4, NB = 8 };
   int64_t i = 0;
   for (; i + MB <= M; i += MB) {
@@ -128,7 +130,9 @@ static void FN(score_gemm)(int64_t M, int64_t N, int64_t K, const REAL *A, int64
       FN(dvec) acc[MB][2];
       for (int r = 0; r < MB; r++) acc[r][0] = acc[r][1] = (FN(dvec)){0};
       for (int64_t k = 0; k < K; k++) {
-        const FN(dvec) b0 = FN(dload)(B + k * ldb + j), b1 = FN(dload)(B + k * ldb + j + 4);
+        FN(dvec) b0, b1;
+        memcpy(&b0, B + k * ldb + j, sizeof b0);
+        memcpy(&b1, B + k * ldb + j + 4, sizeof b1);
         for (int r = 0; r < MB; r++) {
           const double a = A[(i + r) * lda + k];
           acc[r][0] += a * b0;
@@ -143,7 +147,7 @@ static void FN(score_gemm)(int64_t M, int64_t N, int64_t K, const REAL *A, int64
     for (int r = 0; r < MB; r++) /* column tail */
       for (int64_t c = j; c < N; c++) {
         double acc = 0;
-        for (int64_t k = 0; k < K; k++) acc += (double)A[(i + r) * lda + k] * (double)B[k * ldb + c];
+        for (int64_t k = 0; k < K; k++) acc += A[(i + r) * lda + k] * B[k * ldb + c];
         C[(i + r) * ldc + c] = acc;
       }
   }
@@ -152,9 +156,9 @@ static void FN(score_gemm)(int64_t M, int64_t N, int64_t K, const REAL *A, int64
     for (int64_t c = 0; c < N; c++) crow[c] = 0;
     for (int64_t k = 0; k < K; k++) {
       const double a = A[i * lda + k];
-      const REAL *b = B + k * ldb;
+      const double *b = B + k * ldb;
 #pragma omp simd
-      for (int64_t c = 0; c < N; c++) crow[c] += a * (double)b[c];
+      for (int64_t c = 0; c < N; c++) crow[c] += a * b[c];
     }
   }
 }
@@ -169,18 +173,19 @@ static REAL FN(mask_value)(const oss_attention_params *p, int64_t offset) {
   }
 }
 
-/* S[r][c] = scale * Q[r] . K[c] for a rows x cols tile (Kt is K transposed),
+/* S[r][c] = scale * Q[r] . K[c] for a rows x cols tile (Qd is the query block
+ * and Ktd the key tile transposed, both widened to double),
  * in double (score_gemm), then the causal rule and the mask: hidden scores
  * become -inf, additive mask values are added. Scores stay in double through
  * the row max, so exp() sees only S - m rounded once: a float32 score of 1e4
  * is only good to 1e-3, which exp() would turn into a 1e-3 relative error of P.
  * The forward and the backward's recomputation get the same bits. */
 static void FN(score_tile)(const oss_attention_params *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                           int64_t j0, int64_t cols, const REAL *Q, const REAL *Kt, double *S) {
+                           int64_t j0, int64_t cols, const double *Qd, const double *Ktd, double *S) {
   const int64_t D = p->head_dim;
   const double scale = p->scale;
   const int64_t causal_offset = p->causal == OSS_CAUSAL_BOTTOM_RIGHT ? p->len_k - p->len_q : 0;
-  FN(score_gemm)(rows, cols, D, Q, D, Kt, cols, S, cols);
+  FN(score_gemm)(rows, cols, D, Qd, D, Ktd, cols, S, cols);
   for (int64_t r = 0; r < rows; r++) {
     double *s = S + r * cols;
     for (int64_t c = 0; c < cols; c++) s[c] *= scale;
@@ -228,7 +233,10 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
   double Sd[OSS_BR * OSS_BC], m[OSS_BR]; /* scores and row maxes in double */
   REAL *scratch = (REAL *)malloc(sizeof(REAL) * (size_t)(OSS_BR * D + 2 * OSS_BC * D + OSS_BC * Dv +
                                                           OSS_BR * OSS_BC + OSS_BR * Dv + 2 * OSS_BR));
-  if (!scratch) {
+  double *Qd = (double *)malloc(sizeof(double) * (size_t)((OSS_BR + OSS_BC) * D)), *Ktd = Qd + OSS_BR * D;
+  if (!scratch || !Qd) {
+    free(scratch);
+    free(Qd);
     ctx->failed = 1;
     return;
   }
@@ -239,6 +247,7 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
     const int64_t hk = h / group, i0 = task % qblocks * OSS_BR;
     const int64_t rows = p->len_q - i0 < OSS_BR ? p->len_q - i0 : OSS_BR;
     FN(load_rows)(p->q, p->dtype, p->q_stride, b, h, i0, rows, D, Q);
+    FN(widen)(Q, rows * D, Qd);
     for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0;
     for (int64_t x = 0; x < rows * Dv; x++) O[x] = 0;
     const int64_t kend = FN(visible_keys)(p, i0, rows);
@@ -246,8 +255,9 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
       const int64_t cols = kend - j0 < OSS_BC ? kend - j0 : OSS_BC;
       FN(load_rows)(p->k, p->dtype, p->k_stride, b, hk, j0, cols, D, K);
       FN(transpose)(K, cols, D, Kt);
+      FN(widen)(Kt, D * cols, Ktd);
       FN(load_rows)(p->v, p->dtype, p->v_stride, b, hk, j0, cols, Dv, V);
-      FN(score_tile)(p, b, h, i0, rows, j0, cols, Q, Kt, Sd);
+      FN(score_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, Sd);
       for (int64_t r = 0; r < rows; r++) { /* online softmax: P into S, rescale o */
         const double *sd = Sd + r * cols;
         REAL *s = S + r * cols, *o = O + r * Dv;
@@ -287,15 +297,16 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
     for (int64_t r = 0; r < rows; r++) lse_out[r] = (LSE_T)lse[r];
   }
   free(scratch);
+  free(Qd);
 }
 
 /* ---- backward ------------------------------------------------------------------ */
 
 /* S (scores) and dP = dO V^T for one tile. */
 static void FN(score_and_dp_tile)(const oss_attention_params *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                                  int64_t j0, int64_t cols, const REAL *Q, const REAL *Kt, const REAL *Vt,
+                                  int64_t j0, int64_t cols, const double *Qd, const double *Ktd, const REAL *Vt,
                                   const REAL *dO, double *S, REAL *dP) {
-  FN(score_tile)(p, b, h, i0, rows, j0, cols, Q, Kt, S);
+  FN(score_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, S);
   FN(tile_gemm)(rows, cols, p->head_dim_v, dO, p->head_dim_v, Vt, cols, dP, cols, 0);
 }
 
@@ -305,12 +316,13 @@ static void FN(add_tile)(double *acc, const REAL *tile, int64_t n, int64_t width
   for (int64_t x = 0; x < n * width; x++) acc[x] += (double)tile[x];
 }
 
-/* Loads key block [j0, j0 + cols) of kv head hk: K row-major (for dQ), K and
- * V transposed (for S and dP). */
+/* Loads key block [j0, j0 + cols) of kv head hk: K row-major (for dQ), K
+ * transposed and widened to double (for S), V transposed (for dP). */
 static void FN(load_kv_tile)(const oss_attention_params *p, int64_t b, int64_t hk, int64_t j0, int64_t cols, REAL *K,
-                             REAL *Kt, REAL *V, REAL *Vt) {
+                             REAL *Kt, double *Ktd, REAL *V, REAL *Vt) {
   FN(load_rows)(p->k, p->dtype, p->k_stride, b, hk, j0, cols, p->head_dim, K);
   FN(transpose)(K, cols, p->head_dim, Kt);
+  FN(widen)(Kt, p->head_dim * cols, Ktd);
   FN(load_rows)(p->v, p->dtype, p->v_stride, b, hk, j0, cols, p->head_dim_v, V);
   FN(transpose)(V, cols, p->head_dim_v, Vt);
 }
@@ -341,7 +353,7 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
   const size_t tile = (size_t)(OSS_BR * D + OSS_BR * Dv + OSS_BC * D * 2 + OSS_BC * Dv * 2 + OSS_BR * OSS_BC * 3 +
                                OSS_BC * W + W);
   REAL *scratch = (REAL *)malloc(sizeof(REAL) * tile);
-  double *acc = (double *)malloc(sizeof(double) * (size_t)(Lk * (D + Dv) + OSS_BR * D + 4 * OSS_BR));
+  double *acc = (double *)malloc(sizeof(double) * (size_t)(Lk * (D + Dv) + (2 * OSS_BR + OSS_BC) * D + 4 * OSS_BR));
   if (!scratch || !acc) {
     free(scratch);
     free(acc);
@@ -352,7 +364,7 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
        *Vt = V + OSS_BC * Dv, *P = Vt + OSS_BC * Dv, *dS = P + OSS_BR * OSS_BC, *Tt = dS + OSS_BR * OSS_BC,
        *prod = Tt + OSS_BR * OSS_BC, *row_tmp = prod + OSS_BC * W;
   double *dK = acc, *dV = dK + Lk * D, *dQ = dV + Lk * Dv, *Drow = dQ + OSS_BR * D, *m = Drow + OSS_BR,
-         *l = m + OSS_BR, *inv_l = l + OSS_BR;
+         *l = m + OSS_BR, *inv_l = l + OSS_BR, *Qd = inv_l + OSS_BR, *Ktd = Qd + OSS_BR * D;
   double S[OSS_BR * OSS_BC];
   const double scale = p->scale;
   for (int64_t task = begin; task < end; task++) {
@@ -363,14 +375,15 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
         const int64_t rows = p->len_q - i0 < OSS_BR ? p->len_q - i0 : OSS_BR;
         const int64_t kend = FN(visible_keys)(p, i0, rows);
         FN(load_rows)(p->q, p->dtype, p->q_stride, b, h, i0, rows, D, Q);
+        FN(widen)(Q, rows * D, Qd);
         FN(load_rows)(bp->dout, p->dtype, bp->dout_stride, b, h, i0, rows, Dv, dO);
 
         /* pass 1: m, l and D per row */
         for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0, Drow[r] = 0;
         for (int64_t j0 = 0; j0 < kend; j0 += OSS_BC) {
           const int64_t cols = kend - j0 < OSS_BC ? kend - j0 : OSS_BC;
-          FN(load_kv_tile)(p, b, hk, j0, cols, K, Kt, V, Vt);
-          FN(score_and_dp_tile)(p, b, h, i0, rows, j0, cols, Q, Kt, Vt, dO, S, dS);
+          FN(load_kv_tile)(p, b, hk, j0, cols, K, Kt, Ktd, V, Vt);
+          FN(score_and_dp_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, Vt, dO, S, dS);
           for (int64_t r = 0; r < rows; r++) {
             const double *sr = S + r * cols;
             const REAL *dpr = dS + r * cols;
@@ -398,8 +411,8 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
         for (int64_t x = 0; x < rows * D; x++) dQ[x] = 0;
         for (int64_t j0 = 0; j0 < kend; j0 += OSS_BC) {
           const int64_t cols = kend - j0 < OSS_BC ? kend - j0 : OSS_BC;
-          FN(load_kv_tile)(p, b, hk, j0, cols, K, Kt, V, Vt);
-          FN(score_and_dp_tile)(p, b, h, i0, rows, j0, cols, Q, Kt, Vt, dO, S, dS);
+          FN(load_kv_tile)(p, b, hk, j0, cols, K, Kt, Ktd, V, Vt);
+          FN(score_and_dp_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, Vt, dO, S, dS);
           for (int64_t r = 0; r < rows; r++) /* P = exp(S - m) / l, dS = P * (dP - D) * scale */
             for (int64_t c = 0; c < cols; c++) {
               const double pc = inv_l[r] == 0 ? 0.0 : exp(S[r * cols + c] - m[r]) * inv_l[r];
