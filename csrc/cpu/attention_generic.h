@@ -173,10 +173,10 @@ static REAL FN(mask_value)(const oss_attention_params *p, int64_t offset) {
   }
 }
 
-/* S[r][c] = scale * Q[r] . K[c] for a rows x cols tile (Qd is the query block
- * and Ktd the key tile transposed, both widened to double),
- * in double (score_gemm), then the causal rule and the mask: hidden scores
- * become -inf, additive mask values are added. Scores stay in double through
+/* S[r][c] = scale * Q[r] . K[c] for a rows x cols tile, computed in double
+ * by score_gemm from Qd (the query block) and Ktd (the key tile transposed),
+ * both already widened to double; then the causal rule and the mask: hidden
+ * scores become -inf, additive mask values are added. Scores stay in double through
  * the row max, so exp() sees only S - m rounded once: a float32 score of 1e4
  * is only good to 1e-3, which exp() would turn into a 1e-3 relative error of P.
  * The forward and the backward's recomputation get the same bits. */
