@@ -6,7 +6,8 @@ the CPU kernels. Small enough to run under compute-sanitizer:
     compute-sanitizer --tool memcheck python3 scripts/sanitize_smoke.py
     compute-sanitizer --tool racecheck python3 scripts/sanitize_smoke.py attention   # one part only
 Parts: softmax, attention, attention_forward (the attention cases, forward only),
-attention_tc (the attention cases in float16/bfloat16 only: the tensor-core kernels).
+attention_tc (the attention cases in float16/bfloat16 only: the tensor-core kernels),
+attention_simt (the attention cases in float32/float64 only: the SIMT kernels).
 """
 
 import sys
@@ -46,11 +47,14 @@ def softmax_cases():
               tol)
 
 
-def attention_cases(forward_only=False, tensor_core_only=False):
+def attention_cases(forward_only=False, kernels="all"):
+    """kernels: "all", "tc" (float16/bfloat16) or "simt" (float32/float64)."""
     torch.manual_seed(1)
     dims = torch_oss.build_info()["attention_head_dims"]
-    dtypes = ((torch.bfloat16, 3e-2), (torch.float16, 5e-3), (torch.float32, 1e-4))
-    for dtype, tol in dtypes[:2] if tensor_core_only else dtypes:
+    dtypes = {"tc": ((torch.bfloat16, 3e-2), (torch.float16, 5e-3)),
+              "simt": ((torch.float32, 1e-4), (torch.float64, 1e-4))}
+    dtypes["all"] = dtypes["tc"] + dtypes["simt"][:1]
+    for dtype, tol in dtypes[kernels]:
         for (B, Hq, Hkv, Lq, Lk, D, Dv) in ((1, 2, 2, 17, 17, 64, 64), (2, 4, 2, 129, 127, 128, 128),
                                            (1, 8, 1, 1, 300, 40, 40), (1, 2, 2, 70, 45, 100, 72),
                                            (1, 2, 1, 200, 300, 64, 48),  # several key tiles and query blocks
@@ -81,7 +85,7 @@ def attention_cases(forward_only=False, tensor_core_only=False):
                 cout.backward(dout.cpu().float())
                 for g, cg, n in zip(leaves, cpu, "qkv"):
                     close(name + f" d{n}", g.grad, cg.grad, tol * 20)
-    if forward_only:
+    if forward_only or kernels == "simt":
         return
     torch.use_deterministic_algorithms(True)
     q, k, v = (torch.randn(1, 4, 100, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -98,6 +102,8 @@ if __name__ == "__main__":
     if "attention_forward" in parts:
         attention_cases(forward_only=True)
     if "attention_tc" in parts:
-        attention_cases(tensor_core_only=True)
+        attention_cases(kernels="tc")
+    if "attention_simt" in parts:
+        attention_cases(kernels="simt")
     torch.cuda.synchronize()
     print("sanitize smoke: all CUDA paths ran and matched the CPU kernels")
