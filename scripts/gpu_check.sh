@@ -11,7 +11,7 @@
 #
 # Knobs: TORCH_CUDA_ARCH_LIST (default 9.0a), MAX_JOBS (default 16),
 # TORCH_OSS_HEAD_DIMS, TESTS (test files or node ids, each run on its own; default every
-# tests/test_*.py), FILE_TIMEOUT (seconds per pytest run, default 300), PYTEST_ARGS
+# tests/test_*.py), TEST_JOBS (pytest runs at once, default 1), FILE_TIMEOUT (seconds per pytest run, default 300), PYTEST_ARGS
 # (extra pytest arguments), BENCH_ARGS_SOFTMAX,
 # BENCH_ARGS_ATTENTION (extra benchmark arguments), SANITIZE_TOOLS (default
 # "memcheck racecheck synccheck"), SANITIZE_PARTS (softmax and/or attention; default both),
@@ -53,20 +53,31 @@ for s in $STAGES; do
     ;;
   test)
     # One pytest run per test file (or per entry of TESTS), each under its own
-    # timeout, so a slow or hanging file cannot hide the others' results; the
-    # failures are listed with their messages.
+    # timeout and with its own log, so a slow or hanging file cannot hide the
+    # others' results; TEST_JOBS (default 1) of them run at once (the GPU has
+    # room for several; list the slowest first). The failures are listed with
+    # their messages, in the order of TESTS.
     stage test
     : >"$RESULTS/tests.log"
     ok=1
-    for t in ${TESTS:-$(ls tests/test_*.py)}; do
-      start=$(date +%s)
-      COLUMNS=500 timeout ${FILE_TIMEOUT:-300} python3 -m pytest "$t" -q -rfE --tb=short -p no:cacheprovider \
-        ${PYTEST_ARGS:-} >"$RESULTS/test_one.log" 2>&1
-      rc=$?
-      cat "$RESULTS/test_one.log" >>"$RESULTS/tests.log"
-      echo "$t: rc $rc, $(( $(date +%s) - start )) s, $(grep -E '^=+ .*(passed|failed|error|skipped).* =+$' "$RESULTS/test_one.log" | tail -1)"
-      grep -E '^(FAILED|ERROR) ' "$RESULTS/test_one.log" | cut -c1-700
-      [ $rc = 0 ] || [ $rc = 5 ] || ok=0
+    files=(${TESTS:-$(ls tests/test_*.py)})
+    log_of() { echo "$RESULTS/test_$(echo "$1" | sed 's|^tests/||; s|[^A-Za-z0-9_.-]|_|g').log"; }
+    for t in "${files[@]}"; do
+      while [ "$(jobs -rp | wc -l)" -ge "${TEST_JOBS:-1}" ]; do wait -n; done
+      (
+        start=$(date +%s)
+        COLUMNS=500 timeout ${FILE_TIMEOUT:-300} python3 -m pytest "$t" -q -rfE --tb=short -p no:cacheprovider \
+          ${PYTEST_ARGS:-} >"$(log_of "$t")" 2>&1
+        echo "$? $(( $(date +%s) - start ))" >"$(log_of "$t").rc"
+      ) &
+    done
+    wait
+    for t in "${files[@]}"; do
+      log=$(log_of "$t"); read -r rc secs <"$log.rc"
+      cat "$log" >>"$RESULTS/tests.log"
+      echo "$t: rc $rc, $secs s, $(grep -E '(passed|failed|error|skipped|no tests ran).* in [0-9.]+s' "$log" | tail -1)"
+      grep -E '^(FAILED|ERROR) ' "$log" | cut -c1-700
+      [ "$rc" = 0 ] || [ "$rc" = 5 ] || ok=0
     done
     [ $ok = 1 ] && record tests ok || record tests failed
     ;;
