@@ -112,7 +112,7 @@ for s in $STAGES; do
     else
       record selftest failed
     fi
-    tail -5 "$RESULTS/selftest_build.log" "$RESULTS/softmax_selftest.log"
+    tail -n 5 "$RESULTS/selftest_build.log" "$RESULTS/softmax_selftest.log"
     ;;
   fuzz)
     # The long fuzz profile on CUDA: each test in chunks of fresh cases

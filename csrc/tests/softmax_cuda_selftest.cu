@@ -135,12 +135,17 @@ static oss_strided3 tensor_view(const tensor *t) {
   v.stride_n = t->sn;
   return v;
 }
+/* Every copy and fill goes through g_stream, which is non-blocking: work on the
+ * legacy default stream (cudaMemset, cudaMemcpy) does not order with it, and a
+ * fill still queued there once overwrote the kernel's workspace on a busy GPU. */
 static void tensor_upload(tensor *t) {
-  CK(cudaMemcpy(t->d, t->h, (size_t)t->nbuf * dt_size(t->dt), cudaMemcpyHostToDevice));
+  CK(cudaMemcpyAsync(t->d, t->h, (size_t)t->nbuf * dt_size(t->dt), cudaMemcpyHostToDevice, g_stream));
+  CK(cudaStreamSynchronize(g_stream));
 }
-static void tensor_poison(tensor *t) { CK(cudaMemset(t->d, 0xff, (size_t)t->nbuf * dt_size(t->dt))); }
+static void tensor_poison(tensor *t) { CK(cudaMemsetAsync(t->d, 0xff, (size_t)t->nbuf * dt_size(t->dt), g_stream)); }
 static void tensor_download(tensor *t) {
-  CK(cudaMemcpy(t->h, t->d, (size_t)t->nbuf * dt_size(t->dt), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpyAsync(t->h, t->d, (size_t)t->nbuf * dt_size(t->dt), cudaMemcpyDeviceToHost, g_stream));
+  CK(cudaStreamSynchronize(g_stream));
 }
 
 // ---- a test case ----------------------------------------------------------------------
@@ -258,7 +263,7 @@ static int run_case(const tcase *c, uint64_t seed) {
     ws_size = oss_softmax_forward_workspace_size_cuda(&p);
     if (ws_size) {
       CK(cudaMalloc(&ws, ws_size));
-      CK(cudaMemset(ws, 0xff, ws_size));
+      CK(cudaMemsetAsync(ws, 0xff, ws_size, g_stream));
     }
     st = oss_softmax_forward_cuda(&p, ws, g_stream);
   } else {
@@ -271,7 +276,7 @@ static int run_case(const tcase *c, uint64_t seed) {
     ws_size = oss_softmax_backward_workspace_size_cuda(&p);
     if (ws_size) {
       CK(cudaMalloc(&ws, ws_size));
-      CK(cudaMemset(ws, 0xff, ws_size));
+      CK(cudaMemsetAsync(ws, 0xff, ws_size, g_stream));
     }
     st = oss_softmax_backward_cuda(&p, ws, g_stream);
   }
@@ -618,9 +623,14 @@ static int verify_rows(const sm_ctx *c, int bwd, int64_t rows, int64_t n, int64_
     const size_t ea = dt_size(va.dtype), eo = dt_size(vo.dtype);
     const int64_t cnt = n * inner;
     void *ha = malloc((size_t)cnt * 8), *hb = malloc((size_t)cnt * 8), *ho = malloc((size_t)cnt * 8);
-    CK(cudaMemcpy(ha, (char *)va.data + o * va.stride_outer * ea, (size_t)cnt * ea, cudaMemcpyDeviceToHost));
-    if (bwd) CK(cudaMemcpy(hb, (char *)vb.data + o * vb.stride_outer * ea, (size_t)cnt * ea, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(ho, (char *)vo.data + o * vo.stride_outer * eo, (size_t)cnt * eo, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpyAsync(ha, (char *)va.data + o * va.stride_outer * ea, (size_t)cnt * ea, cudaMemcpyDeviceToHost,
+                       g_stream));
+    if (bwd)
+      CK(cudaMemcpyAsync(hb, (char *)vb.data + o * vb.stride_outer * ea, (size_t)cnt * ea, cudaMemcpyDeviceToHost,
+                         g_stream));
+    CK(cudaMemcpyAsync(ho, (char *)vo.data + o * vo.stride_outer * eo, (size_t)cnt * eo, cudaMemcpyDeviceToHost,
+                       g_stream));
+    CK(cudaStreamSynchronize(g_stream));
     for (int64_t j = 0; j < inner && !bad; j++) {
       double m = -INFINITY, sum = 0, sabs = 0;
       for (int64_t i = 0; i < n; i++) {
@@ -662,7 +672,7 @@ static void measure_copy(void) {
   cc.bytes = (size_t)1 << 30;
   CK(cudaMalloc(&cc.src, cc.bytes));
   CK(cudaMalloc(&cc.dst, cc.bytes));
-  CK(cudaMemset(cc.src, 1, cc.bytes));
+  CK(cudaMemsetAsync(cc.src, 1, cc.bytes, g_stream));
   const float ms = time_median_ms(do_copy, &cc, 15);
   g_copy_gbs = 2.0 * (double)cc.bytes / (ms * 1e-3) / 1e9;
   printf("copy 1 GiB device-to-device: %.3f ms = %.0f GB/s (read + write)\n", ms, g_copy_gbs);
