@@ -2,7 +2,7 @@
 # fuzz_chunks.sh TEST SECONDS [EXAMPLES]: runs the long fuzz profile of one
 # tests/test_fuzz.py test in chunks of EXAMPLES fresh cases (default 500)
 # until SECONDS have passed, without shrinking and without replaying saved
-# failures. Prints each chunk's counts and the first line of any failure, then
+# failures. Prints each chunk's counts and the first line and blob of any failure, then
 # a total; keeps the logs in $TORCH_OSS_RESULTS (default results/). A chunk
 # cut off by the time limit (rc 124) counts nothing and is not a failure.
 # FUZZ_DEVICE picks the device (default cuda). Exit status 1 if a case failed.
@@ -22,6 +22,7 @@ while [ $(( end - $(date +%s) )) -gt 30 ]; do
   if [ $rc != 0 ]; then
     failed=$((failed + 1))
     grep -E "^E +AssertionError|^E +[A-Za-z.]*Error" "$log" | head -1 | cut -c1-400
+    grep -oE "@reproduce_failure\([^)]*\)" "$log" | head -1  # the blob, to replay the case anywhere
   fi
 done
 echo "total: $total passing cases, $failed failing chunks ($test, $device)"
