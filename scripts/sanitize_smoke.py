@@ -7,7 +7,9 @@ the CPU kernels. Small enough to run under compute-sanitizer:
     compute-sanitizer --tool racecheck python3 scripts/sanitize_smoke.py attention   # one part only
 Parts: softmax, attention, attention_forward (the attention cases, forward only),
 attention_tc (the attention cases in float16/bfloat16 only: the tensor-core kernels),
-attention_simt (the attention cases in float32/float64 only: the SIMT kernels).
+attention_simt (the attention cases in float32/float64 only: the SIMT kernels),
+attention_simt_small (float32 only, the three shapes with several tiles: for racecheck,
+which did not finish attention_simt in 120 s on an H100).
 """
 
 import sys
@@ -48,17 +50,22 @@ def softmax_cases():
 
 
 def attention_cases(forward_only=False, kernels="all"):
-    """kernels: "all", "tc" (float16/bfloat16) or "simt" (float32/float64)."""
+    """kernels: "all", "tc" (float16/bfloat16), "simt" (float32/float64) or
+    "simt_small" (float32, the shapes with several key tiles or query blocks)."""
     torch.manual_seed(1)
     dims = torch_oss.build_info()["attention_head_dims"]
     dtypes = {"tc": ((torch.bfloat16, 3e-2), (torch.float16, 5e-3)),
               "simt": ((torch.float32, 1e-4), (torch.float64, 1e-4))}
     dtypes["all"] = dtypes["tc"] + dtypes["simt"][:1]
+    dtypes["simt_small"] = dtypes["simt"][:1]
     for dtype, tol in dtypes[kernels]:
-        for (B, Hq, Hkv, Lq, Lk, D, Dv) in ((1, 2, 2, 17, 17, 64, 64), (2, 4, 2, 129, 127, 128, 128),
-                                           (1, 8, 1, 1, 300, 40, 40), (1, 2, 2, 70, 45, 100, 72),
-                                           (1, 2, 1, 200, 300, 64, 48),  # several key tiles and query blocks
-                                           (1, 2, 1, 65, 190, max(dims), max(dims))):
+        shapes = ((1, 2, 2, 17, 17, 64, 64), (2, 4, 2, 129, 127, 128, 128),
+                  (1, 8, 1, 1, 300, 40, 40), (1, 2, 2, 70, 45, 100, 72),
+                  (1, 2, 1, 200, 300, 64, 48),  # several key tiles and query blocks
+                  (1, 2, 1, 65, 190, max(dims), max(dims)))
+        if kernels == "simt_small":
+            shapes = (shapes[0], shapes[4], shapes[5])
+        for (B, Hq, Hkv, Lq, Lk, D, Dv) in shapes:
             if max(D, Dv) > max(dims):
                 continue
             q = torch.randn(B, Hq, Lq, D, device="cuda", dtype=dtype)
@@ -85,7 +92,7 @@ def attention_cases(forward_only=False, kernels="all"):
                 cout.backward(dout.cpu().float())
                 for g, cg, n in zip(leaves, cpu, "qkv"):
                     close(name + f" d{n}", g.grad, cg.grad, tol * 20)
-    if forward_only or kernels == "simt":
+    if forward_only or kernels.startswith("simt"):
         return
     torch.use_deterministic_algorithms(True)
     q, k, v = (torch.randn(1, 4, 100, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -105,5 +112,7 @@ if __name__ == "__main__":
         attention_cases(kernels="tc")
     if "attention_simt" in parts:
         attention_cases(kernels="simt")
+    if "attention_simt_small" in parts:
+        attention_cases(kernels="simt_small")
     torch.cuda.synchronize()
     print("sanitize smoke: all CUDA paths ran and matched the CPU kernels")
