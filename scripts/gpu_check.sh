@@ -54,9 +54,9 @@ for s in $STAGES; do
   test)
     # One pytest run per test file (or per entry of TESTS), each under its own
     # timeout and with its own log, so a slow or hanging file cannot hide the
-    # others' results; TEST_JOBS (default 1) of them run at once (the GPU has
-    # room for several; list the slowest first). The failures are listed with
-    # their messages, in the order of TESTS.
+    # others' results; TEST_JOBS (default 1) of them run at once (on the
+    # 16-core H100 host four at once made each file 2-3x slower, which saved
+    # little). The failures are listed with their messages, in the order of TESTS.
     stage test
     : >"$RESULTS/tests.log"
     ok=1

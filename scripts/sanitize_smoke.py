@@ -58,13 +58,13 @@ def attention_cases(forward_only=False, kernels="all"):
               "simt": ((torch.float32, 1e-4), (torch.float64, 1e-4))}
     dtypes["all"] = dtypes["tc"] + dtypes["simt"][:1]
     dtypes["simt_small"] = dtypes["simt"][:1]
+    shapes = ((1, 2, 2, 17, 17, 64, 64), (2, 4, 2, 129, 127, 128, 128),
+              (1, 8, 1, 1, 300, 40, 40), (1, 2, 2, 70, 45, 100, 72),
+              (1, 2, 1, 200, 300, 64, 48),  # several key tiles and query blocks
+              (1, 2, 1, 65, 190, max(dims), max(dims)))
+    if kernels == "simt_small":
+        shapes = (shapes[0], shapes[4], shapes[5])
     for dtype, tol in dtypes[kernels]:
-        shapes = ((1, 2, 2, 17, 17, 64, 64), (2, 4, 2, 129, 127, 128, 128),
-                  (1, 8, 1, 1, 300, 40, 40), (1, 2, 2, 70, 45, 100, 72),
-                  (1, 2, 1, 200, 300, 64, 48),  # several key tiles and query blocks
-                  (1, 2, 1, 65, 190, max(dims), max(dims)))
-        if kernels == "simt_small":
-            shapes = (shapes[0], shapes[4], shapes[5])
         for (B, Hq, Hkv, Lq, Lk, D, Dv) in shapes:
             if max(D, Dv) > max(dims):
                 continue
