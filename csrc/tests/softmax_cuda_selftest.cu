@@ -748,24 +748,39 @@ static void bench(void) {
          fp / fp2, fp2, bp, bp / bp2, bp2);
 }
 
-/* planner alternatives through the knobs (forced tier, warp slots per lane),
- * each with the chosen plan printed: documents the planner's choices */
+/* planner alternatives through the knobs (forced tier, warp slots per lane,
+ * soft shared-memory limit per CTA, cluster size cap), each with the chosen
+ * plan printed: documents the planner's choices. At the 16-bit 128K/256K
+ * widths the default plan (CTAs of 512 threads with <= 100 KB of shared
+ * memory, two per SM) is timed against rows held in registers only (a soft
+ * limit of 1 KB: twice or four times the CTAs per cluster) and against the
+ * largest CTAs (200 KB: fewer CTAs, one per SM). */
 static void sweep(void) {
   measure_copy();
   typedef struct {
     oss_dtype t;
     int64_t n;
-    int tier, wk;
+    int tier, wk, soft_kb, cmax;
     const char *name;
   } var;
   static const var vars[] = {
-      {OSS_FLOAT32, 128, 0, 0, "auto"},      {OSS_FLOAT32, 128, 1, 8, "warp K8"},     {OSS_FLOAT32, 512, 0, 0, "auto"},
-      {OSS_FLOAT32, 512, 1, 8, "warp K8"},   {OSS_FLOAT32, 1024, 0, 0, "auto"},       {OSS_FLOAT32, 1024, 1, 8, "warp K8"},
-      {OSS_BFLOAT16, 128, 0, 0, "auto"},     {OSS_BFLOAT16, 128, 1, 8, "warp K8"},    {OSS_BFLOAT16, 1024, 0, 0, "auto"},
-      {OSS_BFLOAT16, 1024, 1, 4, "warp K4"}, {OSS_FLOAT32, 262144, 0, 0, "auto"},     {OSS_FLOAT32, 1048576, 0, 0, "auto"},
-      {OSS_FLOAT32, 1048576, 4, 0, "split"}, {OSS_BFLOAT16, 1048576, 0, 0, "auto"}, {OSS_BFLOAT16, 1048576, 4, 0, "split"}};
+      {OSS_FLOAT32, 128, 0, 0, 0, 0, "auto"},          {OSS_FLOAT32, 128, 1, 8, 0, 0, "warp K8"},
+      {OSS_FLOAT32, 512, 0, 0, 0, 0, "auto"},          {OSS_FLOAT32, 512, 1, 8, 0, 0, "warp K8"},
+      {OSS_FLOAT32, 1024, 0, 0, 0, 0, "auto"},         {OSS_FLOAT32, 1024, 1, 8, 0, 0, "warp K8"},
+      {OSS_BFLOAT16, 128, 0, 0, 0, 0, "auto"},         {OSS_BFLOAT16, 128, 1, 8, 0, 0, "warp K8"},
+      {OSS_BFLOAT16, 1024, 0, 0, 0, 0, "auto"},        {OSS_BFLOAT16, 1024, 1, 4, 0, 0, "warp K4"},
+      {OSS_FLOAT32, 262144, 0, 0, 0, 0, "auto"},       {OSS_FLOAT32, 262144, 0, 0, 1, 0, "regs"},
+      {OSS_BFLOAT16, 128256, 0, 0, 0, 0, "auto"},      {OSS_BFLOAT16, 128256, 0, 0, 1, 0, "regs"},
+      {OSS_BFLOAT16, 128256, 0, 0, 200, 0, "smem200"}, {OSS_FLOAT16, 128256, 0, 0, 0, 0, "auto"},
+      {OSS_FLOAT16, 128256, 0, 0, 1, 0, "regs"},       {OSS_BFLOAT16, 262144, 0, 0, 0, 0, "auto"},
+      {OSS_BFLOAT16, 262144, 0, 0, 1, 0, "regs"},      {OSS_BFLOAT16, 262144, 0, 0, 200, 0, "smem200"},
+      {OSS_BFLOAT16, 262144, 0, 0, 0, 4, "C<=4"},      {OSS_FLOAT32, 1048576, 0, 0, 0, 0, "auto"},
+      {OSS_FLOAT32, 1048576, 4, 0, 0, 0, "split"},     {OSS_BFLOAT16, 1048576, 0, 0, 0, 0, "auto"},
+      {OSS_BFLOAT16, 1048576, 4, 0, 0, 0, "split"}};
   for (size_t v = 0; v < sizeof vars / sizeof vars[0]; v++) {
     oss_softmax_cuda_test_knobs[0] = vars[v].tier;
+    oss_softmax_cuda_test_knobs[1] = vars[v].soft_kb;
+    oss_softmax_cuda_test_knobs[2] = vars[v].cmax;
     oss_softmax_cuda_test_knobs[5] = vars[v].wk;
     oss_softmax_cuda_test_knobs[7] = 3;
     double fp, bp, fu, bu;
