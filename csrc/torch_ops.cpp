@@ -416,7 +416,7 @@ AttentionInputs prepare_attention(const char *op, const Tensor &query, const Ten
   }
 #endif
 
-  AttentionInputs in;
+  AttentionInputs in{};  // p zeroed: optional fields (out_residual) default to none
   in.q = last_dim_contiguous(query);
   in.k = last_dim_contiguous(key);
   in.v = last_dim_contiguous(value);
@@ -475,30 +475,53 @@ AttentionInputs prepare_attention(const char *op, const Tensor &query, const Ten
 
 at::ScalarType lse_dtype(at::ScalarType input) { return input == at::kDouble ? at::kDouble : at::kFloat; }
 
-std::tuple<Tensor, Tensor> attention_op(const Tensor &query, const Tensor &key, const Tensor &value,
-                                        const std::optional<Tensor> &attn_mask, bool is_causal,
-                                        std::optional<double> scale, bool enable_gqa,
-                                        c10::string_view causal_alignment) {
-  const char *op = "attention";
+bool is_half(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
+// out, lse and, with keep_residual and 16-bit inputs, out's rounding residual
+// (oss.h out_residual; an empty tensor otherwise).
+std::tuple<Tensor, Tensor, Tensor> attention_forward(const char *op, const Tensor &query, const Tensor &key,
+                                                     const Tensor &value, const std::optional<Tensor> &attn_mask,
+                                                     bool is_causal, std::optional<double> scale, bool enable_gqa,
+                                                     c10::string_view causal_alignment, bool keep_residual) {
   AttentionInputs in =
       prepare_attention(op, query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment);
   oss_attention_params &p = in.p;
   Tensor out = at::empty({p.batch, p.heads_q, p.len_q, p.head_dim_v}, query.options());
   Tensor lse = at::empty({p.batch, p.heads_q, p.len_q}, query.options().dtype(lse_dtype(query.scalar_type())));
-  if (out.numel() == 0) return {out, lse};
+  Tensor residual = keep_residual && is_half(query.scalar_type()) ? at::empty_like(out) : at::empty({0}, out.options());
+  if (out.numel() == 0) return {out, lse, residual};
   p.out = out.data_ptr();
   fill_strides3(out, p.out_stride);
   p.lse = lse.data_ptr();
+  p.out_residual = residual.numel() ? residual.data_ptr() : nullptr;  // empty_like(out): out's strides
 #ifdef OSS_WITH_CUDA
   if (query.is_cuda()) {
     const c10::cuda::CUDAGuard guard(query.device());
     Tensor ws = cuda_workspace(query, oss_attention_forward_workspace_size_cuda(&p));
     check_status(op, oss_attention_forward_cuda(&p, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
-    return {out, lse};
+    return {out, lse, residual};
   }
 #endif
   check_status(op, oss_attention_forward_cpu(&p, &cpu_exec));
+  return {out, lse, residual};
+}
+
+std::tuple<Tensor, Tensor> attention_op(const Tensor &query, const Tensor &key, const Tensor &value,
+                                        const std::optional<Tensor> &attn_mask, bool is_causal,
+                                        std::optional<double> scale, bool enable_gqa,
+                                        c10::string_view causal_alignment) {
+  auto [out, lse, residual] = attention_forward("attention", query, key, value, attn_mask, is_causal, scale,
+                                                enable_gqa, causal_alignment, false);
   return {out, lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor> attention_with_residual_op(const Tensor &query, const Tensor &key,
+                                                              const Tensor &value,
+                                                              const std::optional<Tensor> &attn_mask, bool is_causal,
+                                                              std::optional<double> scale, bool enable_gqa,
+                                                              c10::string_view causal_alignment) {
+  return attention_forward("attention_with_residual", query, key, value, attn_mask, is_causal, scale, enable_gqa,
+                           causal_alignment, true);
 }
 
 std::tuple<Tensor, Tensor, Tensor> attention_backward_op(const Tensor &grad_out, const Tensor &query,
@@ -506,11 +529,12 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op(const Tensor &grad_out,
                                                          const Tensor &lse, const std::optional<Tensor> &attn_mask,
                                                          bool is_causal, std::optional<double> scale,
                                                          bool enable_gqa, c10::string_view causal_alignment,
-                                                         bool deterministic) {
+                                                         bool deterministic,
+                                                         const std::optional<Tensor> &out_residual) {
   const char *op = "attention_backward";
   AttentionInputs in =
       prepare_attention(op, query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment);
-  oss_attention_backward_params bp;
+  oss_attention_backward_params bp{};
   bp.fwd = in.p;
   const oss_attention_params &p = bp.fwd;
   const std::vector<int64_t> out_shape = {p.batch, p.heads_q, p.len_q, p.head_dim_v};
@@ -532,7 +556,22 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op(const Tensor &grad_out,
             "%s: lse has dtype %s but the forward of %s inputs produces %s", op, dtype_name(lse.scalar_type()),
             dtype_name(query.scalar_type()), dtype_name(lse_dtype(query.scalar_type())));
 
-  Tensor o = last_dim_contiguous(out);
+  // the residual is read with out's strides: both contiguous when it is used
+  const bool use_residual = out_residual.has_value() && out_residual->numel() > 0;
+  if (use_residual) {
+    OSS_CHECK(is_half(query.scalar_type()), Value,
+              "%s: out_residual is only for float16/bfloat16 inputs, not %s (pass None)", op,
+              dtype_name(query.scalar_type()));
+    OSS_CHECK(out_residual->sizes() == out.sizes(), Value, "%s: out_residual has shape %s, expected %s", op,
+              shape_str(out_residual->sizes()).c_str(), shape_str(out_shape).c_str());
+    OSS_CHECK(out_residual->scalar_type() == out.scalar_type(), Type,
+              "%s: out_residual.dtype=%s must equal out.dtype=%s", op, dtype_name(out_residual->scalar_type()),
+              dtype_name(out.scalar_type()));
+    OSS_CHECK(out_residual->device() == query.device(), Value, "%s: out_residual is on %s but query is on %s", op,
+              device_str(*out_residual).c_str(), device_str(query).c_str());
+  }
+  Tensor o = use_residual ? out.contiguous() : last_dim_contiguous(out);
+  Tensor o_res = use_residual ? out_residual->contiguous() : Tensor();
   Tensor dout = last_dim_contiguous(grad_out.to(query.scalar_type()));
   Tensor lse_c = lse.contiguous();
   Tensor dq = at::empty(query.sizes(), query.options());
@@ -542,6 +581,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op(const Tensor &grad_out,
 
   bp.fwd.out = o.data_ptr();
   fill_strides3(o, bp.fwd.out_stride);
+  bp.fwd.out_residual = use_residual ? o_res.data_ptr() : nullptr;
   bp.fwd.lse = lse_c.data_ptr();
   bp.dout = dout.data_ptr();
   fill_strides3(dout, bp.dout_stride);
@@ -582,7 +622,11 @@ TORCH_LIBRARY(oss, m) {
   m.def(
       "attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, Tensor lse, "
       "Tensor? attn_mask, bool is_causal, float? scale, bool enable_gqa, str causal_alignment, "
-      "bool deterministic) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
+      "bool deterministic, Tensor? out_residual=None) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
+  m.def(
+      "attention_with_residual(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
+      "bool is_causal=False, float? scale=None, bool enable_gqa=False, str causal_alignment=\"top_left\") -> "
+      "(Tensor out, Tensor lse, Tensor out_residual)");
 }
 
 TORCH_LIBRARY_IMPL(oss, CPU, m) {
@@ -591,6 +635,7 @@ TORCH_LIBRARY_IMPL(oss, CPU, m) {
   m.impl("log_softmax", &log_softmax_op);
   m.impl("log_softmax_backward", &log_softmax_backward_op);
   m.impl("attention", &attention_op);
+  m.impl("attention_with_residual", &attention_with_residual_op);
   m.impl("attention_backward", &attention_backward_op);
 }
 
@@ -601,6 +646,7 @@ TORCH_LIBRARY_IMPL(oss, CUDA, m) {
   m.impl("log_softmax", &log_softmax_op);
   m.impl("log_softmax_backward", &log_softmax_backward_op);
   m.impl("attention", &attention_op);
+  m.impl("attention_with_residual", &attention_with_residual_op);
   m.impl("attention_backward", &attention_backward_op);
 }
 #endif

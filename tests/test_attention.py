@@ -359,6 +359,111 @@ def test_opcheck(device):
         torch.library.opcheck(torch.ops.oss.attention_backward.default, bwd_args)
 
 
+def residual_samples(device):
+    """16-bit inputs for the training form of the op (attention_with_residual)."""
+    samples = []
+    for case, mask, causal, gqa, align in (((1, 2, 2, 5, 7, 8, 8), None, False, False, "top_left"),
+                                           ((1, 4, 2, 6, 9, 16, 8), "bool", True, True, "bottom_right")):
+        for dtype in (torch.float16, torch.bfloat16):
+            q, k, v = make_qkv(case, dtype, device, requires_grad=True)
+            m = torch.rand(case[3], case[4], device=device) > 0.3 if mask == "bool" else None
+            samples.append((q, k, v, m, causal, None, gqa, align))
+    return samples
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_with_residual(device):
+    for args in residual_samples(device):
+        torch.library.opcheck(torch.ops.oss.attention_with_residual.default, args)
+        q, k, v, m, causal, scale, gqa, align = args
+        out, lse, res = torch.ops.oss.attention_with_residual(q.detach(), k.detach(), v.detach(), m, causal, scale,
+                                                              gqa, align)
+        bwd_args = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, m, causal, scale, gqa,
+                    align, False, res)
+        torch.library.opcheck(torch.ops.oss.attention_backward.default, bwd_args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_output_residual(device, dtype):
+    """attention_with_residual gives attention's out and lse bit for bit, and a
+    residual of at most half a unit in the last place of out that brings out
+    closer to the float64 output (it is the output before its rounding)."""
+    torch.manual_seed(0)
+    q, k, v = make_qkv((2, 4, 2, 67, 130, 64, 40), dtype, device)
+    m = torch.rand(67, 130, device=device) > 0.2
+    args = (q, k, v, m, True, None, True, "bottom_right")
+    out, lse = torch.ops.oss.attention(*args)
+    out_t, lse_t, res = torch.ops.oss.attention_with_residual(*args)
+    assert torch.equal(out, out_t) and torch.equal(lse, lse_t)
+    assert res.shape == out.shape and res.dtype == dtype and res.device == out.device
+    half_ulp = out.double().abs() * torch.finfo(dtype).eps / 2 + torch.finfo(dtype).smallest_normal * 2 ** -10
+    assert (res.double().abs() <= half_ulp).all()
+    ref = attention_reference(*(t.double() for t in (q, k, v)), m, True, None, True, "bottom_right")[0]
+    err_out = (out.double() - ref).abs().mean().item()
+    err_sum = (out.double() + res.double() - ref).abs().mean().item()
+    # CPU: the unrounded output is float, far closer than out. CUDA: it is the
+    # float32 accumulator of P V with P rounded to 16 bits for the tensor cores,
+    # whose own error is of the order of out's rounding (float64 emulation of
+    # this case: out + residual has 0.67x out's mean error)
+    limit = 0.5 if device == "cpu" else 0.85
+    assert err_sum < err_out * limit, f"out + residual {err_sum:.3e} vs out {err_out:.3e} (mean errors)"
+    # float32/float64 have no residual (their backward computes D itself)
+    out32, _, res32 = torch.ops.oss.attention_with_residual(q.float(), k.float(), v.float(), m, True, None, True,
+                                                           "bottom_right")
+    assert res32.numel() == 0 and out32.dtype == torch.float32
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_backward_with_residual(device, dtype):
+    """Scores large enough that each query sees about one key: there the error
+    of D = rowsum(dO * O) from the rounded output dominates dq and dk, and the
+    residual removes it (float64 emulation of the CUDA kernels' roundings:
+    1.7-2.9x lower RMS error). The CPU backward computes D = sum P dP itself,
+    so there it must give the same gradients with and without the residual."""
+    torch.manual_seed(1)
+    q, k, v = make_qkv((2, 4, 2, 64, 200, 64, 64), dtype, device)
+    q, k = q * 3, k * 3
+    dout = torch.randn(2, 4, 64, 64, dtype=dtype, device=device)
+    out, lse, res = torch.ops.oss.attention_with_residual(q, k, v, None, False, None, True, "top_left")
+    grads = {}
+    for name, r in (("without", None), ("with", res)):
+        grads[name] = torch.ops.oss.attention_backward(dout, q, k, v, out, lse, None, False, None, True, "top_left",
+                                                       False, r)
+    if device == "cpu":
+        for a, b in zip(grads["without"], grads["with"]):
+            assert torch.equal(a, b)
+        return
+    leaves = [t.double().requires_grad_(True) for t in (q, k, v)]
+    attention_reference(*leaves, None, False, None, True, "top_left")[0].backward(dout.double())
+    for i, name in enumerate(("dq", "dk")):
+        rms = {w: (grads[w][i].double() - leaves[i].grad).pow(2).mean().sqrt().item() for w in grads}
+        assert rms["with"] * 1.5 < rms["without"], f"{name} {dtype}: RMS error {rms}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_residual_errors(device):
+    q, k, v = make_qkv((1, 2, 2, 5, 7, 8, 8), torch.float16, device)
+    out, lse, res = torch.ops.oss.attention_with_residual(q, k, v)
+    dout = torch.randn_like(out)
+
+    def bwd(q, k, v, out, lse, r):
+        return torch.ops.oss.attention_backward(dout.to(q.dtype), q, k, v, out, lse, None, False, None, False,
+                                                "top_left", False, r)
+
+    with pytest.raises(ValueError, match="out_residual has shape"):
+        bwd(q, k, v, out, lse, res[..., :4])
+    with pytest.raises(TypeError, match="out_residual.dtype"):
+        bwd(q, k, v, out, lse, res.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="out_residual is on"):
+        bwd(q, k, v, out, lse, res.to("meta"))
+    q32, k32, v32 = (t.float() for t in (q, k, v))
+    out32, lse32 = torch.ops.oss.attention(q32, k32, v32)
+    with pytest.raises(ValueError, match="out_residual is only for float16/bfloat16"):
+        bwd(q32, k32, v32, out32, lse32, out32.clone())
+
+
 class TinyBlock(torch.nn.Module):
     """Attention + MLP block using both torch_oss ops."""
 

@@ -44,9 +44,10 @@ def clean_state():
 
 
 class AttentionCalls(TorchDispatchMode):
-    """Records the calls of torch.ops.oss.attention (with their mask and
-    causal arguments) and counts PyTorch's attention kernels (fused SDPA ops,
-    or the softmax of the math path that SDPA with dropout decomposes into)."""
+    """Records the calls of torch.ops.oss.attention and of its training form
+    attention_with_residual (with their mask and causal arguments) and counts
+    PyTorch's attention kernels (fused SDPA ops, or the softmax of the math
+    path that SDPA with dropout decomposes into)."""
 
     def __init__(self):
         super().__init__()
@@ -54,7 +55,7 @@ class AttentionCalls(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func)
-        if name.startswith("oss.attention.") or name == "oss.attention":
+        if name.split(".")[:2] in (["oss", "attention"], ["oss", "attention_with_residual"]):
             # the dispatcher drops trailing arguments equal to their defaults
             full = list(args) + [None, False, None, False, "top_left"][len(args) - 3:]
             mask = full[3]

@@ -101,36 +101,46 @@ def _attention_fake(query, key, value, attn_mask=None, is_causal=False, scale=No
     return out, lse
 
 
+def _attention_with_residual_fake(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
+                                  causal_alignment="top_left"):
+    out, lse = _attention_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment)
+    half = query.dtype in (torch.float16, torch.bfloat16)
+    return out, lse, out.new_empty(out.shape if half else (0,))
+
+
 def _attention_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
-                             causal_alignment, deterministic):
+                             causal_alignment, deterministic, out_residual=None):
     _check_same_device("attention_backward", [("query", query), ("key", key), ("value", value),
                                               ("attn_mask", attn_mask), ("grad_out", grad_out), ("out", out),
-                                              ("lse", lse)])
+                                              ("lse", lse), ("out_residual", out_residual)])
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
 def _attention_setup_context(ctx, inputs, output):
+    """For oss::attention (out, lse) and oss::attention_with_residual (out,
+    lse, out_residual): the backward reads the residual when there is one."""
     query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment = inputs
-    out, lse = output
+    out, lse, *residual = output
     if attn_mask is not None and attn_mask.requires_grad:
         raise NotImplementedError(
             "torch_oss.attention: attn_mask requires grad, but gradients with respect to the mask are not "
             "supported; pass attn_mask.detach()"
         )
-    ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(query, key, value, attn_mask, out, lse)
+    ctx.mark_non_differentiable(lse, *residual)
+    ctx.save_for_backward(query, key, value, attn_mask, out, lse, *residual)
     ctx.options = (is_causal, scale, enable_gqa, causal_alignment)
     ctx.deterministic = torch.are_deterministic_algorithms_enabled()
 
 
-def _attention_backward(ctx, grad_out, _grad_lse):
+def _attention_backward(ctx, grad_out, _grad_lse, _grad_residual=None):
     if not any(ctx.needs_input_grad[:3]):
         return (None,) * 8
-    query, key, value, attn_mask, out, lse = ctx.saved_tensors
+    query, key, value, attn_mask, out, lse, *residual = ctx.saved_tensors
     is_causal, scale, enable_gqa, causal_alignment = ctx.options
+    out_residual = residual[0] if residual and residual[0].numel() else None
     dq, dk, dv = torch.ops.oss.attention_backward(
         grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
-        ctx.deterministic,
+        ctx.deterministic, out_residual,
     )
     return dq, dk, dv, None, None, None, None, None
 
@@ -145,7 +155,7 @@ def register():
             f"{lib}::{name}", _softmax_autograd(backward_op), setup_context=_softmax_setup_context
         )
     torch.library.register_fake(f"{lib}::attention", _attention_fake)
+    torch.library.register_fake(f"{lib}::attention_with_residual", _attention_with_residual_fake)
     torch.library.register_fake(f"{lib}::attention_backward", _attention_backward_fake)
-    torch.library.register_autograd(
-        f"{lib}::attention", _attention_backward, setup_context=_attention_setup_context
-    )
+    for name in ("attention", "attention_with_residual"):
+        torch.library.register_autograd(f"{lib}::{name}", _attention_backward, setup_context=_attention_setup_context)

@@ -78,7 +78,7 @@ def attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
         # (N, L, E): one head. A 3-D mask (N, L, S) gets the head dim too.
         if attn_mask is not None and attn_mask.dim() == 3:
             attn_mask = attn_mask.unsqueeze(1)
-        out, lse = torch.ops.oss.attention(
+        out, lse = _attention_op(
             query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1), attn_mask, is_causal, scale, enable_gqa,
             causal_alignment,
         )
@@ -88,6 +88,20 @@ def attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
             f"torch_oss.attention: query, key and value must all be 4-D (batch, heads, seq_len, head_dim) or "
             f"all 3-D (batch, seq_len, head_dim); got {query.dim()}-D, {key.dim()}-D and {value.dim()}-D"
         )
+    return _attention_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment)
+
+
+def _attention_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment):
+    """torch.ops.oss.attention, or, when a float16/bfloat16 backward will
+    follow, torch.ops.oss.attention_with_residual: it also keeps the output's
+    rounding residual, so the backward's D = rowsum(dO * O) is that of the
+    unrounded output and the gradients do not carry the output's rounding
+    (one more output-sized tensor saved for the backward)."""
+    if (query.dtype in (torch.float16, torch.bfloat16) and torch.is_grad_enabled()
+            and any(t.requires_grad for t in (query, key, value))):
+        out, lse, _ = torch.ops.oss.attention_with_residual(query, key, value, attn_mask, is_causal, scale,
+                                                            enable_gqa, causal_alignment)
+        return out, lse
     return torch.ops.oss.attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment)
 
 

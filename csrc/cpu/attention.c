@@ -73,6 +73,9 @@ static oss_status check_params(const char *op, const oss_attention_params *p) {
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: mask_kind is set but mask is NULL", op);
   if (p->scale != p->scale)
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: scale is NaN", op);
+  if (p->out_residual != NULL && p->dtype != OSS_FLOAT16 && p->dtype != OSS_BFLOAT16)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: out_residual is only for float16/bfloat16 (dtype code %d)", op,
+                    (int)p->dtype);
   return OSS_OK;
 }
 

@@ -11,12 +11,15 @@
  * denominator l and output o, rescaling l and o by exp(m_old - m_new) when m
  * grows; exp() sees S - m rounded once to REAL. At the end o / l is the output
  * and m + log(l) the lse; a row that saw no key gets output 0 and lse -inf.
+ * With p->out_residual (16-bit tensors) it also stores o / l minus the stored
+ * output, where that is finite (oss.h).
  *
  * Backward (FlashAttention-2): a task is one (batch, kv head), so it owns dK
  * and dV of that head outright (GQA groups are summed inside the task, in a
  * fixed order: deterministic) and the dQ rows of the query heads of its
  * group. For each query block it makes two passes over the visible keys: the
- * first recomputes the row statistics (m, l, D = sum P * dP), the second
+ * first recomputes the row statistics (m, l, D = sum P * dP: exact, so an
+ * out_residual is not needed and not read), the second
  * P = exp(S - m) / l, dV += P^T dO, dP = dO V^T, dS = P * (dP - D),
  * dK += scale * dS^T Q and dQ += scale * dS K, accumulating in double.
  * Only OSS_BR x OSS_BC tiles of scores exist at any time.
@@ -232,7 +235,7 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
   const int64_t qblocks = (p->len_q + OSS_BR - 1) / OSS_BR;
   double Sd[OSS_BR * OSS_BC], m[OSS_BR]; /* scores and row maxes in double */
   REAL *scratch = (REAL *)malloc(sizeof(REAL) * (size_t)(OSS_BR * D + 2 * OSS_BC * D + OSS_BC * Dv +
-                                                          OSS_BR * OSS_BC + OSS_BR * Dv + 2 * OSS_BR));
+                                                          OSS_BR * OSS_BC + 2 * OSS_BR * Dv + 2 * OSS_BR));
   double *Qd = (double *)malloc(sizeof(double) * (size_t)((OSS_BR + OSS_BC) * D)), *Ktd = Qd + OSS_BR * D;
   if (!scratch || !Qd) {
     free(scratch);
@@ -241,7 +244,7 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
     return;
   }
   REAL *Q = scratch, *K = Q + OSS_BR * D, *Kt = K + OSS_BC * D, *V = Kt + OSS_BC * D, *S = V + OSS_BC * Dv,
-       *O = S + OSS_BR * OSS_BC, *l = O + OSS_BR * Dv, *lse = l + OSS_BR;
+       *O = S + OSS_BR * OSS_BC, *l = O + OSS_BR * Dv, *lse = l + OSS_BR, *R = lse + OSS_BR;
   for (int64_t task = begin; task < end; task++) {
     const int64_t b = task / (p->heads_q * qblocks), h = task / qblocks % p->heads_q;
     const int64_t hk = h / group, i0 = task % qblocks * OSS_BR;
@@ -293,6 +296,11 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
       }
     }
     FN(store_rows)(p->out, p->dtype, p->out_stride, b, h, i0, rows, Dv, O);
+    if (p->out_residual != NULL) { /* O minus what was stored, where that is finite */
+      FN(load_rows)(p->out, p->dtype, p->out_stride, b, h, i0, rows, Dv, R);
+      for (int64_t x = 0; x < rows * Dv; x++) R[x] = isfinite(R[x]) ? O[x] - R[x] : 0;
+      FN(store_rows)(p->out_residual, p->dtype, p->out_stride, b, h, i0, rows, Dv, R);
+    }
     LSE_T *lse_out = (LSE_T *)p->lse + (b * p->heads_q + h) * p->len_q + i0;
     for (int64_t r = 0; r < rows; r++) lse_out[r] = (LSE_T)lse[r];
   }

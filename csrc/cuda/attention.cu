@@ -10,7 +10,11 @@
  * kernel family (mma.sync for sm_80+; wgmma for sm_90a, head dims 64 and 128);
  * the selection takes the most specific family compiled for the device.
  *
- * Backward, tensor cores: a pre-pass computes D = rowsum(dO * O) and the lse
+ * Forward, tensor cores: with params->out_residual, the epilogue also writes
+ * out's rounding residual (oss_attn_fwd_write).
+ *
+ * Backward, tensor cores: a pre-pass computes D = rowsum(dO * O) (O plus its
+ * rounding residual when given, so D carries no rounding of out) and the lse
  * in kernel units (workspace); the default mode also zeroes a float32 dQ
  * accumulator [B*Hq][Lq padded][KD] that the dK/dV kernel adds into with
  * atomics and a last pass converts into dq. Deterministic mode computes dQ in
@@ -135,6 +139,8 @@ static oss_status oss_attn_validate(const oss_attention_params *p) {
   if (nq > 0 && p->q == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->q is NULL");
   if (nq > 0 && p->out == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->out is NULL");
   if (nq > 0 && p->lse == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->lse is NULL");
+  if (p->out_residual != NULL && !oss_attn_is_tc(p->dtype))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->out_residual is only for float16/bfloat16");
   if (nkv > 0 && p->k == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->k is NULL");
   if (nkv > 0 && p->v == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->v is NULL");
   if (nq > 0 && nkv > 0 && p->mask_kind != OSS_MASK_NONE && p->mask == NULL)
@@ -158,6 +164,7 @@ static void oss_attn_fill_args(const oss_attention_params *p, oss_attn_args *a) 
   a->k = p->k;
   a->v = p->v;
   a->out = p->out;
+  a->out_res = p->out_residual;
   a->lse = p->lse;
   for (int i = 0; i < 3; i++) {
     a->q_s[i] = p->q_stride[i];
@@ -179,6 +186,7 @@ static void oss_attn_fill_args(const oss_attention_params *p, oss_attn_args *a) 
   if (oss_attn_rows_aligned(p->k, p->k_stride, nk, es)) a->vec |= OSS_ATTN_VEC_K;
   if (oss_attn_rows_aligned(p->v, p->v_stride, nk, es)) a->vec |= OSS_ATTN_VEC_V;
   if (oss_attn_rows_aligned(p->out, p->out_stride, nq, es)) a->vec |= OSS_ATTN_VEC_O;
+  if (oss_attn_rows_aligned(p->out_residual, p->out_stride, nq, es)) a->vec |= OSS_ATTN_VEC_OR;
 }
 
 size_t oss_attention_forward_workspace_size_cuda(const oss_attention_params *p) {

@@ -4,7 +4,8 @@
  *
  * With P = exp(scale*Q K^T + mask - lse) recomputed from the forward's lse,
  * dP = dO V^T, D = rowsum(dO * O) (oss_attn_bwd_pre_kernel, before these
- * kernels) and dS' = scale * P * (dP - D):  dV = P^T dO,  dK = dS'^T Q,
+ * kernels; O plus its rounding residual when the forward kept one) and
+ * dS' = scale * P * (dP - D):  dV = P^T dO,  dK = dS'^T Q,
  * dQ = dS' K. The scale goes into dS before it is rounded to 16 bits.
  *
  * oss_attn_bwd_dkdv_mma_kernel - one CTA per (batch, kv head, block of Bc

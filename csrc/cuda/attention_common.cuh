@@ -30,6 +30,7 @@ enum {
   OSS_ATTN_VEC_DQ = 32,
   OSS_ATTN_VEC_DK = 64,
   OSS_ATTN_VEC_DV = 128,
+  OSS_ATTN_VEC_OR = 256,
 };
 
 /* Everything a kernel needs, passed by value (a few hundred bytes of kernel
@@ -41,6 +42,7 @@ typedef struct oss_attn_args {
   const void *q, *k, *v;
   int64_t q_s[3], k_s[3], v_s[3];
   void *out;
+  void *out_res; /* out's rounding residual (oss.h out_residual; out's strides), or NULL */
   int64_t o_s[3];
   void *lse; /* float [B*Hq*Lq] (double for float64 inputs) */
   double scale;

@@ -94,14 +94,17 @@ __device__ __forceinline__ void oss_attn_online_softmax(float (&s)[MT][NT][4], f
 
 /* Writes out = o / l for rows r0 .. r0 + 16 MT - 1 (those < Lq, columns < Dv)
  * and lse = m ln2 + ln l (float32). l == 0: no visible key (out 0, lse -inf);
- * l NaN: a NaN or +inf score (out and lse NaN, as SDPA's math). */
+ * l NaN: a NaN or +inf score (out and lse NaN, as SDPA's math). With
+ * a.out_res, also out's rounding residual o / l - out (0 where out is not
+ * finite), rounded to T, for the backward's D. */
 template <typename T, int MT, int NO>
 __device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const float (&o)[MT][NO][4],
                                                    const float (&m)[MT][2], const float (&l)[MT][2], int b, int h,
                                                    int64_t bh, int r0, int lane) {
   T *gO = (T *)a.out + b * a.o_s[0] + h * a.o_s[1];
+  T *gR = a.out_res == nullptr ? nullptr : (T *)a.out_res + b * a.o_s[0] + h * a.o_s[1];
   float *lse = (float *)a.lse + bh * a.lq;
-  const bool vo = a.vec & OSS_ATTN_VEC_O;
+  const bool vo = a.vec & OSS_ATTN_VEC_O, vr = a.vec & OSS_ATTN_VEC_OR;
   const int g = lane >> 2, t2 = (lane & 3) * 2;
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
@@ -115,8 +118,13 @@ __device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const
       if (r < a.lq) {
         T *orow = gO + (int64_t)r * a.o_s[2];
 #pragma unroll
-        for (int n = 0; n < NO; n++)
-          oss_store_pair<T>(orow, n * 8 + t2, a.dv, o[mt][n][2 * hi] * inv, o[mt][n][2 * hi + 1] * inv, vo);
+        for (int n = 0; n < NO; n++) {
+          const float v0 = o[mt][n][2 * hi] * inv, v1 = o[mt][n][2 * hi + 1] * inv;
+          oss_store_pair<T>(orow, n * 8 + t2, a.dv, v0, v1, vo);
+          if (gR != nullptr)
+            oss_store_pair<T>(gR + (int64_t)r * a.o_s[2], n * 8 + t2, a.dv, oss_rounding_residual<T>(v0),
+                              oss_rounding_residual<T>(v1), vr);
+        }
         if ((lane & 3) == 0) /* in double: one rounding of m ln2 + ln l, which can be large */
           lse[r] = lt == 0.f ? -INFINITY : (float)((double)m[mt][hi] * OSS_LN2 + (double)logf(lt));
       }

@@ -572,7 +572,9 @@ oss_status oss_attn_bwd_simt(const oss_attn_args *a, oss_dtype dtype, cudaStream
 // ---------------------------------------------------------------------------
 
 /* One warp per padded row of [B*Hq][lq_pad]: dsum = rowsum(dO * O) (summed in
- * double: it is subtracted from dP, where every rounding shows in dS),
+ * double: it is subtracted from dP, where every rounding shows in dS; O plus
+ * its rounding residual when the forward kept one, so D carries no rounding
+ * of the output),
  * lse_adj = lse * log2(e) (+inf where lse = -inf and for padding rows), and
  * the row of the float32 dQ accumulator zeroed when there is one. */
 template <typename T>
@@ -589,7 +591,13 @@ __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_ar
   if (i < a.lq) {
     const T *o = (const T *)a.out + b * a.o_s[0] + h * a.o_s[1] + (int64_t)i * a.o_s[2];
     const T *d = (const T *)a.dout + b * a.do_s[0] + h * a.do_s[1] + (int64_t)i * a.do_s[2];
-    for (int c = lane; c < a.dv; c += 32) sum += (double)oss_to_float(o[c]) * (double)oss_to_float(d[c]);
+    if (a.out_res == nullptr) {
+      for (int c = lane; c < a.dv; c += 32) sum += (double)oss_to_float(o[c]) * (double)oss_to_float(d[c]);
+    } else {
+      const T *res = (const T *)a.out_res + (o - (const T *)a.out);
+      for (int c = lane; c < a.dv; c += 32)
+        sum += ((double)oss_to_float(o[c]) + (double)oss_to_float(res[c])) * (double)oss_to_float(d[c]);
+    }
 #pragma unroll
     for (int off = 16; off >= 1; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     const Acc lse = ((const Acc *)a.lse)[bh * a.lq + i];
