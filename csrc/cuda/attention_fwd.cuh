@@ -13,7 +13,8 @@
  *   - pipeline per key tile j: wait K_j (Q with it at j = 0), barrier, issue
  *     cp.async for K_{j+1} and V_{j+1} into the other stage, S = Q K_j^T
  *     (ldmatrix + mma, fp32 accumulators), scale and mask, online softmax
- *     (m, l and o rescaled by exp2(m_old - m_new)), pack P into A fragments,
+ *     (m, l and o rescaled by exp2(m_old - m_new)), P packed into A fragments
+ *     (l sums the packed, rounded P),
  *     wait V_j, barrier, o += P V_j (ldmatrix.trans for V).
  *   - causal: tiles past the diagonal are never loaded; the element mask runs
  *     only on tiles that cross the diagonal or the end of the keys, or on every
@@ -57,10 +58,16 @@ __device__ __forceinline__ float oss_attn_fwd_mask_scores(float (&s)[MT][NT][4],
 
 /* Online softmax over one tile: rows g and g+8 of each m-tile, a row's 4
  * owners are one quad. m (log2 units) and l are per row, o is rescaled by
- * exp2(m_old - m_new), s becomes P = exp2(c s - m_new). */
-template <int MT, int NT, int NO>
-__device__ __forceinline__ void oss_attn_online_softmax(float (&s)[MT][NT][4], float (&o)[MT][NO][4],
-                                                        float (&m)[MT][2], float (&l)[MT][2], float c) {
+ * exp2(m_old - m_new), and P = exp2(c s - m_new) goes to pa, packed to T as
+ * the A fragments of P V (pa[mt][kk] holds n-tiles 2kk and 2kk+1, see
+ * oss_acc_to_a). l sums the rounded P that P V multiplies, so out = P V / l
+ * is an exact weighted mean of V's rows (a V whose rows are equal comes out
+ * unchanged), and out's rounding residual, which the backward adds to D,
+ * carries no error from P's rounding that the backward's P would not share. */
+template <typename T, int MT, int NT, int NO>
+__device__ __forceinline__ void oss_attn_online_softmax(const float (&s)[MT][NT][4], float (&o)[MT][NO][4],
+                                                        float (&m)[MT][2], float (&l)[MT][2], float c,
+                                                        uint32_t (&pa)[MT][NT / 2][4]) {
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -79,9 +86,10 @@ __device__ __forceinline__ void oss_attn_online_softmax(float (&s)[MT][NT][4], f
       for (int n = 0; n < NT; n++) {
         const float p0 = oss_ex2(fmaf(s[mt][n][2 * hi], c, -m_use));
         const float p1 = oss_ex2(fmaf(s[mt][n][2 * hi + 1], c, -m_use));
-        s[mt][n][2 * hi] = p0;
-        s[mt][n][2 * hi + 1] = p1;
-        sum += p0 + p1;
+        const uint32_t packed = oss_mma_op<T>::pack(p0, p1);
+        pa[mt][n / 2][2 * (n & 1) + hi] = packed;
+        const float2 rounded = oss_mma_op<T>::unpack(packed);
+        sum += rounded.x + rounded.y;
       }
       l[mt][hi] = l[mt][hi] * alpha + sum;
 #pragma unroll
@@ -219,8 +227,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
       oss_warp_mma_ss<T, MT, NT, KD, LDS, LDS>(s, sQw, oss_smem_u32(sK + st * BC * LDS), lane);
 
       const float c = oss_attn_fwd_mask_scores<T, MT, NT>(s, a, mbase, i0 + wrow, j0, lane);
-      oss_attn_online_softmax<MT, NT, NO>(s, o, m, l, c);
-      oss_acc_to_a<T, MT, NT>(s, pa);
+      oss_attn_online_softmax<T, MT, NT, NO>(s, o, m, l, c, pa);
     }
 
     oss_cp_async_wait<2>(); /* V_j landed (K_{j+1}, V_{j+1} may be in flight) */

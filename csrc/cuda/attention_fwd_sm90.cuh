@@ -56,8 +56,7 @@ __device__ __forceinline__ void oss_attn_sm90_softmax(float (&s)[1][NT][4], floa
                                                       const oss_attn_args &a, int64_t mbase, int r0, int j0,
                                                       int lane) {
   const float c = oss_attn_fwd_mask_scores<T, 1, NT>(s, a, mbase, r0, j0, lane);
-  oss_attn_online_softmax<1, NT, NO>(s, o, m, l, c);
-  oss_acc_to_a<T, 1, NT>(s, pa);
+  oss_attn_online_softmax<T, 1, NT, NO>(s, o, m, l, c, pa);
 }
 
 template <typename T, int HD, int BC, int NWG>
