@@ -14,7 +14,7 @@
  *     cp.async for K_{j+1} and V_{j+1} into the other stage, S = Q K_j^T
  *     (ldmatrix + mma, fp32 accumulators), scale and mask, online softmax
  *     (m, l and o rescaled by exp2(m_old - m_new)), P packed into A fragments
- *     (l sums the packed, rounded P),
+ *     (l sums P for lse, lr the packed, rounded P for out = o / lr),
  *     wait V_j, barrier, o += P V_j (ldmatrix.trans for V).
  *   - causal: tiles past the diagonal are never loaded; the element mask runs
  *     only on tiles that cross the diagonal or the end of the keys, or on every
@@ -57,17 +57,19 @@ __device__ __forceinline__ float oss_attn_fwd_mask_scores(float (&s)[MT][NT][4],
 }
 
 /* Online softmax over one tile: rows g and g+8 of each m-tile, a row's 4
- * owners are one quad. m (log2 units) and l are per row, o is rescaled by
+ * owners are one quad. m (log2 units), l and lr are per row, o is rescaled by
  * exp2(m_old - m_new), and P = exp2(c s - m_new) goes to pa, packed to T as
  * the A fragments of P V (pa[mt][kk] holds n-tiles 2kk and 2kk+1, see
- * oss_acc_to_a). l sums the rounded P that P V multiplies, so out = P V / l
- * is an exact weighted mean of V's rows (a V whose rows are equal comes out
- * unchanged), and out's rounding residual, which the backward adds to D,
- * carries no error from P's rounding that the backward's P would not share. */
+ * oss_acc_to_a). l sums P in float32, for lse; lr sums the rounded P that
+ * P V multiplies, for out = P V / lr, an exact weighted mean of V's rows (a V
+ * whose rows are equal comes out unchanged). Normalised by l instead, out
+ * would carry P's rounding error as a scale error, which out's rounding
+ * residual passes into the backward's D (dq, dk wrong by up to 1e-1 where
+ * V's rows are equal); summed from the rounded P, lse loses accuracy. */
 template <typename T, int MT, int NT, int NO>
 __device__ __forceinline__ void oss_attn_online_softmax(const float (&s)[MT][NT][4], float (&o)[MT][NO][4],
-                                                        float (&m)[MT][2], float (&l)[MT][2], float c,
-                                                        uint32_t (&pa)[MT][NT / 2][4]) {
+                                                        float (&m)[MT][2], float (&l)[MT][2], float (&lr)[MT][2],
+                                                        float c, uint32_t (&pa)[MT][NT / 2][4]) {
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -81,7 +83,7 @@ __device__ __forceinline__ void oss_attn_online_softmax(const float (&s)[MT][NT]
       const float m_use = m_new == -INFINITY ? 0.f : m_new; /* fully masked so far: p = 0 */
       const float alpha = oss_ex2(m[mt][hi] - m_use);
       m[mt][hi] = m_new;
-      float sum = 0.f;
+      float sum = 0.f, sum_rounded = 0.f;
 #pragma unroll
       for (int n = 0; n < NT; n++) {
         const float p0 = oss_ex2(fmaf(s[mt][n][2 * hi], c, -m_use));
@@ -89,9 +91,11 @@ __device__ __forceinline__ void oss_attn_online_softmax(const float (&s)[MT][NT]
         const uint32_t packed = oss_mma_op<T>::pack(p0, p1);
         pa[mt][n / 2][2 * (n & 1) + hi] = packed;
         const float2 rounded = oss_mma_op<T>::unpack(packed);
-        sum += rounded.x + rounded.y;
+        sum += p0 + p1;
+        sum_rounded += rounded.x + rounded.y;
       }
       l[mt][hi] = l[mt][hi] * alpha + sum;
+      lr[mt][hi] = lr[mt][hi] * alpha + sum_rounded;
 #pragma unroll
       for (int n = 0; n < NO; n++) {
         o[mt][n][2 * hi] *= alpha;
@@ -100,15 +104,16 @@ __device__ __forceinline__ void oss_attn_online_softmax(const float (&s)[MT][NT]
     }
 }
 
-/* Writes out = o / l for rows r0 .. r0 + 16 MT - 1 (those < Lq, columns < Dv)
- * and lse = m ln2 + ln l (float32). l == 0: no visible key (out 0, lse -inf);
- * l NaN: a NaN or +inf score (out and lse NaN, as SDPA's math). With
- * a.out_res, also out's rounding residual o / l - out (0 where out is not
+/* Writes out = o / lr for rows r0 .. r0 + 16 MT - 1 (those < Lq, columns <
+ * Dv) and lse = m ln2 + ln l (float32). l == 0: no visible key (out 0, lse
+ * -inf); l NaN: a NaN or +inf score (out and lse NaN, as SDPA's math). With
+ * a.out_res, also out's rounding residual o / lr - out (0 where out is not
  * finite), rounded to T, for the backward's D. */
 template <typename T, int MT, int NO>
 __device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const float (&o)[MT][NO][4],
-                                                   const float (&m)[MT][2], const float (&l)[MT][2], int b, int h,
-                                                   int64_t bh, int r0, int lane) {
+                                                   const float (&m)[MT][2], const float (&l)[MT][2],
+                                                   const float (&lr)[MT][2], int b, int h, int64_t bh, int r0,
+                                                   int lane) {
   T *gO = (T *)a.out + b * a.o_s[0] + h * a.o_s[1];
   T *gR = a.out_res == nullptr ? nullptr : (T *)a.out_res + b * a.o_s[0] + h * a.o_s[1];
   float *lse = (float *)a.lse + bh * a.lq;
@@ -118,10 +123,13 @@ __device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const
   for (int mt = 0; mt < MT; mt++)
 #pragma unroll
     for (int hi = 0; hi < 2; hi++) {
-      float lt = l[mt][hi];
+      float lt = l[mt][hi], lrt = lr[mt][hi];
       lt += __shfl_xor_sync(0xffffffffu, lt, 1);
       lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-      const float inv = lt == 0.f ? 0.f : 1.f / lt;
+      lrt += __shfl_xor_sync(0xffffffffu, lrt, 1);
+      lrt += __shfl_xor_sync(0xffffffffu, lrt, 2);
+      /* lr >= 1 when l > 0: the row's largest P is exactly 1 */
+      const float inv = lt == 0.f ? 0.f : 1.f / lrt;
       const int r = r0 + mt * 16 + g + hi * 8;
       if (r < a.lq) {
         T *orow = gO + (int64_t)r * a.o_s[2];
@@ -177,13 +185,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
   const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
 
   float o[MT][NO][4];
-  float m[MT][2], l[MT][2];
+  float m[MT][2], l[MT][2], lr[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
     for (int n = 0; n < NO; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
     m[mt][0] = m[mt][1] = -INFINITY;
-    l[mt][0] = l[mt][1] = 0.f;
+    l[mt][0] = l[mt][1] = lr[mt][0] = lr[mt][1] = 0.f;
   }
 
   if (ntiles > 0) {
@@ -227,7 +235,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
       oss_warp_mma_ss<T, MT, NT, KD, LDS, LDS>(s, sQw, oss_smem_u32(sK + st * BC * LDS), lane);
 
       const float c = oss_attn_fwd_mask_scores<T, MT, NT>(s, a, mbase, i0 + wrow, j0, lane);
-      oss_attn_online_softmax<T, MT, NT, NO>(s, o, m, l, c, pa);
+      oss_attn_online_softmax<T, MT, NT, NO>(s, o, m, l, lr, c, pa);
     }
 
     oss_cp_async_wait<2>(); /* V_j landed (K_{j+1}, V_{j+1} may be in flight) */
@@ -235,7 +243,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
     if (warp_live) oss_warp_mma_rs<T, MT, NO, BC / 16, LDS>(o, pa, oss_smem_u32(sV + st * BC * LDS), lane);
   }
 
-  oss_attn_fwd_write<T, MT, NO>(a, o, m, l, b, h, bh, i0 + wrow, lane);
+  oss_attn_fwd_write<T, MT, NO>(a, o, m, l, lr, b, h, bh, i0 + wrow, lane);
 }
 
 template <typename T, int HD, int BR, int BC, int NW, int MINB>

@@ -52,11 +52,12 @@ template <int HD, int BR, int BC> __host__ __device__ constexpr size_t oss_attn_
 /* Mask, online softmax and packing of P into A fragments for one tile. */
 template <typename T, int NT, int NO>
 __device__ __forceinline__ void oss_attn_sm90_softmax(float (&s)[1][NT][4], float (&o)[1][NO][4], float (&m)[1][2],
-                                                      float (&l)[1][2], uint32_t (&pa)[1][NT / 2][4],
+                                                      float (&l)[1][2], float (&lr)[1][2],
+                                                      uint32_t (&pa)[1][NT / 2][4],
                                                       const oss_attn_args &a, int64_t mbase, int r0, int j0,
                                                       int lane) {
   const float c = oss_attn_fwd_mask_scores<T, 1, NT>(s, a, mbase, r0, j0, lane);
-  oss_attn_online_softmax<T, 1, NT, NO>(s, o, m, l, c, pa);
+  oss_attn_online_softmax<T, 1, NT, NO>(s, o, m, l, lr, c, pa);
 }
 
 template <typename T, int HD, int BC, int NWG>
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(NWG * 128 + 128, 1) oss_attn_fwd_sm90_kernel(c
   const int wrow = wg * 64 + (warp & 3) * 16; /* this warp's first row in the tile */
   const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
   float o[1][NO][4], s[1][NT][4];
-  float m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.f, 0.f}};
+  float m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.f, 0.f}}, lr[1][2] = {{0.f, 0.f}};
 #pragma unroll
   for (int n = 0; n < NO; n++) o[0][n][0] = o[0][n][1] = o[0][n][2] = o[0][n][3] = 0.f;
 #pragma unroll
@@ -144,7 +145,7 @@ __global__ void __launch_bounds__(NWG * 128 + 128, 1) oss_attn_fwd_sm90_kernel(c
       oss_wgmma_fence_operand<NT>(s[0]);
     }
     oss_mbar_arrive(&empty_bar[st]);
-    if (live) oss_attn_sm90_softmax<T, NT, NO>(s, o, m, l, pa, a, mbase, i0 + wrow, j0, lane);
+    if (live) oss_attn_sm90_softmax<T, NT, NO>(s, o, m, l, lr, pa, a, mbase, i0 + wrow, j0, lane);
     oss_mbar_wait(&full_bar[2 + st], par); /* V_j landed */
     oss_fence_proxy_async();
     if (live) {
@@ -158,7 +159,7 @@ __global__ void __launch_bounds__(NWG * 128 + 128, 1) oss_attn_fwd_sm90_kernel(c
     oss_mbar_arrive(&empty_bar[2 + st]);
   }
 
-  oss_attn_fwd_write<T, 1, NO>(a, o, m, l, b, h, bh, i0 + wrow, lane);
+  oss_attn_fwd_write<T, 1, NO>(a, o, m, l, lr, b, h, bh, i0 + wrow, lane);
   }
 #else
   __trap(); /* not built for sm_90a: never in the dispatch table */
