@@ -348,17 +348,6 @@ def attention_samples(device):
     return samples
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
-    for args in attention_samples(device):
-        torch.library.opcheck(torch.ops.oss.attention.default, args)
-        q, k, v, m, causal, scale, gqa, align = args
-        out, lse = torch.ops.oss.attention(q.detach(), k.detach(), v.detach(), m, causal, scale, gqa, align)
-        bwd_args = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, m, causal, scale, gqa,
-                    align, False)
-        torch.library.opcheck(torch.ops.oss.attention_backward.default, bwd_args)
-
-
 def residual_samples(device):
     """16-bit inputs for the training form of the op (attention_with_residual)."""
     samples = []
@@ -372,14 +361,17 @@ def residual_samples(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_opcheck_with_residual(device):
-    for args in residual_samples(device):
-        torch.library.opcheck(torch.ops.oss.attention_with_residual.default, args)
+@pytest.mark.parametrize("op", ["attention", "attention_with_residual"])
+def test_opcheck(device, op):
+    """Each forward op, and the backward fed with its outputs (the residual
+    too, where the op returns one)."""
+    forward = getattr(torch.ops.oss, op)
+    for args in (attention_samples if op == "attention" else residual_samples)(device):
+        torch.library.opcheck(forward.default, args)
         q, k, v, m, causal, scale, gqa, align = args
-        out, lse, res = torch.ops.oss.attention_with_residual(q.detach(), k.detach(), v.detach(), m, causal, scale,
-                                                              gqa, align)
+        out, lse, *residual = forward(q.detach(), k.detach(), v.detach(), m, causal, scale, gqa, align)
         bwd_args = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, m, causal, scale, gqa,
-                    align, False, res)
+                    align, False, *residual)
         torch.library.opcheck(torch.ops.oss.attention_backward.default, bwd_args)
 
 
@@ -405,7 +397,8 @@ def test_output_residual(device, dtype):
     # CPU: the unrounded output is float, far closer than out. CUDA: it is the
     # float32 accumulator of P V with P rounded to 16 bits for the tensor cores,
     # whose own error is of the order of out's rounding (float64 emulation of
-    # this case: out + residual has 0.67x out's mean error)
+    # this case with out = o / l: out + residual has 0.67x out's mean error;
+    # the kernels' out = o / lr passes the same limit on the H100)
     limit = 0.5 if device == "cpu" else 0.85
     assert err_sum < err_out * limit, f"out + residual {err_sum:.3e} vs out {err_out:.3e} (mean errors)"
     # float32/float64 have no residual (their backward computes D itself)
