@@ -12,7 +12,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-from hypothesis import Verbosity, reproduce_failure, settings  # noqa: E402
+from hypothesis import Verbosity, given, reproduce_failure, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 import test_fuzz  # noqa: E402
 
@@ -22,6 +23,10 @@ def main():
         sys.exit(__doc__)
     name, device, version, blob = sys.argv[1:]
     test = getattr(test_fuzz, name)
+    # the softmax tests carry their own settings, which cannot be decorated twice:
+    # rebuild them from the undecorated body and the same strategy (same draws)
+    if "softmax" in name:
+        test = given(case=test_fuzz.softmax_cases())(test.hypothesis.inner_test)
     test = settings(verbosity=Verbosity.verbose, print_blob=False, deadline=None)(test)
     test = reproduce_failure(version, blob.encode())(test)
     try:
