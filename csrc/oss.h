@@ -155,8 +155,9 @@ typedef struct oss_attention_params {
   void *lse; /* written by the forward, read by the backward */
   /* Optional (NULL: none), float16/bfloat16 only, with out's shape and strides:
    * the forward also writes out's rounding residual (the output before its
-   * rounding to dtype minus out, itself rounded to dtype; 0 where out is not
-   * finite), and the backward, given it, takes D = rowsum(dout * (out +
+   * rounding to dtype minus out, itself rounded to a step of 1/32 of out's
+   * unit in the last place, below which the forward's float32 sums carry
+   * only noise; 0 where out is not finite), and the backward, given it, takes D = rowsum(dout * (out +
    * out_residual)) instead of rowsum(dout * out), so the gradients do not
    * carry the output's rounding (about 2^-11 relative in float16, 2^-8 in
    * bfloat16, times |dout| |k| in dq). Backward kernels that compute D = sum

@@ -12,7 +12,7 @@
  * grows; exp() sees S - m rounded once to REAL. At the end o / l is the output
  * and m + log(l) the lse; a row that saw no key gets output 0 and lse -inf.
  * With p->out_residual (16-bit tensors) it also stores o / l minus the stored
- * output, where that is finite (oss.h).
+ * output (oss_output_residual: to a step of 2^-5 of its last place).
  *
  * Backward (FlashAttention-2): a task is one (batch, kv head), so it owns dK
  * and dV of that head outright (GQA groups are summed inside the task, in a
@@ -296,9 +296,10 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
       }
     }
     FN(store_rows)(p->out, p->dtype, p->out_stride, b, h, i0, rows, Dv, O);
-    if (p->out_residual != NULL) { /* O minus what was stored, where that is finite */
+    if (p->out_residual != NULL) { /* O minus what was stored (oss_output_residual) */
       FN(load_rows)(p->out, p->dtype, p->out_stride, b, h, i0, rows, Dv, R);
-      for (int64_t x = 0; x < rows * Dv; x++) R[x] = isfinite(R[x]) ? O[x] - R[x] : 0;
+      for (int64_t x = 0; x < rows * Dv; x++)
+        R[x] = oss_output_residual((float)O[x], (float)R[x], p->dtype == OSS_BFLOAT16);
       FN(store_rows)(p->out_residual, p->dtype, p->out_stride, b, h, i0, rows, Dv, R);
     }
     LSE_T *lse_out = (LSE_T *)p->lse + (b * p->heads_q + h) * p->len_q + i0;

@@ -107,8 +107,9 @@ __device__ __forceinline__ void oss_attn_online_softmax(const float (&s)[MT][NT]
 /* Writes out = o / lr for rows r0 .. r0 + 16 MT - 1 (those < Lq, columns <
  * Dv) and lse = m ln2 + ln l (float32). l == 0: no visible key (out 0, lse
  * -inf); l NaN: a NaN or +inf score (out and lse NaN, as SDPA's math). With
- * a.out_res, also out's rounding residual o / lr - out (0 where out is not
- * finite), rounded to T, for the backward's D. */
+ * a.out_res, also out's rounding residual o / lr - out (oss_output_residual:
+ * to a step of 2^-5 of out's last place, 0 where out is not finite), for the
+ * backward's D. */
 template <typename T, int MT, int NO>
 __device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const float (&o)[MT][NO][4],
                                                    const float (&m)[MT][2], const float (&l)[MT][2],

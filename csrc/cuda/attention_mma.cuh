@@ -341,10 +341,9 @@ __device__ __forceinline__ void oss_attn_mask_tile(float (&s)[MT][NT][4], const 
   else oss_attn_mask_frag<T, KEY_MAJOR, MT, NT>(s, a, mbase, r0, c0, lane);
 }
 
-/* x minus x rounded to T (exact in float), or 0 where the rounded x is not finite. */
+/* x minus x rounded to T, to the step of oss_output_residual (oss_internal.h). */
 template <typename T> __device__ __forceinline__ float oss_rounding_residual(float x) {
-  const float rounded = oss_to_float(oss_from_float<T>(x));
-  return isfinite(rounded) ? x - rounded : 0.f;
+  return oss_output_residual(x, oss_to_float(oss_from_float<T>(x)), std::is_same<T, __nv_bfloat16>::value);
 }
 
 /* Stores a pair of output elements (cols c, c+1 of a row), only those < ncols;
