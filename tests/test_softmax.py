@@ -183,6 +183,39 @@ def test_backward_matches_float64(device, dtype, op_name, shape, dim):
                      SOFTMAX_ATOL[dtype])
 
 
+# (shape, dim) through each CUDA tier: rows in a warp, in one CTA, in a
+# cluster, split across CTAs; columns in one tile and split.
+DOMINANT_SHAPES = [
+    ((64, 100), -1),
+    ((8, 5000), -1),
+    ((4, 70001), -1),
+    ((2, 300000), -1),
+    ((2, 3000001), -1),
+    ((2, 3000, 16), 1),
+    ((1, 200001, 3), 1),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("in_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,dim", DOMINANT_SHAPES)
+def test_log_softmax_dominant_element(device, in_dtype, shape, dim):
+    """One element per line far above the rest (0 against about -20): its
+    log_softmax is -log1p(d') with d' = n * ~2e-9. A float32 denominator
+    d = 1 + d' rounds d' to a few ulps of 1, an error of up to all of y there
+    (and the backward multiplies it by sum dy); the kernels keep d' apart, so
+    y comes out to float32 precision relative to its own size."""
+    x = torch.randn(shape, device=device) * 0.5 - 20
+    top = torch.randint(0, shape[dim], [s if i != dim % len(shape) else 1 for i, s in enumerate(shape)],
+                        device=device)
+    x = x.scatter(dim, top, 0.0).to(in_dtype)
+    y = torch_oss.log_softmax(x, dim, dtype=torch.float32)
+    ref = F.log_softmax(x.double(), dim).gather(dim, top)
+    ours = y.gather(dim, top).double()
+    err = ((ours - ref).abs() / ref.abs()).max().item()
+    assert err <= 1e-4, f"relative error {err:.3g} of the dominant element's log_softmax"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_backward_with_dtype_cast_returns_input_dtype(device):
     x = torch.randn(6, 50, dtype=torch.float16, device=device, requires_grad=True)

@@ -17,7 +17,7 @@
  *                            shared memory (two CTAs per SM), else 1024 threads
  *                            and up to all of the shared memory
  *     fits a cluster (sm_90) the same kernel, a cluster of C = 2..16 CTAs that
- *                            exchange (m, d) through distributed shared memory
+ *                            exchange (m, d') through distributed shared memory
  *                            (forward: ~1.4M float32 / ~2.9M 16-bit elements,
  *                            backward about half)
  *     anything wider         split: SM_STATS chunks -> merge -> SM_APPLY in

@@ -11,7 +11,7 @@
  *   along inner (element-wise where the strides or the base break 16-byte
  *   alignment; columns outside [0, inner) are never touched). Then thread
  *   t = ti * TJ + tj folds rows ti, ti + TI, ... of column tj into online
- *   (m, d) statistics, sm_block_reduce merges them over ti, and the output is
+ *   (m, d') statistics, sm_block_reduce merges them over ti, and the output is
  *   written from the tile in 16-byte pieces (so x is read once, y written once).
  *     SM_FULL: the tile holds all n rows.
  *     SM_STATS / SM_APPLY: two-pass fallback for n too large for shared
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(SM_COL_THREADS) softmax_columns_kernel(sm_col_
     // -- statistics of column tj over rows ti, ti + TI, ... (8 rows per online update)
     sm_stat<Acc> st;
     if (P.mode != SM_APPLY) {
-      st = sm_stat_identity<Acc>();
+      st = sm_stat_identity<BWD, Acc>();
       const T1 *ca = (const T1 *)ta + tj, *cb = (const T1 *)tb + tj;
       for (int i = ti; i < rows; i += 8 * TI) {
         Acc va[8], vb[8];
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(SM_COL_THREADS) softmax_columns_kernel(sm_col_
         continue;
       }
     } else {
-      st = jok ? ((const sm_stat<Acc> *)P.finals)[o * P.inner + jt0 + tj] : sm_stat_identity<Acc>();
+      st = jok ? ((const sm_stat<Acc> *)P.finals)[o * P.inner + jt0 + tj] : sm_stat_identity<BWD, Acc>();
     }
     if (ti == 0) sm_finish<BWD, FAST>(st, P.log, colc[0][tj], colc[1][tj]);
     __syncthreads();
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(256)
   const int64_t per_block = blockDim.x / G;
   for (int64_t base = (int64_t)blockIdx.x * per_block; base < items; base += (int64_t)gridDim.x * per_block) {
     const int64_t item = base + threadIdx.x / G;
-    sm_stat<Acc> acc = sm_stat_identity<Acc>();
+    sm_stat<Acc> acc = sm_stat_identity<BWD, Acc>();
     if (item < items) {
       const int64_t o = item / inner, j = item - o * inner;
       for (int64_t c = g; c < nchunks; c += G) acc = sm_merge<BWD>(acc, part[(o * nchunks + c) * inner + j]);

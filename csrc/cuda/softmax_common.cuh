@@ -13,15 +13,20 @@
  * read or written. Elements outside the row read as the neutral value (-inf
  * forward, 0 backward) and are never stored.
  *
- * Statistics. Forward: (m, d) = max and sum of exp(x - m). Streaming code
- * (column tiles, row edges) updates them online, d = d * exp(m_old - m_new)
- * + sum exp(x - m_new) (sm_accumulate); data held in registers is folded
- * max-first (softmax_rows.cuh); partials of threads, warps, CTAs, cluster
- * ranks and split chunks are combined with sm_merge. A max of -inf is
- * replaced by 0 in every subtraction (ms below), so -inf - -inf never makes a
- * NaN by itself; the max ignores NaN (fmax) but a NaN element makes d NaN,
- * which NaN-s the whole row as PyTorch does; a +inf element gives
- * exp(inf - inf) = NaN, likewise; an all -inf row gives 0 * (1/0) = NaN.
+ * Statistics. Forward: (m, d') with m the max and d' = sum exp(x - m) - 1,
+ * the denominator less the exact 1 of one maximal element. log_softmax's
+ * largest outputs are y = -log1p(d'): where one element dominates, d' is tiny
+ * and a float32 d = 1 + d' would round it away (to a few ulps of 1, which
+ * the backward multiplies by sum dy). So log_softmax sums the maximal
+ * elements' exp terms (exactly 1 each) apart from the others (sm_sum_split).
+ * Streaming code (column tiles, row edges) updates the state online
+ * (sm_accumulate); data held in registers is folded max-first
+ * (softmax_rows.cuh); partials of threads, warps, CTAs, cluster ranks and
+ * split chunks are combined with sm_merge. A max of -inf is replaced by 0 in
+ * every subtraction (ms below), so -inf - -inf never makes a NaN by itself;
+ * the max ignores NaN (fmax) but a NaN element makes d' NaN, which NaN-s the
+ * whole row as PyTorch does; a +inf element gives exp(inf - inf) = NaN,
+ * likewise; an all -inf row keeps d' = -1 and gives 0 * (1/0) = NaN.
  * Backward: one sum (sum y*dy, or sum dy for log_softmax) in the d field.
  */
 #ifndef OSS_SOFTMAX_COMMON_CUH
@@ -256,6 +261,8 @@ __device__ __forceinline__ float sm_max(float a, float b) { return fmaxf(a, b); 
 __device__ __forceinline__ double sm_max(double a, double b) { return fmax(a, b); }
 __device__ __forceinline__ float sm_log(float x) { return logf(x); }
 __device__ __forceinline__ double sm_log(double x) { return log(x); }
+__device__ __forceinline__ float sm_log1p(float x) { return log1pf(x); }
+__device__ __forceinline__ double sm_log1p(double x) { return log1p(x); }
 
 /* 2^x, hardware approximation (ex2.approx: 2 ulp; -inf -> 0, NaN -> NaN). */
 __device__ __forceinline__ float sm_ex2(float x) {
@@ -281,20 +288,21 @@ template <typename Acc> __device__ __forceinline__ Acc sm_safe_max(Acc m) { retu
 
 template <typename Acc> struct sm_stat {
   Acc m; /* forward: running max (never NaN; -inf when empty)   backward: unused */
-  Acc d; /* forward: sum of exp(x - ms)                          backward: the sum */
+  Acc d; /* forward: d' = sum of exp(x - ms), less 1             backward: the sum */
 };
 
-template <typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_stat_identity() {
+/* The empty state: m = -inf, d' = -1 (d = 0) forward; a sum of 0 backward. */
+template <bool BWD, typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_stat_identity() {
   sm_stat<Acc> s;
   s.m = (Acc)-INFINITY;
-  s.d = 0;
+  s.d = BWD ? (Acc)0 : (Acc)-1;
   return s;
 }
 
-/* (m, d) merge: the larger max keeps its d, the other d is rescaled by
- * exp(m_small - m_big) (one exp). With both maxes -inf the rescale is exp(-inf)
- * = 0, so empty partials never produce NaN; +inf with +inf gives NaN, as the
- * row must. */
+/* (m, d') merge: the larger max keeps its d', the other partial's d = d' + 1
+ * is rescaled by exp(m_small - m_big) (one exp); equal maxes add d'1 + d'2 + 1.
+ * With both maxes -inf the rescale is exp(-inf) = 0 and d' stays -1, so empty
+ * partials never produce NaN; +inf with +inf gives NaN, as the row must. */
 template <bool BWD, typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_merge(sm_stat<Acc> a, sm_stat<Acc> b) {
   if constexpr (BWD) {
     a.d += b.d;
@@ -304,9 +312,27 @@ template <bool BWD, typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_mer
     sm_stat<Acc> r;
     r.m = ab ? a.m : b.m;
     const Acc mn = ab ? b.m : a.m, dx = ab ? a.d : b.d, dn = ab ? b.d : a.d;
-    r.d = dx + dn * sm_exp<false>(mn - sm_safe_max(r.m));
+    r.d = dx + (dn + (Acc)1) * sm_exp<false>(mn - sm_safe_max(r.m));
     return r;
   }
+}
+
+/* One exp term e = exp(x - ms) of a fold whose max is vm, summed into s, or
+ * (SPLIT, x == vm) into top: top ends as the count of maximal elements
+ * (0 when vm is -inf, NaN when +inf), kept exact apart from the small terms. */
+template <bool SPLIT, typename Acc> __device__ __forceinline__ void sm_sum_split(Acc x, Acc vm, Acc e, Acc &s, Acc &top) {
+  if (SPLIT && x == vm) top += e;
+  else s += e;
+}
+
+/* The d' of a fold of new values with max vm >= st.m, from the fold's sums
+ * (s, top) as sm_sum_split left them (without SPLIT: top = 0, s has it all):
+ * a new max rescales the old d = d' + 1 by exp(st.m - ms) and the fold's own
+ * maximal element supplies the new 1; otherwise the fold just adds. */
+template <typename Acc>
+__device__ __forceinline__ Acc sm_fold_d(sm_stat<Acc> st, Acc vm, Acc ms, Acc s, Acc top) {
+  if (vm > st.m) return (st.d + (Acc)1) * sm_exp<false>(st.m - ms) + s + (top - (Acc)1);
+  return st.d + s + top;
 }
 
 template <typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_shfl_xor(sm_stat<Acc> s, int off) {
@@ -339,17 +365,23 @@ __device__ __forceinline__ void sm_accumulate(sm_stat<Acc> &st, const Acc (&a)[N
     for (int e = 0; e < N; e++)
       if (e < count) vm = sm_max(vm, a[e]);
     const Acc ms = sm_safe_max(vm);
-    Acc s = 0;
+    Acc s = 0, top = 0;
+    if (log) {
 #pragma unroll
-    for (int e = 0; e < N; e++)
-      if (e < count) s += sm_exp_shift<FAST>(a[e], ms);
-    st.d = st.d * sm_exp<false>(st.m - ms) + s;
+      for (int e = 0; e < N; e++)
+        if (e < count) sm_sum_split<true>(a[e], vm, sm_exp_shift<FAST>(a[e], ms), s, top);
+    } else {
+#pragma unroll
+      for (int e = 0; e < N; e++)
+        if (e < count) s += sm_exp_shift<FAST>(a[e], ms);
+    }
+    st.d = sm_fold_d(st, vm, ms, s, top);
     st.m = vm;
   }
 }
 
 /* What the output phase needs, per row/column. Forward: c0 = ms and c1 =
- * log(d) (log_softmax: y = (x - c0) - c1), else 1/d (softmax: y = exp(x - c0)
+ * log1p(d') = log(d) (log_softmax: y = (x - c0) - c1), else 1/d (softmax: y = exp(x - c0)
  * c1), or with FAST (16-bit output) -log2(d) (softmax: y = 2^((x - c0) log2(e)
  * + c1), one FADD, FFMA and MUFU). x - ms is computed first so that a large
  * |ms| is never rounded into a combined constant. Backward: c0 = the sum. */
@@ -360,9 +392,9 @@ __device__ __forceinline__ void sm_finish(sm_stat<Acc> st, int log, Acc &c0, Acc
     c1 = 0;
   } else {
     c0 = sm_safe_max(st.m);
-    if (log) c1 = sm_log(st.d);
-    else if (FAST && sizeof(Acc) == 4) c1 = -(Acc)log2f((float)st.d);
-    else c1 = (Acc)1 / st.d;
+    if (log) c1 = sm_log1p(st.d);
+    else if (FAST && sizeof(Acc) == 4) c1 = -(Acc)log2f((float)(st.d + (Acc)1));
+    else c1 = (Acc)1 / (st.d + (Acc)1);
   }
 }
 
@@ -404,7 +436,7 @@ __device__ __forceinline__ sm_stat<Acc> sm_block_reduce(sm_stat<Acc> st, int TJ,
     __syncthreads();
     const int entries = nw * TJ;
     if (warp == 0) {
-      sm_stat<Acc> acc = sm_stat_identity<Acc>();
+      sm_stat<Acc> acc = sm_stat_identity<BWD, Acc>();
       for (int e = lane; e < entries; e += 32) acc = sm_merge<BWD>(acc, red[e]);
       for (int off = 16; off >= TJ; off >>= 1) acc = sm_merge<BWD>(acc, sm_shfl_xor(acc, off));
       if (lane < TJ) red[entries + lane] = acc;

@@ -20,7 +20,7 @@
  *   is needed for them). Modes:
  *     SM_FULL, C == 1: the CTA holds the whole row (block tier).
  *     SM_FULL, C > 1 (sm_90): a cluster of C CTAs holds the row; each CTA
- *       writes its block (m, d) into slot [rank] of every CTA's shared memory
+ *       writes its block (m, d') into slot [rank] of every CTA's shared memory
  *       (distributed shared memory), one cluster barrier, then each merges the
  *       C values in the same order, so all agree bit for bit. The exchange
  *       buffer is double-buffered so one barrier per row suffices.
@@ -44,7 +44,7 @@
  * memory slots, so the statistics of the first parts run while the rest is
  * still arriving. float32/float64 softmax keeps the exp values (relative to
  * their part's max) in place of x so the output needs no second exp. Parts,
- * threads, warps, CTAs and cluster ranks merge (m, d) with sm_merge.
+ * threads, warps, CTAs and cluster ranks merge (m, d') with sm_merge.
  *
  * Limits: blockDim.x <= 1024 and a multiple of 32 (chunk kernel; 64
  * registers per thread, 512 for float64), 128 (warp kernel); 64-bit row
@@ -162,7 +162,7 @@ template <typename T1, typename Acc> __host__ __device__ constexpr bool sm_can_c
 /* Per-slot pieces of the thread statistics (full slots only). Forward: the
  * max over every value a thread holds (registers and shared memory) comes
  * first, then one sum of exp(x - ms): the data is on chip, so no running
- * rescale is needed inside a thread, and the (m, d) partials are merged
+ * rescale is needed inside a thread, and the (m, d') partials are merged
  * across threads with sm_merge. With cache (softmax, 4-/8-byte input) the exp
  * values replace x in the slot, so the output needs no second exp. Backward:
  * the plain sums. */
@@ -174,17 +174,20 @@ template <typename T1, typename Acc> __device__ __forceinline__ Acc sm_slot_max(
   return sm_max(v[0], v[1]);
 }
 
-template <bool FAST, typename T1, typename Acc>
-__device__ __forceinline__ Acc sm_slot_sumexp(sm_slot &ra, Acc ms, bool cache) {
+/* Adds the slot's exp(x - ms) to s (SPLIT: those of elements equal to the
+ * fold's max m to top instead, see sm_sum_split). */
+template <bool FAST, bool SPLIT, typename T1, typename Acc>
+__device__ __forceinline__ void sm_slot_sumexp(sm_slot &ra, Acc m, Acc ms, bool cache, Acc &s, Acc &top) {
   constexpr int VEC = sm_vec<T1>();
   Acc v[2] = {0, 0};
 #pragma unroll
   for (int e = 0; e < VEC; e++) {
-    const Acc ex = sm_exp_shift<FAST>(sm_slot_elem<T1, Acc>(ra, e), ms);
-    v[e & 1] += ex;
+    const Acc x = sm_slot_elem<T1, Acc>(ra, e);
+    const Acc ex = sm_exp_shift<FAST>(x, ms);
+    sm_sum_split<SPLIT>(x, m, ex, v[e & 1], top);
     if (cache) sm_set_bits<T1>(ra, e, sm_acc_to_bits<T1, Acc>(ex));
   }
-  return v[0] + v[1];
+  s += v[0] + v[1];
 }
 
 template <typename T1, typename Acc> __device__ __forceinline__ Acc sm_slot_dot(const sm_slot &ra, const sm_slot &rb, int log) {
@@ -198,6 +201,25 @@ template <typename T1, typename Acc> __device__ __forceinline__ Acc sm_slot_dot(
   return v[0] + v[1];
 }
 
+/* The sum over a thread's register slots and shared-memory slots l = first,
+ * first + step, ... < nsm of exp(x - ms), split (SPLIT) as sm_sum_split does. */
+template <bool FAST, bool SPLIT, typename T1, typename Acc, int KM>
+__device__ __forceinline__ void sm_thread_sumexp(sm_slot (&ra)[KM], int nv, uint4 *sa, int first, int nsm, int step,
+                                                 Acc m, bool cache, Acc &s, Acc &top) {
+  const Acc ms = sm_safe_max(m);
+  Acc acc[2] = {0, 0};
+#pragma unroll
+  for (int k = 0; k < KM; k++)
+    if (k < nv) sm_slot_sumexp<FAST, SPLIT, T1, Acc>(ra[k], m, ms, cache, acc[k & 1], top);
+  for (int l = first; l < nsm; l += step) {
+    sm_slot xa;
+    xa.u = sa[l];
+    sm_slot_sumexp<FAST, SPLIT, T1, Acc>(xa, m, ms, cache, acc[0], top);
+    if (cache) sa[l] = xa.u;
+  }
+  s = acc[0] + acc[1];
+}
+
 /* Statistics of a thread's first nv register slots and, in shared memory,
  * slots l = first, first + step, ... < nsm of sa/sb (the caller has waited
  * for their copies). */
@@ -206,9 +228,9 @@ __device__ __forceinline__ sm_stat<Acc> sm_thread_stats(sm_slot (&ra)[KM], const
                                                         uint4 *sa, const uint4 *sb, int first, int nsm, int step,
                                                         int log) {
   constexpr bool FAST = sizeof(T2) == 2;
-  sm_stat<Acc> st = sm_stat_identity<Acc>();
-  Acc acc[2] = {0, 0};
+  sm_stat<Acc> st = sm_stat_identity<BWD, Acc>();
   if constexpr (BWD) {
+    Acc acc[2] = {0, 0};
 #pragma unroll
     for (int k = 0; k < KM; k++)
       if (k < nv) acc[k & 1] += sm_slot_dot<T1, Acc>(ra[k], rb[k], log);
@@ -218,6 +240,7 @@ __device__ __forceinline__ sm_stat<Acc> sm_thread_stats(sm_slot (&ra)[KM], const
       xb.u = sb[l];
       acc[0] += sm_slot_dot<T1, Acc>(xa, xb, log);
     }
+    st.d = acc[0] + acc[1];
   } else {
     Acc mv[2] = {(Acc)-INFINITY, (Acc)-INFINITY};
 #pragma unroll
@@ -229,20 +252,12 @@ __device__ __forceinline__ sm_stat<Acc> sm_thread_stats(sm_slot (&ra)[KM], const
       mv[0] = sm_slot_max<T1, Acc>(xa, mv[0]);
     }
     const Acc m = sm_max(mv[0], mv[1]);
-    const Acc ms = sm_safe_max(m);
-    const bool cache = sm_can_cache<T1, Acc>() && !log;
-#pragma unroll
-    for (int k = 0; k < KM; k++)
-      if (k < nv) acc[k & 1] += sm_slot_sumexp<FAST, T1, Acc>(ra[k], ms, cache);
-    for (int l = first; l < nsm; l += step) {
-      sm_slot xa;
-      xa.u = sa[l];
-      acc[0] += sm_slot_sumexp<FAST, T1, Acc>(xa, ms, cache);
-      if (cache) sa[l] = xa.u;
-    }
+    Acc s = 0, top = 0;
+    if (log) sm_thread_sumexp<FAST, true, T1>(ra, nv, sa, first, nsm, step, m, false, s, top);
+    else sm_thread_sumexp<FAST, false, T1>(ra, nv, sa, first, nsm, step, m, sm_can_cache<T1, Acc>(), s, top);
+    st.d = sm_fold_d(st, m, sm_safe_max(m), s, top);
     st.m = m;
   }
-  st.d = acc[0] + acc[1];
   return st;
 }
 
@@ -256,10 +271,10 @@ __device__ __forceinline__ void sm_slot_output_cached(const sm_chunk<T1, T2> &R,
   sm_store_full<T2, VEC>(R.out0 + R.f0 + m * VEC, R.ok_out, o);
 }
 
-/* The factor turning a thread's cached exp(x - ms_thread) into y: exp(m_thread - ms) / d,
+/* The factor turning a thread's cached exp(x - ms_thread) into y: exp(m_thread - ms) / (d' + 1),
  * or 0 / d (0, or NaN for an all -inf row) when the thread held only -inf. */
 template <typename Acc> __device__ __forceinline__ Acc sm_cache_scale(Acc m_thread, sm_stat<Acc> st) {
-  return (m_thread == (Acc)-INFINITY ? (Acc)0 : sm_exp<false>(m_thread - sm_safe_max(st.m))) / st.d;
+  return (m_thread == (Acc)-INFINITY ? (Acc)0 : sm_exp<false>(m_thread - sm_safe_max(st.m))) / (st.d + (Acc)1);
 }
 
 template <bool BWD, typename T1, typename T2, typename Acc>
@@ -402,7 +417,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
     sm_cp_async_commit();
 
     // -- statistics: registers, then each shared-memory group as it lands; the
-    // thread's (m, d) of the three parts merge with sm_merge. With the cache,
+    // thread's (m, d') of the three parts merge with sm_merge. With the cache,
     // each part's exp values are relative to its own max (m_reg, m_lo, m_hi).
     sm_stat<Acc> st;
     Acc m_reg = (Acc)-INFINITY, m_lo = (Acc)-INFINITY, m_hi = (Acc)-INFINITY;
@@ -437,7 +452,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
         if (t < P.C) *cl.map_shared_rank(&xch[buf][rank], (unsigned)t) = st;
         cl.sync();
         if (t < 32) {
-          sm_stat<Acc> acc = t < P.C ? xch[buf][t] : sm_stat_identity<Acc>();
+          sm_stat<Acc> acc = t < P.C ? xch[buf][t] : sm_stat_identity<BWD, Acc>();
           acc = sm_group_reduce<BWD>(acc, 32);
           if (t == 0) cbc = acc;
         }
