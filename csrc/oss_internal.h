@@ -36,6 +36,31 @@ static inline OSS_HOST_DEVICE float oss_output_residual(float x, float rounded, 
   return ldexpf(rintf(ldexpf(x - rounded, -step)), step);
 }
 
+/* Softmax backward sums in float32 are carried as hi + lo, lo being what the
+ * rounding of hi left out (TwoSum, exact for finite values): at an element
+ * that dominates its row the sum cancels against dy, and a float32 sum's own
+ * rounding would be all of dx's error there. */
+static inline OSS_HOST_DEVICE void oss_add_compensated(float *hi, float *lo, float x) {
+  const float t = *hi + x, xb = t - *hi;
+  *lo += (*hi - (t - xb)) + (x - xb);
+  *hi = t;
+}
+
+/* log_softmax's backward for one float32 element, dx = dy - exp(y) * s with
+ * s = hi + lo, where exp(y) is near 1 (y > -1/4: at most one element of a
+ * row, the dominant one). There dy - s cancels, so dy - hi is split exactly
+ * into t + r (TwoSum) and dx = t + (r - lo - expm1(y) * s) is rounded about
+ * once, where exp(y) * hi would carry exp's and the product's rounding,
+ * each up to an ulp of s. NaN when not finite: the caller's direct form then
+ * gives PyTorch's inf and NaN. */
+static inline OSS_HOST_DEVICE float oss_log_softmax_grad_near_one(float y, float dy, float hi, float lo) {
+  const float t = dy - hi, tb = t - dy;
+  const float r = (dy - (t - tb)) + (-hi - tb);
+  const float dx = t + ((r - lo) - expm1f(y) * (hi + lo));
+  return isfinite(dx) ? dx : NAN;
+}
+#define OSS_LOG_SOFTMAX_NEAR_ONE (-0.25f)
+
 /* Records a printf-style sentence for oss_error_message() on this thread and
  * returns `status`, so failures read `return oss_fail(OSS_ERROR_..., "...")`. */
 oss_status oss_fail(oss_status status, const char *fmt, ...)

@@ -88,27 +88,20 @@ static inline double FN(exp_sum_to)(const REAL *x, REAL *y, int64_t n, REAL m) {
   return total;
 }
 
+/* The backward's sums accumulate in double from the first term: they cancel
+ * against dy at an element that dominates its row, where any rounding of the
+ * sum is all of dx's error (see oss_log_softmax_grad_near_one). */
 static inline double FN(sum_of)(const REAL *x, int64_t n) {
   double total = 0;
-  for (int64_t b = 0; b < n; b += OSS_SUM_BLOCK) {
-    const int64_t e = n - b < OSS_SUM_BLOCK ? n : b + OSS_SUM_BLOCK;
-    REAL s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = b; i < e; i++) s += x[i];
-    total += s;
-  }
+#pragma omp simd reduction(+ : total)
+  for (int64_t i = 0; i < n; i++) total += (double)x[i];
   return total;
 }
 
 static inline double FN(dot)(const REAL *x, const REAL *y, int64_t n) {
   double total = 0;
-  for (int64_t b = 0; b < n; b += OSS_SUM_BLOCK) {
-    const int64_t e = n - b < OSS_SUM_BLOCK ? n : b + OSS_SUM_BLOCK;
-    REAL s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = b; i < e; i++) s += x[i] * y[i];
-    total += s;
-  }
+#pragma omp simd reduction(+ : total)
+  for (int64_t i = 0; i < n; i++) total += (double)x[i] * (double)y[i];
   return total;
 }
 
@@ -204,7 +197,20 @@ static void FN(softmax_fwd_cols)(void *ctx, int64_t begin, int64_t end) {
 
 /* ---- backward over rows ----------------------------------------------------
  * softmax:     dx = y * (dy - sum(y * dy))
- * log_softmax: dx = dy - exp(y) * sum(dy)                                      */
+ * log_softmax: dx = dy - exp(y) * sum(dy)
+ * The sum (double) is used as hi + lo in REAL, so that dy - sum is rounded
+ * once where it cancels (an element that dominates its row); log_softmax's
+ * float elements with y near 0 are redone by oss_log_softmax_grad_near_one,
+ * as the CUDA kernels do. */
+
+static inline void FN(log_grad_near_one)(const REAL *y, const REAL *g, REAL *dx, int64_t n, REAL hi, REAL lo) {
+  if (sizeof(REAL) != sizeof(float)) return;
+  for (int64_t i = 0; i < n; i++)
+    if (y[i] > (REAL)OSS_LOG_SOFTMAX_NEAR_ONE) {
+      const float v = oss_log_softmax_grad_near_one((float)y[i], (float)g[i], (float)hi, (float)lo);
+      if (v == v) dx[i] = v;
+    }
+}
 
 OSS_VECTOR_CLONES
 static void FN(softmax_bwd_rows)(void *ctx, int64_t begin, int64_t end) {
@@ -220,16 +226,18 @@ static void FN(softmax_bwd_rows)(void *ctx, int64_t begin, int64_t end) {
       const REAL *g = FN(read_run)(p->dy.data, p->dy.dtype, go + c, gbuf, len);
       sum += p->log ? FN(sum_of)(g, len) : FN(dot)(FN(read_run)(p->y.data, p->y.dtype, yo + c, ybuf, len), g, len);
     }
-    const REAL s = (REAL)sum;
+    const REAL s = (REAL)sum, s_lo = isfinite(sum) ? (REAL)(sum - (double)s) : 0;
     for (int64_t c = 0; c < n; c += OSS_ROW_CHUNK) {
       const int64_t len = n - c < OSS_ROW_CHUNK ? n - c : OSS_ROW_CHUNK;
       const REAL *y = FN(read_run)(p->y.data, p->y.dtype, yo + c, ybuf, len);
       const REAL *g = FN(read_run)(p->dy.data, p->dy.dtype, go + c, gbuf, len);
       REAL *dx = FN(write_target)(p->dx.data, p->dx.dtype, xo + c, xbuf);
-      if (p->log)
+      if (p->log) {
         for (int64_t i = 0; i < len; i++) dx[i] = g[i] - EXP(y[i]) * s;
-      else
-        for (int64_t i = 0; i < len; i++) dx[i] = y[i] * (g[i] - s);
+        FN(log_grad_near_one)(y, g, dx, len, s, s_lo);
+      } else {
+        for (int64_t i = 0; i < len; i++) dx[i] = y[i] * ((g[i] - s) - s_lo);
+      }
       FN(write_run)(p->dx.data, p->dx.dtype, xo + c, dx, len);
     }
   }
@@ -241,7 +249,7 @@ OSS_VECTOR_CLONES
 static void FN(softmax_bwd_cols)(void *ctx, int64_t begin, int64_t end) {
   const oss_softmax_backward_params *p = (const oss_softmax_backward_params *)ctx;
   const int64_t blocks = (p->inner + OSS_COL_BLOCK - 1) / OSS_COL_BLOCK;
-  REAL yrow[OSS_COL_BLOCK], grow[OSS_COL_BLOCK], s[OSS_COL_BLOCK];
+  REAL yrow[OSS_COL_BLOCK], grow[OSS_COL_BLOCK], s[OSS_COL_BLOCK], s_lo[OSS_COL_BLOCK];
   double sum[OSS_COL_BLOCK];
   for (int64_t task = begin; task < end; task++) {
     const int64_t o = task / blocks, j0 = (task % blocks) * OSS_COL_BLOCK;
@@ -258,14 +266,25 @@ static void FN(softmax_bwd_cols)(void *ctx, int64_t begin, int64_t end) {
         for (int64_t j = 0; j < w; j++) sum[j] += (double)yrow[j] * (double)grow[j];
       }
     }
-    for (int64_t j = 0; j < w; j++) s[j] = (REAL)sum[j];
+    for (int64_t j = 0; j < w; j++) {
+      s[j] = (REAL)sum[j];
+      s_lo[j] = isfinite(sum[j]) ? (REAL)(sum[j] - (double)s[j]) : 0;
+    }
     for (int64_t i = 0; i < p->n; i++) {
       LOAD(p->y.data, p->y.dtype, yo + i * p->y.stride_n, 1, yrow, w);
       LOAD(p->dy.data, p->dy.dtype, go + i * p->dy.stride_n, 1, grow, w);
-      if (p->log)
-        for (int64_t j = 0; j < w; j++) grow[j] = grow[j] - EXP(yrow[j]) * s[j];
-      else
-        for (int64_t j = 0; j < w; j++) grow[j] = yrow[j] * (grow[j] - s[j]);
+      if (p->log) {
+        REAL dx[OSS_COL_BLOCK];
+        for (int64_t j = 0; j < w; j++) dx[j] = grow[j] - EXP(yrow[j]) * s[j];
+        for (int64_t j = 0; j < w; j++)
+          if (sizeof(REAL) == sizeof(float) && yrow[j] > (REAL)OSS_LOG_SOFTMAX_NEAR_ONE) {
+            const float v = oss_log_softmax_grad_near_one((float)yrow[j], (float)grow[j], (float)s[j], (float)s_lo[j]);
+            if (v == v) dx[j] = v;
+          }
+        memcpy(grow, dx, sizeof(REAL) * (size_t)w);
+      } else {
+        for (int64_t j = 0; j < w; j++) grow[j] = yrow[j] * ((grow[j] - s[j]) - s_lo[j]);
+      }
       STORE(p->dx.data, p->dx.dtype, xo + i * p->dx.stride_n, 1, grow, w);
     }
   }

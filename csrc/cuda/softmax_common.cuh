@@ -27,7 +27,10 @@
  * the max ignores NaN (fmax) but a NaN element makes d' NaN, which NaN-s the
  * whole row as PyTorch does; a +inf element gives exp(inf - inf) = NaN,
  * likewise; an all -inf row keeps d' = -1 and gives 0 * (1/0) = NaN.
- * Backward: one sum (sum y*dy, or sum dy for log_softmax) in the d field.
+ * Backward: one sum (sum y*dy, or sum dy for log_softmax) in the d field and,
+ * for float32 output (COMP below), what its rounding left out in the m field
+ * (oss_add_compensated), so that dx is rounded about once where the sum
+ * cancels against dy (a dominant element); partials merge the same way.
  */
 #ifndef OSS_SOFTMAX_COMMON_CUH
 #define OSS_SOFTMAX_COMMON_CUH
@@ -287,17 +290,27 @@ template <typename Acc> __device__ __forceinline__ Acc sm_safe_max(Acc m) { retu
 // ---- statistics and their merge --------------------------------------------
 
 template <typename Acc> struct sm_stat {
-  Acc m; /* forward: running max (never NaN; -inf when empty)   backward: unused */
+  Acc m; /* forward: running max (never NaN; -inf when empty)   backward: the sum's lost low part */
   Acc d; /* forward: d' = sum of exp(x - ms), less 1             backward: the sum */
 };
 
-/* The empty state: m = -inf, d' = -1 (d = 0) forward; a sum of 0 backward. */
+/* Backward sums are compensated where the output is float32 (not FAST, float
+ * compute); 16-bit outputs round far above a float32 sum's error. */
+template <bool FAST, typename Acc> __host__ __device__ constexpr bool sm_compensated() {
+  return !FAST && sizeof(Acc) == 4;
+}
+
+/* The empty state: m = -inf, d' = -1 (d = 0) forward; a sum of 0 + 0 backward. */
 template <bool BWD, typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_stat_identity() {
   sm_stat<Acc> s;
-  s.m = (Acc)-INFINITY;
+  s.m = BWD ? (Acc)0 : (Acc)-INFINITY;
   s.d = BWD ? (Acc)0 : (Acc)-1;
   return s;
 }
+
+/* hi += x keeping the rounding error in lo (float; plain double sums). */
+__device__ __forceinline__ void sm_add_compensated(float &hi, float &lo, float x) { oss_add_compensated(&hi, &lo, x); }
+__device__ __forceinline__ void sm_add_compensated(double &hi, double &lo, double x) { hi += x; }
 
 /* (m, d') merge: the larger max keeps its d', the other partial's d = d' + 1
  * is rescaled by exp(m_small - m_big) (one exp); equal maxes add d'1 + d'2 + 1.
@@ -305,7 +318,8 @@ template <bool BWD, typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_sta
  * partials never produce NaN; +inf with +inf gives NaN, as the row must. */
 template <bool BWD, typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_merge(sm_stat<Acc> a, sm_stat<Acc> b) {
   if constexpr (BWD) {
-    a.d += b.d;
+    a.m += b.m;
+    sm_add_compensated(a.d, a.m, b.d);
     return a;
   } else {
     const bool ab = a.m >= b.m;
@@ -348,17 +362,17 @@ template <bool BWD, bool FAST, typename Acc, int N>
 __device__ __forceinline__ void sm_accumulate(sm_stat<Acc> &st, const Acc (&a)[N], const Acc (&b)[N], int count,
                                               int log) {
   if constexpr (BWD) {
-    Acc s = 0;
-    if (log) {
+    if constexpr (sm_compensated<FAST, Acc>()) {
 #pragma unroll
       for (int e = 0; e < N; e++)
-        if (e < count) s += b[e];
+        if (e < count) sm_add_compensated(st.d, st.m, log ? b[e] : a[e] * b[e]);
     } else {
+      Acc s = 0;
 #pragma unroll
       for (int e = 0; e < N; e++)
-        if (e < count) s += a[e] * b[e];
+        if (e < count) s += log ? b[e] : a[e] * b[e];
+      st.d += s;
     }
-    st.d += s;
   } else {
     Acc vm = st.m;
 #pragma unroll
@@ -384,12 +398,13 @@ __device__ __forceinline__ void sm_accumulate(sm_stat<Acc> &st, const Acc (&a)[N
  * log1p(d') = log(d) (log_softmax: y = (x - c0) - c1), else 1/d (softmax: y = exp(x - c0)
  * c1), or with FAST (16-bit output) -log2(d) (softmax: y = 2^((x - c0) log2(e)
  * + c1), one FADD, FFMA and MUFU). x - ms is computed first so that a large
- * |ms| is never rounded into a combined constant. Backward: c0 = the sum. */
+ * |ms| is never rounded into a combined constant. Backward: c0 = the sum and
+ * c1 its low part (0 when the sum is not finite). */
 template <bool BWD, bool FAST, typename Acc>
 __device__ __forceinline__ void sm_finish(sm_stat<Acc> st, int log, Acc &c0, Acc &c1) {
   if constexpr (BWD) {
     c0 = st.d;
-    c1 = 0;
+    c1 = isfinite(st.d) ? st.m : (Acc)0;
   } else {
     c0 = sm_safe_max(st.m);
     if (log) c1 = sm_log1p(st.d);
@@ -398,10 +413,18 @@ __device__ __forceinline__ void sm_finish(sm_stat<Acc> st, int log, Acc &c0, Acc
   }
 }
 
-/* One output element: forward y from x = a; backward dx from y = a, dy = b. */
+/* One output element: forward y from x = a; backward dx from y = a, dy = b,
+ * with the compensated sum c0 + c1 where the output is float32. */
 template <bool BWD, bool FAST, typename Acc>
 __device__ __forceinline__ Acc sm_output(Acc a, Acc b, int log, Acc c0, Acc c1) {
   if constexpr (BWD) {
+    if constexpr (sm_compensated<FAST, Acc>()) {
+      if (!log) return a * ((b - c0) - c1);
+      if (a > (Acc)OSS_LOG_SOFTMAX_NEAR_ONE) {
+        const Acc dx = oss_log_softmax_grad_near_one(a, b, c0, c1);
+        if (dx == dx) return dx;
+      }
+    }
     return log ? b - sm_exp<FAST>(a) * c0 : a * (b - c0);
   } else if constexpr (FAST && sizeof(Acc) == 4) {
     return log ? (a - c0) - c1 : (Acc)sm_ex2(fmaf((float)(a - c0), (float)SM_LOG2E, (float)c1));

@@ -190,15 +190,18 @@ __device__ __forceinline__ void sm_slot_sumexp(sm_slot &ra, Acc m, Acc ms, bool 
   s += v[0] + v[1];
 }
 
-template <typename T1, typename Acc> __device__ __forceinline__ Acc sm_slot_dot(const sm_slot &ra, const sm_slot &rb, int log) {
+/* Adds the slot's y*dy (log_softmax: dy) to hi, compensated into lo (COMP). */
+template <bool COMP, typename T1, typename Acc>
+__device__ __forceinline__ void sm_slot_dot(const sm_slot &ra, const sm_slot &rb, int log, Acc &hi, Acc &lo) {
   constexpr int VEC = sm_vec<T1>();
   Acc v[2] = {0, 0};
 #pragma unroll
   for (int e = 0; e < VEC; e++) {
     const Acc a = sm_slot_elem<T1, Acc>(ra, e), b = sm_slot_elem<T1, Acc>(rb, e);
-    v[e & 1] += log ? b : a * b;
+    if (COMP) sm_add_compensated(hi, lo, log ? b : a * b);
+    else v[e & 1] += log ? b : a * b;
   }
-  return v[0] + v[1];
+  if (!COMP) hi += v[0] + v[1];
 }
 
 /* The sum over a thread's register slots and shared-memory slots l = first,
@@ -230,17 +233,20 @@ __device__ __forceinline__ sm_stat<Acc> sm_thread_stats(sm_slot (&ra)[KM], const
   constexpr bool FAST = sizeof(T2) == 2;
   sm_stat<Acc> st = sm_stat_identity<BWD, Acc>();
   if constexpr (BWD) {
+    constexpr bool COMP = sm_compensated<FAST, Acc>();
     Acc acc[2] = {0, 0};
 #pragma unroll
     for (int k = 0; k < KM; k++)
-      if (k < nv) acc[k & 1] += sm_slot_dot<T1, Acc>(ra[k], rb[k], log);
+      if (k < nv) sm_slot_dot<COMP, T1>(ra[k], rb[k], log, acc[k & 1], st.m);
     for (int l = first; l < nsm; l += step) {
       sm_slot xa, xb;
       xa.u = sa[l];
       xb.u = sb[l];
-      acc[0] += sm_slot_dot<T1, Acc>(xa, xb, log);
+      sm_slot_dot<COMP, T1>(xa, xb, log, acc[0], st.m);
     }
-    st.d = acc[0] + acc[1];
+    st.d = acc[0];
+    if (COMP) sm_add_compensated(st.d, st.m, acc[1]);
+    else st.d += acc[1];
   } else {
     Acc mv[2] = {(Acc)-INFINITY, (Acc)-INFINITY};
 #pragma unroll
