@@ -217,6 +217,39 @@ def test_log_softmax_dominant_element(device, in_dtype, shape, dim):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape,dim", DOMINANT_SHAPES)
+def test_log_softmax_backward_sum_is_accurate(device, shape, dim):
+    """log_softmax_backward's dx = dy - exp(y) * sum(dy) with dy in pairs +v, -v
+    (|v| ~ 1e4) that cancel, plus four elements of probability ~1/4 with dy ~ 1:
+    the exact sum is ~4, and a plain float32 sum of this line (partial sums
+    ~1e6) is off by far more than 4 (and so dx, where it is ~0.5). The kernels
+    carry the sum compensated: every dx must be within a few float32
+    roundings of the float64 formula on the same y and dy."""
+    n = shape[dim]
+    x = torch.randn(shape, dtype=torch.float64) * 0.1
+    v = torch.randn(shape, dtype=torch.float64) * 1e4
+    x, v = x.movedim(dim, -1), v.movedim(dim, -1)
+    perm = torch.randperm(n)
+    v[..., perm[1::2]] = -v[..., perm[: n - n % 2 : 2]]  # pairs that cancel, far apart
+    if n % 2:
+        v[..., perm[-1]] = 0
+    top = perm[:4]
+    x[..., top] = 12.0
+    v[..., top] = 1 + torch.rand(*v.shape[:-1], 4, dtype=torch.float64)
+    x, v = x.movedim(-1, dim).contiguous(), v.movedim(-1, dim).contiguous()
+    y = F.log_softmax(x, dim).float().to(device)
+    dy = v.float().to(device)
+    dx = torch.ops.oss.log_softmax_backward(dy, y, dim, torch.float32)
+    y64, dy64 = y.double().cpu(), dy.double().cpu()
+    total = dy64.sum(dim, keepdim=True)
+    ref = dy64 - torch.exp(y64) * total
+    eps = torch.finfo(torch.float32).eps
+    bound = 8 * eps * (dy64.abs() + torch.exp(y64) * total.abs() + ref.abs())
+    excess = ((dx.double().cpu() - ref).abs() / bound).max().item()
+    assert excess <= 1, f"log_softmax_backward off by {excess:.3g}x a few float32 roundings"
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_backward_with_dtype_cast_returns_input_dtype(device):
     x = torch.randn(6, 50, dtype=torch.float16, device=device, requires_grad=True)
     y = torch_oss.softmax(x, -1, dtype=torch.float32)

@@ -398,13 +398,20 @@ __device__ __forceinline__ void sm_accumulate(sm_stat<Acc> &st, const Acc (&a)[N
  * log1p(d') = log(d) (log_softmax: y = (x - c0) - c1), else 1/d (softmax: y = exp(x - c0)
  * c1), or with FAST (16-bit output) -log2(d) (softmax: y = 2^((x - c0) log2(e)
  * + c1), one FADD, FFMA and MUFU). x - ms is computed first so that a large
- * |ms| is never rounded into a combined constant. Backward: c0 = the sum and
- * c1 its low part (0 when the sum is not finite). */
+ * |ms| is never rounded into a combined constant. Backward: c0 = the sum
+ * rounded once and c1 what that rounding left out (0 when it is not finite). */
 template <bool BWD, bool FAST, typename Acc>
 __device__ __forceinline__ void sm_finish(sm_stat<Acc> st, int log, Acc &c0, Acc &c1) {
   if constexpr (BWD) {
-    c0 = st.d;
-    c1 = isfinite(st.d) ? st.m : (Acc)0;
+    /* hi alone is the plain float sum: renormalise, c0 = the float nearest
+     * hi + lo, c1 = the rest (exact: c0 is within an ulp or so of hi) */
+    if (isfinite(st.d)) {
+      c0 = st.d + st.m;
+      c1 = (st.d - c0) + st.m;
+    } else {
+      c0 = st.d;
+      c1 = 0;
+    }
   } else {
     c0 = sm_safe_max(st.m);
     if (log) c1 = sm_log1p(st.d);
