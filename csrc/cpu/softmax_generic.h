@@ -46,9 +46,9 @@ static inline REAL FN(max_of)(const REAL *x, int64_t n) {
   return nan ? (REAL)NAN : m;
 }
 
-/* Sums run in blocks of OSS_SUM_BLOCK terms (vectorised, in REAL) whose
- * partial sums accumulate in double: a single float running sum near 1 would
- * silently drop the many tiny exp terms of a row with outliers. */
+/* The forward's exp sums run in blocks of OSS_SUM_BLOCK terms (vectorised, in
+ * REAL) whose partial sums accumulate in double: a single float running sum
+ * near 1 would silently drop the many tiny exp terms of a row with outliers. */
 
 /* sum of exp(x - m); NaN when m is -inf or +inf, as PyTorch's softmax gives.
  * The terms of elements equal to m (1 each, NaN for m = +inf) are summed
