@@ -203,11 +203,15 @@ static void FN(softmax_fwd_cols)(void *ctx, int64_t begin, int64_t end) {
  * float elements with y near 0 are redone by oss_log_softmax_grad_near_one,
  * as the CUDA kernels do. */
 
-static inline void FN(log_grad_near_one)(const REAL *y, const REAL *g, REAL *dx, int64_t n, REAL hi, REAL lo) {
+/* Element i's sum is hi[i * step] + lo[i * step]: step 0 for a row's one sum,
+ * 1 for a block of columns' own sums. */
+static inline void FN(log_grad_near_one)(const REAL *y, const REAL *g, REAL *dx, int64_t n, const REAL *hi,
+                                         const REAL *lo, int64_t step) {
   if (sizeof(REAL) != sizeof(float)) return;
   for (int64_t i = 0; i < n; i++)
     if (y[i] > (REAL)OSS_LOG_SOFTMAX_NEAR_ONE) {
-      const float v = oss_log_softmax_grad_near_one((float)y[i], (float)g[i], (float)hi, (float)lo);
+      const float v =
+          oss_log_softmax_grad_near_one((float)y[i], (float)g[i], (float)hi[i * step], (float)lo[i * step]);
       if (v == v) dx[i] = v;
     }
 }
@@ -234,7 +238,7 @@ static void FN(softmax_bwd_rows)(void *ctx, int64_t begin, int64_t end) {
       REAL *dx = FN(write_target)(p->dx.data, p->dx.dtype, xo + c, xbuf);
       if (p->log) {
         for (int64_t i = 0; i < len; i++) dx[i] = g[i] - EXP(y[i]) * s;
-        FN(log_grad_near_one)(y, g, dx, len, s, s_lo);
+        FN(log_grad_near_one)(y, g, dx, len, &s, &s_lo, 0);
       } else {
         for (int64_t i = 0; i < len; i++) dx[i] = y[i] * ((g[i] - s) - s_lo);
       }
@@ -276,11 +280,7 @@ static void FN(softmax_bwd_cols)(void *ctx, int64_t begin, int64_t end) {
       if (p->log) {
         REAL dx[OSS_COL_BLOCK];
         for (int64_t j = 0; j < w; j++) dx[j] = grow[j] - EXP(yrow[j]) * s[j];
-        for (int64_t j = 0; j < w; j++)
-          if (sizeof(REAL) == sizeof(float) && yrow[j] > (REAL)OSS_LOG_SOFTMAX_NEAR_ONE) {
-            const float v = oss_log_softmax_grad_near_one((float)yrow[j], (float)grow[j], (float)s[j], (float)s_lo[j]);
-            if (v == v) dx[j] = v;
-          }
+        FN(log_grad_near_one)(yrow, grow, dx, w, s, s_lo, 1);
         memcpy(grow, dx, sizeof(REAL) * (size_t)w);
       } else {
         for (int64_t j = 0; j < w; j++) grow[j] = yrow[j] * ((grow[j] - s[j]) - s_lo[j]);
