@@ -8,6 +8,8 @@ torch_oss against every SDPA backend in the same run. TFLOP/s: forward
     python bench/attention.py --hdims 128 --seqlens 2048,8192 --dtypes bfloat16
     python bench/attention.py --with-mma    # also torch_oss with its mma.sync forward forced
                                             # (on Hopper hd 64/128 otherwise run the wgmma kernel)
+    python bench/attention.py --with-uncorrected  # also torch_oss without the backward's rank-1
+                                                  # correction of dS's rounding (what it costs)
 """
 
 import argparse
@@ -57,6 +59,9 @@ def main():
     ap.add_argument("--with-mma", action="store_true",
                     help="also time torch_oss with TORCH_OSS_ATTENTION_FORWARD=mma and "
                          "TORCH_OSS_ATTENTION_BACKWARD=mma (the mma.sync kernels; column torch_oss-mma)")
+    ap.add_argument("--with-uncorrected", action="store_true",
+                    help="also time torch_oss with TORCH_OSS_ATTENTION_DS_CORRECTION=0 (the backward without its "
+                         "rank-1 correction of dS's rounding; column torch_oss-uncorrected)")
     args = ap.parse_args()
     device = args.device
     gpu = device == "cuda"
@@ -73,6 +78,8 @@ def main():
     impls = {"torch_oss": nullcontext}
     if args.with_mma:
         impls["torch_oss-mma"] = nullcontext
+    if args.with_uncorrected:
+        impls["torch_oss-uncorrected"] = nullcontext
     impls.update(sdpa_backends(device))
     records = []
     for dname in dtypes:
@@ -92,6 +99,10 @@ def main():
                                 os.environ[var] = "mma"
                             else:
                                 os.environ.pop(var, None)
+                        if name == "torch_oss-uncorrected":
+                            os.environ["TORCH_OSS_ATTENTION_DS_CORRECTION"] = "0"
+                        else:
+                            os.environ.pop("TORCH_OSS_ATTENTION_DS_CORRECTION", None)
 
                         def fwd():
                             if name.startswith("torch_oss"):

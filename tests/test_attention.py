@@ -468,6 +468,63 @@ def test_backward_equal_value_rows(device, dtype, head_dim, is_causal):
                              ATTENTION_ATOL[dtype])
 
 
+# (batch, heads_q, heads_kv, len_q, len_k, head_dim): on an H100 the wgmma
+# backward (64, 128) and the mma.sync one (40; 131 -> 144 and 200 -> 256
+# padded, two dK column slices), lengths off the blocks
+ROUNDING_CASES = [
+    (2, 4, 2, 200, 173, 64),
+    (1, 2, 1, 150, 300, 128),
+    (1, 2, 2, 97, 130, 40),
+    (1, 3, 1, 70, 210, 131),
+    (1, 2, 2, 80, 90, 200),
+]
+
+
+@pytest.mark.parametrize("device", [cuda_param("cuda")])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("mode", ["default", "mma", "deterministic"])
+@pytest.mark.parametrize("equal", ["k", "q"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", ROUNDING_CASES, ids=["b{}_h{}-{}_l{}-{}_d{}".format(*c) for c in ROUNDING_CASES])
+def test_backward_corrects_ds_rounding(device, dtype, mode, equal, is_causal, case, monkeypatch):
+    """The 16-bit kernels round scale * dS to 16 bits for dK = dS^T Q and
+    dQ = dS K. Where K's rows are all equal, dq = k * sum_j dS_ij cancels to 0
+    and all that is left is those roundings (the GPU fuzz's last noise class);
+    where Q's rows are all equal, dk's error is q times their column sums. The
+    kernels subtract the rounding errors' sums times the block's mean row,
+    which removes them there. With TORCH_OSS_ATTENTION_DS_CORRECTION=0 the
+    error is the roundings'; with the correction it must be 10x smaller."""
+    B, Hq, Hkv, Lq, Lk, D = case
+    if not head_dim_supported(device, D):
+        pytest.skip("head dim not compiled into this build")
+    if mode == "mma":
+        monkeypatch.setenv("TORCH_OSS_ATTENTION_BACKWARD", "mma")
+    q, k, v = make_qkv((B, Hq, Hkv, Lq, Lk, D, D), dtype, device)
+    if equal == "k":
+        k = k[:, :, :1].expand_as(k)
+    else:
+        q = q[:, :, :1].expand_as(q).contiguous()
+    index = 0 if equal == "k" else 1  # the gradient the roundings dominate
+    dout = torch.randn(B, Hq, Lq, D, dtype=dtype, device=device)
+    ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    attention_reference(*ref, None, is_causal, None, True, "top_left")[0].backward(dout.double())
+    expected = ref[index].grad
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(mode == "deterministic")
+    try:
+        errors = {}
+        for correction in ("1", "0"):
+            monkeypatch.setenv("TORCH_OSS_ATTENTION_DS_CORRECTION", correction)
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            torch_oss.attention(*leaves, is_causal=is_causal, enable_gqa=True).backward(dout)
+            errors[correction] = (leaves[index].grad.double() - expected).pow(2).mean().sqrt().item()
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    label = f"d{'qk'[index]} {dtype} {mode} equal {equal} causal={is_causal} {case}: RMS error {errors}"
+    assert errors["0"] > 0, label  # the case must have roundings to correct
+    assert errors["1"] <= 0.1 * errors["0"], label
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_backward_residual_errors(device):
     q, k, v = make_qkv((1, 2, 2, 5, 7, 8, 8), torch.float16, device)

@@ -18,8 +18,11 @@
  * in kernel units (workspace); the default mode also zeroes a float32 dQ
  * accumulator [B*Hq][Lq padded][KD] that the dK/dV kernel adds into with
  * atomics and a last pass converts into dq. Deterministic mode computes dQ in
- * its own kernel without atomics. float32 / float64: the SIMT dQ kernel
- * recomputes the row statistics itself (attention_simt.cu).
+ * its own kernel without atomics. The kernels correct the rounding of dS to
+ * 16 bits with a rank-1 term per tile, from block means of Q and K that their
+ * launcher computes into the workspace (attention_bwd.cuh). float32 /
+ * float64: the SIMT dQ kernel recomputes the row statistics itself
+ * (attention_simt.cu).
  */
 #include <limits.h>
 #include <math.h>
@@ -227,32 +230,54 @@ oss_status oss_attn_forward_with(const oss_attention_params *p, void *workspace,
 
 /* Workspace layout of the backward; every piece 256-byte aligned: the row
  * statistics (two float arrays for the tensor-core kernels, three double
- * arrays for the SIMT kernels), then the float32 dQ accumulator if any. */
+ * arrays for the SIMT kernels), then for the tensor-core kernels the block
+ * means of Q and K (sized for blocks of OSS_ATTN_MEAN_MIN_BLOCK rows) and the
+ * float32 dQ accumulator if any. */
 typedef struct oss_attn_bwd_layout {
   int64_t lq_pad;
-  int dq_ld; /* 0: no float32 dQ accumulator */
-  size_t off_dsum, off_inv_l, off_dq, total;
+  int dq_ld;   /* 0: no float32 dQ accumulator */
+  int mean_ld; /* 0: no block means (SIMT kernels) */
+  size_t off_dsum, off_inv_l, off_qmean, off_kmean, off_dq, total;
 } oss_attn_bwd_layout;
+
+static size_t oss_attn_round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params *bp) {
   const oss_attention_params *p = &bp->fwd;
-  oss_attn_bwd_layout L = {0, 0, 0, 0, 0, 0};
+  oss_attn_bwd_layout L;
+  memset(&L, 0, sizeof L);
   L.lq_pad = (p->len_q + OSS_ATTN_LQ_PAD - 1) / OSS_ATTN_LQ_PAD * OSS_ATTN_LQ_PAD;
   const int tc = oss_attn_is_tc(p->dtype);
   const size_t rows = (size_t)(p->batch * p->heads_q * L.lq_pad);
-  const size_t vec = (rows * (tc ? 4 : 8) + 255) / 256 * 256;
+  const size_t vec = oss_attn_round256(rows * (tc ? 4 : 8));
   L.off_dsum = vec;
   L.off_inv_l = tc ? 0 : 2 * vec;
-  L.off_dq = L.total = (tc ? 2 : 3) * vec;
-  if (tc && !bp->deterministic) {
-    const int64_t need = p->head_dim > p->head_dim_v ? p->head_dim : p->head_dim_v;
-    const oss_attn_kernel_entry *e = oss_attn_find(p->dtype, need, 1);
-    if (e != NULL) {
-      L.dq_ld = (e->head_dim + 15) / 16 * 16;
-      L.total += (rows * (size_t)L.dq_ld * 4 + 255) / 256 * 256;
-    }
+  L.total = (tc ? 2 : 3) * vec;
+  if (!tc) return L;
+  const int64_t need = p->head_dim > p->head_dim_v ? p->head_dim : p->head_dim_v;
+  const oss_attn_kernel_entry *e = oss_attn_find(p->dtype, need, 1);
+  if (e == NULL) return L;
+  const int kd = (e->head_dim + 15) / 16 * 16;
+  const int64_t mb = OSS_ATTN_MEAN_MIN_BLOCK;
+  L.mean_ld = kd;
+  L.off_qmean = L.total;
+  L.total += oss_attn_round256((size_t)(p->batch * p->heads_q * ((p->len_q + mb - 1) / mb)) * kd * 4);
+  L.off_kmean = L.total;
+  L.total += oss_attn_round256((size_t)(p->batch * p->heads_kv * ((p->len_k + mb - 1) / mb)) * kd * 4);
+  if (!bp->deterministic) {
+    L.dq_ld = kd;
+    L.off_dq = L.total;
+    L.total += oss_attn_round256(rows * (size_t)kd * 4);
   }
   return L;
+}
+
+/* The rank-1 correction of dS's rounding in the tensor-core backward is on
+ * unless TORCH_OSS_ATTENTION_DS_CORRECTION is "0" (read at each call; for
+ * measuring what it costs and what it fixes). */
+static int oss_attn_ds_correction_on(void) {
+  const char *v = getenv("TORCH_OSS_ATTENTION_DS_CORRECTION");
+  return !(v != NULL && strcmp(v, "0") == 0);
 }
 
 size_t oss_attention_backward_workspace_size_cuda(const oss_attention_backward_params *bp) {
@@ -315,6 +340,11 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   a.inv_l = L.off_inv_l ? (char *)workspace + L.off_inv_l : NULL;
   a.dq_acc = L.dq_ld > 0 ? (float *)((char *)workspace + L.off_dq) : NULL;
   a.dq_ld = L.dq_ld;
+  if (L.mean_ld > 0 && oss_attn_ds_correction_on()) {
+    a.qmean = (float *)((char *)workspace + L.off_qmean);
+    a.kmean = (float *)((char *)workspace + L.off_kmean);
+    a.mean_ld = L.mean_ld;
+  }
   cudaStream_t stream = (cudaStream_t)cuda_stream;
 
   const oss_attn_kernel_entry *e = NULL;

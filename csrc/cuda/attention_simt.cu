@@ -626,6 +626,45 @@ template <typename T> __global__ void __launch_bounds__(256) oss_attn_bwd_dq_con
   for (int c = lane; c < a.d; c += 32) dst[c] = oss_from_float<T>(src[c]);
 }
 
+/* Block means for the rank-1 correction of dS's rounding: for each (batch,
+ * head) and block of `block` rows of q (or k), the float mean of its rows < L,
+ * one thread per column (columns >= D and non-finite means stored as 0). Grid:
+ * oss_attn_grid over blocks x batch * heads, blockDim.x >= mean_ld. */
+template <typename T>
+__global__ void __launch_bounds__(256) oss_attn_block_means_kernel(const oss_attn_args a, int keys, int block) {
+  const int heads = keys ? a.hkv : a.hq, len = keys ? a.lk : a.lq;
+  const int64_t bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
+  const int c = threadIdx.x;
+  if (bh >= (int64_t)a.batch * heads || c >= a.mean_ld) return;
+  const int b = (int)(bh / heads), h = (int)(bh % heads);
+  const int nblk = (len + block - 1) / block, r0 = blockIdx.x * block, rows = min(block, len - r0);
+  const int64_t *s = keys ? a.k_s : a.q_s;
+  const T *x = (const T *)(keys ? a.k : a.q) + b * s[0] + h * s[1] + (int64_t)r0 * s[2];
+  float sum = 0.f;
+  if (c < a.d) {
+#pragma unroll 4
+    for (int r = 0; r < rows; r++) sum += oss_to_float(x[(int64_t)r * s[2] + c]);
+  }
+  const float mean = sum / (float)rows;
+  (keys ? a.kmean : a.qmean)[(bh * nblk + blockIdx.x) * a.mean_ld + c] = isfinite(mean) ? mean : 0.f;
+}
+
+oss_status oss_attn_bwd_block_means(const oss_attn_args *a, int bf16, int keys, int block, cudaStream_t stream) {
+  if ((keys ? a->kmean : a->qmean) == nullptr) return OSS_OK;
+  if (block < OSS_ATTN_MEAN_MIN_BLOCK || a->mean_ld > 256)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED, "attention backward: no block means for block %d, head dim %d",
+                    block, a->mean_ld);
+  const int len = keys ? a->lk : a->lq;
+  const int64_t bh = (int64_t)a->batch * (keys ? a->hkv : a->hq);
+  if (len == 0 || bh == 0) return OSS_OK;
+  const int64_t y = bh < 65535 ? bh : 65535;
+  const dim3 grid((unsigned)((len + block - 1) / block), (unsigned)y, (unsigned)((bh + y - 1) / y));
+  const int threads = (a->mean_ld + 31) / 32 * 32;
+  if (bf16) oss_attn_block_means_kernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(*a, keys, block);
+  else oss_attn_block_means_kernel<__half><<<grid, threads, 0, stream>>>(*a, keys, block);
+  return oss_check_launch("oss_attn_block_means_kernel");
+}
+
 oss_status oss_attn_bwd_prepare(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream) {
   const int64_t rows = (int64_t)a->batch * a->hq * a->lq_pad;
   if (rows == 0) return OSS_OK;
