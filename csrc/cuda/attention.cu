@@ -19,8 +19,8 @@
  * accumulator [B*Hq][Lq padded][KD] that the dK/dV kernel adds into with
  * atomics and a last pass converts into dq. Deterministic mode computes dQ in
  * its own kernel without atomics. The kernels correct the rounding of dS to
- * 16 bits with a rank-1 term per tile, from block means of Q and K that their
- * launcher computes into the workspace (attention_bwd.cuh). float32 /
+ * 16 bits with a rank-1 term per head, from the mean Q and K rows that a
+ * pass before them writes to the workspace (attention_bwd.cuh). float32 /
  * float64: the SIMT dQ kernel recomputes the row statistics itself
  * (attention_simt.cu).
  */
@@ -230,14 +230,14 @@ oss_status oss_attn_forward_with(const oss_attention_params *p, void *workspace,
 
 /* Workspace layout of the backward; every piece 256-byte aligned: the row
  * statistics (two float arrays for the tensor-core kernels, three double
- * arrays for the SIMT kernels), then for the tensor-core kernels the block
- * means of Q and K (sized for blocks of OSS_ATTN_MEAN_MIN_BLOCK rows) and the
- * float32 dQ accumulator if any. */
+ * arrays for the SIMT kernels), then for the tensor-core kernels the mean Q
+ * and K rows per head and, in the default mode, the rounding-error row sums
+ * and the float32 dQ accumulator. */
 typedef struct oss_attn_bwd_layout {
   int64_t lq_pad;
   int dq_ld;   /* 0: no float32 dQ accumulator */
-  int mean_ld; /* 0: no block means (SIMT kernels) */
-  size_t off_dsum, off_inv_l, off_qmean, off_kmean, off_dq, total;
+  int mean_ld; /* 0: no means (SIMT kernels) */
+  size_t off_dsum, off_inv_l, off_qmean, off_kmean, off_eacc, off_dq, total;
 } oss_attn_bwd_layout;
 
 static size_t oss_attn_round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -258,13 +258,14 @@ static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params
   const oss_attn_kernel_entry *e = oss_attn_find(p->dtype, need, 1);
   if (e == NULL) return L;
   const int kd = (e->head_dim + 15) / 16 * 16;
-  const int64_t mb = OSS_ATTN_MEAN_MIN_BLOCK;
   L.mean_ld = kd;
   L.off_qmean = L.total;
-  L.total += oss_attn_round256((size_t)(p->batch * p->heads_q * ((p->len_q + mb - 1) / mb)) * kd * 4);
+  L.total += oss_attn_round256((size_t)(p->batch * p->heads_q) * kd * 4);
   L.off_kmean = L.total;
-  L.total += oss_attn_round256((size_t)(p->batch * p->heads_kv * ((p->len_k + mb - 1) / mb)) * kd * 4);
+  L.total += oss_attn_round256((size_t)(p->batch * p->heads_kv) * kd * 4);
   if (!bp->deterministic) {
+    L.off_eacc = L.total;
+    L.total += vec;
     L.dq_ld = kd;
     L.off_dq = L.total;
     L.total += oss_attn_round256(rows * (size_t)kd * 4);
@@ -340,9 +341,10 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   a.inv_l = L.off_inv_l ? (char *)workspace + L.off_inv_l : NULL;
   a.dq_acc = L.dq_ld > 0 ? (float *)((char *)workspace + L.off_dq) : NULL;
   a.dq_ld = L.dq_ld;
-  if (L.mean_ld > 0 && oss_attn_ds_correction_on()) {
-    a.qmean = (float *)((char *)workspace + L.off_qmean);
-    a.kmean = (float *)((char *)workspace + L.off_kmean);
+  if (L.mean_ld > 0 && nq > 0 && nkv > 0 && oss_attn_ds_correction_on()) {
+    a.qmean = (const float *)((char *)workspace + L.off_qmean);
+    a.kmean = (const float *)((char *)workspace + L.off_kmean);
+    a.eacc = L.dq_ld > 0 ? (float *)((char *)workspace + L.off_eacc) : NULL;
     a.mean_ld = L.mean_ld;
   }
   cudaStream_t stream = (cudaStream_t)cuda_stream;
@@ -366,6 +368,8 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
     st = oss_attn_bwd_prepare(&a, p->dtype, stream);
     if (st != OSS_OK) return st;
   }
+  st = oss_attn_bwd_means(&a, p->dtype, stream);
+  if (st != OSS_OK) return st;
   st = (override_fn ? override_fn : oss_attn_select(e->bwd, &dev, "TORCH_OSS_ATTENTION_BACKWARD"))(&a, stream,
                                                                                                   &dev);
   if (st != OSS_OK) return st;

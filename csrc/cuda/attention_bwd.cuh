@@ -34,15 +34,15 @@
  * (Q, dO resident; K, V double buffered): S = Q K^T, dP = dO V^T, dS in
  * registers, dQ += dS K, no atomics. The dK/dV kernel then skips its dQ part.
  *
- * Rank-1 correction of dS's rounding (attention_mma.cuh; off when
- * a.qmean is NULL): with err = round16(dS') - dS' per element, the key-block
- * kernel subtracts F (x) qbar from dK per query block (F = err's sums over the
- * block's queries, per key: in registers plus a quad shuffle) and, computing
- * dQ, E (x) kbar from the dQ block (E = err's sums over its keys, per query:
- * per-warp column sums in shared memory, added after the barrier before the dQ
- * product); the dQ kernel subtracts E (x) kbar per key block. qbar and kbar
- * are the blocks' mean Q and K rows, which oss_attn_bwd_block_means writes to
- * the workspace before the kernels and they load with cp.async.
+ * Rank-1 correction of dS's rounding (attention_mma.cuh; off when a.qmean is
+ * NULL): with err = round16(dS') - dS' per element, the dK/dV kernel sums err
+ * per key over the query blocks of a head (F: in registers, a quad shuffle at
+ * the head's end) and subtracts F (x) qbar from dK there; computing dQ, it
+ * sums err per query (E: per-warp column sums in shared memory, added after
+ * the barrier before the dQ product) into the workspace's eacc with atomics,
+ * and the dq conversion subtracts eacc (x) kbar. The dQ kernel sums E in
+ * registers and subtracts E (x) kbar at its end. qbar and kbar are the head's
+ * mean Q and K rows (oss_attn_bwd_means, before the kernels).
  *
  * Fully masked rows have lse = -inf, stored as +inf in lse_adj, so P = 0 and
  * every gradient they touch is 0.
@@ -63,36 +63,15 @@ template <int HD> struct oss_attn_bwd_cfg {
   static constexpr int DQ_BC = HD <= 128 ? 64 : 32;
 };
 
-/* Shared memory of the rank-1 correction in a key-block CTA (float): 2 x qbar
- * (KD, one per query stage), kbar (KD plus 128 zeros: the dQ block's warp grid
- * may reach past KD) and the per-warp column sums E (NKWARPS x BR). */
-__host__ __device__ constexpr size_t oss_attn_bwd_corr_smem_bytes(int kd, int br, int nkwarps) {
-  return (size_t)(3 * kd + 128 + nkwarps * br) * 4;
-}
-
 template <int HD, int BR, int NKW>
 __host__ __device__ constexpr size_t oss_attn_bwd_dkdv_smem_bytes() {
   return (size_t)(2 * 16 * NKW + 4 * BR) * oss_attn_pitch(oss_attn_kd(HD)) * 2 /* K, V, 2x(Q, dO) */
          + (size_t)16 * NKW * oss_attn_pitch(BR) * 2                          /* dS^T */
          + (size_t)4 * BR * 4                                                  /* 2x(lse, D) */
-         + oss_attn_bwd_corr_smem_bytes(oss_attn_kd(HD), BR, NKW);             /* qbar, kbar, E */
+         + (size_t)NKW * BR * 4;                                               /* err's column sums */
 }
 template <int HD, int BR, int BC> __host__ __device__ constexpr size_t oss_attn_bwd_dq_smem_bytes() {
-  return (size_t)(2 * BR + 4 * BC) * oss_attn_pitch(oss_attn_kd(HD)) * 2 + (size_t)2 * BR * 4 +
-         (size_t)2 * oss_attn_kd(HD) * 4; /* 2 x kbar */
-}
-
-/* Copies (cp.async) the block mean row `blk` of (batch, head) bh from `means`
- * (oss_attn_args qmean / kmean, blocks of `nblk`) into KD floats at dst,
- * zero-filling up to `zero_to` floats, by threads first .. first + zero_to / 4. */
-template <int KD>
-__device__ __forceinline__ void oss_attn_load_mean(float *dst, const float *means, int64_t bh, int nblk, int blk,
-                                                   int ld, int zero_to, int tid, int first) {
-  const int c = tid - first;
-  if (c >= 0 && c < zero_to / 4) {
-    const float *src = means + (bh * nblk + blk) * ld;
-    oss_cp_async16(oss_smem_u32(dst + c * 4), c < KD / 4 ? src + c * 4 : src, c < KD / 4 ? 16 : 0);
-  }
+  return (size_t)(2 * BR + 4 * BC) * oss_attn_pitch(oss_attn_kd(HD)) * 2 + (size_t)2 * BR * 4;
 }
 
 /* Loads BR rows of lse_adj and D (float, padded rows so always in bounds). */
@@ -106,13 +85,12 @@ __device__ __forceinline__ void oss_attn_load_rowstats(float *sL, float *sD, con
 
 /* Issues the cp.async copies for iteration `it` of a key-block CTA (query head
  * hk * group + it / nqe, query block qb0 + it % nqe): its Q and dO rows into sQ
- * and sdO, in the calling kernel's tile layout (pitch LDS, or SW128), its
- * lse_adj and D rows into sL and sD, and (correction on) Q's block mean into sM. */
+ * and sdO, in the calling kernel's tile layout (pitch LDS, or SW128), and its
+ * lse_adj and D rows into sL and sD. */
 template <typename T, int BR, int KD, int LDS, int NTHREADS, bool SW128>
 __device__ __forceinline__ void oss_attn_bwd_load_query_block(const oss_attn_args &a, int b, int hk, int qb0,
                                                               int nqe, int it, T *sQ, T *sdO, float *sL, float *sD,
-                                                              float *sM, int tid) {
-  static_assert(BR / 2 + KD / 4 <= NTHREADS, "one 16-byte chunk per thread");
+                                                              int tid) {
   const int h = hk * a.group + it / nqe;
   const int i0 = (qb0 + it % nqe) * BR;
   const int rows = min(BR, a.lq - i0);
@@ -124,9 +102,6 @@ __device__ __forceinline__ void oss_attn_bwd_load_query_block(const oss_attn_arg
       a.vec & OSS_ATTN_VEC_DO, tid);
   const int64_t ro = ((int64_t)b * a.hq + h) * a.lq_pad + i0;
   oss_attn_load_rowstats<BR, NTHREADS>(sL, sD, (const float *)a.lse_adj + ro, (const float *)a.dsum + ro, tid);
-  if (a.qmean != nullptr)
-    oss_attn_load_mean<KD>(sM, a.qmean, (int64_t)b * a.hq + h, (a.lq + BR - 1) / BR, qb0 + it % nqe, a.mean_ld, KD,
-                           tid, BR / 2);
 }
 
 /* The blocks of BR query rows that see some key of the key block starting at
@@ -167,10 +142,7 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
   T *sdS = sdO + 2 * BR * LDS; /* [BC][LDSS], dS^T */
   float *sL = reinterpret_cast<float *>(sdS + BC * LDSS); /* [2][BR] */
   float *sD = sL + 2 * BR;                                /* [2][BR] */
-  float *sQm = sD + 2 * BR;                               /* [2][KD] qbar */
-  float *sKm = sQm + 2 * KD;                              /* [KD + 128] kbar */
-  float *sE = sKm + KD + 128;                             /* [NKW][BR] column sums of dS's rounding */
-  static_assert(WN * TN * 8 <= KD + 128, "the dQ warp grid reads kbar within its zero padding");
+  float *sE = sD + 2 * BR;                                /* [NKW][BR] err's column sums per warp */
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int kg = warp % NKW, cs = warp / NKW;
@@ -188,6 +160,7 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
   const bool vk = a.vec & OSS_ATTN_VEC_K, vv = a.vec & OSS_ATTN_VEC_V;
   const bool atomic_dq = a.dq_acc != nullptr;
   const bool corr = a.qmean != nullptr; /* the rank-1 correction of dS's rounding */
+  float F[1][2] = {{0.f, 0.f}};         /* its err sums per key (rows g, g + 8) */
   /* dS is scaled before it is rounded to T for the dK / dQ products: the
    * unscaled P (dP - D) overflows float16 long before the gradients do. */
   const float sc = (float)a.scale;
@@ -203,8 +176,6 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
                                              a.k_s[2], krows, a.d, vk, tid);
     oss_load_tile<T, BC, KD, LDS, NTHREADS>(sV, (const T *)a.v + b * a.v_s[0] + hk * a.v_s[1] + (int64_t)j0 * a.v_s[2],
                                              a.v_s[2], krows, a.dv, vv, tid);
-    if (corr && atomic_dq)
-      oss_attn_load_mean<KD>(sKm, a.kmean, bhk, (a.lk + BC - 1) / BC, blockIdx.x, a.mean_ld, KD + 128, tid, 0);
   }
 
 #pragma unroll 1
@@ -219,7 +190,7 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
       const int sn = st ^ 1;
       oss_attn_bwd_load_query_block<T, BR, KD, LDS, NTHREADS, false>(a, b, hk, qb0, nqe, it + 1, sQ + sn * BR * LDS,
                                                                      sdO + sn * BR * LDS, sL + sn * BR, sD + sn * BR,
-                                                                     sQm + sn * KD, tid);
+                                                                     tid);
     }
     oss_cp_async_commit();
     if (it < 0) continue;
@@ -265,13 +236,14 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
     oss_acc_to_a<T, 1, NTQ>(sT, pa);
     oss_acc_to_a<T, 1, NTQ>(pT, dsa);
     if (corr) {
-      /* dK -= F (x) qbar, F = the rounding errors' sums over this block's
-       * queries; their sums over the keys (E, for dQ) per warp to sE */
       oss_acc_rounding_error<T, 1, NTQ>(pT, dsa);
-      float F[1][2];
-      oss_frag_row_sums<1, NTQ>(pT, F);
-      oss_frag_sub_outer<1, NOW>(dK, F, sQm + st * KD + cs * KDW, lane);
-      if (atomic_dq && cs == 0) oss_frag_col_sums_store<NTQ>(pT[0], sE + kg * BR, lane);
+      oss_frag_add_row_sums<1, NTQ>(pT, F);
+      if (a.eacc != nullptr && cs == 0) oss_frag_col_sums_store<NTQ>(pT[0], sE + kg * BR, lane);
+      if ((it + 1) % nqe == 0) { /* head h's last query block: dK -= F (x) qbar_h */
+        oss_quad_sum_finite<1>(F);
+        oss_frag_sub_outer<1, NOW>(dK, F, a.qmean + ((int64_t)b * a.hq + h) * a.mean_ld + cs * KDW, lane);
+        F[0][0] = F[0][1] = 0.f;
+      }
     }
 
     /* dV += P^T dO, dK += dS^T Q over this warp's column slice */
@@ -292,6 +264,12 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
         }
       }
       __syncthreads();
+      if (a.eacc != nullptr && tid < BR && i0 + tid < a.lq) { /* E of query i0 + tid */
+        float e = 0.f;
+#pragma unroll
+        for (int w = 0; w < NKW; w++) e += sE[w * BR + tid];
+        atomicAdd(a.eacc + ((int64_t)b * a.hq + h) * a.lq_pad + i0 + tid, e);
+      }
       /* dQ block = dS K: warp (wm, wn) owns rows wm*TM*16.., n-tiles wn*TN.. */
       const int wm = warp / WN, wn = warp % WN;
       const int nb0 = wn * TN;
@@ -305,20 +283,6 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
           for (int n = 0; n < TN; n++) q[mt][n][0] = q[mt][n][1] = q[mt][n][2] = q[mt][n][3] = 0.f;
         oss_warp_mma_tt<T, TM, TN, BC, LDSS, LDS>(q, oss_smem_u32(sdS + wm * TM * 16), oss_smem_u32(sK + nb0 * 8),
                                                   lane, np_valid);
-        if (corr) { /* dQ -= E (x) kbar, E summed over the key warps */
-          float E[TM][2];
-#pragma unroll
-          for (int mt = 0; mt < TM; mt++)
-#pragma unroll
-            for (int hi = 0; hi < 2; hi++) {
-              const int r = wm * TM * 16 + mt * 16 + g + hi * 8;
-              float v = 0.f;
-#pragma unroll
-              for (int w = 0; w < NKW; w++) v += sE[w * BR + r];
-              E[mt][hi] = isfinite(v) ? v : 0.f;
-            }
-          oss_frag_sub_outer<TM, TN>(q, E, sKm + nb0 * 8, lane);
-        }
         float *acc = a.dq_acc + (((int64_t)b * a.hq + h) * a.lq_pad + i0) * a.dq_ld;
 #pragma unroll
         for (int mt = 0; mt < TM; mt++)
@@ -378,7 +342,6 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
   T *sV = sK + 2 * BC * LDS;
   float *sL = reinterpret_cast<float *>(sV + 2 * BC * LDS);
   float *sD = sL + BR;
-  float *sKm = sD + BR; /* [2][KD] kbar of the key blocks (rank-1 correction) */
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t2 = (lane & 3) * 2;
@@ -393,9 +356,10 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
   const bool vk = a.vec & OSS_ATTN_VEC_K, vv = a.vec & OSS_ATTN_VEC_V;
   const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
   const float sc = (float)a.scale;
-  const bool corr = a.kmean != nullptr;
-  const int64_t bhk = (int64_t)b * a.hkv + hk;
-  const int nkb = (a.lk + BC - 1) / BC;
+  const bool corr = a.kmean != nullptr; /* the rank-1 correction of dS's rounding */
+  float E[MT][2];                       /* its err sums per query row */
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) E[mt][0] = E[mt][1] = 0.f;
 
   float dq[MT][NO][4];
 #pragma unroll
@@ -412,7 +376,6 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
     const int64_t ro = bh * a.lq_pad + i0;
     oss_attn_load_rowstats<BR, NTHREADS>(sL, sD, (const float *)a.lse_adj + ro, (const float *)a.dsum + ro, tid);
     oss_load_tile<T, BC, KD, LDS, NTHREADS>(sK, gK, a.k_s[2], min(BC, a.lk), a.d, vk, tid);
-    if (corr) oss_attn_load_mean<KD>(sKm, a.kmean, bhk, nkb, 0, a.mean_ld, KD, tid, 0);
     oss_cp_async_commit();
     oss_load_tile<T, BC, KD, LDS, NTHREADS>(sV, gV, a.v_s[2], min(BC, a.lk), a.dv, vv, tid);
     oss_cp_async_commit();
@@ -440,7 +403,6 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
       const int jn = j0 + BC;
       oss_load_tile<T, BC, KD, LDS, NTHREADS>(sK + (st ^ 1) * BC * LDS, gK + (int64_t)jn * a.k_s[2], a.k_s[2],
                                                min(BC, a.lk - jn), a.d, vk, tid);
-      if (corr) oss_attn_load_mean<KD>(sKm + (st ^ 1) * KD, a.kmean, bhk, nkb, j + 1, a.mean_ld, KD, tid, 0);
       oss_cp_async_commit();
       oss_load_tile<T, BC, KD, LDS, NTHREADS>(sV + (st ^ 1) * BC * LDS, gV + (int64_t)jn * a.v_s[2], a.v_s[2],
                                                min(BC, a.lk - jn), a.dv, vv, tid);
@@ -489,16 +451,18 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
           }
       uint32_t dsa[MT][BC / 16][4];
       oss_acc_to_a<T, MT, NT>(s, dsa);
-      if (corr) { /* dQ -= E (x) kbar, E = the rounding errors' sums over this key block */
+      if (corr) {
         oss_acc_rounding_error<T, MT, NT>(s, dsa);
-        float E[MT][2];
-        oss_frag_row_sums<MT, NT>(s, E);
-        oss_frag_sub_outer<MT, NO>(dq, E, sKm + st * KD, lane);
+        oss_frag_add_row_sums<MT, NT>(s, E);
       }
       oss_warp_mma_rs<T, MT, NO, BC / 16, LDS>(dq, dsa, oss_smem_u32(sK + st * BC * LDS), lane);
     }
   }
 
+  if (corr) { /* dQ -= E (x) kbar */
+    oss_quad_sum_finite<MT>(E);
+    oss_frag_sub_outer<MT, NO>(dq, E, a.kmean + ((int64_t)b * a.hkv + hk) * a.mean_ld, lane);
+  }
   T *gdQ = (T *)a.dq + b * a.dq_s[0] + h * a.dq_s[1];
   const bool vdq = a.vec & OSS_ATTN_VEC_DQ;
 #pragma unroll
@@ -520,9 +484,6 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
 template <typename T, int HD, int DQ_BR, int DQ_BC, int DQ_NW>
 oss_status oss_attn_bwd_dq_det_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   if (a->dq_acc != nullptr || a->lq == 0) return OSS_OK;
-  static_assert(DQ_BC >= OSS_ATTN_MEAN_MIN_BLOCK, "block means sized for blocks of at least the minimum");
-  const oss_status st = oss_attn_bwd_block_means(a, oss_attn_is_bf16<T>(), 1, DQ_BC, stream);
-  if (st != OSS_OK) return st;
   return oss_attn_launch(oss_attn_bwd_dq_mma_kernel<T, HD, DQ_BR, DQ_BC, DQ_NW>,
                          "deterministic attention backward (dQ, mma.sync)", HD,
                          oss_attn_bwd_dq_smem_bytes<HD, DQ_BR, DQ_BC>(),
@@ -536,23 +497,10 @@ oss_status oss_attn_bwd_dq_det_launch(const oss_attn_args *a, cudaStream_t strea
   return oss_attn_bwd_dq_det_run<T, HD, C::DQ_BR, C::DQ_BC, C::DQ_NW>(a, stream, dev);
 }
 
-/* The block means a key-block kernel (query blocks of BR, key blocks of BC)
- * reads: Q's, and K's where it computes dQ. */
-template <typename T, int BR, int BC>
-oss_status oss_attn_bwd_key_block_means(const oss_attn_args *a, cudaStream_t stream) {
-  static_assert(BR >= OSS_ATTN_MEAN_MIN_BLOCK && BC >= OSS_ATTN_MEAN_MIN_BLOCK, "block means sized for blocks of "
-                                                                                 "at least the minimum");
-  oss_status st = oss_attn_bwd_block_means(a, oss_attn_is_bf16<T>(), 0, BR, stream);
-  if (st == OSS_OK && a->dq_acc != nullptr) st = oss_attn_bwd_block_means(a, oss_attn_is_bf16<T>(), 1, BC, stream);
-  return st;
-}
-
 template <typename T, int HD, int BR, int NKW, int NCS, int MINB, int DQ_BR, int DQ_BC, int DQ_NW>
 oss_status oss_attn_bwd_mma_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   if (a->lk > 0) {
-    oss_status st = oss_attn_bwd_key_block_means<T, BR, 16 * NKW>(a, stream);
-    if (st != OSS_OK) return st;
-    st = oss_attn_launch(
+    const oss_status st = oss_attn_launch(
         oss_attn_bwd_dkdv_mma_kernel<T, HD, BR, NKW, NCS, MINB>, "attention backward (dK/dV, mma.sync)", HD,
         oss_attn_bwd_dkdv_smem_bytes<HD, BR, NKW>(),
         oss_attn_grid((a->lk + 16 * NKW - 1) / (16 * NKW), (int64_t)a->batch * a->hkv), NKW * NCS * 32, a, stream,

@@ -28,8 +28,8 @@
  *   after the next barrier.
  *   Deterministic mode skips that and runs the mma.sync dQ kernel afterwards.
  *   The rank-1 correction of dS's rounding as in attention_bwd.cuh: F (x) qbar
- *   off dK once the dK product has completed, E (x) kbar off the dQ piece
- *   (E from the 8 warps' column sums in shared memory).
+ *   off dK at a head's last query block, once the dK product has completed;
+ *   E from the 8 warps' column sums in shared memory into eacc.
  * Limits: D and Dv up to HD, zero padded; HD in {64, 128} with BR * HD = 8192
  * (the dQ split); built only for sm_90a (elsewhere the body traps and the
  * launcher is not in the dispatch table).
@@ -53,7 +53,7 @@ template <int HD, int BR, int BC> __host__ __device__ constexpr size_t oss_attn_
          + (size_t)BC * BR * 2                                /* dS'^T */
          + (size_t)BR * oss_attn_bwd_sm90_dq_pitch<HD>() * 4 /* dQ block (float) */
          + (size_t)4 * BR * 4                                 /* 2 x (lse, D) */
-         + oss_attn_bwd_corr_smem_bytes(HD, BR, BC / 16)      /* qbar, kbar, E */
+         + (size_t)(BC / 16) * BR * 4                         /* err's column sums */
          + 1024;                                              /* room to align the tiles to 1024 bytes */
 }
 
@@ -84,9 +84,7 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
   float *sdQ = reinterpret_cast<float *>(sdS + BC * BR);  /* [BR][dq pitch] */
   float *sL = sdQ + BR * oss_attn_bwd_sm90_dq_pitch<HD>(); /* [2][BR] */
   float *sD = sL + 2 * BR;                              /* [2][BR] */
-  float *sQm = sD + 2 * BR;                             /* [2][HD] qbar */
-  float *sKm = sQm + 2 * HD;                            /* [HD] kbar */
-  float *sE = sKm + HD + 128;                           /* [8][BR] column sums of dS's rounding */
+  float *sE = sD + 2 * BR;                              /* [8][BR] err's column sums per warp */
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int g = lane >> 2, t2 = (lane & 3) * 2;
@@ -103,6 +101,7 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
 
   const bool atomic_dq = a.dq_acc != nullptr;
   const bool corr = a.qmean != nullptr; /* the rank-1 correction of dS's rounding */
+  float F[1][2] = {{0.f, 0.f}};         /* its err sums per key (rows g, g + 8) */
   const float sc = (float)a.scale;
 
   float dV[NO][4], dK[NO][4];
@@ -118,8 +117,6 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
     oss_load_tile<T, BC, HD, 64, NTHREADS, true>(
         sV, (const T *)a.v + b * a.v_s[0] + hk * a.v_s[1] + (int64_t)j0 * a.v_s[2], a.v_s[2], krows, a.dv,
         a.vec & OSS_ATTN_VEC_V, tid);
-    if (corr && atomic_dq)
-      oss_attn_load_mean<HD>(sKm, a.kmean, bhk, (a.lk + BC - 1) / BC, blockIdx.x, a.mean_ld, HD, tid, 0);
   }
   const uint32_t sKw = oss_smem_u32(sK) + wg * 64 * 128, sVw = oss_smem_u32(sV) + wg * 64 * 128;
   /* this warpgroup's 64 x 64 piece of dQ_blk: query rows mo.., head-dim columns no.. */
@@ -141,7 +138,7 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
       const int sn = st ^ 1;
       oss_attn_bwd_load_query_block<T, BR, HD, 64, NTHREADS, true>(a, b, hk, qb0, nqe, it + 1, sQ + sn * BR * HD,
                                                                    sdO + sn * BR * HD, sL + sn * BR, sD + sn * BR,
-                                                                   sQm + sn * HD, tid);
+                                                                   tid);
     }
     oss_cp_async_commit();
     if (it < 0) continue;
@@ -194,14 +191,10 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
     uint32_t pa[1][NTQ / 2][4], dsa[1][NTQ / 2][4];
     oss_acc_to_a<T, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), pa);
     oss_acc_to_a<T, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(pT), dsa);
-    /* rank-1 correction: F = the rounding errors' sums over this block's
-     * queries (dK -= F (x) qbar once the dK product is done); their sums over
-     * the keys (E, for dQ) per warp to sE */
-    float F[1][2] = {{0.f, 0.f}};
     if (corr) {
       oss_acc_rounding_error<T, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(pT), dsa);
-      oss_frag_row_sums<1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(pT), F);
-      if (atomic_dq) oss_frag_col_sums_store<NTQ>(pT, sE + warp * BR, lane);
+      oss_frag_add_row_sums<1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(pT), F);
+      if (atomic_dq && a.eacc != nullptr) oss_frag_col_sums_store<NTQ>(pT, sE + warp * BR, lane);
     }
     oss_wgmma_fence_operand<NO>(dV);
     oss_wgmma_fence_operand<NO>(dK);
@@ -223,6 +216,12 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
       oss_fence_proxy_async();
       oss_bulk_wait_read<0>(); /* the previous dQ block left sdQ */
       __syncthreads();         /* dS'^T of both warpgroups stored; sdQ free */
+      if (a.eacc != nullptr && tid < BR && i0 + tid < a.lq) { /* E of query i0 + tid */
+        float e = 0.f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) e += sE[w * BR + tid];
+        atomicAdd(a.eacc + ((int64_t)b * a.hq + h) * a.lq_pad + i0 + tid, e);
+      }
 
       float dq[8][4];
 #pragma unroll
@@ -237,18 +236,6 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
       oss_wgmma_commit();
       oss_wgmma_wait<0>();
       oss_wgmma_fence_operand<8>(dq);
-      if (corr) { /* dQ -= E (x) kbar, E summed over the 8 key warps */
-        float E[1][2];
-#pragma unroll
-        for (int hi = 0; hi < 2; hi++) {
-          const int r = mo + (warp & 3) * 16 + g + hi * 8;
-          float v = 0.f;
-#pragma unroll
-          for (int w = 0; w < 8; w++) v += sE[w * BR + r];
-          E[0][hi] = isfinite(v) ? v : 0.f;
-        }
-        oss_frag_sub_outer<1, 8>(reinterpret_cast<float(&)[1][8][4]>(dq), E, sKm + no, lane);
-      }
       /* stage the piece in sdQ; the next barrier publishes it and the bulk reductions follow */
 #pragma unroll
       for (int hi = 0; hi < 2; hi++) {
@@ -264,7 +251,12 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
     }
     oss_wgmma_fence_operand<NO>(dV);
     oss_wgmma_fence_operand<NO>(dK);
-    if (corr) oss_frag_sub_outer<1, NO>(reinterpret_cast<float(&)[1][NO][4]>(dK), F, sQm + st * HD, lane);
+    if (corr && (it + 1) % nqe == 0) { /* head h's last query block: dK -= F (x) qbar_h */
+      oss_quad_sum_finite<1>(F);
+      oss_frag_sub_outer<1, NO>(reinterpret_cast<float(&)[1][NO][4]>(dK), F,
+                                a.qmean + ((int64_t)b * a.hq + h) * a.mean_ld, lane);
+      F[0][0] = F[0][1] = 0.f;
+    }
   }
 
   if (dq_pending != nullptr) { /* the last dQ block */
@@ -300,9 +292,7 @@ template <typename T, int HD>
 oss_status oss_attn_bwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   typedef oss_attn_bwd_sm90_cfg<HD> C;
   if (a->lk > 0) {
-    oss_status st = oss_attn_bwd_key_block_means<T, C::BR, C::BC>(a, stream);
-    if (st != OSS_OK) return st;
-    st = oss_attn_launch(oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC>, "attention backward (wgmma)",
+    const oss_status st = oss_attn_launch(oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC>, "attention backward (wgmma)",
                                           HD, oss_attn_bwd_sm90_smem_bytes<HD, C::BR, C::BC>(),
                                           oss_attn_grid((a->lk + C::BC - 1) / C::BC, (int64_t)a->batch * a->hkv), 256,
                                           a, stream, dev);

@@ -70,18 +70,18 @@ typedef struct oss_attn_args {
   float *dq_acc;  /* workspace [B*Hq*lq_pad][dq_ld] float, or NULL (deterministic / SIMT) */
   int64_t lq_pad; /* Lq rounded up to OSS_ATTN_LQ_PAD */
   int dq_ld;
-  /* Block means for the rank-1 correction of dS's rounding (tensor-core
-   * backward; NULL: correction off). The backward launcher fills them
-   * (oss_attn_bwd_block_means) with the block sizes of the kernels it runs:
-   * float [B*H][ceil(L / block)][mean_ld], the mean of each block's rows < L,
-   * columns >= D zero. qmean: Q's query blocks; kmean: K's key blocks. */
-  float *qmean, *kmean;
+  /* The rank-1 correction of dS's rounding (tensor-core backward; qmean NULL:
+   * off). qmean / kmean: float [B*Hq][mean_ld] / [B*Hkv][mean_ld], the mean
+   * of each head's Q / K rows (columns >= D zero; oss_attn_bwd_means). eacc:
+   * float [B*Hq*lq_pad], default mode only: the rounding errors' sums per query
+   * row, which the dK/dV kernel adds to with atomics and the dq conversion
+   * applies (dq -= eacc * kmean). */
+  const float *qmean, *kmean;
+  float *eacc;
   int mean_ld; /* the kernels' padded head dim */
 } oss_attn_args;
 
 #define OSS_ATTN_LQ_PAD 128
-/* The smallest block the block means are computed for (sizes the workspace). */
-#define OSS_ATTN_MEAN_MIN_BLOCK 32
 
 /* ---- dispatch table (defined in generated/attention_dispatch.cu) ---------- */
 
@@ -119,9 +119,8 @@ oss_status oss_attn_bwd_simt(const oss_attn_args *a, oss_dtype dtype, cudaStream
                              const oss_device_info *dev);
 oss_status oss_attn_bwd_prepare(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream);
 oss_status oss_attn_bwd_dq_convert(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream);
-/* Fills a->qmean (keys = 0) or a->kmean (keys = 1) with the means of blocks of
- * `block` rows (>= OSS_ATTN_MEAN_MIN_BLOCK); nothing when the pointer is NULL. */
-oss_status oss_attn_bwd_block_means(const oss_attn_args *a, int bf16, int keys, int block, cudaStream_t stream);
+/* Fills a->qmean and a->kmean (nothing when qmean is NULL). */
+oss_status oss_attn_bwd_means(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream);
 
 /* attention.cu: the public entry points with the tensor-core kernel replaced
  * by override_fn when it is not NULL (same head dim; used by the self-test to

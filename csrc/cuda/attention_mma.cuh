@@ -280,19 +280,12 @@ __device__ __forceinline__ void oss_acc_to_a(const float (&c)[MT][NT][4], uint32
 
 /* ---- the rank-1 correction of dS's rounding --------------------------------
  * The backward rounds scale * dS to 16 bits for its dK and dQ products. Where
- * a tile's K (or Q) rows are equal, dQ (dK) is that row times a sum of dS
- * that cancels to about 0, and the roundings would be all that is left. The
- * kernels subtract E (x) kbar per key block from dQ and F (x) qbar per query
- * block from dK, E and F being the row and column sums of the rounding errors
- * err = round(x) - x (exact in float32) and kbar, qbar the block's mean K and
- * Q rows: exact where the rows are equal, and no larger an error elsewhere. */
-
-/* c ? x : y without a branch or an indexed select. */
-__device__ __forceinline__ float oss_select(bool c, float x, float y) {
-  float r;
-  asm("{\n .reg .pred p;\n setp.ne.u32 p, %1, 0;\n selp.f32 %0, %2, %3, p;\n}" : "=f"(r) : "r"((unsigned)c), "f"(x), "f"(y));
-  return r;
-}
+ * a head's K (or Q) rows are all equal, dQ (dK) is that row times a sum of dS
+ * that cancels to about 0, and the roundings would be all that is left. With
+ * err = round(x) - x per element (exact in float32), the kernels subtract
+ * E (x) kbar from dQ and F (x) qbar from dK, E and F being err's sums per query
+ * and per key and kbar, qbar the head's mean K and Q rows: exact where the rows
+ * are equal, and no larger an error elsewhere. */
 
 /* Overwrites the C fragments c with the rounding errors float(a) - c of the
  * 16-bit A fragments a that oss_acc_to_a packed from them. */
@@ -305,27 +298,42 @@ __device__ __forceinline__ void oss_acc_rounding_error(float (&c)[MT][NT][4], co
 #pragma unroll
       for (int f = 0; f < 4; f++) {
         const float2 r = oss_mma_op<T>::unpack(a[mt][kk][f]);
-        float *e = &c[mt][2 * kk + (f >> 1)][(f & 1) * 2];
-        e[0] = r.x - e[0];
-        e[1] = r.y - e[1];
+        c[mt][2 * kk + (f >> 1)][(f & 1) * 2] = r.x - c[mt][2 * kk + (f >> 1)][(f & 1) * 2];
+        c[mt][2 * kk + (f >> 1)][(f & 1) * 2 + 1] = r.y - c[mt][2 * kk + (f >> 1)][(f & 1) * 2 + 1];
       }
 }
 
-/* Sums of the rows of C fragments (rows g and g + 8 of each m-tile) over all
- * their columns, reduced over the quad; a non-finite sum becomes 0. */
+/* sum[mt][hi] += this thread's part of row g + 8 hi of m-tile mt of C
+ * fragments (oss_quad_sum completes it). */
 template <int MT, int NT>
-__device__ __forceinline__ void oss_frag_row_sums(const float (&c)[MT][NT][4], float (&sum)[MT][2]) {
+__device__ __forceinline__ void oss_frag_add_row_sums(const float (&c)[MT][NT][4], float (&sum)[MT][2]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int hi = 0; hi < 2; hi++)
+#pragma unroll
+      for (int n = 0; n < NT; n++) sum[mt][hi] += c[mt][n][2 * hi] + c[mt][n][2 * hi + 1];
+}
+
+/* The sums over each quad of lanes (the four holders of a fragment row); a
+ * non-finite sum becomes 0. */
+template <int MT> __device__ __forceinline__ void oss_quad_sum_finite(float (&v)[MT][2]) {
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
 #pragma unroll
     for (int hi = 0; hi < 2; hi++) {
-      float v = 0.f;
-#pragma unroll
-      for (int n = 0; n < NT; n++) v += c[mt][n][2 * hi] + c[mt][n][2 * hi + 1];
-      v += __shfl_xor_sync(0xffffffffu, v, 1);
-      v += __shfl_xor_sync(0xffffffffu, v, 2);
-      sum[mt][hi] = isfinite(v) ? v : 0.f;
+      float x = v[mt][hi];
+      x += __shfl_xor_sync(0xffffffffu, x, 1);
+      x += __shfl_xor_sync(0xffffffffu, x, 2);
+      v[mt][hi] = isfinite(x) ? x : 0.f;
     }
+}
+
+/* c ? x : y without a branch or an indexed select. */
+__device__ __forceinline__ float oss_select(bool c, float x, float y) {
+  float r;
+  asm("{\n .reg .pred p;\n setp.ne.u32 p, %1, 0;\n selp.f32 %0, %2, %3, p;\n}" : "=f"(r) : "r"((unsigned)c), "f"(x), "f"(y));
+  return r;
 }
 
 /* One step of a reduce-scatter across lanes `lane ^ MASK`: the lower lane
@@ -343,32 +351,37 @@ __device__ __forceinline__ void oss_reduce_scatter_step(float (&v)[V], int lane)
 }
 
 /* Sums of the NT * 8 columns of one m-tile of C fragments over its 16 rows,
- * stored to dst[column]. The 8 lanes of a column pair (lane & 3) reduce-scatter
- * (xor 16, 8, 4) their 2 NT values (index 2n + e: column n * 8 + t2 + e), after
- * which lane g holds the sums of indices g * NT / 4 ... g * NT / 4 + NT / 4 - 1. */
+ * stored to dst[column], in chunks of up to 8 n-tiles (fewer live registers).
+ * Per chunk of CH n-tiles, the 8 lanes of a column pair (lane & 3)
+ * reduce-scatter (xor 16, 8, 4) their 2 CH values (index 2n + e: column
+ * n * 8 + t2 + e), after which lane g holds the sums of indices
+ * g * CH / 4 ... g * CH / 4 + CH / 4 - 1. */
 template <int NT>
 __device__ __forceinline__ void oss_frag_col_sums_store(const float (&c)[NT][4], float *dst, int lane) {
-  static_assert(NT % 4 == 0, "whole column pairs per lane after the reduce-scatter");
-  constexpr int V = 2 * NT;
-  float v[V];
-#pragma unroll
-  for (int n = 0; n < NT; n++) {
-    v[2 * n] = c[n][0] + c[n][2];
-    v[2 * n + 1] = c[n][1] + c[n][3];
-  }
-  oss_reduce_scatter_step<V / 2, 16>(v, lane);
-  oss_reduce_scatter_step<V / 4, 8>(v, lane);
-  oss_reduce_scatter_step<V / 8, 4>(v, lane);
+  constexpr int CH = NT < 8 ? NT : 8, V = 2 * CH;
+  static_assert(CH % 4 == 0 && NT % CH == 0, "whole column pairs per lane after the reduce-scatter");
   const int g = lane >> 2, t2 = (lane & 3) * 2;
 #pragma unroll
-  for (int i = 0; i < V / 8; i++) {
-    const int idx = g * (V / 8) + i; /* column pair idx >> 1 of n-tile, element idx & 1 */
-    dst[(idx >> 1) * 8 + t2 + (idx & 1)] = v[i];
+  for (int n0 = 0; n0 < NT; n0 += CH) {
+    float v[V];
+#pragma unroll
+    for (int n = 0; n < CH; n++) {
+      v[2 * n] = c[n0 + n][0] + c[n0 + n][2];
+      v[2 * n + 1] = c[n0 + n][1] + c[n0 + n][3];
+    }
+    oss_reduce_scatter_step<V / 2, 16>(v, lane);
+    oss_reduce_scatter_step<V / 4, 8>(v, lane);
+    oss_reduce_scatter_step<V / 8, 4>(v, lane);
+#pragma unroll
+    for (int i = 0; i < V / 8; i++) {
+      const int idx = g * (V / 8) + i;
+      dst[(n0 + (idx >> 1)) * 8 + t2 + (idx & 1)] = v[i];
+    }
   }
 }
 
 /* acc[mt][n][e] -= coef[mt][e >> 1] * vec[n * 8 + t2 + (e & 1)]: a rank-1
- * update of C fragments, vec indexed by the fragment's columns. */
+ * update of C fragments, vec (global or shared) indexed by their columns. */
 template <int MT, int NT>
 __device__ __forceinline__ void oss_frag_sub_outer(float (&acc)[MT][NT][4], const float (&coef)[MT][2],
                                                    const float *vec, int lane) {

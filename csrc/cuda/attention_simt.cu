@@ -35,6 +35,7 @@
  * No atomics anywhere: the float32/float64 backward is always deterministic.
  * Limits: head dims up to 256; shared memory sized at run time from D and Dv.
  */
+#include <limits.h>
 #include <math.h>
 
 #include "attention_common.cuh"
@@ -606,6 +607,7 @@ __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_ar
   if (lane == 0) {
     ((Acc *)a.dsum)[row] = (Acc)sum;
     ((Acc *)a.lse_adj)[row] = ladj;
+    if (a.eacc) a.eacc[row] = 0.f;
   }
   if (a.dq_acc) {
     float *acc = a.dq_acc + row * a.dq_ld;
@@ -613,7 +615,8 @@ __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_ar
   }
 }
 
-/* dq = dq_acc (already scaled) for rows < Lq, cols < D. One warp per row. */
+/* dq = dq_acc (already scaled) - eacc * kmean (the rank-1 correction, when
+ * on) for rows < Lq, cols < D. One warp per row. */
 template <typename T> __global__ void __launch_bounds__(256) oss_attn_bwd_dq_convert_kernel(const oss_attn_args a) {
   const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
@@ -623,46 +626,58 @@ template <typename T> __global__ void __launch_bounds__(256) oss_attn_bwd_dq_con
   const int b = (int)(bh / a.hq), h = (int)(bh % a.hq);
   const float *src = a.dq_acc + (bh * a.lq_pad + i) * a.dq_ld;
   T *dst = (T *)a.dq + b * a.dq_s[0] + h * a.dq_s[1] + (int64_t)i * a.dq_s[2];
-  for (int c = lane; c < a.d; c += 32) dst[c] = oss_from_float<T>(src[c]);
-}
-
-/* Block means for the rank-1 correction of dS's rounding: for each (batch,
- * head) and block of `block` rows of q (or k), the float mean of its rows < L,
- * one thread per column (columns >= D and non-finite means stored as 0). Grid:
- * oss_attn_grid over blocks x batch * heads, blockDim.x >= mean_ld. */
-template <typename T>
-__global__ void __launch_bounds__(256) oss_attn_block_means_kernel(const oss_attn_args a, int keys, int block) {
-  const int heads = keys ? a.hkv : a.hq, len = keys ? a.lk : a.lq;
-  const int64_t bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
-  const int c = threadIdx.x;
-  if (bh >= (int64_t)a.batch * heads || c >= a.mean_ld) return;
-  const int b = (int)(bh / heads), h = (int)(bh % heads);
-  const int nblk = (len + block - 1) / block, r0 = blockIdx.x * block, rows = min(block, len - r0);
-  const int64_t *s = keys ? a.k_s : a.q_s;
-  const T *x = (const T *)(keys ? a.k : a.q) + b * s[0] + h * s[1] + (int64_t)r0 * s[2];
-  float sum = 0.f;
-  if (c < a.d) {
-#pragma unroll 4
-    for (int r = 0; r < rows; r++) sum += oss_to_float(x[(int64_t)r * s[2] + c]);
+  if (a.eacc != nullptr) {
+    const float e = a.eacc[bh * a.lq_pad + i];
+    const float ec = isfinite(e) ? e : 0.f;
+    const float *kbar = a.kmean + ((int64_t)b * a.hkv + h / a.group) * a.mean_ld;
+    for (int c = lane; c < a.d; c += 32) dst[c] = oss_from_float<T>(src[c] - ec * kbar[c]);
+  } else {
+    for (int c = lane; c < a.d; c += 32) dst[c] = oss_from_float<T>(src[c]);
   }
-  const float mean = sum / (float)rows;
-  (keys ? a.kmean : a.qmean)[(bh * nblk + blockIdx.x) * a.mean_ld + c] = isfinite(mean) ? mean : 0.f;
 }
 
-oss_status oss_attn_bwd_block_means(const oss_attn_args *a, int bf16, int keys, int block, cudaStream_t stream) {
-  if ((keys ? a->kmean : a->qmean) == nullptr) return OSS_OK;
-  if (block < OSS_ATTN_MEAN_MIN_BLOCK || a->mean_ld > 256)
-    return oss_fail(OSS_ERROR_NOT_SUPPORTED, "attention backward: no block means for block %d, head dim %d",
-                    block, a->mean_ld);
-  const int len = keys ? a->lk : a->lq;
-  const int64_t bh = (int64_t)a->batch * (keys ? a->hkv : a->hq);
-  if (len == 0 || bh == 0) return OSS_OK;
-  const int64_t y = bh < 65535 ? bh : 65535;
-  const dim3 grid((unsigned)((len + block - 1) / block), (unsigned)y, (unsigned)((bh + y - 1) / y));
-  const int threads = (a->mean_ld + 31) / 32 * 32;
-  if (bf16) oss_attn_block_means_kernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(*a, keys, block);
-  else oss_attn_block_means_kernel<__half><<<grid, threads, 0, stream>>>(*a, keys, block);
-  return oss_check_launch("oss_attn_block_means_kernel");
+/* The mean Q and K rows per head for the rank-1 correction of dS's rounding:
+ * one CTA of 256 threads per (batch, head) of q (blockIdx.x < B*Hq) or k, each
+ * thread summing one column over every `lanes`-th row in double, the row lanes
+ * then added in a fixed order (deterministic; n equal rows average exactly to
+ * that row). Columns >= D and non-finite means are stored as 0. */
+template <typename T> __global__ void __launch_bounds__(256) oss_attn_means_kernel(const oss_attn_args a) {
+  __shared__ double part[256];
+  const int64_t nq = (int64_t)a.batch * a.hq;
+  const bool keys = blockIdx.x >= nq;
+  const int64_t bh = keys ? blockIdx.x - nq : blockIdx.x;
+  const int heads = keys ? a.hkv : a.hq, len = keys ? a.lk : a.lq;
+  const int b = (int)(bh / heads), h = (int)(bh % heads);
+  const int64_t *s = keys ? a.k_s : a.q_s;
+  const T *x = (const T *)(keys ? a.k : a.q) + b * s[0] + h * s[1];
+  const int cols = (a.mean_ld + 31) / 32 * 32, lanes = 256 / cols; /* mean_ld <= 256 */
+  const int c = threadIdx.x % cols, lane = threadIdx.x / cols;
+  double sum = 0;
+  if (lane < lanes && c < a.d) {
+#pragma unroll 8
+    for (int r = lane; r < len; r += lanes) sum += (double)oss_to_float(x[(int64_t)r * s[2] + c]);
+  }
+  part[threadIdx.x] = sum;
+  __syncthreads();
+  if (lane == 0 && c < a.mean_ld) {
+    for (int l = 1; l < lanes; l++) sum += part[l * cols + c];
+    const float mean = (float)(sum / len);
+    float *dst = (float *)(keys ? a.kmean : a.qmean) + bh * a.mean_ld;
+    dst[c] = isfinite(mean) ? mean : 0.f;
+  }
+}
+
+oss_status oss_attn_bwd_means(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream) {
+  if (a->qmean == nullptr) return OSS_OK;
+  if (a->mean_ld > 256 || a->lq == 0 || a->lk == 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention backward: means for head dim %d, lengths %d, %d",
+                    a->mean_ld, a->lq, a->lk);
+  const int64_t ctas = (int64_t)a->batch * (a->hq + a->hkv);
+  if (ctas == 0) return OSS_OK;
+  if (ctas > INT_MAX) return oss_fail(OSS_ERROR_NOT_SUPPORTED, "attention backward: %lld heads", (long long)ctas);
+  if (dtype == OSS_FLOAT16) oss_attn_means_kernel<__half><<<(unsigned)ctas, 256, 0, stream>>>(*a);
+  else oss_attn_means_kernel<__nv_bfloat16><<<(unsigned)ctas, 256, 0, stream>>>(*a);
+  return oss_check_launch("oss_attn_means_kernel");
 }
 
 oss_status oss_attn_bwd_prepare(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream) {
