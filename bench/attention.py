@@ -8,8 +8,8 @@ torch_oss against every SDPA backend in the same run. TFLOP/s: forward
     python bench/attention.py --hdims 128 --seqlens 2048,8192 --dtypes bfloat16
     python bench/attention.py --with-mma    # also torch_oss with its mma.sync forward forced
                                             # (on Hopper hd 64/128 otherwise run the wgmma kernel)
-    python bench/attention.py --with-uncorrected  # also torch_oss without the backward's rank-1
-                                                  # correction of dS's rounding (what it costs)
+    python bench/attention.py --with-uncentred  # also torch_oss without the backward's dQ centring
+                                                # (what it costs)
 """
 
 import argparse
@@ -59,9 +59,9 @@ def main():
     ap.add_argument("--with-mma", action="store_true",
                     help="also time torch_oss with TORCH_OSS_ATTENTION_FORWARD=mma and "
                          "TORCH_OSS_ATTENTION_BACKWARD=mma (the mma.sync kernels; column torch_oss-mma)")
-    ap.add_argument("--with-uncorrected", action="store_true",
-                    help="also time torch_oss with TORCH_OSS_ATTENTION_DS_CORRECTION=0 (the backward without its "
-                         "rank-1 correction of dS's rounding; column torch_oss-uncorrected)")
+    ap.add_argument("--with-uncentred", action="store_true",
+                    help="also time torch_oss with TORCH_OSS_ATTENTION_DQ_CENTRING=0 (the backward without its "
+                         "dQ centring; column torch_oss-uncentred)")
     args = ap.parse_args()
     device = args.device
     gpu = device == "cuda"
@@ -78,8 +78,8 @@ def main():
     impls = {"torch_oss": nullcontext}
     if args.with_mma:
         impls["torch_oss-mma"] = nullcontext
-    if args.with_uncorrected:
-        impls["torch_oss-uncorrected"] = nullcontext
+    if args.with_uncentred:
+        impls["torch_oss-uncentred"] = nullcontext
     impls.update(sdpa_backends(device))
     records = []
     for dname in dtypes:
@@ -99,10 +99,10 @@ def main():
                                 os.environ[var] = "mma"
                             else:
                                 os.environ.pop(var, None)
-                        if name == "torch_oss-uncorrected":
-                            os.environ["TORCH_OSS_ATTENTION_DS_CORRECTION"] = "0"
+                        if name == "torch_oss-uncentred":
+                            os.environ["TORCH_OSS_ATTENTION_DQ_CENTRING"] = "0"
                         else:
-                            os.environ.pop("TORCH_OSS_ATTENTION_DS_CORRECTION", None)
+                            os.environ.pop("TORCH_OSS_ATTENTION_DQ_CENTRING", None)
 
                         def fwd():
                             if name.startswith("torch_oss"):

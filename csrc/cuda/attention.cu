@@ -18,9 +18,9 @@
  * in kernel units (workspace); the default mode also zeroes a float32 dQ
  * accumulator [B*Hq][Lq padded][KD] that the dK/dV kernel adds into with
  * atomics and a last pass converts into dq. Deterministic mode computes dQ in
- * its own kernel without atomics. The kernels correct the rounding of dS to
- * 16 bits with a rank-1 term per head, from the mean Q and K rows that a
- * pass before them writes to the workspace (attention_bwd.cuh). float32 /
+ * its own kernel without atomics. dQ is centred: computed as dS (K - kbar)
+ * with kbar the kv head's mean K row (attention_bwd.cuh), which a pass before
+ * the kernels writes to the workspace. float32 /
  * float64: the SIMT dQ kernel recomputes the row statistics itself
  * (attention_simt.cu).
  */
@@ -230,14 +230,14 @@ oss_status oss_attn_forward_with(const oss_attention_params *p, void *workspace,
 
 /* Workspace layout of the backward; every piece 256-byte aligned: the row
  * statistics (two float arrays for the tensor-core kernels, three double
- * arrays for the SIMT kernels), then for the tensor-core kernels the mean Q
- * and K rows per head and, in the default mode, the rounding-error row sums
- * and the float32 dQ accumulator. */
+ * arrays for the SIMT kernels), then for the tensor-core kernels the mean K
+ * row per kv head with its per-chunk sums and, in the default mode, the row
+ * sums of the rounded dS' and the float32 dQ accumulator. */
 typedef struct oss_attn_bwd_layout {
   int64_t lq_pad;
   int dq_ld;   /* 0: no float32 dQ accumulator */
-  int mean_ld; /* 0: no means (SIMT kernels) */
-  size_t off_dsum, off_inv_l, off_qmean, off_kmean, off_eacc, off_dq, total;
+  int mean_ld; /* 0: no mean K rows (SIMT kernels) */
+  size_t off_dsum, off_inv_l, off_kpart, off_kmean, off_eacc, off_dq, total;
 } oss_attn_bwd_layout;
 
 static size_t oss_attn_round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -259,8 +259,9 @@ static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params
   if (e == NULL) return L;
   const int kd = (e->head_dim + 15) / 16 * 16;
   L.mean_ld = kd;
-  L.off_qmean = L.total;
-  L.total += oss_attn_round256((size_t)(p->batch * p->heads_q) * kd * 4);
+  L.off_kpart = L.total;
+  L.total += oss_attn_round256((size_t)(p->batch * p->heads_kv) *
+                               (size_t)((p->len_k + OSS_ATTN_MEAN_CHUNK - 1) / OSS_ATTN_MEAN_CHUNK) * kd * 8);
   L.off_kmean = L.total;
   L.total += oss_attn_round256((size_t)(p->batch * p->heads_kv) * kd * 4);
   if (!bp->deterministic) {
@@ -273,11 +274,11 @@ static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params
   return L;
 }
 
-/* The rank-1 correction of dS's rounding in the tensor-core backward is on
- * unless TORCH_OSS_ATTENTION_DS_CORRECTION is "0" (read at each call; for
- * measuring what it costs and what it fixes). */
-static int oss_attn_ds_correction_on(void) {
-  const char *v = getenv("TORCH_OSS_ATTENTION_DS_CORRECTION");
+/* dQ's centring in the tensor-core backward (attention_bwd.cuh) is on unless
+ * TORCH_OSS_ATTENTION_DQ_CENTRING is "0" (read at each call; for measuring
+ * what it costs and what it fixes). */
+static int oss_attn_dq_centring_on(void) {
+  const char *v = getenv("TORCH_OSS_ATTENTION_DQ_CENTRING");
   return !(v != NULL && strcmp(v, "0") == 0);
 }
 
@@ -341,9 +342,9 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   a.inv_l = L.off_inv_l ? (char *)workspace + L.off_inv_l : NULL;
   a.dq_acc = L.dq_ld > 0 ? (float *)((char *)workspace + L.off_dq) : NULL;
   a.dq_ld = L.dq_ld;
-  if (L.mean_ld > 0 && nq > 0 && nkv > 0 && oss_attn_ds_correction_on()) {
-    a.qmean = (const float *)((char *)workspace + L.off_qmean);
-    a.kmean = (const float *)((char *)workspace + L.off_kmean);
+  if (L.mean_ld > 0 && nq > 0 && nkv > 0 && oss_attn_dq_centring_on()) {
+    a.kmean_part = (double *)((char *)workspace + L.off_kpart);
+    a.kmean = (float *)((char *)workspace + L.off_kmean);
     a.eacc = L.dq_ld > 0 ? (float *)((char *)workspace + L.off_eacc) : NULL;
     a.mean_ld = L.mean_ld;
   }

@@ -34,15 +34,17 @@
  * (Q, dO resident; K, V double buffered): S = Q K^T, dP = dO V^T, dS in
  * registers, dQ += dS K, no atomics. The dK/dV kernel then skips its dQ part.
  *
- * Rank-1 correction of dS's rounding (attention_mma.cuh; off when a.qmean is
- * NULL): with err = round16(dS') - dS' per element, the dK/dV kernel sums err
- * per key over the query blocks of a head (F: in registers, a quad shuffle at
- * the head's end) and subtracts F (x) qbar from dK there; computing dQ, it
- * sums err per query (E: per-warp column sums in shared memory, added after
- * the barrier before the dQ product) into the workspace's eacc with atomics,
- * and the dq conversion subtracts eacc (x) kbar. The dQ kernel sums E in
- * registers and subtracts E (x) kbar at its end. qbar and kbar are the head's
- * mean Q and K rows (oss_attn_bwd_means, before the kernels).
+ * dQ's centring (off when a.kmean is NULL). The exact dS has rows that sum to
+ * 0 (sum_j P_ij (dP_ij - D_i) = D_i - D_i), so dQ = dS K = dS (K - kbar) for
+ * any row kbar. The kernels multiply the rounded dS' by K; where K's rows are
+ * all equal the exact dQ is 0 and what they return is the rounding of dS'
+ * times k. So dq also takes -R kbar, R = the row sums of the rounded dS' and
+ * kbar = the mean K row of the kv head: dq = rounded dS' (K - kbar), exactly 0
+ * for equal rows and otherwise the same error (smaller where K's rows share a
+ * large mean). R comes from the tensor cores (the dS' fragments times a B of
+ * ones): the dK/dV kernel's dQ product adds it into the workspace's eacc with
+ * atomics and the dq conversion subtracts eacc kbar; the dQ kernel sums it in
+ * registers and subtracts R kbar at its end. kbar: oss_attn_bwd_means.
  *
  * Fully masked rows have lse = -inf, stored as +inf in lse_adj, so P = 0 and
  * every gradient they touch is 0.
@@ -67,8 +69,7 @@ template <int HD, int BR, int NKW>
 __host__ __device__ constexpr size_t oss_attn_bwd_dkdv_smem_bytes() {
   return (size_t)(2 * 16 * NKW + 4 * BR) * oss_attn_pitch(oss_attn_kd(HD)) * 2 /* K, V, 2x(Q, dO) */
          + (size_t)16 * NKW * oss_attn_pitch(BR) * 2                          /* dS^T */
-         + (size_t)4 * BR * 4                                                  /* 2x(lse, D) */
-         + (size_t)NKW * BR * 4;                                               /* err's column sums */
+         + (size_t)4 * BR * 4;                                                 /* 2x(lse, D) */
 }
 template <int HD, int BR, int BC> __host__ __device__ constexpr size_t oss_attn_bwd_dq_smem_bytes() {
   return (size_t)(2 * BR + 4 * BC) * oss_attn_pitch(oss_attn_kd(HD)) * 2 + (size_t)2 * BR * 4;
@@ -142,7 +143,6 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
   T *sdS = sdO + 2 * BR * LDS; /* [BC][LDSS], dS^T */
   float *sL = reinterpret_cast<float *>(sdS + BC * LDSS); /* [2][BR] */
   float *sD = sL + 2 * BR;                                /* [2][BR] */
-  float *sE = sD + 2 * BR;                                /* [NKW][BR] err's column sums per warp */
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int kg = warp % NKW, cs = warp / NKW;
@@ -159,8 +159,6 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
 
   const bool vk = a.vec & OSS_ATTN_VEC_K, vv = a.vec & OSS_ATTN_VEC_V;
   const bool atomic_dq = a.dq_acc != nullptr;
-  const bool corr = a.qmean != nullptr; /* the rank-1 correction of dS's rounding */
-  float F[1][2] = {{0.f, 0.f}};         /* its err sums per key (rows g, g + 8) */
   /* dS is scaled before it is rounded to T for the dK / dQ products: the
    * unscaled P (dP - D) overflows float16 long before the gradients do. */
   const float sc = (float)a.scale;
@@ -235,16 +233,6 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
     uint32_t pa[1][NTQ / 2][4], dsa[1][NTQ / 2][4];
     oss_acc_to_a<T, 1, NTQ>(sT, pa);
     oss_acc_to_a<T, 1, NTQ>(pT, dsa);
-    if (corr) {
-      oss_acc_rounding_error<T, 1, NTQ>(pT, dsa);
-      oss_frag_add_row_sums<1, NTQ>(pT, F);
-      if (a.eacc != nullptr && cs == 0) oss_frag_col_sums_store<NTQ>(pT[0], sE + kg * BR, lane);
-      if ((it + 1) % nqe == 0) { /* head h's last query block: dK -= F (x) qbar_h */
-        oss_quad_sum_finite<1>(F);
-        oss_frag_sub_outer<1, NOW>(dK, F, a.qmean + ((int64_t)b * a.hq + h) * a.mean_ld + cs * KDW, lane);
-        F[0][0] = F[0][1] = 0.f;
-      }
-    }
 
     /* dV += P^T dO, dK += dS^T Q over this warp's column slice */
     oss_warp_mma_rs<T, 1, NOW, NTQ / 2, LDS>(dV, pa, oss_smem_u32(cdO + cs * KDW), lane);
@@ -264,25 +252,33 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
         }
       }
       __syncthreads();
-      if (a.eacc != nullptr && tid < BR && i0 + tid < a.lq) { /* E of query i0 + tid */
-        float e = 0.f;
-#pragma unroll
-        for (int w = 0; w < NKW; w++) e += sE[w * BR + tid];
-        atomicAdd(a.eacc + ((int64_t)b * a.hq + h) * a.lq_pad + i0 + tid, e);
-      }
       /* dQ block = dS K: warp (wm, wn) owns rows wm*TM*16.., n-tiles wn*TN.. */
       const int wm = warp / WN, wn = warp % WN;
       const int nb0 = wn * TN;
       int np_valid = (NB8 - nb0) / 2;
       np_valid = np_valid < 0 ? 0 : (np_valid > TN / 2 ? TN / 2 : np_valid);
       if (np_valid > 0) {
-        float q[TM][TN][4];
+        float q[TM][TN][4], rs[TM][4];
 #pragma unroll
-        for (int mt = 0; mt < TM; mt++)
+        for (int mt = 0; mt < TM; mt++) {
 #pragma unroll
           for (int n = 0; n < TN; n++) q[mt][n][0] = q[mt][n][1] = q[mt][n][2] = q[mt][n][3] = 0.f;
+          rs[mt][0] = rs[mt][1] = rs[mt][2] = rs[mt][3] = 0.f;
+        }
+        /* the first warp of each row block also sums dS' rows (dQ's centring) */
+        const bool rowsum = a.eacc != nullptr && wn == 0;
         oss_warp_mma_tt<T, TM, TN, BC, LDSS, LDS>(q, oss_smem_u32(sdS + wm * TM * 16), oss_smem_u32(sK + nb0 * 8),
-                                                  lane, np_valid);
+                                                  lane, np_valid, rowsum, rs);
+        if (rowsum && (lane & 3) == 0) {
+          float *e = a.eacc + ((int64_t)b * a.hq + h) * a.lq_pad + i0;
+#pragma unroll
+          for (int mt = 0; mt < TM; mt++)
+#pragma unroll
+            for (int hi = 0; hi < 2; hi++) {
+              const int r = wm * TM * 16 + mt * 16 + g + hi * 8;
+              if (i0 + r < a.lq) atomicAdd(e + r, rs[mt][2 * hi]);
+            }
+        }
         float *acc = a.dq_acc + (((int64_t)b * a.hq + h) * a.lq_pad + i0) * a.dq_ld;
 #pragma unroll
         for (int mt = 0; mt < TM; mt++)
@@ -356,10 +352,10 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
   const bool vk = a.vec & OSS_ATTN_VEC_K, vv = a.vec & OSS_ATTN_VEC_V;
   const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
   const float sc = (float)a.scale;
-  const bool corr = a.kmean != nullptr; /* the rank-1 correction of dS's rounding */
-  float E[MT][2];                       /* its err sums per query row */
+  const bool centre = a.kmean != nullptr; /* dQ's centring: R, dS' row sums */
+  float rs[MT][4];
 #pragma unroll
-  for (int mt = 0; mt < MT; mt++) E[mt][0] = E[mt][1] = 0.f;
+  for (int mt = 0; mt < MT; mt++) rs[mt][0] = rs[mt][1] = rs[mt][2] = rs[mt][3] = 0.f;
 
   float dq[MT][NO][4];
 #pragma unroll
@@ -451,17 +447,31 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
           }
       uint32_t dsa[MT][BC / 16][4];
       oss_acc_to_a<T, MT, NT>(s, dsa);
-      if (corr) {
-        oss_acc_rounding_error<T, MT, NT>(s, dsa);
-        oss_frag_add_row_sums<MT, NT>(s, E);
+      if (centre) {
+        const uint32_t one = oss_mma_op<T>::pack(1.f, 1.f);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+          for (int kk = 0; kk < BC / 16; kk++) oss_mma_op<T>::run(rs[mt], dsa[mt][kk], one, one);
       }
       oss_warp_mma_rs<T, MT, NO, BC / 16, LDS>(dq, dsa, oss_smem_u32(sK + st * BC * LDS), lane);
     }
   }
 
-  if (corr) { /* dQ -= E (x) kbar */
-    oss_quad_sum_finite<MT>(E);
-    oss_frag_sub_outer<MT, NO>(dq, E, a.kmean + ((int64_t)b * a.hkv + hk) * a.mean_ld, lane);
+  if (centre) { /* dq -= R kbar */
+    const float *kbar = a.kmean + ((int64_t)b * a.hkv + hk) * a.mean_ld;
+#pragma unroll
+    for (int n = 0; n < NO; n++) {
+      const float2 w = *reinterpret_cast<const float2 *>(kbar + n * 8 + t2);
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+          const float r = isfinite(rs[mt][2 * hi]) ? rs[mt][2 * hi] : 0.f;
+          dq[mt][n][2 * hi] -= r * w.x;
+          dq[mt][n][2 * hi + 1] -= r * w.y;
+        }
+    }
   }
   T *gdQ = (T *)a.dq + b * a.dq_s[0] + h * a.dq_s[1];
   const bool vdq = a.vec & OSS_ATTN_VEC_DQ;

@@ -27,9 +27,8 @@
  *   workspace with one bulk reduction (cp.reduce.async.bulk) per row, issued
  *   after the next barrier.
  *   Deterministic mode skips that and runs the mma.sync dQ kernel afterwards.
- *   The rank-1 correction of dS's rounding as in attention_bwd.cuh: F (x) qbar
- *   off dK at a head's last query block, once the dK product has completed;
- *   E from the 8 warps' column sums in shared memory into eacc.
+ *   dQ's centring (attention_bwd.cuh): a m64n8k16 wgmma of dS' by a tile of
+ *   ones gives the row sums R of the piece's 64 query rows, added into eacc.
  * Limits: D and Dv up to HD, zero padded; HD in {64, 128} with BR * HD = 8192
  * (the dQ split); built only for sm_90a (elsewhere the body traps and the
  * launcher is not in the dispatch table).
@@ -53,7 +52,7 @@ template <int HD, int BR, int BC> __host__ __device__ constexpr size_t oss_attn_
          + (size_t)BC * BR * 2                                /* dS'^T */
          + (size_t)BR * oss_attn_bwd_sm90_dq_pitch<HD>() * 4 /* dQ block (float) */
          + (size_t)4 * BR * 4                                 /* 2 x (lse, D) */
-         + (size_t)(BC / 16) * BR * 4                         /* err's column sums */
+         + 1024                                               /* a tile of ones (dQ's centring) */
          + 1024;                                              /* room to align the tiles to 1024 bytes */
 }
 
@@ -84,7 +83,10 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
   float *sdQ = reinterpret_cast<float *>(sdS + BC * BR);  /* [BR][dq pitch] */
   float *sL = sdQ + BR * oss_attn_bwd_sm90_dq_pitch<HD>(); /* [2][BR] */
   float *sD = sL + 2 * BR;                              /* [2][BR] */
-  float *sE = sD + 2 * BR;                              /* [8][BR] err's column sums per warp */
+  T *sOnes = reinterpret_cast<T *>(sD + 2 * BR);        /* 8 x 64 ones: B of the dS' row sums */
+  static_assert(((2 * BC + 4 * BR) * HD * 2 + BC * BR * 2 + BR * oss_attn_bwd_sm90_dq_pitch<HD>() * 4 + 4 * BR * 4) %
+                        1024 == 0,
+                "the tile of ones is 1024-byte aligned, as its 128-byte swizzle needs");
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int g = lane >> 2, t2 = (lane & 3) * 2;
@@ -100,8 +102,6 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
   const int niter = a.group * nqe;
 
   const bool atomic_dq = a.dq_acc != nullptr;
-  const bool corr = a.qmean != nullptr; /* the rank-1 correction of dS's rounding */
-  float F[1][2] = {{0.f, 0.f}};         /* its err sums per key (rows g, g + 8) */
   const float sc = (float)a.scale;
 
   float dV[NO][4], dK[NO][4];
@@ -118,9 +118,13 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
         sV, (const T *)a.v + b * a.v_s[0] + hk * a.v_s[1] + (int64_t)j0 * a.v_s[2], a.v_s[2], krows, a.dv,
         a.vec & OSS_ATTN_VEC_V, tid);
   }
+  reinterpret_cast<uint32_t *>(sOnes)[tid] = oss_mma_op<T>::pack(1.f, 1.f); /* 256 x 4 bytes */
   const uint32_t sKw = oss_smem_u32(sK) + wg * 64 * 128, sVw = oss_smem_u32(sV) + wg * 64 * 128;
   /* this warpgroup's 64 x 64 piece of dQ_blk: query rows mo.., head-dim columns no.. */
   const int mo = BR == 128 ? wg * 64 : 0, no = BR == 128 ? 0 : wg * 64;
+  /* dQ's centring: the warpgroup also sums its piece's dS' rows (one of the
+   * two when they share the rows) */
+  const bool rowsum = a.eacc != nullptr && (BR == 128 || wg == 0);
   /* the dQ block staged in sdQ, to be added to the accumulator after the next barrier */
   float *dq_pending = nullptr;
   int dq_pending_rows = 0;
@@ -191,11 +195,6 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
     uint32_t pa[1][NTQ / 2][4], dsa[1][NTQ / 2][4];
     oss_acc_to_a<T, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), pa);
     oss_acc_to_a<T, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(pT), dsa);
-    if (corr) {
-      oss_acc_rounding_error<T, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(pT), dsa);
-      oss_frag_add_row_sums<1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(pT), F);
-      if (atomic_dq && a.eacc != nullptr) oss_frag_col_sums_store<NTQ>(pT, sE + warp * BR, lane);
-    }
     oss_wgmma_fence_operand<NO>(dV);
     oss_wgmma_fence_operand<NO>(dK);
     oss_wgmma_fence();
@@ -216,26 +215,37 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
       oss_fence_proxy_async();
       oss_bulk_wait_read<0>(); /* the previous dQ block left sdQ */
       __syncthreads();         /* dS'^T of both warpgroups stored; sdQ free */
-      if (a.eacc != nullptr && tid < BR && i0 + tid < a.lq) { /* E of query i0 + tid */
-        float e = 0.f;
-#pragma unroll
-        for (int w = 0; w < 8; w++) e += sE[w * BR + tid];
-        atomicAdd(a.eacc + ((int64_t)b * a.hq + h) * a.lq_pad + i0 + tid, e);
-      }
 
-      float dq[8][4];
+      float dq[8][4], rs[1][4];
 #pragma unroll
       for (int n = 0; n < 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+      rs[0][0] = rs[0][1] = rs[0][2] = rs[0][3] = 0.f;
       oss_wgmma_fence_operand<8>(dq);
+      oss_wgmma_fence_operand<1>(rs);
       oss_wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BC / 16; kk++)
         oss_wgmma<T, 64>::template ss<1, 1>(
             dq, oss_wgmma_desc(oss_smem_u32(sdS) + (mo >> 6) * BC * 128 + kk * 16 * 128, BC * 128, 1024),
             oss_wgmma_desc(oss_smem_u32(sK) + (no >> 6) * BC * 128 + kk * 16 * 128, BC * 128, 1024), kk > 0);
+      if (rowsum) /* R = dS' times ones (K-major B; every k-step reads the same ones) */
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++)
+          oss_wgmma<T, 8>::template ss<1, 0>(
+              rs, oss_wgmma_desc(oss_smem_u32(sdS) + (mo >> 6) * BC * 128 + kk * 16 * 128, BC * 128, 1024),
+              oss_wgmma_desc(oss_smem_u32(sOnes) + (kk & 3) * 32, 16, 1024), kk > 0);
       oss_wgmma_commit();
       oss_wgmma_wait<0>();
       oss_wgmma_fence_operand<8>(dq);
+      oss_wgmma_fence_operand<1>(rs);
+      if (rowsum && (lane & 3) == 0) {
+        float *e = a.eacc + ((int64_t)b * a.hq + h) * a.lq_pad + i0;
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+          const int r = mo + (warp & 3) * 16 + g + hi * 8;
+          if (i0 + r < a.lq) atomicAdd(e + r, rs[0][2 * hi]);
+        }
+      }
       /* stage the piece in sdQ; the next barrier publishes it and the bulk reductions follow */
 #pragma unroll
       for (int hi = 0; hi < 2; hi++) {
@@ -251,12 +261,6 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
     }
     oss_wgmma_fence_operand<NO>(dV);
     oss_wgmma_fence_operand<NO>(dK);
-    if (corr && (it + 1) % nqe == 0) { /* head h's last query block: dK -= F (x) qbar_h */
-      oss_quad_sum_finite<1>(F);
-      oss_frag_sub_outer<1, NO>(reinterpret_cast<float(&)[1][NO][4]>(dK), F,
-                                a.qmean + ((int64_t)b * a.hq + h) * a.mean_ld, lane);
-      F[0][0] = F[0][1] = 0.f;
-    }
   }
 
   if (dq_pending != nullptr) { /* the last dQ block */

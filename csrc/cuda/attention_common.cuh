@@ -70,13 +70,14 @@ typedef struct oss_attn_args {
   float *dq_acc;  /* workspace [B*Hq*lq_pad][dq_ld] float, or NULL (deterministic / SIMT) */
   int64_t lq_pad; /* Lq rounded up to OSS_ATTN_LQ_PAD */
   int dq_ld;
-  /* The rank-1 correction of dS's rounding (tensor-core backward; qmean NULL:
-   * off). qmean / kmean: float [B*Hq][mean_ld] / [B*Hkv][mean_ld], the mean
-   * of each head's Q / K rows (columns >= D zero; oss_attn_bwd_means). eacc:
-   * float [B*Hq*lq_pad], default mode only: the rounding errors' sums per query
-   * row, which the dK/dV kernel adds to with atomics and the dq conversion
-   * applies (dq -= eacc * kmean). */
-  const float *qmean, *kmean;
+  /* dQ's centring (tensor-core backward, attention_bwd.cuh; kmean NULL: off).
+   * kmean: float [B*Hkv][mean_ld], each kv head's mean K row (columns >= D
+   * zero), from the per-chunk float64 sums kmean_part [B*Hkv][chunks][mean_ld]
+   * (oss_attn_bwd_means). eacc: float [B*Hq*lq_pad], default mode only: the
+   * row sums of the rounded dS', which the dK/dV kernel adds into with atomics
+   * and the dq conversion applies (dq -= eacc kmean). */
+  float *kmean;
+  double *kmean_part;
   float *eacc;
   int mean_ld; /* the kernels' padded head dim */
 } oss_attn_args;
@@ -119,7 +120,9 @@ oss_status oss_attn_bwd_simt(const oss_attn_args *a, oss_dtype dtype, cudaStream
                              const oss_device_info *dev);
 oss_status oss_attn_bwd_prepare(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream);
 oss_status oss_attn_bwd_dq_convert(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream);
-/* Fills a->qmean and a->kmean (nothing when qmean is NULL). */
+/* Rows of K summed per chunk of kmean_part (the chunks are added in order). */
+#define OSS_ATTN_MEAN_CHUNK 128
+/* Fills a->kmean (nothing when it is NULL). */
 oss_status oss_attn_bwd_means(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream);
 
 /* attention.cu: the public entry points with the tensor-core kernel replaced

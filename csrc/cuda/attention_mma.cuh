@@ -29,9 +29,6 @@
 /* Head dim rounded up to the mma k-step, and the smem pitch for KD columns. */
 __host__ __device__ constexpr int oss_attn_kd(int hd) { return (hd + 15) / 16 * 16; }
 __host__ __device__ constexpr int oss_attn_pitch(int cols) { return (cols / 8) % 2 == 0 ? cols + 8 : cols; }
-template <typename T> __host__ __device__ constexpr int oss_attn_is_bf16() {
-  return std::is_same<T, __nv_bfloat16>::value;
-}
 
 // ---------------------------------------------------------------------------
 // PTX wrappers
@@ -237,10 +234,12 @@ __device__ __forceinline__ void oss_warp_mma_rs(float (&acc)[MT][NT][4], const u
 
 /* acc += A * B: A stored [k][m] (pitch LDA, ldmatrix.trans), B stored [k][n]
  * (pitch LDB, ldmatrix.trans); only the first np_valid n-tile pairs are
- * computed (warp-uniform). Used for dQ = dS K from dS^T kept in smem. */
+ * computed (warp-uniform). With rowsum (warp-uniform), also rs += A's row sums
+ * (A times a B of ones: every column of rs[mt] holds the sum of its row). Used
+ * for dQ = dS K from dS^T kept in smem. */
 template <typename T, int MT, int NT, int K, int LDA, int LDB>
 __device__ __forceinline__ void oss_warp_mma_tt(float (&acc)[MT][NT][4], uint32_t sA, uint32_t sB, int lane,
-                                                int np_valid) {
+                                                int np_valid, bool rowsum, float (&rs)[MT][4]) {
   static_assert(NT % 2 == 0 && K % 16 == 0, "n-tiles come in pairs, k in steps of 16");
   const uint32_t a_lane = sA + ((((lane >> 4) << 3) + (lane & 7)) * LDA + (((lane >> 3) & 1) << 3)) * 2;
   const uint32_t b_lane = sB + (((((lane >> 3) & 1) << 3) + (lane & 7)) * LDB + ((lane >> 4) << 3)) * 2;
@@ -249,6 +248,11 @@ __device__ __forceinline__ void oss_warp_mma_tt(float (&acc)[MT][NT][4], uint32_
     uint32_t a[MT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) oss_ldsm_x4_t(a_lane + (kk * 16 * LDA + mt * 16) * 2, a[mt]);
+    if (rowsum) {
+      const uint32_t one = oss_mma_op<T>::pack(1.f, 1.f);
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) oss_mma_op<T>::run(rs[mt], a[mt], one, one);
+    }
 #pragma unroll
     for (int np = 0; np < NT / 2; np++) {
       if (np < np_valid) {
@@ -276,127 +280,6 @@ __device__ __forceinline__ void oss_acc_to_a(const float (&c)[MT][NT][4], uint32
       a[mt][kk][2] = oss_mma_op<T>::pack(c[mt][2 * kk + 1][0], c[mt][2 * kk + 1][1]);
       a[mt][kk][3] = oss_mma_op<T>::pack(c[mt][2 * kk + 1][2], c[mt][2 * kk + 1][3]);
     }
-}
-
-/* ---- the rank-1 correction of dS's rounding --------------------------------
- * The backward rounds scale * dS to 16 bits for its dK and dQ products. Where
- * a head's K (or Q) rows are all equal, dQ (dK) is that row times a sum of dS
- * that cancels to about 0, and the roundings would be all that is left. With
- * err = round(x) - x per element (exact in float32), the kernels subtract
- * E (x) kbar from dQ and F (x) qbar from dK, E and F being err's sums per query
- * and per key and kbar, qbar the head's mean K and Q rows: exact where the rows
- * are equal, and no larger an error elsewhere. */
-
-/* Overwrites the C fragments c with the rounding errors float(a) - c of the
- * 16-bit A fragments a that oss_acc_to_a packed from them. */
-template <typename T, int MT, int NT>
-__device__ __forceinline__ void oss_acc_rounding_error(float (&c)[MT][NT][4], const uint32_t (&a)[MT][NT / 2][4]) {
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int kk = 0; kk < NT / 2; kk++)
-#pragma unroll
-      for (int f = 0; f < 4; f++) {
-        const float2 r = oss_mma_op<T>::unpack(a[mt][kk][f]);
-        c[mt][2 * kk + (f >> 1)][(f & 1) * 2] = r.x - c[mt][2 * kk + (f >> 1)][(f & 1) * 2];
-        c[mt][2 * kk + (f >> 1)][(f & 1) * 2 + 1] = r.y - c[mt][2 * kk + (f >> 1)][(f & 1) * 2 + 1];
-      }
-}
-
-/* sum[mt][hi] += this thread's part of row g + 8 hi of m-tile mt of C
- * fragments (oss_quad_sum completes it). */
-template <int MT, int NT>
-__device__ __forceinline__ void oss_frag_add_row_sums(const float (&c)[MT][NT][4], float (&sum)[MT][2]) {
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int hi = 0; hi < 2; hi++)
-#pragma unroll
-      for (int n = 0; n < NT; n++) sum[mt][hi] += c[mt][n][2 * hi] + c[mt][n][2 * hi + 1];
-}
-
-/* The sums over each quad of lanes (the four holders of a fragment row); a
- * non-finite sum becomes 0. */
-template <int MT> __device__ __forceinline__ void oss_quad_sum_finite(float (&v)[MT][2]) {
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int hi = 0; hi < 2; hi++) {
-      float x = v[mt][hi];
-      x += __shfl_xor_sync(0xffffffffu, x, 1);
-      x += __shfl_xor_sync(0xffffffffu, x, 2);
-      v[mt][hi] = isfinite(x) ? x : 0.f;
-    }
-}
-
-/* c ? x : y without a branch or an indexed select. */
-__device__ __forceinline__ float oss_select(bool c, float x, float y) {
-  float r;
-  asm("{\n .reg .pred p;\n setp.ne.u32 p, %1, 0;\n selp.f32 %0, %2, %3, p;\n}" : "=f"(r) : "r"((unsigned)c), "f"(x), "f"(y));
-  return r;
-}
-
-/* One step of a reduce-scatter across lanes `lane ^ MASK`: the lower lane
- * keeps v[0 .. HALF) and the upper one v[HALF .. 2 HALF), each adding the
- * partner's copy; the kept sums land in v[0 .. HALF). */
-template <int HALF, int MASK, int V>
-__device__ __forceinline__ void oss_reduce_scatter_step(float (&v)[V], int lane) {
-  const bool upper = lane & MASK;
-#pragma unroll
-  for (int i = 0; i < HALF; i++) {
-    /* selp keeps both indices constant (a ?: on v[] became local memory) */
-    const float keep = oss_select(upper, v[HALF + i], v[i]), send = oss_select(upper, v[i], v[HALF + i]);
-    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, MASK);
-  }
-}
-
-/* Sums of the NT * 8 columns of one m-tile of C fragments over its 16 rows,
- * stored to dst[column], in chunks of up to 8 n-tiles (fewer live registers).
- * Per chunk of CH n-tiles, the 8 lanes of a column pair (lane & 3)
- * reduce-scatter (xor 16, 8, 4) their 2 CH values (index 2n + e: column
- * n * 8 + t2 + e), after which lane g holds the sums of indices
- * g * CH / 4 ... g * CH / 4 + CH / 4 - 1. */
-template <int NT>
-__device__ __forceinline__ void oss_frag_col_sums_store(const float (&c)[NT][4], float *dst, int lane) {
-  constexpr int CH = NT < 8 ? NT : 8, V = 2 * CH;
-  static_assert(CH % 4 == 0 && NT % CH == 0, "whole column pairs per lane after the reduce-scatter");
-  const int g = lane >> 2, t2 = (lane & 3) * 2;
-#pragma unroll
-  for (int n0 = 0; n0 < NT; n0 += CH) {
-    float v[V];
-#pragma unroll
-    for (int n = 0; n < CH; n++) {
-      v[2 * n] = c[n0 + n][0] + c[n0 + n][2];
-      v[2 * n + 1] = c[n0 + n][1] + c[n0 + n][3];
-    }
-    oss_reduce_scatter_step<V / 2, 16>(v, lane);
-    oss_reduce_scatter_step<V / 4, 8>(v, lane);
-    oss_reduce_scatter_step<V / 8, 4>(v, lane);
-#pragma unroll
-    for (int i = 0; i < V / 8; i++) {
-      const int idx = g * (V / 8) + i;
-      dst[(n0 + (idx >> 1)) * 8 + t2 + (idx & 1)] = v[i];
-    }
-  }
-}
-
-/* acc[mt][n][e] -= coef[mt][e >> 1] * vec[n * 8 + t2 + (e & 1)]: a rank-1
- * update of C fragments, vec (global or shared) indexed by their columns. */
-template <int MT, int NT>
-__device__ __forceinline__ void oss_frag_sub_outer(float (&acc)[MT][NT][4], const float (&coef)[MT][2],
-                                                   const float *vec, int lane) {
-  const int t2 = (lane & 3) * 2;
-#pragma unroll
-  for (int n = 0; n < NT; n++) {
-    const float2 w = *reinterpret_cast<const float2 *>(vec + n * 8 + t2);
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-      acc[mt][n][0] -= coef[mt][0] * w.x;
-      acc[mt][n][1] -= coef[mt][0] * w.y;
-      acc[mt][n][2] -= coef[mt][1] * w.x;
-      acc[mt][n][3] -= coef[mt][1] * w.y;
-    }
-  }
 }
 
 /* A mask element as an additive term in log2 units (bool: 0 or -inf). */

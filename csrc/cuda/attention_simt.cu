@@ -615,8 +615,8 @@ __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_ar
   }
 }
 
-/* dq = dq_acc (already scaled) - eacc * kmean (the rank-1 correction, when
- * on) for rows < Lq, cols < D. One warp per row. */
+/* dq = dq_acc (already scaled) - eacc * kmean (dQ's centring, when on) for
+ * rows < Lq, cols < D. One warp per row. */
 template <typename T> __global__ void __launch_bounds__(256) oss_attn_bwd_dq_convert_kernel(const oss_attn_args a) {
   const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
@@ -636,48 +636,63 @@ template <typename T> __global__ void __launch_bounds__(256) oss_attn_bwd_dq_con
   }
 }
 
-/* The mean Q and K rows per head for the rank-1 correction of dS's rounding:
- * one CTA of 256 threads per (batch, head) of q (blockIdx.x < B*Hq) or k, each
- * thread summing one column over every `lanes`-th row in double, the row lanes
- * then added in a fixed order (deterministic; n equal rows average exactly to
- * that row). Columns >= D and non-finite means are stored as 0. */
-template <typename T> __global__ void __launch_bounds__(256) oss_attn_means_kernel(const oss_attn_args a) {
+/* dQ's centring: the mean K row of each kv head, deterministically. Pass 1:
+ * one CTA of 256 threads per (chunk of OSS_ATTN_MEAN_CHUNK rows, batch * kv
+ * head), each thread summing one column over every `lanes`-th row of the chunk
+ * in float64, the row lanes added in order into kmean_part. Pass 2: one thread
+ * per (kv head, column) adds the chunks in order and divides (n equal rows
+ * average exactly to that row). Columns >= D and non-finite means give 0. */
+template <typename T> __global__ void __launch_bounds__(256) oss_attn_kmean_part_kernel(const oss_attn_args a) {
   __shared__ double part[256];
-  const int64_t nq = (int64_t)a.batch * a.hq;
-  const bool keys = blockIdx.x >= nq;
-  const int64_t bh = keys ? blockIdx.x - nq : blockIdx.x;
-  const int heads = keys ? a.hkv : a.hq, len = keys ? a.lk : a.lq;
-  const int b = (int)(bh / heads), h = (int)(bh % heads);
-  const int64_t *s = keys ? a.k_s : a.q_s;
-  const T *x = (const T *)(keys ? a.k : a.q) + b * s[0] + h * s[1];
+  const int64_t bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
+  if (bh >= (int64_t)a.batch * a.hkv) return;
+  const int b = (int)(bh / a.hkv), h = (int)(bh % a.hkv);
+  const int chunks = (a.lk + OSS_ATTN_MEAN_CHUNK - 1) / OSS_ATTN_MEAN_CHUNK;
+  const int r0 = blockIdx.x * OSS_ATTN_MEAN_CHUNK, r1 = min(r0 + OSS_ATTN_MEAN_CHUNK, a.lk);
+  const T *x = (const T *)a.k + b * a.k_s[0] + h * a.k_s[1];
   const int cols = (a.mean_ld + 31) / 32 * 32, lanes = 256 / cols; /* mean_ld <= 256 */
   const int c = threadIdx.x % cols, lane = threadIdx.x / cols;
   double sum = 0;
   if (lane < lanes && c < a.d) {
-#pragma unroll 8
-    for (int r = lane; r < len; r += lanes) sum += (double)oss_to_float(x[(int64_t)r * s[2] + c]);
+#pragma unroll 4
+    for (int r = r0 + lane; r < r1; r += lanes) sum += (double)oss_to_float(x[(int64_t)r * a.k_s[2] + c]);
   }
   part[threadIdx.x] = sum;
   __syncthreads();
   if (lane == 0 && c < a.mean_ld) {
     for (int l = 1; l < lanes; l++) sum += part[l * cols + c];
-    const float mean = (float)(sum / len);
-    float *dst = (float *)(keys ? a.kmean : a.qmean) + bh * a.mean_ld;
-    dst[c] = isfinite(mean) ? mean : 0.f;
+    a.kmean_part[(bh * chunks + blockIdx.x) * a.mean_ld + c] = sum;
   }
 }
 
+__global__ void __launch_bounds__(256) oss_attn_kmean_kernel(const oss_attn_args a) {
+  const int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x;
+  if (i >= (int64_t)a.batch * a.hkv * a.mean_ld) return;
+  const int64_t bh = i / a.mean_ld;
+  const int c = (int)(i % a.mean_ld);
+  const int chunks = (a.lk + OSS_ATTN_MEAN_CHUNK - 1) / OSS_ATTN_MEAN_CHUNK;
+  double sum = 0;
+  for (int k = 0; k < chunks; k++) sum += a.kmean_part[(bh * chunks + k) * a.mean_ld + c];
+  const float mean = (float)(sum / a.lk);
+  a.kmean[i] = isfinite(mean) ? mean : 0.f;
+}
+
 oss_status oss_attn_bwd_means(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream) {
-  if (a->qmean == nullptr) return OSS_OK;
-  if (a->mean_ld > 256 || a->lq == 0 || a->lk == 0)
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention backward: means for head dim %d, lengths %d, %d",
-                    a->mean_ld, a->lq, a->lk);
-  const int64_t ctas = (int64_t)a->batch * (a->hq + a->hkv);
-  if (ctas == 0) return OSS_OK;
-  if (ctas > INT_MAX) return oss_fail(OSS_ERROR_NOT_SUPPORTED, "attention backward: %lld heads", (long long)ctas);
-  if (dtype == OSS_FLOAT16) oss_attn_means_kernel<__half><<<(unsigned)ctas, 256, 0, stream>>>(*a);
-  else oss_attn_means_kernel<__nv_bfloat16><<<(unsigned)ctas, 256, 0, stream>>>(*a);
-  return oss_check_launch("oss_attn_means_kernel");
+  if (a->kmean == nullptr) return OSS_OK;
+  if (a->mean_ld > 256 || a->lk == 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention backward: mean K rows for head dim %d, len_k %d",
+                    a->mean_ld, a->lk);
+  const int64_t bh = (int64_t)a->batch * a->hkv;
+  if (bh == 0) return OSS_OK;
+  const int64_t y = bh < 65535 ? bh : 65535;
+  const dim3 grid((unsigned)((a->lk + OSS_ATTN_MEAN_CHUNK - 1) / OSS_ATTN_MEAN_CHUNK), (unsigned)y,
+                  (unsigned)((bh + y - 1) / y));
+  if (dtype == OSS_FLOAT16) oss_attn_kmean_part_kernel<__half><<<grid, 256, 0, stream>>>(*a);
+  else oss_attn_kmean_part_kernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(*a);
+  oss_status st = oss_check_launch("oss_attn_kmean_part_kernel");
+  if (st != OSS_OK) return st;
+  oss_attn_kmean_kernel<<<(unsigned)((bh * a->mean_ld + 255) / 256), 256, 0, stream>>>(*a);
+  return oss_check_launch("oss_attn_kmean_kernel");
 }
 
 oss_status oss_attn_bwd_prepare(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream) {

@@ -20,6 +20,28 @@
 
 template <typename T, int N> struct oss_wgmma;
 
+template <> struct oss_wgmma<__half, 8> {
+  template <int TA, int TB>
+  static __device__ __forceinline__ void ss(float (&d)[1][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 "
+                 "{%0, %1, %2, %3}, %4, %5, p, 1, 1, %7, %8;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB));
+  }
+};
+
+template <> struct oss_wgmma<__nv_bfloat16, 8> {
+  template <int TA, int TB>
+  static __device__ __forceinline__ void ss(float (&d)[1][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3}, %4, %5, p, 1, 1, %7, %8;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB));
+  }
+};
+
 template <> struct oss_wgmma<__half, 64> {
   template <int TA, int TB>
   static __device__ __forceinline__ void ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
