@@ -122,9 +122,11 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
   const uint32_t sKw = oss_smem_u32(sK) + wg * 64 * 128, sVw = oss_smem_u32(sV) + wg * 64 * 128;
   /* this warpgroup's 64 x 64 piece of dQ_blk: query rows mo.., head-dim columns no.. */
   const int mo = BR == 128 ? wg * 64 : 0, no = BR == 128 ? 0 : wg * 64;
-  /* dQ's centring: the warpgroup also sums its piece's dS' rows (one of the
-   * two when they share the rows) */
-  const bool rowsum = a.eacc != nullptr && (BR == 128 || wg == 0);
+  /* dQ's centring: both warpgroups always sum their piece's dS' rows (a
+   * condition around the wgmma makes ptxas serialise every wgmma of the
+   * kernel; they cost 1/8 of the dQ product); one adds them into eacc when
+   * the two share the rows (BR = 64) */
+  const bool rowsum_add = a.eacc != nullptr && (BR == 128 || wg == 0);
   /* the dQ block staged in sdQ, to be added to the accumulator after the next barrier */
   float *dq_pending = nullptr;
   int dq_pending_rows = 0;
@@ -216,29 +218,27 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
       oss_bulk_wait_read<0>(); /* the previous dQ block left sdQ */
       __syncthreads();         /* dS'^T of both warpgroups stored; sdQ free */
 
-      float dq[8][4], rs[1][4];
+      float dq[8][4], rs[1][4]; /* rs: the first k-step ignores its old value */
 #pragma unroll
       for (int n = 0; n < 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
-      rs[0][0] = rs[0][1] = rs[0][2] = rs[0][3] = 0.f;
       oss_wgmma_fence_operand<8>(dq);
-      oss_wgmma_fence_operand<1>(rs);
       oss_wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BC / 16; kk++)
         oss_wgmma<T, 64>::template ss<1, 1>(
             dq, oss_wgmma_desc(oss_smem_u32(sdS) + (mo >> 6) * BC * 128 + kk * 16 * 128, BC * 128, 1024),
             oss_wgmma_desc(oss_smem_u32(sK) + (no >> 6) * BC * 128 + kk * 16 * 128, BC * 128, 1024), kk > 0);
-      if (rowsum) /* R = dS' times ones (K-major B; every k-step reads the same ones) */
+      /* R = dS' times ones (K-major B; every k-step reads the same ones) */
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++)
-          oss_wgmma<T, 8>::template ss<1, 0>(
-              rs, oss_wgmma_desc(oss_smem_u32(sdS) + (mo >> 6) * BC * 128 + kk * 16 * 128, BC * 128, 1024),
-              oss_wgmma_desc(oss_smem_u32(sOnes) + (kk & 3) * 32, 16, 1024), kk > 0);
+      for (int kk = 0; kk < BC / 16; kk++)
+        oss_wgmma<T, 8>::template ss<1, 0>(
+            rs, oss_wgmma_desc(oss_smem_u32(sdS) + (mo >> 6) * BC * 128 + kk * 16 * 128, BC * 128, 1024),
+            oss_wgmma_desc(oss_smem_u32(sOnes) + (kk & 3) * 32, 16, 1024), kk > 0);
       oss_wgmma_commit();
       oss_wgmma_wait<0>();
       oss_wgmma_fence_operand<8>(dq);
       oss_wgmma_fence_operand<1>(rs);
-      if (rowsum && (lane & 3) == 0) {
+      if (rowsum_add && (lane & 3) == 0) {
         float *e = a.eacc + ((int64_t)b * a.hq + h) * a.lq_pad + i0;
 #pragma unroll
         for (int hi = 0; hi < 2; hi++) {
