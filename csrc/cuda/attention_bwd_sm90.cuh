@@ -27,8 +27,9 @@
  *   workspace with one bulk reduction (cp.reduce.async.bulk) per row, issued
  *   after the next barrier.
  *   Deterministic mode skips that and runs the mma.sync dQ kernel afterwards.
- *   dQ's centring (attention_bwd.cuh): a m64n8k16 wgmma of dS' by a tile of
- *   ones gives the row sums R of the piece's 64 query rows, added into eacc.
+ *   dQ's centring (attention_bwd.cuh): m64n8k16 wgmmas of dS' by a tile of
+ *   ones give the row sums R of the piece's 64 query rows (BR = 64: each
+ *   warpgroup over its half of the keys), added into eacc.
  * Limits: D and Dv up to HD, zero padded; HD in {64, 128} with BR * HD = 8192
  * (the dQ split); built only for sm_90a (elsewhere the body traps and the
  * launcher is not in the dispatch table).
@@ -122,11 +123,13 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
   const uint32_t sKw = oss_smem_u32(sK) + wg * 64 * 128, sVw = oss_smem_u32(sV) + wg * 64 * 128;
   /* this warpgroup's 64 x 64 piece of dQ_blk: query rows mo.., head-dim columns no.. */
   const int mo = BR == 128 ? wg * 64 : 0, no = BR == 128 ? 0 : wg * 64;
-  /* dQ's centring: both warpgroups always sum their piece's dS' rows (a
-   * condition around the wgmma makes ptxas serialise every wgmma of the
-   * kernel; they cost 1/8 of the dQ product); one adds them into eacc when
-   * the two share the rows (BR = 64) */
-  const bool rowsum_add = a.eacc != nullptr && (BR == 128 || wg == 0);
+  /* dQ's centring: the dS' row sums of this warpgroup's piece, over all 128
+   * keys (BR = 128: the rows are its own) or over its half of them (BR = 64:
+   * both warpgroups share the rows and each adds half the sum), always issued
+   * (a condition around a wgmma makes ptxas serialise every wgmma of the
+   * kernel) */
+  constexpr int RS_STEPS = BR == 128 ? BC / 16 : BC / 32;
+  const int rs_k0 = BR == 128 ? 0 : wg * RS_STEPS;
   /* the dQ block staged in sdQ, to be added to the accumulator after the next barrier */
   float *dq_pending = nullptr;
   int dq_pending_rows = 0;
@@ -230,15 +233,15 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
             oss_wgmma_desc(oss_smem_u32(sK) + (no >> 6) * BC * 128 + kk * 16 * 128, BC * 128, 1024), kk > 0);
       /* R = dS' times ones (K-major B; every k-step reads the same ones) */
 #pragma unroll
-      for (int kk = 0; kk < BC / 16; kk++)
+      for (int k = 0; k < RS_STEPS; k++)
         oss_wgmma<T, 8>::template ss<1, 0>(
-            rs, oss_wgmma_desc(oss_smem_u32(sdS) + (mo >> 6) * BC * 128 + kk * 16 * 128, BC * 128, 1024),
-            oss_wgmma_desc(oss_smem_u32(sOnes) + (kk & 3) * 32, 16, 1024), kk > 0);
+            rs, oss_wgmma_desc(oss_smem_u32(sdS) + (mo >> 6) * BC * 128 + (rs_k0 + k) * 16 * 128, BC * 128, 1024),
+            oss_wgmma_desc(oss_smem_u32(sOnes) + (k & 3) * 32, 16, 1024), k > 0);
       oss_wgmma_commit();
       oss_wgmma_wait<0>();
       oss_wgmma_fence_operand<8>(dq);
       oss_wgmma_fence_operand<1>(rs);
-      if (rowsum_add && (lane & 3) == 0) {
+      if (a.eacc != nullptr && (lane & 3) == 0) {
         float *e = a.eacc + ((int64_t)b * a.hq + h) * a.lq_pad + i0;
 #pragma unroll
         for (int hi = 0; hi < 2; hi++) {
