@@ -102,6 +102,7 @@ __global__ void __launch_bounds__(SM_COL_THREADS) softmax_columns_kernel(sm_col_
     sm_stat<Acc> st;
     if (P.mode != SM_APPLY) {
       st = sm_stat_identity<BWD, Acc>();
+      sm_plain_d<BWD>(st, P.log);
       const T1 *ca = (const T1 *)ta + tj, *cb = (const T1 *)tb + tj;
       for (int i = ti; i < rows; i += 8 * TI) {
         Acc va[8], vb[8];
@@ -114,6 +115,7 @@ __global__ void __launch_bounds__(SM_COL_THREADS) softmax_columns_kernel(sm_col_
         const int cnt = (rows - i + TI - 1) / TI;
         sm_accumulate<BWD, FAST>(st, va, vb, cnt < 8 ? cnt : 8, P.log);
       }
+      sm_prime_d<BWD>(st, P.log);
       st = sm_block_reduce<BWD>(st, TJ, red);
       if (P.mode == SM_STATS) {
         if (ti == 0 && jok) ((sm_stat<Acc> *)P.partials)[(o * P.nchunks + c) * P.inner + jt0 + tj] = st;

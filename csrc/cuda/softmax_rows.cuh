@@ -304,6 +304,7 @@ template <bool BWD, typename T1, typename T2, typename Acc>
 __device__ __forceinline__ void sm_edges_accumulate(const sm_chunk<T1, T2> &R, int first, int step, sm_stat<Acc> &st,
                                                     int log) {
   constexpr bool FAST = sizeof(T2) == 2;
+  sm_plain_d<BWD>(st, log);
   for (int e = first; e < R.ne; e += step) {
     const int k = sm_edge_index(R, e);
     Acc va[1], vb[1];
@@ -311,6 +312,7 @@ __device__ __forceinline__ void sm_edges_accumulate(const sm_chunk<T1, T2> &R, i
     vb[0] = BWD ? sm_bits_to_acc<T1, Acc>(sm_ld_bits(R.b0 + k)) : va[0];
     sm_accumulate<BWD, FAST>(st, va, vb, 1, log);
   }
+  sm_prime_d<BWD>(st, log);
 }
 
 template <bool BWD, typename T1, typename T2, typename Acc>
