@@ -105,26 +105,27 @@ static int64_t sm_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---- planning: rows ---------------------------------------------------------------
 
-/* Sets the attributes a configuration needs and asks whether it can be
- * resident (for clusters: at least one active cluster). */
+/* Sets the attributes a configuration needs and returns how many of it can be
+ * resident at once: CTAs per SM for C == 1, clusters on the GPU for C > 1;
+ * 0 where it cannot run. */
 template <typename Kern>
-static bool sm_config_fits(Kern kern, int C, int threads, size_t smem, unsigned grid_y, cudaStream_t stream) {
+static int sm_config_residency(Kern kern, int C, int threads, size_t smem, unsigned grid_y, cudaStream_t stream) {
   if (smem > 40 * 1024 &&
       cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
     cudaGetLastError();
-    return false;
+    return 0;
   }
   if (C == 1) {
     int blocks = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern, threads, smem) != cudaSuccess) {
       cudaGetLastError();
-      return false;
+      return 0;
     }
-    return blocks >= 1;
+    return blocks;
   }
   if (C > 8 && cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
     cudaGetLastError();
-    return false;
+    return 0;
   }
   cudaLaunchConfig_t cfg;
   memset(&cfg, 0, sizeof cfg);
@@ -142,9 +143,9 @@ static bool sm_config_fits(Kern kern, int C, int threads, size_t smem, unsigned 
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg) != cudaSuccess) {
     cudaGetLastError();
-    return false;
+    return 0;
   }
-  return clusters >= 1;
+  return clusters;
 }
 
 template <bool BWD, typename T1, typename T2, typename Acc>
@@ -218,7 +219,7 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
       const int64_t bytes = smem_slots * slot_bytes;
       if (bytes > limit) continue;
       if ((C > 1 || bytes > 40 * 1024 || T > 512) &&
-          !sm_config_fits(kern, C, (int)T, (size_t)bytes, grid_y, stream))
+          sm_config_residency(kern, C, (int)T, (size_t)bytes, grid_y, stream) < 1)
         continue;
       P->kind = SM_PLAN_CHUNKS;
       P->threads = (int)T;
@@ -454,6 +455,11 @@ static oss_status sm_run(const sm_job *J, void *ws, cudaStream_t stream, size_t 
     printf("plan %s: %s km=%d threads=%d K=%d G=%d C=%d smem_slots=%d S=%lld TJ=%d chunk_n=%lld nchunks=%lld grid=%ux%u ws=%zu\n",
            BWD ? "bwd" : "fwd", kinds[P.kind], P.km, P.threads, P.K, P.G, P.C, P.smem_slots, (long long)P.S, P.TJ,
            (long long)P.chunk_n, (long long)P.nchunks, P.grid_x, P.grid_y, P.ws_bytes);
+    if (P.kind == SM_PLAN_CHUNKS)
+      printf("plan %s: resident at once: %d %s\n", BWD ? "bwd" : "fwd",
+             sm_config_residency(softmax_row_chunks_kernel<BWD, T1, T2, Acc>, P.C, P.threads,
+                                 (size_t)P.smem_slots * 16 * (BWD ? 2 : 1), P.grid_y, stream),
+             P.C > 1 ? "clusters on the GPU" : "CTAs per SM");
   }
 #endif
   return J->inner == 1 ? sm_run_rows<BWD, T1, T2, Acc>(J, &P, ws, &info, stream)

@@ -10,6 +10,9 @@
  *   selftest bench   timing table: % of a 1 GiB device-to-device copy
  *                    measured in the same run (bytes read + written)
  *   selftest sweep   timing of planner alternatives (test knobs)
+ *   selftest profile one forward and one backward launch of each point that
+ *                    misses a target of issue #3, with its plan printed (to run
+ *                    under ncu; each case's kernels are launched once)
  *
  * Inputs are fresh random values (randn * 3 plus a few large outliers, never
  * zero); outputs and the whole output buffer are poisoned with NaN (0xff
@@ -805,6 +808,61 @@ static void sweep(void) {
   memset(oss_softmax_cuda_test_knobs, 0, sizeof oss_softmax_cuda_test_knobs);
 }
 
+/* One forward then one backward of each case, plans printed: the launches to
+ * profile (ncu) at the points where #3's targets are missed. */
+static void profile(void) {
+  typedef struct {
+    oss_dtype t;
+    int64_t outer, n, inner;
+  } pcase;
+  static const pcase cases[] = {
+      {OSS_FLOAT32, 32, 1024, 64 * 64},      {OSS_BFLOAT16, 32, 1024, 64 * 64}, /* dim=1 */
+      {OSS_FLOAT32, 32 * 64 * 64, 1024, 1},  {OSS_BFLOAT16, 32 * 64 * 64, 1024, 1}, /* their last-dim peers */
+      {OSS_BFLOAT16, 523, 128256, 1},        {OSS_BFLOAT16, 256, 262144, 1},
+      {OSS_FLOAT32, 64, 1048576, 1},         {OSS_BFLOAT16, 64, 1048576, 1}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const pcase *k = &cases[i];
+    const int64_t cnt = k->outer * k->n * k->inner;
+    const size_t es = dt_size(k->t);
+    void *x, *y, *dy, *dx;
+    CK(cudaMalloc(&x, cnt * es));
+    CK(cudaMalloc(&y, cnt * es));
+    CK(cudaMalloc(&dy, cnt * es));
+    CK(cudaMalloc(&dx, cnt * es));
+    init_device(x, k->t, cnt, 1000 + k->n);
+    init_device(dy, k->t, cnt, 2000 + k->n);
+    sm_ctx c;
+    memset(&c, 0, sizeof c);
+    oss_strided3 v = {x, k->t, k->n * k->inner, k->inner};
+    c.f.outer = k->outer, c.f.n = k->n, c.f.inner = k->inner, c.f.log = 0;
+    c.f.x = v;
+    c.f.y = v, c.f.y.data = y;
+    c.b.outer = k->outer, c.b.n = k->n, c.b.inner = k->inner, c.b.log = 0;
+    c.b.y = c.f.y;
+    c.b.dy = v, c.b.dy.data = dy;
+    c.b.dx = v, c.b.dx.data = dx;
+    size_t ws = oss_softmax_forward_workspace_size_cuda(&c.f);
+    const size_t wsb = oss_softmax_backward_workspace_size_cuda(&c.b);
+    if (wsb > ws) ws = wsb;
+    if (ws) CK(cudaMalloc(&c.ws, ws));
+    printf("profile case %zu: %s [%lld, %lld, %lld]\n", i, dt_name(k->t), (long long)k->outer, (long long)k->n,
+           (long long)k->inner);
+    oss_softmax_cuda_test_knobs[7] = 3;
+    if (do_fwd(&c) != OSS_OK || do_bwd(&c) != OSS_OK) {
+      printf("FAIL profile case %zu: %s\n", i, oss_error_message());
+      g_failures++;
+    }
+    CK(cudaStreamSynchronize(g_stream));
+    fflush(stdout);
+    if (c.ws) CK(cudaFree(c.ws));
+    CK(cudaFree(x));
+    CK(cudaFree(y));
+    CK(cudaFree(dy));
+    CK(cudaFree(dx));
+    g_cases++;
+  }
+}
+
 /* a reduced set for compute-sanitizer memcheck: every tier, alignments, dtypes */
 static void suite_quick(void) {
   static const int64_t widths[] = {1, 7, 33, 129, 1000, 1025, 4097, 32771, 131072, 524291};
@@ -880,8 +938,10 @@ int main(int argc, char **argv) {
     bench();
   } else if (strcmp(mode, "sweep") == 0) {
     sweep();
+  } else if (strcmp(mode, "profile") == 0) {
+    profile();
   } else {
-    fprintf(stderr, "usage: %s [check|quick|race|bench|sweep]\n", argv[0]);
+    fprintf(stderr, "usage: %s [check|quick|race|bench|sweep|profile]\n", argv[0]);
     return 2;
   }
   printf("\n%s: %d checks, %d failed\n", mode, g_cases, g_failures);
