@@ -9,10 +9,14 @@
  *   with no transpose: each row segment of the tile (TJ elements, 64 bytes or
  *   more) is copied into shared memory by 16-byte cp.async pieces, coalesced
  *   along inner (element-wise where the strides or the base break 16-byte
- *   alignment; columns outside [0, inner) are never touched). Then thread
- *   t = ti * TJ + tj folds rows ti, ti + TI, ... of column tj into online
- *   (m, d') statistics, sm_block_reduce merges them over ti, and the output is
- *   written from the tile in 16-byte pieces (so x is read once, y written once).
+ *   alignment; columns outside [0, inner) are never touched); thread t
+ *   copies slots t, t + T, ..., all in one slot column, so its addresses
+ *   step by a constant. Then thread t = ti * TJ + tj takes the statistics of
+ *   tile elements t, t + T, ... (rows ti, ti + TI, ... of column tj) max
+ *   first, as (m, d') (float32/float64 softmax keeps the exp values in the
+ *   tile, so the output needs no second exp), sm_block_reduce merges them
+ *   over ti, and the output is written from the tile in 16-byte pieces by the
+ *   same slot mapping as the loads (so x is read once, y written once).
  *     SM_FULL: the tile holds all n rows.
  *     SM_STATS / SM_APPLY: two-pass fallback for n too large for shared
  *       memory: chunks of rows go to separate CTAs (grid y), partials to the
@@ -61,15 +65,79 @@ template <typename T> __device__ __forceinline__ unsigned long long sm_smem_bits
 
 // ---- columns -------------------------------------------------------------------
 
+/* The statistics of tile elements e = t, t + T, ... < ne (T = SM_COL_THREADS):
+ * the tile is [rows][TJ] and T is a multiple of TJ, so these are one column
+ * (t mod TJ), every TI-th row. Forward: max first, then the sum of exp(x - ms)
+ * (the data is on chip: no running rescale), as (m, d'); with cache
+ * (softmax, 4-/8-byte input, SM_FULL) the exp values replace x in the tile so
+ * the output needs no second exp, and m_thread returns the max they are
+ * relative to. Backward: the sum of y*dy (log_softmax: of dy), compensated
+ * where the output is float32. */
+template <bool BWD, bool FAST, typename T1, typename Acc>
+__device__ __forceinline__ sm_stat<Acc> sm_column_stats(T1 *xa, const T1 *xb, int ne, int log, bool cache,
+                                                        Acc &m_thread) {
+  constexpr int T = SM_COL_THREADS;
+  const int t = threadIdx.x;
+  sm_stat<Acc> st = sm_stat_identity<BWD, Acc>();
+  if constexpr (BWD) {
+    if constexpr (sm_compensated<FAST, Acc>()) {
+#pragma unroll 8
+      for (int e = t; e < ne; e += T) {
+        const Acc a = sm_bits_to_acc<T1, Acc>(sm_smem_bits(xa + e)), b = sm_bits_to_acc<T1, Acc>(sm_smem_bits(xb + e));
+        sm_add_compensated(st.d, st.m, log ? b : a * b);
+      }
+    } else {
+      Acc s = 0;
+#pragma unroll 8
+      for (int e = t; e < ne; e += T) {
+        const Acc a = sm_bits_to_acc<T1, Acc>(sm_smem_bits(xa + e)), b = sm_bits_to_acc<T1, Acc>(sm_smem_bits(xb + e));
+        s += log ? b : a * b;
+      }
+      st.d = s;
+    }
+  } else {
+    Acc m = (Acc)-INFINITY;
+#pragma unroll 8
+    for (int e = t; e < ne; e += T) m = sm_max(m, sm_bits_to_acc<T1, Acc>(sm_smem_bits(xa + e)));
+    const Acc ms = sm_safe_max(m);
+    Acc s = 0, top = 0;
+    if (log) {
+#pragma unroll 8
+      for (int e = t; e < ne; e += T) {
+        const Acc x = sm_bits_to_acc<T1, Acc>(sm_smem_bits(xa + e));
+        sm_sum_split<true>(x, m, sm_exp_shift<FAST>(x, ms), s, top);
+      }
+    } else if (sm_can_cache<T1, Acc>() && cache) {
+      Acc *ca = (Acc *)xa; /* T1 is Acc here */
+#pragma unroll 8
+      for (int e = t; e < ne; e += T) {
+        const Acc ex = sm_exp_shift<FAST>(ca[e], ms);
+        s += ex;
+        ca[e] = ex;
+      }
+    } else {
+#pragma unroll 8
+      for (int e = t; e < ne; e += T) s += sm_exp_shift<FAST>(sm_bits_to_acc<T1, Acc>(sm_smem_bits(xa + e)), ms);
+    }
+    st.d = sm_fold_d(st, m, ms, s, top);
+    st.m = m;
+    m_thread = m;
+  }
+  return st;
+}
+
 template <bool BWD, typename T1, typename T2, typename Acc>
 __global__ void __launch_bounds__(SM_COL_THREADS) softmax_columns_kernel(sm_col_args P) {
-  constexpr int VEC = sm_vec<T1>();
+  constexpr int VEC = sm_vec<T1>(), T = SM_COL_THREADS;
   constexpr bool FAST = sizeof(T2) == 2;
   extern __shared__ uint4 sm_dyn[]; /* tile of a, then tile of b: [chunk_n][TJ / VEC] slots each */
-  __shared__ sm_stat<Acc> red[SM_COL_THREADS + SM_COL_THREADS];
-  __shared__ Acc colc[2][SM_COL_THREADS];
-  const int t = threadIdx.x, T = blockDim.x, TJ = P.TJ, SPR = TJ / VEC;
-  const int tj = t & (TJ - 1), ti = t / TJ, TI = T / TJ;
+  __shared__ sm_stat<Acc> red[T + T];
+  __shared__ Acc colc[2][T];
+  const int t = threadIdx.x, TJ = P.TJ, SPR = TJ / VEC;
+  const int tj = t & (TJ - 1);
+  /* loads and output: thread t moves slots t, t + T, ... of the tile, all in
+   * slot column q (T is a multiple of SPR), rows t / SPR + k * di */
+  const int q = t & (SPR - 1), kq = q * VEC, di = T / SPR;
   /* APPLY visits tiles in the reverse order of STATS (L2 reuse, as for rows) */
   const bool rev = P.mode == SM_APPLY;
   const int64_t tile = rev ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -80,75 +148,70 @@ __global__ void __launch_bounds__(SM_COL_THREADS) softmax_columns_kernel(sm_col_
   const int64_t pairs = P.outer * P.nchunks;
   uint4 *ta = sm_dyn, *tb = sm_dyn + P.chunk_n * SPR;
   const unsigned long long fill = BWD ? 0ull : sm_neg_inf_bits<T1>();
+  const bool cache = !BWD && sm_can_cache<T1, Acc>() && !P.log && P.mode == SM_FULL;
+  const int64_t step_a = di * P.sn_a, step_b = di * P.sn_b, step_out = di * P.sn_out;
 
   for (int64_t pq = blockIdx.y; pq < pairs; pq += gridDim.y) {
     const int64_t pr = rev ? pairs - 1 - pq : pq;
     const int64_t o = pr / P.nchunks, c = pr - o * P.nchunks;
-    const int64_t i0 = c * P.chunk_n;
-    const int rows = (int)(P.n - i0 < P.chunk_n ? P.n - i0 : P.chunk_n);
-    const T1 *A = (const T1 *)P.a + o * P.so_a + i0 * P.sn_a + jt0;
-    const T1 *B = BWD ? (const T1 *)P.b + o * P.so_b + i0 * P.sn_b + jt0 : A;
+    const int64_t i0 = c * P.chunk_n + t / SPR; /* this thread's first row */
+    const int rows = (int)(P.n - c * P.chunk_n < P.chunk_n ? P.n - c * P.chunk_n : P.chunk_n);
+    const int nslots = rows * SPR;
 
     // -- load the tile (rows x TJ) into shared memory
-    for (int p = t; p < rows * SPR; p += T) {
-      const int i = p / SPR, q = p - i * SPR;
-      sm_load_slot_to_smem(ta + p, A + i * P.sn_a, q * VEC, lo, hi, P.vec_a, fill);
-      if (BWD) sm_load_slot_to_smem(tb + p, B + i * P.sn_b, q * VEC, lo, hi, P.vec_b, 0ull);
+    {
+      const T1 *pa = (const T1 *)P.a + o * P.so_a + i0 * P.sn_a + jt0;
+      const T1 *pb = BWD ? (const T1 *)P.b + o * P.so_b + i0 * P.sn_b + jt0 : pa;
+      for (int l = t; l < nslots; l += T, pa += step_a, pb += step_b) {
+        sm_load_slot_to_smem(ta + l, pa, kq, lo, hi, P.vec_a, fill);
+        if (BWD) sm_load_slot_to_smem(tb + l, pb, kq, lo, hi, P.vec_b, 0ull);
+      }
     }
     sm_cp_async_wait();
     __syncthreads();
 
-    // -- statistics of column tj over rows ti, ti + TI, ... (8 rows per online update)
+    // -- statistics of column tj, merged over the TI threads of the column
     sm_stat<Acc> st;
+    Acc m_thread = 0;
     if (P.mode != SM_APPLY) {
-      st = sm_stat_identity<BWD, Acc>();
-      sm_plain_d<BWD>(st, P.log);
-      const T1 *ca = (const T1 *)ta + tj, *cb = (const T1 *)tb + tj;
-      for (int i = ti; i < rows; i += 8 * TI) {
-        Acc va[8], vb[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-          const int r = i + u * TI < rows ? i + u * TI : i;
-          va[u] = sm_bits_to_acc<T1, Acc>(sm_smem_bits(ca + r * TJ));
-          vb[u] = BWD ? sm_bits_to_acc<T1, Acc>(sm_smem_bits(cb + r * TJ)) : va[u];
-        }
-        const int cnt = (rows - i + TI - 1) / TI;
-        sm_accumulate<BWD, FAST>(st, va, vb, cnt < 8 ? cnt : 8, P.log);
-      }
-      sm_prime_d<BWD>(st, P.log);
+      st = sm_column_stats<BWD, FAST>((T1 *)ta, (const T1 *)tb, rows * TJ, P.log, cache, m_thread);
       st = sm_block_reduce<BWD>(st, TJ, red);
       if (P.mode == SM_STATS) {
-        if (ti == 0 && jok) ((sm_stat<Acc> *)P.partials)[(o * P.nchunks + c) * P.inner + jt0 + tj] = st;
+        if (t < TJ && jok) ((sm_stat<Acc> *)P.partials)[(o * P.nchunks + c) * P.inner + jt0 + tj] = st;
         __syncthreads(); /* the tile is reloaded next */
         continue;
       }
     } else {
       st = jok ? ((const sm_stat<Acc> *)P.finals)[o * P.inner + jt0 + tj] : sm_stat_identity<BWD, Acc>();
     }
-    if (ti == 0) sm_finish<BWD, FAST>(st, P.log, colc[0][tj], colc[1][tj]);
+    /* per column constants (sm_finish), or with cache the factor of each
+     * statistics thread's exp values (sm_cache_scale) */
+    if (cache) colc[0][t] = sm_cache_scale(m_thread, st);
+    else if (t < TJ) sm_finish<BWD, FAST>(st, P.log, colc[0][tj], colc[1][tj]);
     __syncthreads();
 
-    // -- output, 16-byte pieces of the tile; a thread's pieces all lie in the
-    //    same slot column q (T is a multiple of TJ / VEC), so its per-column
-    //    constants are read once
-    T2 *O = (T2 *)P.out + o * P.so_out + i0 * P.sn_out + jt0;
-    const int q = t % SPR;
+    // -- output, 16-byte pieces of the tile. Element v of slot l is tile element
+    //    l * VEC + v, whose column is kq + v and whose statistics thread is
+    //    (t * VEC + v) mod T: constants read once
     Acc k0[VEC], k1[VEC];
 #pragma unroll
-    for (int e = 0; e < VEC; e++) k0[e] = colc[0][q * VEC + e], k1[e] = colc[1][q * VEC + e];
-    for (int p = t; p < rows * SPR; p += T) {
-      const int i = p / SPR;
+    for (int v = 0; v < VEC; v++) {
+      k0[v] = cache ? colc[0][(t * VEC + v) & (T - 1)] : colc[0][kq + v];
+      k1[v] = cache ? (Acc)0 : colc[1][kq + v];
+    }
+    T2 *po = (T2 *)P.out + o * P.so_out + i0 * P.sn_out + jt0;
+    for (int l = t; l < nslots; l += T, po += step_out) {
       sm_slot xa, xb;
-      xa.u = ta[p];
-      if (BWD) xb.u = tb[p];
-      Acc v[VEC];
+      xa.u = ta[l];
+      if (BWD) xb.u = tb[l];
+      Acc y[VEC];
 #pragma unroll
-      for (int e = 0; e < VEC; e++) {
-        const Acc a = sm_slot_elem<T1, Acc>(xa, e);
-        const Acc b = BWD ? sm_slot_elem<T1, Acc>(xb, e) : a;
-        v[e] = sm_output<BWD, FAST>(a, b, P.log, k0[e], k1[e]);
+      for (int v = 0; v < VEC; v++) {
+        const Acc a = sm_slot_elem<T1, Acc>(xa, v);
+        const Acc b = BWD ? sm_slot_elem<T1, Acc>(xb, v) : a;
+        y[v] = cache ? a * k0[v] : sm_output<BWD, FAST>(a, b, P.log, k0[v], k1[v]);
       }
-      sm_store_slot<T2, VEC>(O + i * P.sn_out, q * VEC, lo, hi, P.vec_out, v);
+      sm_store_slot<T2, VEC>(po, kq, lo, hi, P.vec_out, y);
     }
     __syncthreads(); /* the tile and colc are reused next */
   }

@@ -19,9 +19,8 @@
  * and a float32 d = 1 + d' would round it away (to a few ulps of 1, which
  * the backward multiplies by sum dy). So log_softmax sums the maximal
  * elements' exp terms (exactly 1 each) apart from the others (sm_sum_split).
- * Streaming code (column tiles, row edges) updates the state online
- * (sm_accumulate); data held in registers is folded max-first
- * (softmax_rows.cuh); partials of threads, warps, CTAs, cluster ranks and
+ * The row edges update the state online (sm_accumulate); data held on chip
+ * (registers, shared memory, column tiles) is folded max-first; partials of threads, warps, CTAs, cluster ranks and
  * split chunks are combined with sm_merge. A max of -inf is replaced by 0 in
  * every subtraction (ms below), so -inf - -inf never makes a NaN by itself;
  * the max ignores NaN (fmax) but a NaN element makes d' NaN, which NaN-s the
@@ -360,7 +359,7 @@ template <typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_shfl_xor(sm_s
  * entries outside the row hold the neutral value and add nothing. softmax's
  * forward (log = 0) folds the plain d = d' + 1 in st.d, one FFMA per call: the
  * caller converts around its loop (sm_plain_d / sm_prime_d); softmax's output
- * needs only d, and the d' bookkeeping cost the columns kernel 3.5 %. */
+ * needs only d. Used by the row edges (softmax_rows.cuh). */
 template <bool BWD, bool FAST, typename Acc, int N>
 __device__ __forceinline__ void sm_accumulate(sm_stat<Acc> &st, const Acc (&a)[N], const Acc (&b)[N], int count,
                                               int log) {
@@ -451,6 +450,19 @@ __device__ __forceinline__ Acc sm_output(Acc a, Acc b, int log, Acc c0, Acc c1) 
   } else {
     return log ? (a - c0) - c1 : sm_exp<FAST>(a - c0) * c1;
   }
+}
+
+/* Forward softmax with 4- or 8-byte input (float32 / float64) may keep
+ * exp(x - ms_thread) in place of x (registers, or the column tile), so the
+ * output needs no second exp: y = e * sm_cache_scale. */
+template <typename T1, typename Acc> __host__ __device__ constexpr bool sm_can_cache() {
+  return sizeof(T1) == sizeof(Acc);
+}
+
+/* The factor turning a thread's cached exp(x - ms_thread) into y: exp(m_thread - ms) / (d' + 1),
+ * or 0 / d (0, or NaN for an all -inf row) when the thread held only -inf. */
+template <typename Acc> __device__ __forceinline__ Acc sm_cache_scale(Acc m_thread, sm_stat<Acc> st) {
+  return (m_thread == (Acc)-INFINITY ? (Acc)0 : sm_exp<false>(m_thread - sm_safe_max(st.m))) / (st.d + (Acc)1);
 }
 
 // ---- reductions ------------------------------------------------------------

@@ -153,12 +153,6 @@ __device__ __forceinline__ void sm_load_full_slot_to_smem(const sm_chunk<T1, T2>
   }
 }
 
-/* Forward softmax with 4- or 8-byte input (float32 / float64) keeps exp(x - ms)
- * of its register slots in place of x, so the output needs no second exp. */
-template <typename T1, typename Acc> __host__ __device__ constexpr bool sm_can_cache() {
-  return sizeof(T1) == sizeof(Acc);
-}
-
 /* Per-slot pieces of the thread statistics (full slots only). Forward: the
  * max over every value a thread holds (registers and shared memory) comes
  * first, then one sum of exp(x - ms): the data is on chip, so no running
@@ -275,12 +269,6 @@ __device__ __forceinline__ void sm_slot_output_cached(const sm_chunk<T1, T2> &R,
 #pragma unroll
   for (int e = 0; e < VEC; e++) o[e] = sm_slot_elem<T1, Acc>(ra, e) * scale;
   sm_store_full<T2, VEC>(R.out0 + R.f0 + m * VEC, R.ok_out, o);
-}
-
-/* The factor turning a thread's cached exp(x - ms_thread) into y: exp(m_thread - ms) / (d' + 1),
- * or 0 / d (0, or NaN for an all -inf row) when the thread held only -inf. */
-template <typename Acc> __device__ __forceinline__ Acc sm_cache_scale(Acc m_thread, sm_stat<Acc> st) {
-  return (m_thread == (Acc)-INFINITY ? (Acc)0 : sm_exp<false>(m_thread - sm_safe_max(st.m))) / (st.d + (Acc)1);
 }
 
 template <bool BWD, typename T1, typename T2, typename Acc>
