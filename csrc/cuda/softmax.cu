@@ -45,8 +45,9 @@
  * means the normal planner. [0] forces a row tier where it can hold the row
  * (1 warp, 2 one CTA, 3 cluster, 4 split); [1] the soft shared-memory limit
  * per CTA in KB (rows); [2] caps the cluster size; [3] forces column chunks
- * of that many rows (the column split path); [4] the soft shared-memory limit
- * in KB for column tiles; [5] slots per lane aimed at in the warp tier;
+ * of that many rows (the column split path); [4] the shared memory in KB of
+ * a column chunk in the split path; [5] slots per lane aimed at in the warp
+ * tier; [6] the column tile's width in bytes (16 .. 256 columns);
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test);
  * the library itself holds no mutable global state. */
@@ -267,16 +268,21 @@ static oss_status sm_plan_cols(const sm_job *J, const oss_device_info *info, sm_
                (((uintptr_t)J->out - (uintptr_t)P->ph * es2) % A2) == 0;
 
   /* tile width: 64-byte row segments, wider (up to 256 columns) while the
-   * tile is small, narrower when inner is */
+   * tile is small, narrower when inner is. 32-byte segments only where a
+   * 64-byte tile cannot be held at all: on the H100 they cost the dim=1
+   * backward of (32, 1024, 64, 64) float32 80 % of copy against 89 % for
+   * 64-byte segments at one CTA per SM (forward: 78 % against 89 %) */
   const int64_t span = sm_pow2_ceil(J->inner + P->ph);
   int64_t TJ = 64 / es;
   if (span < TJ) TJ = span < VEC ? VEC : span;
   while (TJ < SM_COL_THREADS && TJ * 2 <= span && J->n * TJ * es * NA < 16 * 1024) TJ *= 2;
+  const int force_bytes = oss_softmax_cuda_test_knobs[6];
+  if (force_bytes >= 16 && force_bytes / es <= SM_COL_THREADS) TJ = force_bytes / es;
   const int64_t soft = oss_softmax_cuda_test_knobs[4] > 0 ? oss_softmax_cuda_test_knobs[4] * 1024 : 72 * 1024;
   const int64_t hard = (int64_t)info->max_smem_per_block_optin - 16 * 1024;
   int64_t chunk_n = J->n;
-  if (J->n * TJ * es * NA > soft && TJ * es > 32 && J->n * (TJ / 2) * es * NA <= soft) TJ /= 2; /* 32-byte segments */
-  if (J->n * TJ * es * NA > soft && J->n * TJ * es * NA > hard) chunk_n = soft / (TJ * es * NA);
+  if (J->n * TJ * es * NA > hard && TJ * es > 32 && J->n * (TJ / 2) * es * NA <= hard) TJ /= 2; /* 32-byte segments */
+  if (J->n * TJ * es * NA > hard) chunk_n = soft / (TJ * es * NA);
   if (oss_softmax_cuda_test_knobs[3] > 0 && oss_softmax_cuda_test_knobs[3] < chunk_n) chunk_n = oss_softmax_cuda_test_knobs[3];
   P->TJ = (int)TJ;
   P->chunk_n = chunk_n;
@@ -460,6 +466,10 @@ static oss_status sm_run(const sm_job *J, void *ws, cudaStream_t stream, size_t 
              sm_config_residency(softmax_row_chunks_kernel<BWD, T1, T2, Acc>, P.C, P.threads,
                                  (size_t)P.smem_slots * 16 * (BWD ? 2 : 1), P.grid_y, stream),
              P.C > 1 ? "clusters on the GPU" : "CTAs per SM");
+    if (P.kind == SM_PLAN_COLS || P.kind == SM_PLAN_COLS_SPLIT)
+      printf("plan %s: resident at once: %d CTAs per SM\n", BWD ? "bwd" : "fwd",
+             sm_config_residency(softmax_columns_kernel<BWD, T1, T2, Acc>, 1, P.threads, (size_t)P.smem_slots * 16,
+                                 P.grid_y, stream));
   }
 #endif
   return J->inner == 1 ? sm_run_rows<BWD, T1, T2, Acc>(J, &P, ws, &info, stream)
