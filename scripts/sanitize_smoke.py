@@ -44,8 +44,19 @@ def softmax_cases():
                 dx = op(dy, y, -1, dtype)
                 close(f"bwd {dtype} {rows}x{cols} log={log}", dx, op(dy.cpu().float(), y.cpu().float(), -1,
                                                                     torch.float32), tol * 10)
+        # columns kernel: a small tile; tiles of 64-byte rows that fill the SM (512 threads
+        # for the backward); the column split (a 64-byte tile too large for shared memory)
+        for shape in ((2, 300, 5, 7), (2, 1500, 40), (1, 6000, 24)):
+            x = torch.randn(shape, device="cuda", dtype=dtype) * 3
+            for log in (False, True):
+                fn = torch_oss.log_softmax if log else torch_oss.softmax
+                y = fn(x, 1)
+                close(f"dim=1 fwd {dtype} {shape} log={log}", y, fn(x.cpu().float(), 1), tol)
+                dy = torch.randn_like(y)
+                op = torch.ops.oss.log_softmax_backward if log else torch.ops.oss.softmax_backward
+                close(f"dim=1 bwd {dtype} {shape} log={log}", op(dy, y, 1, dtype),
+                      op(dy.cpu().float(), y.cpu().float(), 1, torch.float32), tol * 10)
         x = torch.randn(2, 300, 5, 7, device="cuda", dtype=dtype)
-        close(f"dim=1 {dtype}", torch_oss.softmax(x, 1), torch_oss.softmax(x.cpu().float(), 1), tol)
         close(f"cast {dtype}", torch_oss.softmax(x, 1, dtype=torch.float32), torch_oss.softmax(x.cpu().float(), 1),
               tol)
 

@@ -47,16 +47,17 @@
  * per CTA in KB (rows); [2] caps the cluster size; [3] forces column chunks
  * of that many rows (the column split path); [4] the shared memory in KB of
  * a column chunk in the split path; [5] slots per lane aimed at in the warp
- * tier; [6] the column tile's width in bytes (16 .. 256 columns);
+ * tier; [6] the column tile's width in bytes (16 .. 256 columns); [8] the
+ * column kernel's CTA size (256 or 512);
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test);
  * the library itself holds no mutable global state. */
 #ifdef OSS_SOFTMAX_TEST_KNOBS
 extern "C" {
-int oss_softmax_cuda_test_knobs[8];
+int oss_softmax_cuda_test_knobs[9];
 }
 #else
-static const int oss_softmax_cuda_test_knobs[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+static const int oss_softmax_cuda_test_knobs[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
 #endif
 
 // ---- the job: forward and backward in one shape --------------------------------
@@ -289,7 +290,14 @@ static oss_status sm_plan_cols(const sm_job *J, const oss_device_info *info, sm_
   P->nchunks = sm_cdiv(J->n, chunk_n);
   P->kind = P->nchunks == 1 ? SM_PLAN_COLS : SM_PLAN_COLS_SPLIT;
   P->smem_slots = (int)(chunk_n * (TJ / VEC) * NA);
-  P->threads = SM_COL_THREADS;
+  /* a tile that leaves room for no second CTA on the SM gets twice the
+   * threads (float statistics only: double's static shared memory would not
+   * fit beside it) */
+  const int64_t tile_bytes = chunk_n * TJ * es * NA;
+  P->threads = sizeof(Acc) == 4 && tile_bytes > info->max_smem_per_sm / 2 - 8 * 1024 ? SM_COL_THREADS_WIDE
+                                                                                     : SM_COL_THREADS;
+  if (oss_softmax_cuda_test_knobs[8] == SM_COL_THREADS || (oss_softmax_cuda_test_knobs[8] == SM_COL_THREADS_WIDE && sizeof(Acc) == 4))
+    P->threads = oss_softmax_cuda_test_knobs[8];
   if (P->kind == SM_PLAN_COLS_SPLIT)
     P->ws_bytes = (size_t)(J->outer * J->inner * (P->nchunks + 1)) * sizeof(sm_stat<Acc>);
   const int64_t tiles = sm_cdiv(J->inner + P->ph, TJ);
@@ -389,6 +397,14 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   return oss_check_launch("softmax_row_chunks_kernel (apply)");
 }
 
+/* The columns kernel instantiation for a CTA size (float64 statistics: 256 only). */
+template <bool BWD, typename T1, typename T2, typename Acc>
+static void (*sm_columns_kernel_for(int threads))(sm_col_args) {
+  if constexpr (sizeof(Acc) == 4)
+    if (threads == SM_COL_THREADS_WIDE) return softmax_columns_kernel<BWD, T1, T2, Acc, SM_COL_THREADS_WIDE>;
+  return softmax_columns_kernel<BWD, T1, T2, Acc, SM_COL_THREADS>;
+}
+
 template <bool BWD, typename T1, typename T2, typename Acc>
 static oss_status sm_run_cols(const sm_job *J, const sm_plan *P, void *ws, const oss_device_info *info,
                               cudaStream_t stream) {
@@ -414,7 +430,7 @@ static oss_status sm_run_cols(const sm_job *J, const sm_plan *P, void *ws, const
   A.vec_out = P->vec_out;
   A.chunk_n = P->chunk_n;
   A.nchunks = P->nchunks;
-  void (*kern)(sm_col_args) = softmax_columns_kernel<BWD, T1, T2, Acc>;
+  void (*kern)(sm_col_args) = sm_columns_kernel_for<BWD, T1, T2, Acc>(P->threads);
   const size_t smem = (size_t)P->smem_slots * 16;
   /* static shared memory (up to 12 KB) counts toward the default 48 KB: opt in early */
   if (smem > 32 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -468,7 +484,7 @@ static oss_status sm_run(const sm_job *J, void *ws, cudaStream_t stream, size_t 
              P.C > 1 ? "clusters on the GPU" : "CTAs per SM");
     if (P.kind == SM_PLAN_COLS || P.kind == SM_PLAN_COLS_SPLIT)
       printf("plan %s: resident at once: %d CTAs per SM\n", BWD ? "bwd" : "fwd",
-             sm_config_residency(softmax_columns_kernel<BWD, T1, T2, Acc>, 1, P.threads, (size_t)P.smem_slots * 16,
+             sm_config_residency(sm_columns_kernel_for<BWD, T1, T2, Acc>(P.threads), 1, P.threads, (size_t)P.smem_slots * 16,
                                  P.grid_y, stream));
   }
 #endif

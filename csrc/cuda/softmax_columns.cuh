@@ -31,8 +31,9 @@
  *   with G lanes per item (G = 32 for rows, 1 for columns, whose items are
  *   adjacent in memory).
  *
- * Limits: blockDim.x = SM_COL_THREADS; TJ a power of two, a multiple of the
- * slot width and at most SM_COL_THREADS; 64-bit offsets.
+ * Limits: blockDim.x = T (SM_COL_THREADS, or SM_COL_THREADS_WIDE for float
+ * statistics); TJ a power of two, a multiple of the slot width and at most
+ * SM_COL_THREADS; 64-bit offsets.
  */
 #ifndef OSS_SOFTMAX_COLUMNS_CUH
 #define OSS_SOFTMAX_COLUMNS_CUH
@@ -55,7 +56,10 @@ typedef struct sm_col_args {
   void *finals;              /* [outer][inner] */
 } sm_col_args;
 
-enum { SM_COL_THREADS = 256 };
+/* CTA sizes: 256 threads, or 512 for float statistics when the tile is so
+ * large that one CTA fills the SM (the statistics then run on twice the
+ * warps, with nothing else on the SM to hide them) */
+enum { SM_COL_THREADS = 256, SM_COL_THREADS_WIDE = 512 };
 
 template <typename T> __device__ __forceinline__ unsigned long long sm_smem_bits(const T *p) {
   if constexpr (sizeof(T) == 2) return *(const unsigned short *)p;
@@ -66,17 +70,16 @@ template <typename T> __device__ __forceinline__ unsigned long long sm_smem_bits
 // ---- columns -------------------------------------------------------------------
 
 /* The statistics of tile elements e = t, t + T, ... < ne (T = SM_COL_THREADS):
- * the tile is [rows][TJ] and T is a multiple of TJ, so these are one column
+ * the tile is [rows][TJ] and T (the CTA size) is a multiple of TJ, so these are one column
  * (t mod TJ), every TI-th row. Forward: max first, then the sum of exp(x - ms)
  * (the data is on chip: no running rescale), as (m, d'); with cache
  * (softmax, 4-/8-byte input, SM_FULL) the exp values replace x in the tile so
  * the output needs no second exp, and m_thread returns the max they are
  * relative to. Backward: the sum of y*dy (log_softmax: of dy), compensated
  * where the output is float32. */
-template <bool BWD, bool FAST, typename T1, typename Acc>
+template <bool BWD, bool FAST, typename T1, typename Acc, int T>
 __device__ __forceinline__ sm_stat<Acc> sm_column_stats(T1 *xa, const T1 *xb, int ne, int log, bool cache,
                                                         Acc &m_thread) {
-  constexpr int T = SM_COL_THREADS;
   const int t = threadIdx.x;
   sm_stat<Acc> st = sm_stat_identity<BWD, Acc>();
   if constexpr (BWD) {
@@ -126,9 +129,9 @@ __device__ __forceinline__ sm_stat<Acc> sm_column_stats(T1 *xa, const T1 *xb, in
   return st;
 }
 
-template <bool BWD, typename T1, typename T2, typename Acc>
-__global__ void __launch_bounds__(SM_COL_THREADS) softmax_columns_kernel(sm_col_args P) {
-  constexpr int VEC = sm_vec<T1>(), T = SM_COL_THREADS;
+template <bool BWD, typename T1, typename T2, typename Acc, int T>
+__global__ void __launch_bounds__(T) softmax_columns_kernel(sm_col_args P) {
+  constexpr int VEC = sm_vec<T1>();
   constexpr bool FAST = sizeof(T2) == 2;
   extern __shared__ uint4 sm_dyn[]; /* tile of a, then tile of b: [chunk_n][TJ / VEC] slots each */
   __shared__ sm_stat<Acc> red[T + T];
@@ -174,7 +177,7 @@ __global__ void __launch_bounds__(SM_COL_THREADS) softmax_columns_kernel(sm_col_
     sm_stat<Acc> st;
     Acc m_thread = 0;
     if (P.mode != SM_APPLY) {
-      st = sm_column_stats<BWD, FAST>((T1 *)ta, (const T1 *)tb, rows * TJ, P.log, cache, m_thread);
+      st = sm_column_stats<BWD, FAST, T1, Acc, T>((T1 *)ta, (const T1 *)tb, rows * TJ, P.log, cache, m_thread);
       st = sm_block_reduce<BWD>(st, TJ, red);
       if (P.mode == SM_STATS) {
         if (t < TJ && jok) ((sm_stat<Acc> *)P.partials)[(o * P.nchunks + c) * P.inner + jt0 + tj] = st;

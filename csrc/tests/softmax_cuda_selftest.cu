@@ -9,8 +9,9 @@
  *   selftest race    a few small cases per tier (for compute-sanitizer racecheck)
  *   selftest bench   timing table: % of a 1 GiB device-to-device copy
  *                    measured in the same run (bytes read + written)
- *   selftest bench_dim1 [BYTES]  only the table's last lines (dim=1 against the last
- *                    dim), optionally with the column tiles' width forced
+ *   selftest bench_dim1 [BYTES [THREADS]]  only the table's last lines (dim=1
+ *                    against the last dim), optionally with the column tiles'
+ *                    width and CTA size forced (0: the planner's)
  *   selftest sweep   timing of planner alternatives (test knobs)
  *   selftest profile one forward and one backward launch of each point that
  *                    misses a target of issue #3, with its plan printed (to run
@@ -40,7 +41,7 @@
 #include "oss.h"
 
 /* Planner knobs of softmax.cu, for tests and tuning only (see there). */
-extern "C" int oss_softmax_cuda_test_knobs[8];
+extern "C" int oss_softmax_cuda_test_knobs[9];
 
 #define CK(call)                                                                                  \
   do {                                                                                            \
@@ -742,7 +743,7 @@ static void bench_one(oss_dtype t, int64_t outer, int64_t n, int64_t inner, doub
 
 static const int64_t bench_widths[] = {128, 512, 1024, 4096, 32768, 128256, 262144, 1048576, 16777216};
 
-static void bench_dim1(int tile_bytes);
+static void bench_dim1(int tile_bytes, int threads);
 
 static void bench(void) {
   measure_copy();
@@ -757,25 +758,27 @@ static void bench(void) {
              bu, bp);
       fflush(stdout);
     }
-  bench_dim1(0);
+  bench_dim1(0, 0);
 }
 
 /* softmax over dim 1 of a (32, 1024, 64, 64) tensor (the columns kernel)
  * against the last-dim case of the same bytes (#3's 0.9x target) */
-static void bench_dim1(int tile_bytes) {
+static void bench_dim1(int tile_bytes, int threads) {
   double fp, bp, fu, bu, fp2, bp2, fu2, bu2;
   oss_softmax_cuda_test_knobs[6] = tile_bytes;
-  oss_softmax_cuda_test_knobs[7] = tile_bytes ? 3 : 0;
+  oss_softmax_cuda_test_knobs[8] = threads;
+  oss_softmax_cuda_test_knobs[7] = tile_bytes || threads ? 3 : 0;
   bench_one(OSS_FLOAT32, 32, 1024, 64 * 64, &fp, &bp, &fu, &bu, 1);
   bench_one(OSS_FLOAT32, 32 * 64 * 64, 1024, 1, &fp2, &bp2, &fu2, &bu2, 0);
   printf("\ndim=1 of (32,1024,64,64) f32: fwd %.1f us %.1f%% (%.2fx of last-dim %.1f%%), bwd %.1f us %.1f%% (%.2fx of %.1f%%)\n",
          fu, fp, fp / fp2, fp2, bu, bp, bp / bp2, bp2);
-  oss_softmax_cuda_test_knobs[7] = tile_bytes ? 3 : 0;
+  oss_softmax_cuda_test_knobs[7] = tile_bytes || threads ? 3 : 0;
   bench_one(OSS_BFLOAT16, 32, 1024, 64 * 64, &fp, &bp, &fu, &bu, 1);
   bench_one(OSS_BFLOAT16, 32 * 64 * 64, 1024, 1, &fp2, &bp2, &fu2, &bu2, 0);
   printf("dim=1 of (32,1024,64,64) bf16: fwd %.1f%% (%.2fx of last-dim %.1f%%), bwd %.1f%% (%.2fx of %.1f%%)\n", fp,
          fp / fp2, fp2, bp, bp / bp2, bp2);
   oss_softmax_cuda_test_knobs[6] = 0;
+  oss_softmax_cuda_test_knobs[8] = 0;
 }
 
 /* planner alternatives through the knobs (forced tier, warp slots per lane,
@@ -952,9 +955,9 @@ int main(int argc, char **argv) {
   } else if (strcmp(mode, "sweep") == 0) {
     sweep();
   } else if (strcmp(mode, "bench_dim1") == 0) {
-    /* optional: the column tiles' width in bytes (knob 6) */
+    /* optional: the column tiles' width in bytes (knob 6), the CTA size (knob 8) */
     measure_copy();
-    bench_dim1(argc > 2 ? atoi(argv[2]) : 0);
+    bench_dim1(argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 0);
   } else if (strcmp(mode, "profile") == 0) {
     profile();
   } else {
