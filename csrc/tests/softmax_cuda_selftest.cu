@@ -700,9 +700,10 @@ static void measure_copy(void) {
   CK(cudaFree(cc.dst));
 }
 
-/* One forward + backward timing of [outer, n, inner] in dtype t; returns % of copy. */
-static void bench_one(oss_dtype t, int64_t outer, int64_t n, int64_t inner, double *fwd_pct, double *bwd_pct,
-                      double *fwd_us, double *bwd_us, int verify) {
+/* Contiguous x, y, dy, dx of [outer, n, inner] in dtype t (x and dy random),
+ * the forward and backward jobs over them and their workspace; free with
+ * bench_ctx_free. */
+static void bench_ctx_alloc(sm_ctx *c, oss_dtype t, int64_t outer, int64_t n, int64_t inner) {
   const int64_t cnt = outer * n * inner;
   const size_t es = dt_size(t);
   void *x, *y, *dy, *dx;
@@ -712,20 +713,36 @@ static void bench_one(oss_dtype t, int64_t outer, int64_t n, int64_t inner, doub
   CK(cudaMalloc(&dx, cnt * es));
   init_device(x, t, cnt, 1000 + n);
   init_device(dy, t, cnt, 2000 + n);
-  sm_ctx c;
-  memset(&c, 0, sizeof c);
+  memset(c, 0, sizeof *c);
   oss_strided3 v = {x, t, n * inner, inner};
-  c.f.outer = outer, c.f.n = n, c.f.inner = inner, c.f.log = 0;
-  c.f.x = v;
-  c.f.y = v, c.f.y.data = y;
-  c.b.outer = outer, c.b.n = n, c.b.inner = inner, c.b.log = 0;
-  c.b.y = c.f.y;
-  c.b.dy = v, c.b.dy.data = dy;
-  c.b.dx = v, c.b.dx.data = dx;
-  size_t ws = oss_softmax_forward_workspace_size_cuda(&c.f);
-  const size_t wsb = oss_softmax_backward_workspace_size_cuda(&c.b);
+  c->f.outer = outer, c->f.n = n, c->f.inner = inner, c->f.log = 0;
+  c->f.x = v;
+  c->f.y = v, c->f.y.data = y;
+  c->b.outer = outer, c->b.n = n, c->b.inner = inner, c->b.log = 0;
+  c->b.y = c->f.y;
+  c->b.dy = v, c->b.dy.data = dy;
+  c->b.dx = v, c->b.dx.data = dx;
+  size_t ws = oss_softmax_forward_workspace_size_cuda(&c->f);
+  const size_t wsb = oss_softmax_backward_workspace_size_cuda(&c->b);
   if (wsb > ws) ws = wsb;
-  if (ws) CK(cudaMalloc(&c.ws, ws));
+  if (ws) CK(cudaMalloc(&c->ws, ws));
+}
+
+static void bench_ctx_free(sm_ctx *c) {
+  if (c->ws) CK(cudaFree(c->ws));
+  CK(cudaFree(c->f.x.data));
+  CK(cudaFree(c->f.y.data));
+  CK(cudaFree(c->b.dy.data));
+  CK(cudaFree(c->b.dx.data));
+}
+
+/* One forward + backward timing of [outer, n, inner] in dtype t; returns % of copy. */
+static void bench_one(oss_dtype t, int64_t outer, int64_t n, int64_t inner, double *fwd_pct, double *bwd_pct,
+                      double *fwd_us, double *bwd_us, int verify) {
+  const int64_t cnt = outer * n * inner;
+  const size_t es = dt_size(t);
+  sm_ctx c;
+  bench_ctx_alloc(&c, t, outer, n, inner);
   const float fms = time_median_ms(do_fwd, &c, 15);
   if (verify) verify_rows(&c, 0, outer, n, inner);
   const float bms = time_median_ms(do_bwd, &c, 15);
@@ -734,11 +751,7 @@ static void bench_one(oss_dtype t, int64_t outer, int64_t n, int64_t inner, doub
   *fwd_us = fms * 1e3, *bwd_us = bms * 1e3;
   *fwd_pct = 100.0 * (2 * bytes / (fms * 1e-3) / 1e9) / g_copy_gbs;
   *bwd_pct = 100.0 * (3 * bytes / (bms * 1e-3) / 1e9) / g_copy_gbs;
-  if (c.ws) CK(cudaFree(c.ws));
-  CK(cudaFree(x));
-  CK(cudaFree(y));
-  CK(cudaFree(dy));
-  CK(cudaFree(dx));
+  bench_ctx_free(&c);
 }
 
 static const int64_t bench_widths[] = {128, 512, 1024, 4096, 32768, 128256, 262144, 1048576, 16777216};
@@ -838,29 +851,8 @@ static void profile(void) {
       {OSS_FLOAT32, 64, 1048576, 1},         {OSS_BFLOAT16, 64, 1048576, 1}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     const pcase *k = &cases[i];
-    const int64_t cnt = k->outer * k->n * k->inner;
-    const size_t es = dt_size(k->t);
-    void *x, *y, *dy, *dx;
-    CK(cudaMalloc(&x, cnt * es));
-    CK(cudaMalloc(&y, cnt * es));
-    CK(cudaMalloc(&dy, cnt * es));
-    CK(cudaMalloc(&dx, cnt * es));
-    init_device(x, k->t, cnt, 1000 + k->n);
-    init_device(dy, k->t, cnt, 2000 + k->n);
     sm_ctx c;
-    memset(&c, 0, sizeof c);
-    oss_strided3 v = {x, k->t, k->n * k->inner, k->inner};
-    c.f.outer = k->outer, c.f.n = k->n, c.f.inner = k->inner, c.f.log = 0;
-    c.f.x = v;
-    c.f.y = v, c.f.y.data = y;
-    c.b.outer = k->outer, c.b.n = k->n, c.b.inner = k->inner, c.b.log = 0;
-    c.b.y = c.f.y;
-    c.b.dy = v, c.b.dy.data = dy;
-    c.b.dx = v, c.b.dx.data = dx;
-    size_t ws = oss_softmax_forward_workspace_size_cuda(&c.f);
-    const size_t wsb = oss_softmax_backward_workspace_size_cuda(&c.b);
-    if (wsb > ws) ws = wsb;
-    if (ws) CK(cudaMalloc(&c.ws, ws));
+    bench_ctx_alloc(&c, k->t, k->outer, k->n, k->inner);
     printf("profile case %zu: %s [%lld, %lld, %lld]\n", i, dt_name(k->t), (long long)k->outer, (long long)k->n,
            (long long)k->inner);
     oss_softmax_cuda_test_knobs[7] = 3;
@@ -870,11 +862,7 @@ static void profile(void) {
     }
     CK(cudaStreamSynchronize(g_stream));
     fflush(stdout);
-    if (c.ws) CK(cudaFree(c.ws));
-    CK(cudaFree(x));
-    CK(cudaFree(y));
-    CK(cudaFree(dy));
-    CK(cudaFree(dx));
+    bench_ctx_free(&c);
     g_cases++;
   }
 }
