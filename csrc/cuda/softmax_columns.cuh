@@ -69,7 +69,7 @@ template <typename T> __device__ __forceinline__ unsigned long long sm_smem_bits
 
 // ---- columns -------------------------------------------------------------------
 
-/* The statistics of tile elements e = t, t + T, ... < ne (T = SM_COL_THREADS):
+/* The statistics of tile elements e = t, t + T, ... < ne (T the CTA size):
  * the tile is [rows][TJ] and T (the CTA size) is a multiple of TJ, so these are one column
  * (t mod TJ), every TI-th row. Forward: max first, then the sum of exp(x - ms)
  * (the data is on chip: no running rescale), as (m, d'); with cache
