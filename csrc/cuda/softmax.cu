@@ -16,10 +16,15 @@
  *                            512 threads x 8 slots in registers plus ~100 KB of
  *                            shared memory (two CTAs per SM), else 1024 threads
  *                            and up to all of the shared memory
- *     fits a cluster (sm_90) the same kernel, a cluster of C = 2..16 CTAs that
- *                            exchange (m, d') through distributed shared memory
- *                            (forward: ~1.4M float32 / ~2.9M 16-bit elements,
- *                            backward about half)
+ *     fits a cluster (sm_90) the same kernel, a cluster of C = 2..16 CTAs of
+ *     of <= 512 threads      <= 512 threads that exchange (m, d') through
+ *                            distributed shared memory (forward: ~670K
+ *                            float32 / ~1.3M 16-bit elements, backward half)
+ *     fits C <= half the     SM_SPREAD: C CTAs of <= 512 threads and <= 64 KB
+ *     resident CTAs          of shared memory (two per SM) that exchange
+ *                            (m, d') through the workspace (H100 forward: up
+ *                            to ~4.3M float32 / ~8.6M 16-bit elements; any
+ *                            GPU); else 1024-thread CTAs or clusters
  *     anything wider         split: SM_STATS chunks -> merge -> SM_APPLY in
  *                            reverse order (the row is read twice; part of the
  *                            second read hits L2)
@@ -43,8 +48,8 @@
 
 /* For csrc/tests/softmax_cuda_selftest.cu only (not part of oss.h): all zero
  * means the normal planner. [0] forces a row tier where it can hold the row
- * (1 warp, 2 one CTA, 3 cluster, 4 split); [1] the soft shared-memory limit
- * per CTA in KB (rows); [2] caps the cluster size; [3] forces column chunks
+ * (1 warp, 2 one CTA, 3 cluster, 4 split, 5 spread); [1] the soft shared-memory limit
+ * per CTA in KB (rows; also the spread tier's chunks); [2] caps the cluster size; [3] forces column chunks
  * of that many rows (the column split path); [4] the shared memory in KB of
  * a column chunk in the split path; [5] slots per lane aimed at in the warp
  * tier; [6] the column tile's width in bytes (16 .. 256 columns); [8] the
@@ -80,7 +85,7 @@ typedef struct sm_plan {
   size_t ws_bytes;
 } sm_plan;
 
-enum { SM_PLAN_WARP = 0, SM_PLAN_CHUNKS = 1, SM_PLAN_SPLIT = 2, SM_PLAN_COLS = 3, SM_PLAN_COLS_SPLIT = 4 };
+enum { SM_PLAN_WARP = 0, SM_PLAN_CHUNKS = 1, SM_PLAN_SPLIT = 2, SM_PLAN_COLS = 3, SM_PLAN_COLS_SPLIT = 4, SM_PLAN_SPREAD = 5 };
 
 static const char *sm_dtype_name(oss_dtype t) {
   switch (t) {
@@ -150,6 +155,53 @@ static int sm_config_residency(Kern kern, int C, int threads, size_t smem, unsig
   return clusters;
 }
 
+/* The CTA shape holding `need` slots: T threads (a power of two, 64 .. tmax)
+ * with K register slots each, the rest in shared memory. */
+static void sm_chunk_shape(int64_t need, int64_t tmax, int kreg, int64_t *T, int64_t *K, int64_t *smem_slots) {
+  if (need <= tmax * kreg) {
+    *T = sm_pow2_ceil(sm_cdiv(need, kreg));
+    if (*T < 64) *T = 64;
+    *K = sm_cdiv(need, *T);
+    *smem_slots = 0;
+  } else {
+    *T = tmax;
+    *K = kreg;
+    *smem_slots = need - tmax * kreg;
+  }
+}
+
+/* Bytes of SM_SPREAD's counters at the front of its workspace: the ticket and
+ * one arrival count per row, rounded up to 16. */
+static size_t sm_spread_counter_bytes(int64_t rows) { return ((size_t)(rows + 1) * sizeof(unsigned) + 15) & ~(size_t)15; }
+
+/* SM_SPREAD: the fewest CTAs of <= 512 threads and <= `soft` bytes of shared
+ * memory (two per SM) that hold the row; false where fewer than two are
+ * needed or the GPU cannot hold twice a row's CTAs at once (the tier needs
+ * all C of a row resident together). */
+template <bool BWD, typename T1, typename T2, typename Acc>
+static bool sm_plan_spread(const sm_job *J, const oss_device_info *info, int64_t nslots, int64_t soft,
+                           cudaStream_t stream, sm_plan *P) {
+  constexpr int KREG = sm_chunk_kreg<BWD, Acc>();
+  const int64_t slot_bytes = 16 * (BWD ? 2 : 1), tmax = 512;
+  const int64_t C = sm_cdiv(nslots, tmax * KREG + soft / slot_bytes);
+  if (C < 2 || J->outer * C > 0x7fffffff) return false;
+  int64_t T, K, smem_slots;
+  sm_chunk_shape(sm_cdiv(nslots, C), tmax, KREG, &T, &K, &smem_slots);
+  const int per_sm = sm_config_residency(softmax_row_chunks_kernel<BWD, T1, T2, Acc>, 1, (int)T,
+                                         (size_t)(smem_slots * slot_bytes), 1, stream);
+  if (2 * C > (int64_t)per_sm * info->sm_count) return false;
+  P->kind = SM_PLAN_SPREAD;
+  P->threads = (int)T;
+  P->K = (int)K;
+  P->C = (int)C;
+  P->smem_slots = (int)smem_slots;
+  P->S = T * K + smem_slots;
+  P->grid_x = (unsigned)(J->outer * C);
+  P->grid_y = 1;
+  P->ws_bytes = sm_spread_counter_bytes(J->outer) + (size_t)(J->outer * C) * sizeof(sm_stat<Acc>);
+  return true;
+}
+
 template <bool BWD, typename T1, typename T2, typename Acc>
 static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cudaStream_t stream, sm_plan *P) {
   constexpr int VEC = sm_vec<T1>();
@@ -200,24 +252,23 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
   int cmax = info->cc_major >= 9 ? 16 : 1;
   if (oss_softmax_cuda_test_knobs[2] > 0 && oss_softmax_cuda_test_knobs[2] < cmax) cmax = oss_softmax_cuda_test_knobs[2];
   void (*kern)(sm_row_args) = softmax_row_chunks_kernel<BWD, T1, T2, Acc>;
-  for (int pass = 0; pass < 2 && force != 4; pass++) {
+  /* spread tier: chunks of <= 64 KB of shared memory. On the H100 it beats
+   * 1024-thread CTAs (one per SM; at most 7 clusters of 16 fit) and the split
+   * tier by far (float32 1M columns forward 76 -> 89 % of copy, backward
+   * 61 -> 91 %), but loses to the clusters of the first pass (float32 256K
+   * forward 90 against 94 %, bfloat16 1M forward 77 against 78 %): its
+   * exchange goes through L2 (bench/NOTES-softmax.md v11) */
+  const int64_t spread_soft = oss_softmax_cuda_test_knobs[1] > 0 ? soft : 64 * 1024;
+  if (force == 5 && sm_plan_spread<BWD, T1, T2, Acc>(J, info, nslots, spread_soft, stream, P)) return OSS_OK;
+  for (int pass = 0; pass < 2 && force != 4 && force != 5; pass++) {
+    if (pass == 1 && force == 0 && sm_plan_spread<BWD, T1, T2, Acc>(J, info, nslots, spread_soft, stream, P))
+      return OSS_OK;
     const int64_t limit = pass == 0 ? soft : hard;
     const int64_t tmax = pass == 0 ? 512 : tmax_hard;
-    const int64_t regcap = tmax * KREG;
     for (int C = 1; C <= cmax; C *= 2) {
       if ((force == 2 && C > 1) || (force == 3 && C == 1)) continue;
-      const int64_t need = sm_cdiv(nslots, C);
       int64_t T, K, smem_slots;
-      if (need <= regcap) {
-        T = sm_pow2_ceil(sm_cdiv(need, KREG));
-        if (T < 64) T = 64;
-        K = sm_cdiv(need, T);
-        smem_slots = 0;
-      } else {
-        T = tmax;
-        K = KREG;
-        smem_slots = need - regcap;
-      }
+      sm_chunk_shape(sm_cdiv(nslots, C), tmax, KREG, &T, &K, &smem_slots);
       const int64_t bytes = smem_slots * slot_bytes;
       if (bytes > limit) continue;
       if ((C > 1 || bytes > 40 * 1024 || T > 512) &&
@@ -382,6 +433,18 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
                       cudaGetErrorString(err));
     return oss_check_launch("softmax_row_chunks_kernel (cluster)");
   }
+  if (P->kind == SM_PLAN_SPREAD) {
+    const size_t smem = (size_t)P->smem_slots * 16 * (BWD ? 2 : 1);
+    if (ws == NULL)
+      return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "softmax: this shape needs a workspace of %zu bytes but workspace is NULL", P->ws_bytes);
+    A.mode = SM_SPREAD;
+    A.counters = (unsigned *)ws;
+    A.partials = (char *)ws + sm_spread_counter_bytes(J->outer);
+    OSS_CUDA_TRY(cudaMemsetAsync(ws, 0, sm_spread_counter_bytes(J->outer), stream));
+    if (smem > 40 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kern<<<grid, block, smem, stream>>>(A);
+    return oss_check_launch("softmax_row_chunks_kernel (spread)");
+  }
   /* split */
   if (ws == NULL && P->ws_bytes) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "softmax: this shape needs a workspace of %zu bytes but workspace is NULL", P->ws_bytes);
   A.partials = ws;
@@ -473,15 +536,15 @@ static oss_status sm_run(const sm_job *J, void *ws, cudaStream_t stream, size_t 
 #ifdef OSS_SOFTMAX_TEST_KNOBS
   if (oss_softmax_cuda_test_knobs[7] & (BWD ? 2 : 1)) {
     oss_softmax_cuda_test_knobs[7] &= BWD ? ~2 : ~1;
-    static const char *kinds[] = {"warp", "chunks", "split", "cols", "cols-split"};
+    static const char *kinds[] = {"warp", "chunks", "split", "cols", "cols-split", "spread"};
     printf("plan %s: %s km=%d threads=%d K=%d G=%d C=%d smem_slots=%d S=%lld TJ=%d chunk_n=%lld nchunks=%lld grid=%ux%u ws=%zu\n",
            BWD ? "bwd" : "fwd", kinds[P.kind], P.km, P.threads, P.K, P.G, P.C, P.smem_slots, (long long)P.S, P.TJ,
            (long long)P.chunk_n, (long long)P.nchunks, P.grid_x, P.grid_y, P.ws_bytes);
-    if (P.kind == SM_PLAN_CHUNKS)
+    if (P.kind == SM_PLAN_CHUNKS || P.kind == SM_PLAN_SPREAD)
       printf("plan %s: resident at once: %d %s\n", BWD ? "bwd" : "fwd",
-             sm_config_residency(softmax_row_chunks_kernel<BWD, T1, T2, Acc>, P.C, P.threads,
+             sm_config_residency(softmax_row_chunks_kernel<BWD, T1, T2, Acc>, P.kind == SM_PLAN_SPREAD ? 1 : P.C, P.threads,
                                  (size_t)P.smem_slots * 16 * (BWD ? 2 : 1), P.grid_y, stream),
-             P.C > 1 ? "clusters on the GPU" : "CTAs per SM");
+             P.C > 1 && P.kind == SM_PLAN_CHUNKS ? "clusters on the GPU" : "CTAs per SM");
     if (P.kind == SM_PLAN_COLS || P.kind == SM_PLAN_COLS_SPLIT)
       printf("plan %s: resident at once: %d CTAs per SM\n", BWD ? "bwd" : "fwd",
              sm_config_residency(sm_columns_kernel_for<BWD, T1, T2, Acc>(P.threads), 1, P.threads, (size_t)P.smem_slots * 16,

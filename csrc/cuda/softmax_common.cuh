@@ -45,6 +45,8 @@ enum sm_mode {
   SM_FULL = 0,  /* the CTA (or cluster) holds its whole row / column: stats and output */
   SM_STATS = 1, /* write this chunk's partial statistics to the workspace */
   SM_APPLY = 2, /* read the merged statistics from the workspace, write the output */
+  SM_SPREAD = 3, /* the CTAs of a row each hold a chunk on chip and exchange their
+                    statistics through the workspace (all resident together) */
 };
 
 // ---- raw slots and element bits --------------------------------------------

@@ -24,11 +24,23 @@
  *       (distributed shared memory), one cluster barrier, then each merges the
  *       C values in the same order, so all agree bit for bit. The exchange
  *       buffer is double-buffered so one barrier per row suffices.
+ *     SM_SPREAD: C CTAs hold the row, as a cluster does, but exchange their
+ *       (m, d') through the workspace: each writes its partial and counts
+ *       itself in the row's arrival counter, then waits until all C have
+ *       arrived and merges the C partials in chunk order. Not limited to one
+ *       GPC (any C the GPU can hold at once, two CTAs per SM) and not to
+ *       sm_90. A CTA takes its (row, chunk) from a ticket counter, not from
+ *       blockIdx: tickets go out in the order CTAs start, so a waiting CTA
+ *       waits only for chunks already running or next in line, and the launch
+ *       makes progress whenever the GPU can hold C of them (the planner
+ *       asks for twice that). A wait longer than 10 s traps (an error, not a
+ *       hang) should the GPU be partitioned below that.
  *     SM_STATS / SM_APPLY: split tier for rows of any width: C chunks per row
  *       in separate CTAs; STATS writes each chunk's partial statistics to the
  *       workspace, softmax_merge_partials_kernel merges them, APPLY re-reads
  *       the chunk and writes the output.
- *   Grid: x = chunk (cluster rank), y = rows (grid-stride loop).
+ *   Grid: x = chunk (cluster rank), y = rows (grid-stride loop); SM_SPREAD:
+ *   x = rows * C, one chunk per CTA.
  *
  * Slots and edges. Slots are 16-byte pieces aligned to the reference tensor
  * (x forward, y backward); only slots entirely inside the row go through the
@@ -72,7 +84,8 @@ typedef struct sm_row_args {
   int G;          /* warp kernel: lanes per row */
   int smem_slots; /* chunk kernel, SM_FULL: shared-memory slots per CTA */
   int64_t S;      /* chunk kernel: slots per chunk = blockDim.x * K + smem_slots */
-  void *partials; /* workspace: [rows][C] statistics (SM_STATS) */
+  void *partials; /* workspace: [rows][C] statistics (SM_STATS, SM_SPREAD) */
+  unsigned *counters; /* workspace, zeroed by the launch (SM_SPREAD): [0] the ticket, [1 + row] arrivals */
   void *finals;   /* workspace: [rows] merged statistics (SM_APPLY) */
 } sm_row_args;
 
@@ -364,6 +377,46 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8 ? 4 : (!BWD 
 
 // ---- a chunk of a row per CTA: block, cluster and split tiers -----------------
 
+__device__ __forceinline__ unsigned sm_ld_acquire(const unsigned *p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ unsigned long long sm_globaltimer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
+/* SM_SPREAD's exchange, called by all 32 lanes of warp 0 with the CTA's
+ * statistics: publishes them as partial [chunk] of the row's C, waits for the
+ * other C - 1, and returns the merge of all C in a fixed order (the same in
+ * every CTA of the row, so all agree bit for bit). */
+template <bool BWD, typename Acc>
+__device__ __forceinline__ sm_stat<Acc> sm_spread_exchange(sm_stat<Acc> st, sm_stat<Acc> *part, unsigned *arrived,
+                                                        int64_t chunk, int C) {
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) {
+    __stcg(&part[chunk].m, st.m);
+    __stcg(&part[chunk].d, st.d);
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(arrived) : "memory");
+  }
+  const unsigned long long t0 = sm_globaltimer_ns();
+  while (sm_ld_acquire(arrived) < (unsigned)C) {
+    __nanosleep(32);
+    if (sm_globaltimer_ns() - t0 > 10000000000ull) __trap(); /* the row's CTAs cannot all be resident */
+  }
+  sm_stat<Acc> acc = sm_stat_identity<BWD, Acc>();
+  for (int j = lane; j < C; j += 32) {
+    sm_stat<Acc> p;
+    p.m = __ldcg(&part[j].m);
+    p.d = __ldcg(&part[j].d);
+    acc = sm_merge<BWD>(acc, p);
+  }
+  return sm_group_reduce<BWD>(acc, 32);
+}
+
 /* 64 registers per thread (float): two CTAs of 512 threads per SM, or one of
  * 1024 for the configurations that need most of an SM's shared memory. */
 template <bool BWD, typename T1, typename T2, typename Acc>
@@ -374,7 +427,8 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
   __shared__ sm_stat<Acc> red[SM_CHUNK_THREADS / 32 + 1];
   static_assert(SM_CHUNK_THREADS <= 1024, "sm_block_reduce scratch");
   __shared__ sm_stat<Acc> xch[2][16];      /* cluster exchange, double-buffered */
-  __shared__ sm_stat<Acc> cbc;             /* cluster result broadcast */
+  __shared__ sm_stat<Acc> cbc;             /* cluster / spread result broadcast */
+  __shared__ unsigned ticket;              /* SM_SPREAD: this CTA's (row, chunk) */
   const int t = threadIdx.x, T = blockDim.x;
   const bool in_cluster = P.mode == SM_FULL && P.C > 1;
   (void)in_cluster;
@@ -390,8 +444,15 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
   /* APPLY runs the chunks in the reverse order of STATS, so the chunks read
    * last by STATS (still in L2) are re-read first */
   const bool rev = P.mode == SM_APPLY;
-  const int64_t chunk_x = rev ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  for (int64_t r = blockIdx.y; r < P.rows; r += gridDim.y) {
+  int64_t chunk_x = rev ? gridDim.x - 1 - blockIdx.x : blockIdx.x, r0 = blockIdx.y, rstep = gridDim.y;
+  if (P.mode == SM_SPREAD) {
+    if (t == 0) ticket = atomicAdd(P.counters, 1u);
+    __syncthreads();
+    r0 = ticket / (unsigned)P.C;
+    chunk_x = ticket % (unsigned)P.C;
+    rstep = P.rows;
+  }
+  for (int64_t r = r0; r < P.rows; r += rstep) {
     const int64_t row = rev ? P.rows - 1 - r : r;
     const sm_chunk<T1, T2> R = sm_chunk_setup<BWD, T1, T2>(P, row, chunk_x * P.S, P.S);
     const int nreg = T * P.K;       /* full slots [0, nreg) in registers */
@@ -435,6 +496,15 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
       if (P.mode == SM_STATS) {
         if (t == 0) ((sm_stat<Acc> *)P.partials)[row * P.C + chunk_x] = st;
         continue;
+      }
+      if (P.mode == SM_SPREAD) {
+        if (t < 32) {
+          const sm_stat<Acc> all = sm_spread_exchange<BWD>(st, (sm_stat<Acc> *)P.partials + row * P.C,
+                                                           P.counters + 1 + row, chunk_x, P.C);
+          if (t == 0) cbc = all;
+        }
+        __syncthreads();
+        st = cbc;
       }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
       if (in_cluster) {

@@ -492,6 +492,17 @@ static void suite_wide(int quick) {
         if (!quick && d == 0 && wi == 1) check(bwd, 1, rows, n, 1, OSS_BFLOAT16, OSS_FLOAT32, 3, 0, 0, 0, 0, 0);
       }
   }
+  /* the spread tier where it can hold the row (else the planner's tier) */
+  oss_softmax_cuda_test_knobs[0] = 5;
+  for (int wi = 0; wi < 4; wi++)
+    for (int d = 0; d < 3; d++)
+      for (int bwd = 0; bwd < 2; bwd++) {
+        if (quick && (wi + d + bwd) % 3) continue;
+        const int64_t n = widths[wi];
+        check(bwd, (wi + d + bwd) & 1, wi == 3 ? 2 : 5, n, 1, k3[d], k3[(d + bwd) % 3], (wi + d) % 4, 0, 1, wi & 1 ? 3 : 0, 0, 0);
+      }
+  check(0, 0, 300, 131072 + 1, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0); /* rows >> resident */
+  oss_softmax_cuda_test_knobs[0] = 0;
 }
 
 static void suite_columns(int quick) {
@@ -534,7 +545,7 @@ static void suite_special(int quick) {
 
 /* forced tiers (test knobs): the same shapes through every tier that can hold them */
 static void suite_forced(int quick) {
-  for (int tier = 1; tier <= 4; tier++) {
+  for (int tier = 1; tier <= 5; tier++) {
     oss_softmax_cuda_test_knobs[0] = tier;
     static const int64_t widths[] = {3, 100, 1000, 2049, 20000, 70001};
     for (int wi = 0; wi < 6; wi++)
@@ -796,11 +807,10 @@ static void bench_dim1(int tile_bytes, int threads) {
 
 /* planner alternatives through the knobs (forced tier, warp slots per lane,
  * soft shared-memory limit per CTA, cluster size cap), each with the chosen
- * plan printed: documents the planner's choices. At the 16-bit 128K/256K
- * widths the default plan (CTAs of 512 threads with <= 100 KB of shared
- * memory, two per SM) is timed against rows held in registers only (a soft
- * limit of 1 KB: twice or four times the CTAs per cluster) and against the
- * largest CTAs (200 KB: fewer CTAs, one per SM). */
+ * plan printed: documents the planner's choices. Where a row needs more
+ * than one CTA: the planner's tier against the spread tier (CTAs exchanging
+ * through the workspace; chunks of <= 64 KB of shared memory, or the size
+ * named), the cluster tier and the split tier. */
 static void sweep(void) {
   measure_copy();
   typedef struct {
@@ -810,19 +820,15 @@ static void sweep(void) {
     const char *name;
   } var;
   static const var vars[] = {
-      {OSS_FLOAT32, 128, 0, 0, 0, 0, "auto"},          {OSS_FLOAT32, 128, 1, 8, 0, 0, "warp K8"},
-      {OSS_FLOAT32, 512, 0, 0, 0, 0, "auto"},          {OSS_FLOAT32, 512, 1, 8, 0, 0, "warp K8"},
-      {OSS_FLOAT32, 1024, 0, 0, 0, 0, "auto"},         {OSS_FLOAT32, 1024, 1, 8, 0, 0, "warp K8"},
-      {OSS_BFLOAT16, 128, 0, 0, 0, 0, "auto"},         {OSS_BFLOAT16, 128, 1, 8, 0, 0, "warp K8"},
-      {OSS_BFLOAT16, 1024, 0, 0, 0, 0, "auto"},        {OSS_BFLOAT16, 1024, 1, 4, 0, 0, "warp K4"},
-      {OSS_FLOAT32, 262144, 0, 0, 0, 0, "auto"},       {OSS_FLOAT32, 262144, 0, 0, 1, 0, "regs"},
-      {OSS_BFLOAT16, 128256, 0, 0, 0, 0, "auto"},      {OSS_BFLOAT16, 128256, 0, 0, 1, 0, "regs"},
-      {OSS_BFLOAT16, 128256, 0, 0, 200, 0, "smem200"}, {OSS_FLOAT16, 128256, 0, 0, 0, 0, "auto"},
-      {OSS_FLOAT16, 128256, 0, 0, 1, 0, "regs"},       {OSS_BFLOAT16, 262144, 0, 0, 0, 0, "auto"},
-      {OSS_BFLOAT16, 262144, 0, 0, 1, 0, "regs"},      {OSS_BFLOAT16, 262144, 0, 0, 200, 0, "smem200"},
-      {OSS_BFLOAT16, 262144, 0, 0, 0, 4, "C<=4"},      {OSS_FLOAT32, 1048576, 0, 0, 0, 0, "auto"},
-      {OSS_FLOAT32, 1048576, 4, 0, 0, 0, "split"},     {OSS_BFLOAT16, 1048576, 0, 0, 0, 0, "auto"},
-      {OSS_BFLOAT16, 1048576, 4, 0, 0, 0, "split"}};
+      {OSS_FLOAT32, 262144, 0, 0, 0, 0, "auto"},      {OSS_FLOAT32, 262144, 5, 0, 0, 0, "spread"},
+      {OSS_BFLOAT16, 128256, 0, 0, 0, 0, "auto"},     {OSS_BFLOAT16, 128256, 5, 0, 0, 0, "spread"},
+      {OSS_BFLOAT16, 262144, 0, 0, 0, 0, "auto"},     {OSS_BFLOAT16, 262144, 5, 0, 0, 0, "spread"},
+      {OSS_FLOAT32, 1048576, 0, 0, 0, 0, "auto"},     {OSS_FLOAT32, 1048576, 3, 0, 0, 0, "cluster"},
+      {OSS_FLOAT32, 1048576, 4, 0, 0, 0, "split"},    {OSS_FLOAT32, 1048576, 5, 0, 100, 0, "spread100"},
+      {OSS_FLOAT32, 1048576, 5, 0, 48, 0, "spread48"}, {OSS_BFLOAT16, 1048576, 0, 0, 0, 0, "auto"},
+      {OSS_BFLOAT16, 1048576, 5, 0, 0, 0, "spread"},  {OSS_FLOAT16, 1048576, 0, 0, 0, 0, "auto"},
+      {OSS_FLOAT32, 4194304, 0, 0, 0, 0, "auto"},     {OSS_FLOAT32, 4194304, 4, 0, 0, 0, "split"},
+      {OSS_BFLOAT16, 4194304, 0, 0, 0, 0, "auto"},    {OSS_BFLOAT16, 4194304, 4, 0, 0, 0, "split"}};
   for (size_t v = 0; v < sizeof vars / sizeof vars[0]; v++) {
     oss_softmax_cuda_test_knobs[0] = vars[v].tier;
     oss_softmax_cuda_test_knobs[1] = vars[v].soft_kb;
@@ -830,7 +836,7 @@ static void sweep(void) {
     oss_softmax_cuda_test_knobs[5] = vars[v].wk;
     oss_softmax_cuda_test_knobs[7] = 3;
     double fp, bp, fu, bu;
-    bench_one(vars[v].t, ((int64_t)1 << 26) / vars[v].n, vars[v].n, 1, &fp, &bp, &fu, &bu, 0);
+    bench_one(vars[v].t, ((int64_t)1 << 26) / vars[v].n, vars[v].n, 1, &fp, &bp, &fu, &bu, 1);
     printf("sweep %-5s %8lld %-8s fwd %6.1f%%  bwd %6.1f%%\n", dt_name(vars[v].t), (long long)vars[v].n, vars[v].name, fp, bp);
     fflush(stdout);
   }
@@ -888,10 +894,14 @@ static void suite_quick(void) {
   }
   check(0, 0, 16, 1000, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 1);
   check(0, 1, 16, 100, 9, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 1);
-  for (int tier = 1; tier <= 4; tier++) {
+  for (int tier = 1; tier <= 5; tier++) {
     oss_softmax_cuda_test_knobs[0] = tier;
     for (int bwd = 0; bwd < 2; bwd++) check(bwd, 1, 3, 20000, 1, OSS_BFLOAT16, OSS_FLOAT32, 1, 0, 1, 1, 0, 0);
   }
+  oss_softmax_cuda_test_knobs[0] = 5; /* spread: many CTAs per row, more rows than resident at once */
+  for (int bwd = 0; bwd < 2; bwd++) check(bwd, bwd, 3, 300007, 1, OSS_FLOAT64, OSS_FLOAT64, 1, 0, 0, 1, 0, 0);
+  check(0, 0, 40, 1048576 + 3, 1, OSS_FLOAT32, OSS_FLOAT32, 1, 0, 0, 0, 0, 0);
+  check(1, 1, 9, 1048576, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
   oss_softmax_cuda_test_knobs[0] = 0;
 }
 
@@ -906,6 +916,8 @@ static void suite_race(void) {
     check(bwd, 0, 3, 700, 33, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);      /* columns */
     oss_softmax_cuda_test_knobs[0] = 4;
     check(bwd, 0, 2, 20000, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);     /* split */
+    oss_softmax_cuda_test_knobs[0] = 5;
+    check(bwd, 1, 3, 300001, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);    /* spread */
     oss_softmax_cuda_test_knobs[0] = 0;
     oss_softmax_cuda_test_knobs[3] = 9;
     check(bwd, 1, 2, 100, 40, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);      /* column split */
