@@ -16,6 +16,9 @@
  *   selftest profile one forward and one backward launch of each point that
  *                    misses a target of issue #3, with its plan printed (to run
  *                    under ncu; each case's kernels are launched once)
+ *   selftest bwd_data the bfloat16 and float16 backward kernels on their own
+ *                    data and on each other's bits: does a speed gap follow
+ *                    the code or the data?
  *
  * Inputs are fresh random values (randn * 3 plus a few large outliers, never
  * zero); outputs and the whole output buffer are poisoned with NaN (0xff
@@ -843,6 +846,36 @@ static void sweep(void) {
   memset(oss_softmax_cuda_test_knobs, 0, sizeof oss_softmax_cuda_test_knobs);
 }
 
+/* Does the backward's speed follow the code or the data? The bfloat16 and
+ * float16 kernels, each on its own y = softmax(x), dy, and on the other's
+ * bits (the same bytes reinterpreted), same plan. */
+static void bwd_data(void) {
+  measure_copy();
+  static const int64_t ns[3] = {4096, 128256, 262144};
+  for (int k = 0; k < 3; k++) {
+    const int64_t n = ns[k], rows = ((int64_t)1 << 26) / n;
+    sm_ctx cb, ch;
+    bench_ctx_alloc(&cb, OSS_BFLOAT16, rows, n, 1);
+    bench_ctx_alloc(&ch, OSS_FLOAT16, rows, n, 1);
+    if (do_fwd(&cb) != OSS_OK || do_fwd(&ch) != OSS_OK) g_failures++;
+    const double bytes = 3.0 * (double)(rows * n) * 2;
+#define PCT(ms) (100.0 * bytes / ((ms) * 1e-3) / 1e9 / g_copy_gbs)
+    const float bb = time_median_ms(do_bwd, &cb, 15), hh = time_median_ms(do_bwd, &ch, 15);
+    void *by = cb.b.y.data, *bdy = cb.b.dy.data;
+    cb.b.y.data = ch.b.y.data, cb.b.dy.data = ch.b.dy.data;
+    ch.b.y.data = by, ch.b.dy.data = bdy;
+    const float bh = time_median_ms(do_bwd, &cb, 15), hb = time_median_ms(do_bwd, &ch, 15);
+    ch.b.y.data = cb.b.y.data, ch.b.dy.data = cb.b.dy.data;
+    cb.b.y.data = by, cb.b.dy.data = bdy;
+    printf("bwd_data %7lld: bf16 kernel on bf16 data %.1f%%, on f16 bits %.1f%% | f16 kernel on f16 data %.1f%%, on bf16 bits %.1f%%\n",
+           (long long)n, PCT(bb), PCT(bh), PCT(hh), PCT(hb));
+#undef PCT
+    fflush(stdout);
+    bench_ctx_free(&cb);
+    bench_ctx_free(&ch);
+  }
+}
+
 /* One forward then one backward of each case, plans printed: the launches to
  * profile (ncu) at the points where #3's targets are missed. */
 static void profile(void) {
@@ -853,7 +886,7 @@ static void profile(void) {
   static const pcase cases[] = {
       {OSS_FLOAT32, 32, 1024, 64 * 64},      {OSS_BFLOAT16, 32, 1024, 64 * 64}, /* dim=1 */
       {OSS_FLOAT32, 32 * 64 * 64, 1024, 1},  {OSS_BFLOAT16, 32 * 64 * 64, 1024, 1}, /* their last-dim peers */
-      {OSS_BFLOAT16, 523, 128256, 1},        {OSS_BFLOAT16, 256, 262144, 1},
+      {OSS_BFLOAT16, 523, 128256, 1},        {OSS_FLOAT16, 523, 128256, 1},        {OSS_BFLOAT16, 256, 262144, 1},
       {OSS_FLOAT32, 64, 1048576, 1},         {OSS_BFLOAT16, 64, 1048576, 1}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     const pcase *k = &cases[i];
@@ -960,8 +993,10 @@ int main(int argc, char **argv) {
     bench_dim1(argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 0);
   } else if (strcmp(mode, "profile") == 0) {
     profile();
+  } else if (strcmp(mode, "bwd_data") == 0) {
+    bwd_data();
   } else {
-    fprintf(stderr, "usage: %s [check|quick|race|bench|bench_dim1|sweep|profile]\n", argv[0]);
+    fprintf(stderr, "usage: %s [check|quick|race|bench|bench_dim1|sweep|profile|bwd_data]\n", argv[0]);
     return 2;
   }
   printf("\n%s: %d checks, %d failed\n", mode, g_cases, g_failures);
