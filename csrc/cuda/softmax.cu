@@ -187,7 +187,7 @@ static bool sm_plan_spread(const sm_job *J, const oss_device_info *info, int64_t
   if (C < 2 || J->outer * C > 0x7fffffff) return false;
   int64_t T, K, smem_slots;
   sm_chunk_shape(sm_cdiv(nslots, C), tmax, KREG, &T, &K, &smem_slots);
-  const int per_sm = sm_config_residency(softmax_row_chunks_kernel<BWD, T1, T2, Acc, false>, 1, (int)T,
+  const int per_sm = sm_config_residency(softmax_row_chunks_kernel<BWD, T1, T2, Acc>, 1, (int)T,
                                          (size_t)(smem_slots * slot_bytes), 1, stream);
   if (2 * C > (int64_t)per_sm * info->sm_count) return false;
   P->kind = SM_PLAN_SPREAD;
@@ -251,6 +251,7 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
   const int64_t tmax_hard = sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_CHUNK_THREADS;
   int cmax = info->cc_major >= 9 ? 16 : 1;
   if (oss_softmax_cuda_test_knobs[2] > 0 && oss_softmax_cuda_test_knobs[2] < cmax) cmax = oss_softmax_cuda_test_knobs[2];
+  void (*kern)(sm_row_args) = softmax_row_chunks_kernel<BWD, T1, T2, Acc>;
   /* spread tier: chunks of <= 64 KB of shared memory. On the H100 it beats
    * 1024-thread CTAs (one per SM; at most 7 clusters of 16 fit) and the split
    * tier by far (float32 1M columns forward 76 -> 89 % of copy, backward
@@ -271,9 +272,7 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
       const int64_t bytes = smem_slots * slot_bytes;
       if (bytes > limit) continue;
       if ((C > 1 || bytes > 40 * 1024 || T > 512) &&
-          sm_config_residency(C > 1 ? softmax_row_chunks_kernel<BWD, T1, T2, Acc, true>
-                                    : softmax_row_chunks_kernel<BWD, T1, T2, Acc, false>,
-                              C, (int)T, (size_t)bytes, grid_y, stream) < 1)
+          sm_config_residency(kern, C, (int)T, (size_t)bytes, grid_y, stream) < 1)
         continue;
       P->kind = SM_PLAN_CHUNKS;
       P->threads = (int)T;
@@ -403,10 +402,7 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
       softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK><<<P->grid_x, P->threads, 0, stream>>>(A);
     return oss_check_launch("softmax_rows_in_warp_kernel");
   }
-  /* clusters run their own instantiation, so the exchange's code does not
-   * weigh on the register allocation of the other tiers */
-  void (*kern)(sm_row_args) = P->kind == SM_PLAN_CHUNKS && P->C > 1 ? softmax_row_chunks_kernel<BWD, T1, T2, Acc, true>
-                                                                    : softmax_row_chunks_kernel<BWD, T1, T2, Acc, false>;
+  void (*kern)(sm_row_args) = softmax_row_chunks_kernel<BWD, T1, T2, Acc>;
   const dim3 grid(P->grid_x, P->grid_y, 1), block((unsigned)P->threads, 1, 1);
   if (P->kind == SM_PLAN_CHUNKS) {
     const size_t smem = (size_t)P->smem_slots * 16 * (BWD ? 2 : 1);
@@ -546,9 +542,7 @@ static oss_status sm_run(const sm_job *J, void *ws, cudaStream_t stream, size_t 
            (long long)P.chunk_n, (long long)P.nchunks, P.grid_x, P.grid_y, P.ws_bytes);
     if (P.kind == SM_PLAN_CHUNKS || P.kind == SM_PLAN_SPREAD)
       printf("plan %s: resident at once: %d %s\n", BWD ? "bwd" : "fwd",
-             sm_config_residency(P.kind == SM_PLAN_CHUNKS && P.C > 1 ? softmax_row_chunks_kernel<BWD, T1, T2, Acc, true>
-                                                                      : softmax_row_chunks_kernel<BWD, T1, T2, Acc, false>,
-                                 P.kind == SM_PLAN_SPREAD ? 1 : P.C, P.threads,
+             sm_config_residency(softmax_row_chunks_kernel<BWD, T1, T2, Acc>, P.kind == SM_PLAN_SPREAD ? 1 : P.C, P.threads,
                                  (size_t)P.smem_slots * 16 * (BWD ? 2 : 1), P.grid_y, stream),
              P.C > 1 && P.kind == SM_PLAN_CHUNKS ? "clusters on the GPU" : "CTAs per SM");
     if (P.kind == SM_PLAN_COLS || P.kind == SM_PLAN_COLS_SPLIT)

@@ -19,19 +19,11 @@
  *   cp.async; each thread reads back only the slots it copied, so no barrier
  *   is needed for them). Modes:
  *     SM_FULL, C == 1: the CTA holds the whole row (block tier).
- *     SM_FULL, C > 1 (sm_90; the CLUSTER instantiation): a cluster of C CTAs
- *       holds the row; each CTA writes its block (m, d') into slot [rank] of
- *       every CTA's shared memory, then each merges the C values in the same
- *       order, so all agree bit for bit. The writes are signalled by
- *         - 16-bit forward: st.async, which counts the bytes on the
- *           receiver's mbarrier; each CTA waits on its own. No cluster
- *           barrier per row (its release compiles to MEMBAR.ALL.GPU, which
- *           ncu showed as 10-20 % of the warps' stalls), one at exit so no
- *           CTA leaves with a send in flight;
- *         - otherwise: one cluster barrier per row (the st.async exchange
- *           measured 1-2 points slower there).
- *       Buffers (and mbarriers) are double-buffered: a peer can be at most
- *       one row ahead, since it needs this CTA's next partial.
+ *     SM_FULL, C > 1 (sm_90): a cluster of C CTAs holds the row; each CTA
+ *       writes its block (m, d') into slot [rank] of every CTA's shared memory
+ *       (distributed shared memory), one cluster barrier, then each merges the
+ *       C values in the same order, so all agree bit for bit. The exchange
+ *       buffer is double-buffered so one barrier per row suffices.
  *     SM_SPREAD: C CTAs hold the row, as a cluster does, but exchange their
  *       (m, d') through the workspace: each writes its partial and counts
  *       itself in the row's arrival counter, then waits until all C have
@@ -385,49 +377,6 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8 ? 4 : (!BWD 
 
 // ---- a chunk of a row per CTA: block, cluster and split tiers -----------------
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-/* The cluster exchange's mbarrier primitives (sm_90). */
-__device__ __forceinline__ unsigned sm_smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void sm_mbar_init(unsigned long long *bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(sm_smem_addr(bar)) : "memory");
-}
-
-__device__ __forceinline__ void sm_mbar_arrive_expect_tx(unsigned long long *bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(sm_smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void sm_mbar_wait(unsigned long long *bar, unsigned parity) {
-  unsigned done;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(sm_smem_addr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-/* Writes st into `slot` of CTA `rank`'s shared memory and counts its bytes on
- * that CTA's mbarrier `bar` (the same offsets in every CTA of the cluster). */
-template <typename Acc>
-__device__ __forceinline__ void sm_send_stat(sm_stat<Acc> *slot, unsigned long long *bar, unsigned rank, sm_stat<Acc> st) {
-  unsigned rs, rb;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rs) : "r"(sm_smem_addr(slot)), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rb) : "r"(sm_smem_addr(bar)), "r"(rank));
-  if constexpr (sizeof(Acc) == 8)
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f64 [%0], {%1, %2}, [%3];\n" ::"r"(rs),
-                 "d"(st.m), "d"(st.d), "r"(rb)
-                 : "memory");
-  else
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];\n" ::"r"(rs),
-                 "f"(st.m), "f"(st.d), "r"(rb)
-                 : "memory");
-}
-#endif
-
 __device__ __forceinline__ unsigned sm_ld_acquire(const unsigned *p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
@@ -469,24 +418,19 @@ __device__ __forceinline__ sm_stat<Acc> sm_spread_exchange(sm_stat<Acc> st, sm_s
 }
 
 /* 64 registers per thread (float): two CTAs of 512 threads per SM, or one of
- * 1024 for the configurations that need most of an SM's shared memory.
- * CLUSTER: the instantiation that cluster launches use. Keeping the exchange
- * out of the other tiers' code matters: folded into one kernel, the st.async
- * exchange's code cost the spread tier's float32 1M backward 90 -> 82 % of
- * copy on the H100 through register allocation alone. */
-template <bool BWD, typename T1, typename T2, typename Acc, bool CLUSTER>
+ * 1024 for the configurations that need most of an SM's shared memory. */
+template <bool BWD, typename T1, typename T2, typename Acc>
 __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_CHUNK_THREADS, 1)
     softmax_row_chunks_kernel(sm_row_args P) {
   constexpr int KREG = sm_chunk_kreg<BWD, Acc>();
   extern __shared__ uint4 sm_dyn[];        /* [BWD ? 2 : 1][smem_slots] raw slots */
   __shared__ sm_stat<Acc> red[SM_CHUNK_THREADS / 32 + 1];
   static_assert(SM_CHUNK_THREADS <= 1024, "sm_block_reduce scratch");
-  __shared__ __align__(16) sm_stat<Acc> xch[2][16]; /* cluster exchange, double-buffered */
-  __shared__ unsigned long long xbar[2];   /* their mbarriers */
+  __shared__ sm_stat<Acc> xch[2][16];      /* cluster exchange, double-buffered */
   __shared__ sm_stat<Acc> cbc;             /* cluster / spread result broadcast */
   __shared__ unsigned ticket;              /* SM_SPREAD: this CTA's (row, chunk) */
   const int t = threadIdx.x, T = blockDim.x;
-  const bool in_cluster = CLUSTER && P.mode == SM_FULL && P.C > 1;
+  const bool in_cluster = P.mode == SM_FULL && P.C > 1;
   (void)in_cluster;
   uint4 *sa = sm_dyn, *sb = sm_dyn + P.smem_slots;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -494,17 +438,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
    * written: arrive now, wait just before the first remote write, so the
    * barrier's latency hides behind the loads */
   bool start_wait = in_cluster;
-  /* the st.async exchange: 16-bit forward only, where it measured faster
-   * (bench/NOTES-softmax.md v11) */
-  constexpr bool MBAR = !BWD && sizeof(T1) == 2;
-  if (in_cluster) {
-    if (MBAR && t == 0) {
-      sm_mbar_init(&xbar[0]);
-      sm_mbar_init(&xbar[1]);
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-  }
+  if (in_cluster) asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 #endif
 
   /* APPLY runs the chunks in the reverse order of STATS, so the chunks read
@@ -574,22 +508,16 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
       }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
       if (in_cluster) {
-        const unsigned rank = cooperative_groups::this_cluster().block_rank();
-        const int64_t it = (r - r0) / rstep; /* this CTA's row count so far */
-        const int buf = (int)(it & 1);
+        cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+        const unsigned rank = cl.block_rank();
+        const int buf = (int)(((r - blockIdx.y) / gridDim.y) & 1); /* alternates row by row */
         if (start_wait) {
-          asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); /* every mbarrier initialised */
+          asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
           start_wait = false;
         }
-        if (MBAR) {
-          if (t == 0) sm_mbar_arrive_expect_tx(&xbar[buf], (unsigned)(P.C * sizeof(sm_stat<Acc>)));
-          if (t < P.C) sm_send_stat(&xch[buf][rank], &xbar[buf], (unsigned)t, st);
-        } else {
-          if (t < P.C) *cooperative_groups::this_cluster().map_shared_rank(&xch[buf][rank], (unsigned)t) = st;
-          cooperative_groups::this_cluster().sync();
-        }
+        if (t < P.C) *cl.map_shared_rank(&xch[buf][rank], (unsigned)t) = st;
+        cl.sync();
         if (t < 32) {
-          if (MBAR) sm_mbar_wait(&xbar[buf], (unsigned)((it >> 1) & 1));
           sm_stat<Acc> acc = t < P.C ? xch[buf][t] : sm_stat_identity<BWD, Acc>();
           acc = sm_group_reduce<BWD>(acc, 32);
           if (t == 0) cbc = acc;
@@ -641,14 +569,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
     }
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  /* no CTA leaves while a peer's st.async may still be on its way to it */
-  if (in_cluster) {
-    if (start_wait) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-    if (MBAR) {
-      asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-      asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-    }
-  }
+  if (start_wait) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 #endif
 }
 
