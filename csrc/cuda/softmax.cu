@@ -16,10 +16,10 @@
  *                            512 threads x 8 slots in registers plus ~100 KB of
  *                            shared memory (two CTAs per SM), else 1024 threads
  *                            and up to all of the shared memory
- *     fits a cluster (sm_90) the same kernel, a cluster of C = 2..16 CTAs of
- *     of <= 512 threads      <= 512 threads that exchange (m, d') through
- *                            distributed shared memory (forward: ~670K
- *                            float32 / ~1.3M 16-bit elements, backward half)
+ *     fits a cluster of      the same kernel, a cluster of C = 2..16 CTAs
+ *     <= 512-thread CTAs     that exchange (m, d') through distributed shared
+ *     (sm_90)                memory (forward: ~670K float32 / ~1.3M 16-bit
+ *                            elements, backward half)
  *     fits C <= half the     SM_SPREAD: C CTAs of <= 512 threads and <= 64 KB
  *     resident CTAs          of shared memory (two per SM) that exchange
  *                            (m, d') through the workspace (H100 forward: up
