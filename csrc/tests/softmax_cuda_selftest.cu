@@ -808,8 +808,8 @@ static void bench_dim1(int tile_bytes, int threads) {
   oss_softmax_cuda_test_knobs[8] = 0;
 }
 
-/* planner alternatives through the knobs (forced tier, warp slots per lane,
- * soft shared-memory limit per CTA, cluster size cap), each with the chosen
+/* planner alternatives through the knobs (forced tier, soft shared-memory
+ * limit per CTA), each with the chosen
  * plan printed: documents the planner's choices. Where a row needs more
  * than one CTA: the planner's tier against the spread tier (CTAs exchanging
  * through the workspace; chunks of <= 64 KB of shared memory, or the size
@@ -819,24 +819,22 @@ static void sweep(void) {
   typedef struct {
     oss_dtype t;
     int64_t n;
-    int tier, wk, soft_kb, cmax;
+    int tier, soft_kb;
     const char *name;
   } var;
   static const var vars[] = {
-      {OSS_FLOAT32, 262144, 0, 0, 0, 0, "auto"},      {OSS_FLOAT32, 262144, 5, 0, 0, 0, "spread"},
-      {OSS_BFLOAT16, 128256, 0, 0, 0, 0, "auto"},     {OSS_BFLOAT16, 128256, 5, 0, 0, 0, "spread"},
-      {OSS_BFLOAT16, 262144, 0, 0, 0, 0, "auto"},     {OSS_BFLOAT16, 262144, 5, 0, 0, 0, "spread"},
-      {OSS_FLOAT32, 1048576, 0, 0, 0, 0, "auto"},     {OSS_FLOAT32, 1048576, 3, 0, 0, 0, "cluster"},
-      {OSS_FLOAT32, 1048576, 4, 0, 0, 0, "split"},    {OSS_FLOAT32, 1048576, 5, 0, 100, 0, "spread100"},
-      {OSS_FLOAT32, 1048576, 5, 0, 48, 0, "spread48"}, {OSS_BFLOAT16, 1048576, 0, 0, 0, 0, "auto"},
-      {OSS_BFLOAT16, 1048576, 5, 0, 0, 0, "spread"},  {OSS_FLOAT16, 1048576, 0, 0, 0, 0, "auto"},
-      {OSS_FLOAT32, 4194304, 0, 0, 0, 0, "auto"},     {OSS_FLOAT32, 4194304, 4, 0, 0, 0, "split"},
-      {OSS_BFLOAT16, 4194304, 0, 0, 0, 0, "auto"},    {OSS_BFLOAT16, 4194304, 4, 0, 0, 0, "split"}};
+      {OSS_FLOAT32, 262144, 0, 0, "auto"},      {OSS_FLOAT32, 262144, 5, 0, "spread"},
+      {OSS_BFLOAT16, 128256, 0, 0, "auto"},     {OSS_BFLOAT16, 128256, 5, 0, "spread"},
+      {OSS_BFLOAT16, 262144, 0, 0, "auto"},     {OSS_BFLOAT16, 262144, 5, 0, "spread"},
+      {OSS_FLOAT32, 1048576, 0, 0, "auto"},     {OSS_FLOAT32, 1048576, 3, 0, "cluster"},
+      {OSS_FLOAT32, 1048576, 4, 0, "split"},    {OSS_FLOAT32, 1048576, 5, 100, "spread100"},
+      {OSS_FLOAT32, 1048576, 5, 48, "spread48"}, {OSS_BFLOAT16, 1048576, 0, 0, "auto"},
+      {OSS_BFLOAT16, 1048576, 5, 0, "spread"},  {OSS_FLOAT16, 1048576, 0, 0, "auto"},
+      {OSS_FLOAT32, 4194304, 0, 0, "auto"},     {OSS_FLOAT32, 4194304, 4, 0, "split"},
+      {OSS_BFLOAT16, 4194304, 0, 0, "auto"},    {OSS_BFLOAT16, 4194304, 4, 0, "split"}};
   for (size_t v = 0; v < sizeof vars / sizeof vars[0]; v++) {
     oss_softmax_cuda_test_knobs[0] = vars[v].tier;
     oss_softmax_cuda_test_knobs[1] = vars[v].soft_kb;
-    oss_softmax_cuda_test_knobs[2] = vars[v].cmax;
-    oss_softmax_cuda_test_knobs[5] = vars[v].wk;
     oss_softmax_cuda_test_knobs[7] = 3;
     double fp, bp, fu, bu;
     bench_one(vars[v].t, ((int64_t)1 << 26) / vars[v].n, vars[v].n, 1, &fp, &bp, &fu, &bu, 1);
