@@ -404,11 +404,11 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   }
   void (*kern)(sm_row_args) = softmax_row_chunks_kernel<BWD, T1, T2, Acc>;
   const dim3 grid(P->grid_x, P->grid_y, 1), block((unsigned)P->threads, 1, 1);
-  const size_t smem = (size_t)P->smem_slots * 16 * (BWD ? 2 : 1); /* 0 for the split tier */
-  /* static shared memory counts toward the default 48 KB: opt in early */
-  if (smem > 40 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   if (P->kind == SM_PLAN_CHUNKS) {
+    const size_t smem = (size_t)P->smem_slots * 16 * (BWD ? 2 : 1);
     A.mode = SM_FULL;
+    /* static shared memory counts toward the default 48 KB: opt in early */
+    if (smem > 40 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (P->C == 1) {
       kern<<<grid, block, smem, stream>>>(A);
       return oss_check_launch("softmax_row_chunks_kernel");
@@ -434,12 +434,14 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
     return oss_check_launch("softmax_row_chunks_kernel (cluster)");
   }
   if (P->kind == SM_PLAN_SPREAD) {
+    const size_t smem = (size_t)P->smem_slots * 16 * (BWD ? 2 : 1);
     if (ws == NULL)
       return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "softmax: this shape needs a workspace of %zu bytes but workspace is NULL", P->ws_bytes);
     A.mode = SM_SPREAD;
     A.counters = (unsigned *)ws;
     A.partials = (char *)ws + sm_spread_counter_bytes(J->outer);
     OSS_CUDA_TRY(cudaMemsetAsync(ws, 0, sm_spread_counter_bytes(J->outer), stream));
+    if (smem > 40 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     kern<<<grid, block, smem, stream>>>(A);
     return oss_check_launch("softmax_row_chunks_kernel (spread)");
   }
