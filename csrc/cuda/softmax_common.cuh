@@ -112,8 +112,13 @@ template <typename T> __host__ __device__ constexpr unsigned long long sm_neg_in
                                 : 0xff80ull;
 }
 
+/* Element e of a slot in the compute type. bfloat16 is read from its 32-bit
+ * word (one shift or mask; through the 16-bit lanes the compiler emits a
+ * byte permute and a shift for the high half). */
 template <typename T, typename Acc> __device__ __forceinline__ Acc sm_slot_elem(const sm_slot &s, int e) {
-  return sm_bits_to_acc<T, Acc>(sm_get_bits<T>(s, e));
+  if constexpr (sm_same<T, __nv_bfloat16>::value && sizeof(Acc) == 4)
+    return __uint_as_float((e & 1) ? s.w[e >> 1] & 0xffff0000u : s.w[e >> 1] << 16);
+  else return sm_bits_to_acc<T, Acc>(sm_get_bits<T>(s, e));
 }
 
 /* 16- and 8-byte global accesses written in PTX, so the compiler keeps them

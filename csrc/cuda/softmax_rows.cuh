@@ -181,6 +181,34 @@ template <typename T1, typename Acc> __device__ __forceinline__ Acc sm_slot_max(
   return sm_max(v[0], v[1]);
 }
 
+/* 16-bit input: the max runs on packed pairs (one HMNMX2 per two elements, no
+ * conversion). Like fmaxf it ignores a NaN next to a number (two NaNs give
+ * NaN, which sm_pair_max_acc drops), and the pair max is exact, so the result
+ * equals sm_slot_max's. */
+template <typename T1> struct sm_pair;
+template <> struct sm_pair<__half> { typedef __half2 type; };
+template <> struct sm_pair<__nv_bfloat16> { typedef __nv_bfloat162 type; };
+template <typename T1, typename Acc> __host__ __device__ constexpr bool sm_pair_max() {
+  return sizeof(T1) == 2 && sizeof(Acc) == 4;
+}
+template <typename T1> __device__ __forceinline__ unsigned sm_pair_max_identity() {
+  return (unsigned)(sm_neg_inf_bits<T1>() | (sm_neg_inf_bits<T1>() << 16));
+}
+template <typename T1> __device__ __forceinline__ unsigned sm_pair_max_word(unsigned a, unsigned b) {
+  typedef typename sm_pair<T1>::type P;
+  const P r = __hmax2(*(const P *)&a, *(const P *)&b);
+  return *(const unsigned *)&r;
+}
+template <typename T1> __device__ __forceinline__ unsigned sm_slot_pair_max(const sm_slot &ra, unsigned p) {
+  return sm_pair_max_word<T1>(p, sm_pair_max_word<T1>(sm_pair_max_word<T1>(ra.w[0], ra.w[1]),
+                                                        sm_pair_max_word<T1>(ra.w[2], ra.w[3])));
+}
+template <typename T1, typename Acc> __device__ __forceinline__ Acc sm_pair_max_acc(unsigned p) {
+  sm_slot s;
+  s.w[0] = p;
+  return sm_max(sm_max((Acc)-INFINITY, sm_slot_elem<T1, Acc>(s, 0)), sm_slot_elem<T1, Acc>(s, 1)); /* NaN pair -> -inf */
+}
+
 /* Adds the slot's exp(x - ms) to s (SPLIT: those of elements equal to the
  * fold's max m to top instead, see sm_sum_split). */
 template <bool FAST, bool SPLIT, typename T1, typename Acc>
@@ -255,16 +283,30 @@ __device__ __forceinline__ sm_stat<Acc> sm_thread_stats(sm_slot (&ra)[KM], const
     if (COMP) sm_add_compensated(st.d, st.m, acc[1]);
     else st.d += acc[1];
   } else {
-    Acc mv[2] = {(Acc)-INFINITY, (Acc)-INFINITY};
+    Acc m;
+    if constexpr (sm_pair_max<T1, Acc>()) {
+      unsigned pv[2] = {sm_pair_max_identity<T1>(), sm_pair_max_identity<T1>()};
 #pragma unroll
-    for (int k = 0; k < KM; k++)
-      if (k < nv) mv[k & 1] = sm_slot_max<T1, Acc>(ra[k], mv[k & 1]);
-    for (int l = first; l < nsm; l += step) {
-      sm_slot xa;
-      xa.u = sa[l];
-      mv[0] = sm_slot_max<T1, Acc>(xa, mv[0]);
+      for (int k = 0; k < KM; k++)
+        if (k < nv) pv[k & 1] = sm_slot_pair_max<T1>(ra[k], pv[k & 1]);
+      for (int l = first; l < nsm; l += step) {
+        sm_slot xa;
+        xa.u = sa[l];
+        pv[0] = sm_slot_pair_max<T1>(xa, pv[0]);
+      }
+      m = sm_pair_max_acc<T1, Acc>(sm_pair_max_word<T1>(pv[0], pv[1]));
+    } else {
+      Acc mv[2] = {(Acc)-INFINITY, (Acc)-INFINITY};
+#pragma unroll
+      for (int k = 0; k < KM; k++)
+        if (k < nv) mv[k & 1] = sm_slot_max<T1, Acc>(ra[k], mv[k & 1]);
+      for (int l = first; l < nsm; l += step) {
+        sm_slot xa;
+        xa.u = sa[l];
+        mv[0] = sm_slot_max<T1, Acc>(xa, mv[0]);
+      }
+      m = sm_max(mv[0], mv[1]);
     }
-    const Acc m = sm_max(mv[0], mv[1]);
     Acc s = 0, top = 0;
     if (log) sm_thread_sumexp<FAST, true, T1>(ra, nv, sa, first, nsm, step, m, false, s, top);
     else sm_thread_sumexp<FAST, false, T1>(ra, nv, sa, first, nsm, step, m, sm_can_cache<T1, Acc>(), s, top);
