@@ -459,6 +459,21 @@ __device__ __forceinline__ sm_stat<Acc> sm_spread_exchange(sm_stat<Acc> st, sm_s
   return sm_group_reduce<BWD>(acc, 32);
 }
 
+/* Starts the cp.async copies of a chunk's shared-memory slots (full slots
+ * [nreg, nfull), local index l = slot - nreg) in two groups, l in [0, mid) and
+ * [mid, nsm) with mid a multiple of T, so that the statistics of the first
+ * group can run while the second is still arriving. Thread t copies slots
+ * l = t, t + T, ...: the only ones it reads back, so no barrier is needed. */
+template <bool BWD, typename T1, typename T2>
+__device__ __forceinline__ void sm_chunk_copy_smem(const sm_chunk<T1, T2> &R, int nreg, uint4 *sa, uint4 *sb) {
+  const int t = threadIdx.x, T = blockDim.x;
+  const int nsm = R.nfull - nreg, mid = nsm > 0 ? (nsm / T / 2) * T : 0;
+  for (int l = t; l < mid; l += T) sm_load_full_slot_to_smem<BWD>(R, nreg + l, sa + l, sb + l);
+  sm_cp_async_commit();
+  for (int l = mid + t; l < nsm; l += T) sm_load_full_slot_to_smem<BWD>(R, nreg + l, sa + l, sb + l);
+  sm_cp_async_commit();
+}
+
 /* 64 registers per thread (float): two CTAs of 512 threads per SM, or one of
  * 1024 for the configurations that need most of an SM's shared memory. */
 template <bool BWD, typename T1, typename T2, typename Acc>
@@ -494,26 +509,27 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
     chunk_x = ticket % (unsigned)P.C;
     rstep = P.rows;
   }
+  const int nreg = T * P.K; /* full slots [0, nreg) in registers, [nreg, nfull) in shared memory */
+  /* the shared-memory part of row r is copied before the loop (first row) or
+   * while the previous row's register part is written (SM_STATS: once its
+   * statistics are done), so its loads overlap that work */
+  const bool smem = P.smem_slots > 0;
+  if (smem && r0 < P.rows) sm_chunk_copy_smem<BWD>(sm_chunk_setup<BWD, T1, T2>(P, rev ? P.rows - 1 - r0 : r0, chunk_x * P.S, P.S),
+                                           nreg, sa, sb);
   for (int64_t r = r0; r < P.rows; r += rstep) {
     const int64_t row = rev ? P.rows - 1 - r : r;
+    const int64_t next = smem && r + rstep < P.rows ? (rev ? P.rows - 1 - (r + rstep) : r + rstep) : -1;
     const sm_chunk<T1, T2> R = sm_chunk_setup<BWD, T1, T2>(P, row, chunk_x * P.S, P.S);
-    const int nreg = T * P.K;       /* full slots [0, nreg) in registers */
-    const int nsm = R.nfull - nreg; /* full slots [nreg, nfull) in shared memory */
+    const int nsm = R.nfull - nreg;
     const int nv = R.nfull > t ? (R.nfull - t + T - 1) / T < P.K ? (R.nfull - t + T - 1) / T : P.K : 0;
 
-    // -- load: registers, then shared memory (asynchronous) in two cp.async
-    // groups, slots [0, mid) and [mid, nsm) with mid a multiple of T, so that
-    // the statistics of the registers and of the first group run while the
-    // rest is still arriving
+    // -- load: registers (the shared-memory slots are on their way, in two
+    // cp.async groups split at mid, see sm_chunk_copy_smem)
     const int mid = nsm > 0 ? (nsm / T / 2) * T : 0;
     sm_slot ra[KREG], rb[KREG];
 #pragma unroll
     for (int k = 0; k < KREG; k++)
       if (k < nv) sm_load_full_slot<BWD>(R, t + k * T, ra[k], rb[k]);
-    for (int l = t; l < mid; l += T) sm_load_full_slot_to_smem<BWD>(R, nreg + l, sa + l, sb + l);
-    sm_cp_async_commit();
-    for (int l = mid + t; l < nsm; l += T) sm_load_full_slot_to_smem<BWD>(R, nreg + l, sa + l, sb + l);
-    sm_cp_async_commit();
 
     // -- statistics: registers, then each shared-memory group as it lands; the
     // thread's (m, d') of the three parts merge with sm_merge. With the cache,
@@ -537,6 +553,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
       st = sm_block_reduce<BWD>(st, 1, red);
       if (P.mode == SM_STATS) {
         if (t == 0) ((sm_stat<Acc> *)P.partials)[row * P.C + chunk_x] = st;
+        if (next >= 0) sm_chunk_copy_smem<BWD>(sm_chunk_setup<BWD, T1, T2>(P, next, chunk_x * P.S, P.S), nreg, sa, sb);
         continue;
       }
       if (P.mode == SM_SPREAD) {
@@ -580,18 +597,21 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
     }
     Acc c0, c1;
     sm_finish<BWD, sizeof(T2) == 2>(st, P.log, c0, c1);
-    if (cached) {
-      const Acc scale = sm_cache_scale(m_reg, st);
+    const auto output_registers = [&]() {
+      if (cached) {
+        const Acc scale = sm_cache_scale(m_reg, st);
 #pragma unroll
-      for (int k = 0; k < KREG; k++)
-        if (k < nv) sm_slot_output_cached(R, t + k * T, ra[k], scale);
-    } else {
+        for (int k = 0; k < KREG; k++)
+          if (k < nv) sm_slot_output_cached(R, t + k * T, ra[k], scale);
+      } else {
 #pragma unroll
-      for (int k = 0; k < KREG; k++)
-        if (k < nv) sm_slot_output<BWD>(R, t + k * T, ra[k], rb[k], P.log, c0, c1);
-    }
-    sm_edges_output<BWD>(R, t, T, P.log, c0, c1);
-    if (nsm > 0) {
+        for (int k = 0; k < KREG; k++)
+          if (k < nv) sm_slot_output<BWD>(R, t + k * T, ra[k], rb[k], P.log, c0, c1);
+      }
+      sm_edges_output<BWD>(R, t, T, P.log, c0, c1);
+    };
+    const auto output_smem = [&]() {
+      if (nsm <= 0) return;
       sm_cp_async_wait();
       if (cached) {
         const Acc scale_lo = sm_cache_scale(m_lo, st), scale_hi = sm_cache_scale(m_hi, st);
@@ -608,6 +628,16 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
           sm_slot_output<BWD>(R, nreg + l, xa, xb, P.log, c0, c1);
         }
       }
+    };
+    // where the next row is to be copied, the shared-memory part goes first,
+    // so its buffer takes those copies while the register part is written
+    if (next >= 0) {
+      output_smem();
+      sm_chunk_copy_smem<BWD>(sm_chunk_setup<BWD, T1, T2>(P, next, chunk_x * P.S, P.S), nreg, sa, sb);
+      output_registers();
+    } else {
+      output_registers();
+      output_smem();
     }
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
