@@ -53,16 +53,17 @@
  * of that many rows (the column split path); [4] the shared memory in KB of
  * a column chunk in the split path; [5] slots per lane aimed at in the warp
  * tier; [6] the column tile's width in bytes (16 .. 256 columns); [8] the
- * column kernel's CTA size (256 or 512);
+ * column kernel's CTA size (256 or 512); [9] the chunk kernel's CTA size
+ * cap (a power of two, 64 .. 512) in the first pass and the spread tier;
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test);
  * the library itself holds no mutable global state. */
 #ifdef OSS_SOFTMAX_TEST_KNOBS
 extern "C" {
-int oss_softmax_cuda_test_knobs[9];
+int oss_softmax_cuda_test_knobs[10];
 }
 #else
-static const int oss_softmax_cuda_test_knobs[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const int oss_softmax_cuda_test_knobs[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 #endif
 
 // ---- the job: forward and backward in one shape --------------------------------
@@ -170,6 +171,12 @@ static void sm_chunk_shape(int64_t need, int64_t tmax, int kreg, int64_t *T, int
   }
 }
 
+/* CTA size cap of the chunk kernel's first pass and of the spread tier. */
+static int64_t sm_first_pass_threads(void) {
+  const int k = oss_softmax_cuda_test_knobs[9];
+  return k >= 64 && k <= 512 ? sm_pow2_ceil(k) : 512;
+}
+
 /* Bytes of SM_SPREAD's counters at the front of its workspace: the ticket and
  * one arrival count per row, rounded up to 16. */
 static size_t sm_spread_counter_bytes(int64_t rows) { return ((size_t)(rows + 1) * sizeof(unsigned) + 15) & ~(size_t)15; }
@@ -182,7 +189,7 @@ template <bool BWD, typename T1, typename T2, typename Acc>
 static bool sm_plan_spread(const sm_job *J, const oss_device_info *info, int64_t nslots, int64_t soft,
                            cudaStream_t stream, sm_plan *P) {
   constexpr int KREG = sm_chunk_kreg<BWD, Acc>();
-  const int64_t slot_bytes = 16 * (BWD ? 2 : 1), tmax = 512;
+  const int64_t slot_bytes = 16 * (BWD ? 2 : 1), tmax = sm_first_pass_threads();
   const int64_t C = sm_cdiv(nslots, tmax * KREG + soft / slot_bytes);
   if (C < 2 || J->outer * C > 0x7fffffff) return false;
   int64_t T, K, smem_slots;
@@ -264,7 +271,7 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
     if (pass == 1 && force == 0 && sm_plan_spread<BWD, T1, T2, Acc>(J, info, nslots, spread_soft, stream, P))
       return OSS_OK;
     const int64_t limit = pass == 0 ? soft : hard;
-    const int64_t tmax = pass == 0 ? 512 : tmax_hard;
+    const int64_t tmax = pass == 0 ? sm_first_pass_threads() : tmax_hard;
     for (int C = 1; C <= cmax; C *= 2) {
       if ((force == 2 && C > 1) || (force == 3 && C == 1)) continue;
       int64_t T, K, smem_slots;

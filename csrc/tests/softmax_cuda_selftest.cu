@@ -44,7 +44,7 @@
 #include "oss.h"
 
 /* Planner knobs of softmax.cu, for tests and tuning only (see there). */
-extern "C" int oss_softmax_cuda_test_knobs[9];
+extern "C" int oss_softmax_cuda_test_knobs[10];
 
 #define CK(call)                                                                                  \
   do {                                                                                            \
@@ -819,22 +819,30 @@ static void sweep(void) {
   typedef struct {
     oss_dtype t;
     int64_t n;
-    int tier, soft_kb;
+    int tier, soft_kb, threads;
     const char *name;
   } var;
   static const var vars[] = {
-      {OSS_FLOAT32, 262144, 0, 0, "auto"},      {OSS_FLOAT32, 262144, 5, 0, "spread"},
-      {OSS_BFLOAT16, 128256, 0, 0, "auto"},     {OSS_BFLOAT16, 128256, 5, 0, "spread"},
-      {OSS_BFLOAT16, 262144, 0, 0, "auto"},     {OSS_BFLOAT16, 262144, 5, 0, "spread"},
-      {OSS_FLOAT32, 1048576, 0, 0, "auto"},     {OSS_FLOAT32, 1048576, 3, 0, "cluster"},
-      {OSS_FLOAT32, 1048576, 4, 0, "split"},    {OSS_FLOAT32, 1048576, 5, 100, "spread100"},
-      {OSS_FLOAT32, 1048576, 5, 48, "spread48"}, {OSS_BFLOAT16, 1048576, 0, 0, "auto"},
-      {OSS_BFLOAT16, 1048576, 5, 0, "spread"},  {OSS_FLOAT16, 1048576, 0, 0, "auto"},
-      {OSS_FLOAT32, 4194304, 0, 0, "auto"},     {OSS_FLOAT32, 4194304, 4, 0, "split"},
-      {OSS_BFLOAT16, 4194304, 0, 0, "auto"},    {OSS_BFLOAT16, 4194304, 4, 0, "split"}};
+      {OSS_FLOAT32, 262144, 0, 0, 0, "auto"},      {OSS_FLOAT32, 262144, 5, 0, 0, "spread"},
+      {OSS_BFLOAT16, 128256, 0, 0, 0, "auto"},     {OSS_BFLOAT16, 128256, 5, 0, 0, "spread"},
+      {OSS_BFLOAT16, 262144, 0, 0, 0, "auto"},     {OSS_BFLOAT16, 262144, 5, 0, 0, "spread"},
+      {OSS_FLOAT32, 1048576, 0, 0, 0, "auto"},     {OSS_FLOAT32, 1048576, 3, 0, 0, "cluster"},
+      {OSS_FLOAT32, 1048576, 4, 0, 0, "split"},    {OSS_FLOAT32, 1048576, 5, 100, 0, "spread100"},
+      {OSS_FLOAT32, 1048576, 5, 48, 0, "spread48"}, {OSS_BFLOAT16, 1048576, 0, 0, 0, "auto"},
+      {OSS_BFLOAT16, 1048576, 5, 0, 0, "spread"},  {OSS_BFLOAT16, 1048576, 5, 100, 0, "spread100"},
+      {OSS_BFLOAT16, 1048576, 5, 32, 0, "spread32"}, {OSS_FLOAT16, 1048576, 0, 0, 0, "auto"},
+      {OSS_FLOAT16, 1048576, 5, 0, 0, "spread"},   {OSS_FLOAT32, 1048576, 5, 32, 0, "spread32"},
+      {OSS_FLOAT32, 4194304, 0, 0, 0, "auto"},     {OSS_FLOAT32, 4194304, 4, 0, 0, "split"},
+      {OSS_BFLOAT16, 4194304, 0, 0, 0, "auto"},    {OSS_BFLOAT16, 4194304, 4, 0, 0, "split"},
+      {OSS_BFLOAT16, 128256, 0, 48, 256, "t256"},  {OSS_BFLOAT16, 262144, 0, 48, 256, "t256"},
+      {OSS_BFLOAT16, 1048576, 5, 48, 256, "spread48t256"}, {OSS_FLOAT16, 1048576, 5, 48, 256, "spread48t256"},
+      {OSS_BFLOAT16, 1048576, 5, 32, 256, "spread32t256"}, {OSS_FLOAT32, 1048576, 5, 48, 256, "spread48t256"},
+      {OSS_FLOAT32, 262144, 0, 48, 256, "t256"}
+  };
   for (size_t v = 0; v < sizeof vars / sizeof vars[0]; v++) {
     oss_softmax_cuda_test_knobs[0] = vars[v].tier;
     oss_softmax_cuda_test_knobs[1] = vars[v].soft_kb;
+    oss_softmax_cuda_test_knobs[9] = vars[v].threads;
     oss_softmax_cuda_test_knobs[7] = 3;
     double fp, bp, fu, bu;
     bench_one(vars[v].t, ((int64_t)1 << 26) / vars[v].n, vars[v].n, 1, &fp, &bp, &fu, &bu, 1);
