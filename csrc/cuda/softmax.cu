@@ -55,15 +55,17 @@
  * tier; [6] the column tile's width in bytes (16 .. 256 columns); [8] the
  * column kernel's CTA size (256 or 512); [9] the chunk kernel's CTA size
  * cap (a power of two, 64 .. 512) in the first pass and the spread tier;
+ * [10] caps the row tiers' grid.y (so each CTA runs several rows: the next
+ * row's shared-memory copies while the current one is written);
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test);
  * the library itself holds no mutable global state. */
 #ifdef OSS_SOFTMAX_TEST_KNOBS
 extern "C" {
-int oss_softmax_cuda_test_knobs[10];
+int oss_softmax_cuda_test_knobs[11];
 }
 #else
-static const int oss_softmax_cuda_test_knobs[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const int oss_softmax_cuda_test_knobs[11] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 #endif
 
 // ---- the job: forward and backward in one shape --------------------------------
@@ -222,7 +224,9 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
   int64_t ph = (int64_t)(((uintptr_t)J->a / es) % VEC);
   if (J->outer > 1 && (J->so_a * es) % 16 != 0) ph = VEC - 1;
   const int64_t nslots = (ph + J->n + VEC - 1) / VEC;
-  const unsigned grid_y = (unsigned)(J->outer < 65535 ? J->outer : 65535);
+  int64_t ymax = 65535;
+  if (oss_softmax_cuda_test_knobs[10] > 0) ymax = oss_softmax_cuda_test_knobs[10];
+  const unsigned grid_y = (unsigned)(J->outer < ymax ? J->outer : ymax);
 
   /* warp tier: rows under 4 KB (16-bit: up to 4 KB, whose math per byte is
    * heavier and favours registers over the CTA tier's per-row overhead); the

@@ -44,7 +44,7 @@
 #include "oss.h"
 
 /* Planner knobs of softmax.cu, for tests and tuning only (see there). */
-extern "C" int oss_softmax_cuda_test_knobs[10];
+extern "C" int oss_softmax_cuda_test_knobs[11];
 
 #define CK(call)                                                                                  \
   do {                                                                                            \
@@ -913,6 +913,23 @@ static void profile(void) {
 }
 
 /* a reduced set for compute-sanitizer memcheck: every tier, alignments, dtypes */
+/* CTAs (and clusters) that run several rows each (grid.y capped): the next
+ * row's shared-memory part is copied while the current row is written */
+static void suite_rows_per_cta(void) {
+  oss_softmax_cuda_test_knobs[10] = 3;
+  for (int bwd = 0; bwd < 2; bwd++)
+    for (int log = 0; log < 2; log++) {
+      check(bwd, log, 11, 40003, 1, OSS_FLOAT32, OSS_FLOAT32, 1, 0, 1, 1, 0, 0);   /* one CTA + shared memory */
+      check(bwd, log, 10, 300001, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 1, 0, 0, 0, 0); /* clusters */
+      check(bwd, log, 7, 70001, 1, OSS_FLOAT16, OSS_FLOAT32, 3, 0, 1, 1, 0, 0);
+    }
+  oss_softmax_cuda_test_knobs[0] = 4; /* split: SM_STATS / SM_APPLY over several rows per CTA */
+  oss_softmax_cuda_test_knobs[10] = 2;
+  for (int bwd = 0; bwd < 2; bwd++) check(bwd, 0, 5, 100003, 1, OSS_BFLOAT16, OSS_BFLOAT16, 1, 0, 0, 1, 0, 0);
+  oss_softmax_cuda_test_knobs[10] = 0;
+  oss_softmax_cuda_test_knobs[0] = 0;
+}
+
 static void suite_quick(void) {
   static const int64_t widths[] = {1, 7, 33, 129, 1000, 1025, 4097, 32771, 131072, 524291};
   for (int wi = 0; wi < 10; wi++)
@@ -942,6 +959,7 @@ static void suite_quick(void) {
   check(0, 0, 40, 1048576 + 3, 1, OSS_FLOAT32, OSS_FLOAT32, 1, 0, 0, 0, 0, 0);
   check(1, 1, 9, 1048576, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
   oss_softmax_cuda_test_knobs[0] = 0;
+  suite_rows_per_cta();
 }
 
 /* small cases through every tier that uses shared memory or clusters (for racecheck) */
@@ -952,6 +970,12 @@ static void suite_race(void) {
     check(bwd, 0, 3, 40000, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);     /* one CTA + shared memory */
     check(bwd, 1, 2, 300001, 1, OSS_FLOAT32, OSS_FLOAT32, 1, 0, 0, 0, 0, 0);    /* cluster */
     if (!bwd) check(0, 0, 1, 1048576, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0); /* 1024-thread CTAs */
+    check(bwd, 1, 20, 1048581, 1, OSS_BFLOAT16, OSS_BFLOAT16, 1, 1, 1, 1, 0, 0); /* 16-bit clusters of 16, more than fit at once */
+    check(bwd, 0, 3, 262147, 1, OSS_FLOAT16, OSS_FLOAT16, 1, 1, 1, 1, 0, 0);    /* 16-bit cluster of 4 */
+    oss_softmax_cuda_test_knobs[10] = 2; /* several rows per CTA: next-row copies */
+    check(bwd, 1, 5, 40003, 1, OSS_FLOAT32, OSS_FLOAT32, 1, 0, 0, 1, 0, 0);
+    check(bwd, 0, 5, 300001, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
+    oss_softmax_cuda_test_knobs[10] = 0;
     check(bwd, 0, 3, 700, 33, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);      /* columns */
     oss_softmax_cuda_test_knobs[0] = 4;
     check(bwd, 0, 2, 20000, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);     /* split */
@@ -984,6 +1008,8 @@ int main(int argc, char **argv) {
     suite_special(0);
     printf("-- forced tiers\n"), fflush(stdout);
     suite_forced(0);
+    printf("-- several rows per CTA\n"), fflush(stdout);
+    suite_rows_per_cta();
   } else if (strcmp(mode, "quick") == 0) {
     suite_errors();
     suite_quick();
