@@ -5,7 +5,7 @@
 # $TORCH_OSS_RESULTS (default: results/).
 #
 #   bash scripts/gpu_check.sh                    # all stages
-#   bash scripts/gpu_check.sh build test         # some stages: build test sanitize bench model selftest
+#   bash scripts/gpu_check.sh build test         # some stages: build test sanitize bench model selftest syncprobe
 #
 #   bash scripts/gpu_check.sh build fuzz         # the long fuzz profile (FUZZ_SECONDS per test)
 #
@@ -113,6 +113,27 @@ for s in $STAGES; do
       record selftest failed
     fi
     tail -n 5 "$RESULTS/selftest_build.log" "$RESULTS/softmax_selftest.log"
+    ;;
+  syncprobe)
+    # Is synccheck's "Divergent thread(s) in warp" in the cluster tier the
+    # tool's? csrc/tests/cluster_synccheck_probe.cu has only that kernel's
+    # barrier skeleton; SYNCPROBE_RUNS (default 8) runs of each mode
+    stage syncprobe
+    mkdir -p build
+    if nvcc -std=c++17 -O3 -arch=native csrc/tests/cluster_synccheck_probe.cu -o build/cluster_synccheck_probe \
+         >"$RESULTS/syncprobe_build.log" 2>&1; then
+      : >"$RESULTS/syncprobe.log"
+      for i in $(seq "${SYNCPROBE_RUNS:-8}"); do
+        for mode in 0 1; do
+          timeout 120 compute-sanitizer --tool synccheck build/cluster_synccheck_probe $mode 20 >"$RESULTS/syncprobe_run.log" 2>&1
+          echo "mode $mode run $i: rc $?, $(grep -c 'Barrier error' "$RESULTS/syncprobe_run.log") barrier reports; $(grep '^probe' "$RESULTS/syncprobe_run.log")" |
+            tee -a "$RESULTS/syncprobe.log"
+        done
+      done
+      record syncprobe done
+    else
+      record syncprobe "build failed"
+    fi
     ;;
   fuzz)
     # The long fuzz profile on CUDA: each test in chunks of fresh cases

@@ -251,10 +251,16 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
     return OSS_OK;
   }
 
-  /* one CTA, or a cluster of up to 16 (sm_90). First pass: CTAs of <= 512
+  /* one CTA, or a cluster of up to 16 (sm_90). Main pass: CTAs of <= 512
    * threads with <= ~100 KB of shared memory, two per SM, so one computes
-   * while the other moves data; second pass: one CTA of up to 1024 threads
-   * per SM with up to all of its shared memory */
+   * while the other moves data; last pass: one CTA of up to 1024 threads per
+   * SM with up to all of its shared memory. A forward row that needs more
+   * than one CTA of the main pass first tries clusters of 256-thread CTAs
+   * with <= 48 KB of shared memory, four per SM: on the H100 they gain
+   * 1-2 points of copy at 256K columns (bfloat16 87.0 -> 88.6 %, float16
+   * 87.1 -> 88.9, float32 93.4 -> 94.2) and tie at 128K; the backward loses
+   * with them (float32 256K 97.4 -> 92.9 %), and 128-thread CTAs lose in
+   * both (bench/NOTES-softmax.md v13) */
   const int64_t slot_bytes = 16 * (BWD ? 2 : 1);
   const int64_t static_smem = 2048;
   const int64_t soft = oss_softmax_cuda_test_knobs[1] > 0 ? oss_softmax_cuda_test_knobs[1] * 1024 : 100 * 1024;
@@ -271,12 +277,15 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
    * exchange goes through L2 (bench/NOTES-softmax.md v11) */
   const int64_t spread_soft = oss_softmax_cuda_test_knobs[1] > 0 ? soft : 64 * 1024;
   if (force == 5 && sm_plan_spread<BWD, T1, T2, Acc>(J, info, nslots, spread_soft, stream, P)) return OSS_OK;
-  for (int pass = 0; pass < 2 && force != 4 && force != 5; pass++) {
-    if (pass == 1 && force == 0 && sm_plan_spread<BWD, T1, T2, Acc>(J, info, nslots, spread_soft, stream, P))
+  const int64_t quarter_t = 256, quarter_soft = 48 * 1024;
+  const bool quarter = !BWD && sizeof(Acc) == 4 && oss_softmax_cuda_test_knobs[1] == 0 &&
+                       oss_softmax_cuda_test_knobs[9] == 0 && nslots > sm_first_pass_threads() * KREG + soft / slot_bytes;
+  for (int pass = quarter ? 0 : 1; pass < 3 && force != 4 && force != 5; pass++) {
+    if (pass == 2 && force == 0 && sm_plan_spread<BWD, T1, T2, Acc>(J, info, nslots, spread_soft, stream, P))
       return OSS_OK;
-    const int64_t limit = pass == 0 ? soft : hard;
-    const int64_t tmax = pass == 0 ? sm_first_pass_threads() : tmax_hard;
-    for (int C = 1; C <= cmax; C *= 2) {
+    const int64_t limit = pass == 0 ? quarter_soft : pass == 1 ? soft : hard;
+    const int64_t tmax = pass == 0 ? quarter_t : pass == 1 ? sm_first_pass_threads() : tmax_hard;
+    for (int C = pass == 0 ? 2 : 1; C <= cmax; C *= 2) {
       if ((force == 2 && C > 1) || (force == 3 && C == 1)) continue;
       int64_t T, K, smem_slots;
       sm_chunk_shape(sm_cdiv(nslots, C), tmax, KREG, &T, &K, &smem_slots);
@@ -415,11 +424,12 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   }
   void (*kern)(sm_row_args) = softmax_row_chunks_kernel<BWD, T1, T2, Acc>;
   const dim3 grid(P->grid_x, P->grid_y, 1), block((unsigned)P->threads, 1, 1);
+  /* SM_CHUNKS and SM_SPREAD (split plans have none); static shared memory
+   * counts toward the default 48 KB: opt in early */
+  const size_t smem = (size_t)P->smem_slots * 16 * (BWD ? 2 : 1);
+  if (smem > 40 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   if (P->kind == SM_PLAN_CHUNKS) {
-    const size_t smem = (size_t)P->smem_slots * 16 * (BWD ? 2 : 1);
     A.mode = SM_FULL;
-    /* static shared memory counts toward the default 48 KB: opt in early */
-    if (smem > 40 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (P->C == 1) {
       kern<<<grid, block, smem, stream>>>(A);
       return oss_check_launch("softmax_row_chunks_kernel");
@@ -445,14 +455,12 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
     return oss_check_launch("softmax_row_chunks_kernel (cluster)");
   }
   if (P->kind == SM_PLAN_SPREAD) {
-    const size_t smem = (size_t)P->smem_slots * 16 * (BWD ? 2 : 1);
     if (ws == NULL)
       return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "softmax: this shape needs a workspace of %zu bytes but workspace is NULL", P->ws_bytes);
     A.mode = SM_SPREAD;
     A.counters = (unsigned *)ws;
     A.partials = (char *)ws + sm_spread_counter_bytes(J->outer);
     OSS_CUDA_TRY(cudaMemsetAsync(ws, 0, sm_spread_counter_bytes(J->outer), stream));
-    if (smem > 40 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     kern<<<grid, block, smem, stream>>>(A);
     return oss_check_launch("softmax_row_chunks_kernel (spread)");
   }

@@ -459,6 +459,10 @@ __device__ __forceinline__ sm_stat<Acc> sm_spread_exchange(sm_stat<Acc> st, sm_s
   return sm_group_reduce<BWD>(acc, 32);
 }
 
+/* The end of the first cp.async group of nsm shared-memory slots copied by T
+ * threads (see sm_chunk_copy_smem): half of the CTA's full passes. */
+__device__ __forceinline__ int sm_smem_mid(int nsm, int T) { return nsm > 0 ? (nsm / T / 2) * T : 0; }
+
 /* Starts the cp.async copies of a chunk's shared-memory slots (full slots
  * [nreg, nfull), local index l = slot - nreg) in two groups, l in [0, mid) and
  * [mid, nsm) with mid a multiple of T, so that the statistics of the first
@@ -467,7 +471,7 @@ __device__ __forceinline__ sm_stat<Acc> sm_spread_exchange(sm_stat<Acc> st, sm_s
 template <bool BWD, typename T1, typename T2>
 __device__ __forceinline__ void sm_chunk_copy_smem(const sm_chunk<T1, T2> &R, int nreg, uint4 *sa, uint4 *sb) {
   const int t = threadIdx.x, T = blockDim.x;
-  const int nsm = R.nfull - nreg, mid = nsm > 0 ? (nsm / T / 2) * T : 0;
+  const int nsm = R.nfull - nreg, mid = sm_smem_mid(nsm, T);
   for (int l = t; l < mid; l += T) sm_load_full_slot_to_smem<BWD>(R, nreg + l, sa + l, sb + l);
   sm_cp_async_commit();
   for (int l = mid + t; l < nsm; l += T) sm_load_full_slot_to_smem<BWD>(R, nreg + l, sa + l, sb + l);
@@ -511,8 +515,8 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
   }
   const int nreg = T * P.K; /* full slots [0, nreg) in registers, [nreg, nfull) in shared memory */
   /* the shared-memory part of row r is copied before the loop (first row) or
-   * while the previous row's register part is written (SM_STATS: once its
-   * statistics are done), so its loads overlap that work */
+   * while the previous row's register part is written, so its loads overlap
+   * that work (SM_STATS and SM_APPLY chunks have no shared-memory part) */
   const bool smem = P.smem_slots > 0;
   if (smem && r0 < P.rows) sm_chunk_copy_smem<BWD>(sm_chunk_setup<BWD, T1, T2>(P, rev ? P.rows - 1 - r0 : r0, chunk_x * P.S, P.S),
                                            nreg, sa, sb);
@@ -525,7 +529,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
 
     // -- load: registers (the shared-memory slots are on their way, in two
     // cp.async groups split at mid, see sm_chunk_copy_smem)
-    const int mid = nsm > 0 ? (nsm / T / 2) * T : 0;
+    const int mid = sm_smem_mid(nsm, T);
     sm_slot ra[KREG], rb[KREG];
 #pragma unroll
     for (int k = 0; k < KREG; k++)
@@ -553,7 +557,6 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
       st = sm_block_reduce<BWD>(st, 1, red);
       if (P.mode == SM_STATS) {
         if (t == 0) ((sm_stat<Acc> *)P.partials)[row * P.C + chunk_x] = st;
-        if (next >= 0) sm_chunk_copy_smem<BWD>(sm_chunk_setup<BWD, T1, T2>(P, next, chunk_x * P.S, P.S), nreg, sa, sb);
         continue;
       }
       if (P.mode == SM_SPREAD) {

@@ -13,12 +13,18 @@
  *                    against the last dim), optionally with the column tiles'
  *                    width and CTA size forced (0: the planner's)
  *   selftest sweep   timing of planner alternatives (test knobs)
+ *   selftest waves [DTYPE:COLS ...]  the cluster-width plans (CTA size,
+ *                    shared memory, cluster cap) with the rows that fit at
+ *                    once; WAVES_VARIANTS=auto,t256,... picks variants
  *   selftest profile one forward and one backward launch of each point that
  *                    misses a target of issue #3, with its plan printed (to run
  *                    under ncu; each case's kernels are launched once)
  *   selftest bwd_data the bfloat16 and float16 backward kernels on their own
  *                    data and on each other's bits: does a speed gap follow
  *                    the code or the data?
+ *
+ * SELFTEST_KNOBS="9=512,1=64" sets the planner's test knobs (softmax.cu) for
+ * the whole run, so one binary times two plans.
  *
  * Inputs are fresh random values (randn * 3 plus a few large outliers, never
  * zero); outputs and the whole output buffer are poisoned with NaN (0xff
@@ -852,6 +858,65 @@ static void sweep(void) {
   memset(oss_softmax_cuda_test_knobs, 0, sizeof oss_softmax_cuda_test_knobs);
 }
 
+/* The plans for rows that need a cluster: each plan the knobs give (CTA size
+ * cap [9], soft shared-memory limit [1], cluster cap [2]) with the number of
+ * rows that fit at once (printed with the plan), forward and backward. */
+static void waves(int nshape, char **shape_args) {
+  measure_copy();
+  typedef struct {
+    int threads, soft_kb, cmax;
+    const char *name;
+  } var;
+  static const var vars[] = {{0, 0, 0, "auto"},       {256, 48, 0, "t256"},     {256, 32, 0, "t256-s32"},
+                             {0, 1, 0, "regs"},       {256, 1, 0, "t256-regs"}, {0, 64, 0, "s64"},
+                             {0, 80, 0, "s80"},       {0, 0, 8, "c8"},          {128, 16, 0, "t128-s16"},
+                             {128, 24, 0, "t128-s24"}};
+  static const struct {
+    oss_dtype t;
+    int64_t n;
+  } shapes[] = {{OSS_BFLOAT16, 128256}, {OSS_BFLOAT16, 262144}, {OSS_BFLOAT16, 1048576}, {OSS_FLOAT16, 262144},
+                {OSS_FLOAT32, 262144}};
+  /* optional arguments DTYPE:COLUMNS (f32, bf16, f16) replace the shapes;
+   * WAVES_VARIANTS=name,name,... picks variants */
+  const int ns = nshape > 0 ? nshape : (int)(sizeof shapes / sizeof shapes[0]);
+  const char *pick = getenv("WAVES_VARIANTS");
+  for (int s = 0; s < ns; s++) {
+    oss_dtype t = shapes[s < 5 ? s : 0].t;
+    int64_t n = shapes[s < 5 ? s : 0].n;
+    if (nshape > 0) {
+      char name[8];
+      long long cols;
+      if (sscanf(shape_args[s], "%7[a-z0-9]:%lld", name, &cols) != 2 || cols < 1) {
+        fprintf(stderr, "waves: cannot read shape '%s'\n", shape_args[s]);
+        g_failures++;
+        return;
+      }
+      t = strcmp(name, "f32") == 0 ? OSS_FLOAT32 : strcmp(name, "f16") == 0 ? OSS_FLOAT16 : OSS_BFLOAT16;
+      n = cols;
+    }
+    for (size_t v = 0; v < sizeof vars / sizeof vars[0]; v++) {
+      if (pick) {
+        char want[64];
+        snprintf(want, sizeof want, ",%s,", vars[v].name);
+        char list[512];
+        snprintf(list, sizeof list, ",%s,", pick);
+        if (!strstr(list, want)) continue;
+      }
+      memset(oss_softmax_cuda_test_knobs, 0, sizeof oss_softmax_cuda_test_knobs);
+      oss_softmax_cuda_test_knobs[9] = vars[v].threads;
+      oss_softmax_cuda_test_knobs[1] = vars[v].soft_kb;
+      oss_softmax_cuda_test_knobs[2] = vars[v].cmax;
+      oss_softmax_cuda_test_knobs[7] = 3;
+      double fp, bp, fu, bu;
+      bench_one(t, ((int64_t)1 << 26) / n, n, 1, &fp, &bp, &fu, &bu, 1);
+      printf("waves %-5s %8lld %-13s fwd %6.1f%% %7.1f us  bwd %6.1f%% %7.1f us\n", dt_name(t), (long long)n,
+             vars[v].name, fp, fu, bp, bu);
+      fflush(stdout);
+    }
+  }
+  memset(oss_softmax_cuda_test_knobs, 0, sizeof oss_softmax_cuda_test_knobs);
+}
+
 /* Does the backward's speed follow the code or the data? The bfloat16 and
  * float16 kernels, each on its own y = softmax(x), dy, and on the other's
  * bits (the same bytes reinterpreted), same plan. */
@@ -912,7 +977,6 @@ static void profile(void) {
   }
 }
 
-/* a reduced set for compute-sanitizer memcheck: every tier, alignments, dtypes */
 /* CTAs (and clusters) that run several rows each (grid.y capped): the next
  * row's shared-memory part is copied while the current row is written */
 static void suite_rows_per_cta(void) {
@@ -926,10 +990,15 @@ static void suite_rows_per_cta(void) {
   oss_softmax_cuda_test_knobs[0] = 4; /* split: SM_STATS / SM_APPLY over several rows per CTA */
   oss_softmax_cuda_test_knobs[10] = 2;
   for (int bwd = 0; bwd < 2; bwd++) check(bwd, 0, 5, 100003, 1, OSS_BFLOAT16, OSS_BFLOAT16, 1, 0, 0, 1, 0, 0);
-  oss_softmax_cuda_test_knobs[10] = 0;
   oss_softmax_cuda_test_knobs[0] = 0;
+  /* clusters of 16 with more rows than fit at once (16-bit forward) */
+  for (int log = 0; log < 2; log++) {
+    check(0, log, 30, 1000003, 1, OSS_BFLOAT16, OSS_BFLOAT16, log, 0, 1, 0, 0, 0);
+    check(0, log, 17, 800001, 1, OSS_FLOAT16, OSS_FLOAT32, 0, 1, 0, 1, 0, 0);
+  }
 }
 
+/* a reduced set for compute-sanitizer memcheck: every tier, alignments, dtypes */
 static void suite_quick(void) {
   static const int64_t widths[] = {1, 7, 33, 129, 1000, 1025, 4097, 32771, 131072, 524291};
   for (int wi = 0; wi < 10; wi++)
@@ -996,6 +1065,19 @@ int main(int argc, char **argv) {
   CK(cudaGetDeviceProperties(&prop, dev));
   printf("device: %s (sm_%d%d, %d SMs)  mode: %s\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount, mode);
   CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+  /* SELFTEST_KNOBS="i=v,i=v": planner knobs for the whole run (A/B timing) */
+  const char *env = getenv("SELFTEST_KNOBS");
+  for (const char *k = env; k && *k;) {
+    int i, v, used = 0;
+    if (sscanf(k, "%d=%d%n", &i, &v, &used) != 2 || i < 0 || i >= (int)(sizeof oss_softmax_cuda_test_knobs / sizeof(int))) {
+      fprintf(stderr, "SELFTEST_KNOBS: cannot read '%s'\n", k);
+      return 2;
+    }
+    oss_softmax_cuda_test_knobs[i] = v;
+    printf("knob [%d] = %d\n", i, v);
+    k += used;
+    if (*k == ',') k++;
+  }
   if (strcmp(mode, "check") == 0) {
     suite_errors();
     printf("-- rows\n"), fflush(stdout);
@@ -1019,6 +1101,8 @@ int main(int argc, char **argv) {
     bench();
   } else if (strcmp(mode, "sweep") == 0) {
     sweep();
+  } else if (strcmp(mode, "waves") == 0) {
+    waves(argc - 2, argv + 2);
   } else if (strcmp(mode, "bench_dim1") == 0) {
     /* optional: the column tiles' width in bytes (knob 6), the CTA size (knob 8) */
     measure_copy();
@@ -1028,7 +1112,7 @@ int main(int argc, char **argv) {
   } else if (strcmp(mode, "bwd_data") == 0) {
     bwd_data();
   } else {
-    fprintf(stderr, "usage: %s [check|quick|race|bench|bench_dim1|sweep|profile|bwd_data]\n", argv[0]);
+    fprintf(stderr, "usage: %s [check|quick|race|bench|bench_dim1|sweep|waves|profile|bwd_data]\n", argv[0]);
     return 2;
   }
   printf("\n%s: %d checks, %d failed\n", mode, g_cases, g_failures);
