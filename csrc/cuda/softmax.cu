@@ -19,7 +19,8 @@
  *     fits a cluster of      the same kernel, a cluster of C = 2..16 CTAs
  *     <= 512-thread CTAs     that exchange (m, d') through distributed shared
  *     (sm_90)                memory (forward: ~670K float32 / ~1.3M 16-bit
- *                            elements, backward half)
+ *                            elements, backward half); a forward row tries
+ *                            256-thread CTAs with <= 48 KB first (four per SM)
  *     fits C <= half the     SM_SPREAD: C CTAs of <= 512 threads and <= 64 KB
  *     resident CTAs          of shared memory (two per SM) that exchange
  *                            (m, d') through the workspace (H100 forward: up
