@@ -258,10 +258,11 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
    * SM with up to all of its shared memory. A forward row that needs more
    * than one CTA of the main pass first tries clusters of 256-thread CTAs
    * with <= 48 KB of shared memory, four per SM: on the H100 they gain
-   * 1-2 points of copy at 256K columns (bfloat16 87.0 -> 88.6 %, float16
-   * 87.1 -> 88.9, float32 93.4 -> 94.2) and tie at 128K; the backward loses
-   * with them (float32 256K 97.4 -> 92.9 %), and 128-thread CTAs lose in
-   * both (bench/NOTES-softmax.md v13) */
+   * about a point of copy at 256K columns (four rounds each: bfloat16
+   * 86.8-87.4 -> 87.4-88.7 %, float16 87.0-87.5 -> 88.1-89.0, float32
+   * 93.3-93.5 -> 94.0-94.4) and tie at 128K; the backward loses with them
+   * (float32 256K 97.4 -> 92.9 %), and 128-thread CTAs lose in both
+   * (bench/NOTES-softmax.md v13) */
   const int64_t slot_bytes = 16 * (BWD ? 2 : 1);
   const int64_t static_smem = 2048;
   const int64_t soft = oss_softmax_cuda_test_knobs[1] > 0 ? oss_softmax_cuda_test_knobs[1] * 1024 : 100 * 1024;
