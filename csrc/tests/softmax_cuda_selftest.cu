@@ -878,16 +878,19 @@ static void waves(int nshape, char **shape_args) {
                 {OSS_FLOAT32, 262144}};
   /* optional arguments DTYPE:COLUMNS (f32, bf16, f16) replace the shapes;
    * WAVES_VARIANTS=name,name,... picks variants */
-  const int ns = nshape > 0 ? nshape : (int)(sizeof shapes / sizeof shapes[0]);
+  const int ndefault = (int)(sizeof shapes / sizeof shapes[0]);
+  const int ns = nshape > 0 ? nshape : ndefault;
   const char *pick = getenv("WAVES_VARIANTS");
   for (int s = 0; s < ns; s++) {
-    oss_dtype t = shapes[s < 5 ? s : 0].t;
-    int64_t n = shapes[s < 5 ? s : 0].n;
+    oss_dtype t = shapes[s % ndefault].t;
+    int64_t n = shapes[s % ndefault].n;
     if (nshape > 0) {
       char name[8];
       long long cols;
-      if (sscanf(shape_args[s], "%7[a-z0-9]:%lld", name, &cols) != 2 || cols < 1) {
-        fprintf(stderr, "waves: cannot read shape '%s'\n", shape_args[s]);
+      const int ok = sscanf(shape_args[s], "%7[a-z0-9]:%lld", name, &cols) == 2 && cols >= 1 &&
+                     (strcmp(name, "f32") == 0 || strcmp(name, "f16") == 0 || strcmp(name, "bf16") == 0);
+      if (!ok) {
+        fprintf(stderr, "waves: cannot read shape '%s' (DTYPE:COLS, DTYPE f32, bf16 or f16)\n", shape_args[s]);
         g_failures++;
         return;
       }
