@@ -58,15 +58,17 @@
  * cap (a power of two, 64 .. 512) in the first pass and the spread tier;
  * [10] caps the row tiers' grid.y (so each CTA runs several rows: the next
  * row's shared-memory copies while the current one is written);
+ * [11] register slots per thread aimed at by the chunk kernel's CTA and
+ * cluster plans (1 .. KREG; the planner's choice when 0);
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test);
  * the library itself holds no mutable global state. */
 #ifdef OSS_SOFTMAX_TEST_KNOBS
 extern "C" {
-int oss_softmax_cuda_test_knobs[11];
+int oss_softmax_cuda_test_knobs[12];
 }
 #else
-static const int oss_softmax_cuda_test_knobs[11] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const int oss_softmax_cuda_test_knobs[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 #endif
 
 // ---- the job: forward and backward in one shape --------------------------------
@@ -282,6 +284,14 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
   const int64_t quarter_t = 256, quarter_soft = 48 * 1024;
   const bool quarter = !BWD && sizeof(Acc) == 4 && oss_softmax_cuda_test_knobs[1] == 0 &&
                        oss_softmax_cuda_test_knobs[9] == 0 && nslots > sm_first_pass_threads() * KREG + soft / slot_bytes;
+  /* register slots per thread aimed at: a backward row that fits 512
+   * threads x 2 slots takes twice the threads of KREG slots each (H100, two
+   * rounds, % of copy: 4096 columns float32 99.8-100.0 -> 100.9-101.1,
+   * bfloat16 98.1-98.4 -> 99.0-99.7, float16 98.1-98.4 -> 99.7-99.9; float32
+   * 1024 columns 100.0-100.1 -> 100.9-101.1; at 32768 columns, where it is
+   * not used, it ties or loses; bench/NOTES-softmax.md v14) */
+  int kaim = BWD && KREG > 2 && nslots <= sm_first_pass_threads() * 2 ? 2 : KREG;
+  if (oss_softmax_cuda_test_knobs[11] >= 1 && oss_softmax_cuda_test_knobs[11] <= KREG) kaim = oss_softmax_cuda_test_knobs[11];
   for (int pass = quarter ? 0 : 1; pass < 3 && force != 4 && force != 5; pass++) {
     if (pass == 2 && force == 0 && sm_plan_spread<BWD, T1, T2, Acc>(J, info, nslots, spread_soft, stream, P))
       return OSS_OK;
@@ -290,7 +300,7 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
     for (int C = pass == 0 ? 2 : 1; C <= cmax; C *= 2) {
       if ((force == 2 && C > 1) || (force == 3 && C == 1)) continue;
       int64_t T, K, smem_slots;
-      sm_chunk_shape(sm_cdiv(nslots, C), tmax, KREG, &T, &K, &smem_slots);
+      sm_chunk_shape(sm_cdiv(nslots, C), tmax, kaim, &T, &K, &smem_slots);
       const int64_t bytes = smem_slots * slot_bytes;
       if (bytes > limit) continue;
       if ((C > 1 || bytes > 40 * 1024 || T > 512) &&

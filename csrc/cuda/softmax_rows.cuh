@@ -147,12 +147,30 @@ template <typename T1, typename T2> __device__ __forceinline__ int sm_edge_index
   return e < R.hlen ? R.lo + e : R.tstart + (e - R.hlen);
 }
 
-template <bool BWD, typename T1, typename T2>
-__device__ __forceinline__ void sm_load_full_slot(const sm_chunk<T1, T2> &R, int m, sm_slot &ra, sm_slot &rb) {
+/* The register slots m = first + k * step (k < nv) of a and, backward, b,
+ * all with 16-byte loads; where b's slot grid is misaligned (rare), its
+ * vector loads read a instead (always aligned and in bounds) and b's slots
+ * are then reloaded element by element. A per-slot choice between the
+ * vector and element paths of b makes the compiler copy each vector right
+ * after its load, so the thread waits for that load before it issues the
+ * next one (the bfloat16 backward, bench/NOTES-softmax.md v14). */
+template <bool BWD, int KMAX, typename T1, typename T2>
+__device__ __forceinline__ void sm_load_full_slots(const sm_chunk<T1, T2> &R, int first, int step, int nv,
+                                                   sm_slot (&ra)[KMAX], sm_slot (&rb)[KMAX]) {
   constexpr int VEC = sm_vec<T1>();
-  const int k = R.f0 + m * VEC;
-  ra.u = sm_ld16(R.a0 + k);
-  if (BWD) rb = sm_load_full(R.b0 + k, R.ok_b);
+  const T1 *b = BWD && R.ok_b ? R.b0 : R.a0;
+#pragma unroll
+  for (int k = 0; k < KMAX; k++)
+    if (k < nv) {
+      const int e = R.f0 + (first + k * step) * VEC;
+      ra[k].u = sm_ld16(R.a0 + e);
+      if (BWD) rb[k].u = sm_ld16(b + e);
+    }
+  if (BWD && !R.ok_b) {
+#pragma unroll
+    for (int k = 0; k < KMAX; k++)
+      if (k < nv) rb[k] = sm_load_full(R.b0 + R.f0 + (first + k * step) * VEC, false);
+  }
 }
 
 template <bool BWD, typename T1, typename T2>
@@ -389,9 +407,7 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8 ? 4 : (!BWD 
     const int nv = R.nfull > g ? (R.nfull - g + G - 1) / G < P.K ? (R.nfull - g + G - 1) / G : P.K : 0;
 
     sm_slot ra[KMAX], rb[KMAX];
-#pragma unroll
-    for (int k = 0; k < KMAX; k++)
-      if (k < nv) sm_load_full_slot<BWD>(R, g + k * G, ra[k], rb[k]);
+    sm_load_full_slots<BWD>(R, g, G, nv, ra, rb);
     sm_stat<Acc> st = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, nv, (uint4 *)0, (const uint4 *)0, 0, 0, 1, P.log);
     const Acc m_thread = st.m;
     sm_edges_accumulate<BWD>(R, g, G, st, P.log);
@@ -531,9 +547,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
     // cp.async groups split at mid, see sm_chunk_copy_smem)
     const int mid = sm_smem_mid(nsm, T);
     sm_slot ra[KREG], rb[KREG];
-#pragma unroll
-    for (int k = 0; k < KREG; k++)
-      if (k < nv) sm_load_full_slot<BWD>(R, t + k * T, ra[k], rb[k]);
+    sm_load_full_slots<BWD>(R, t, T, nv, ra, rb);
 
     // -- statistics: registers, then each shared-memory group as it lands; the
     // thread's (m, d') of the three parts merge with sm_merge. With the cache,

@@ -50,7 +50,7 @@
 #include "oss.h"
 
 /* Planner knobs of softmax.cu, for tests and tuning only (see there). */
-extern "C" int oss_softmax_cuda_test_knobs[11];
+extern "C" int oss_softmax_cuda_test_knobs[12];
 
 #define CK(call)                                                                                  \
   do {                                                                                            \
