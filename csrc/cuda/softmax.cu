@@ -286,10 +286,10 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
                        oss_softmax_cuda_test_knobs[9] == 0 && nslots > sm_first_pass_threads() * KREG + soft / slot_bytes;
   /* register slots per thread aimed at: a backward row that fits 512
    * threads x 2 slots takes twice the threads of KREG slots each (H100, two
-   * rounds, % of copy: 4096 columns float32 99.8-100.0 -> 100.9-101.1,
-   * bfloat16 98.1-98.4 -> 99.0-99.7, float16 98.1-98.4 -> 99.7-99.9; float32
-   * 1024 columns 100.0-100.1 -> 100.9-101.1; at 32768 columns, where it is
-   * not used, it ties or loses; bench/NOTES-softmax.md v14) */
+   * rounds, % of copy: 4096 columns float32 99.8-99.9 -> 100.9, bfloat16
+   * 98.1-98.4 -> 99.0-99.7, float16 98.1-98.4 -> 99.7-99.9; float32 1024
+   * columns 100.0-100.1 -> 101.1; at 32768 columns, where it is not used, it
+   * ties or loses up to 0.5; bench/NOTES-softmax.md v14) */
   int kaim = BWD && KREG > 2 && nslots <= sm_first_pass_threads() * 2 ? 2 : KREG;
   if (oss_softmax_cuda_test_knobs[11] >= 1 && oss_softmax_cuda_test_knobs[11] <= KREG) kaim = oss_softmax_cuda_test_knobs[11];
   for (int pass = quarter ? 0 : 1; pass < 3 && force != 4 && force != 5; pass++) {
