@@ -30,7 +30,9 @@
  *                            reverse order (the row is read twice; part of the
  *                            second read hits L2)
  *   inner > 1 (columns): softmax_columns_kernel, the [n x TJ] tile in shared
- *     memory in one pass when it fits (~210 KB), else the same split scheme.
+ *     memory in one pass: one CTA up to SM_COL_CLUSTER_BYTES, else (sm_90) a
+ *     cluster of C = 2..16 CTAs sharing the tile by rows, each holding at
+ *     most that much, else one CTA up to ~210 KB; else the same split scheme.
  * Every row that fits on chip is read once and written once. Choices were
  * measured on an H100 (bench/NOTES-softmax.md).
  *
@@ -56,19 +58,21 @@
  * tier; [6] the column tile's width in bytes (16 .. 256 columns); [8] the
  * column kernel's CTA size (256 or 512); [9] the chunk kernel's CTA size
  * cap (a power of two, 64 .. 512) in the first pass and the spread tier;
- * [10] caps the row tiers' grid.y (so each CTA runs several rows: the next
- * row's shared-memory copies while the current one is written);
+ * [10] caps grid.y (so each CTA runs several rows: the next row's
+ * shared-memory copies while the current one is written; columns: several
+ * tiles per CTA or cluster);
  * [11] register slots per thread aimed at by the chunk kernel's CTA and
- * cluster plans (1 .. KREG; the planner's choice when 0);
+ * cluster plans (1 .. KREG; the planner's choice when 0); [12] the columns
+ * kernel's cluster size (1 .. 16, a power of two; 1 = no cluster);
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test);
  * the library itself holds no mutable global state. */
 #ifdef OSS_SOFTMAX_TEST_KNOBS
 extern "C" {
-int oss_softmax_cuda_test_knobs[12];
+int oss_softmax_cuda_test_knobs[13];
 }
 #else
-static const int oss_softmax_cuda_test_knobs[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const int oss_softmax_cuda_test_knobs[13] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 #endif
 
 // ---- the job: forward and backward in one shape --------------------------------
@@ -336,8 +340,28 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
 
 // ---- planning: columns --------------------------------------------------------------
 
+/* The columns kernel instantiation for a CTA size (float64 statistics: 256 only). */
 template <bool BWD, typename T1, typename T2, typename Acc>
-static oss_status sm_plan_cols(const sm_job *J, const oss_device_info *info, sm_plan *P) {
+static void (*sm_columns_kernel_for(int threads))(sm_col_args) {
+  if constexpr (sizeof(Acc) == 4)
+    if (threads == SM_COL_THREADS_WIDE) return softmax_columns_kernel<BWD, T1, T2, Acc, SM_COL_THREADS_WIDE>;
+  return softmax_columns_kernel<BWD, T1, T2, Acc, SM_COL_THREADS>;
+}
+
+/* The columns kernel's CTA size for a tile of `bytes`: 256 threads, or 512
+ * (float statistics only: double's static shared memory would not fit beside
+ * it) when the tile leaves room for no second CTA on the SM */
+template <typename Acc> static int sm_col_threads(int64_t bytes, const oss_device_info *info) {
+  const int k = oss_softmax_cuda_test_knobs[8];
+  if (k == SM_COL_THREADS || (k == SM_COL_THREADS_WIDE && sizeof(Acc) == 4)) return k;
+  return sizeof(Acc) == 4 && bytes > info->max_smem_per_sm / 2 - 8 * 1024 ? SM_COL_THREADS_WIDE : SM_COL_THREADS;
+}
+
+/* The most bytes of a column tile per CTA in the sm_90 cluster plans */
+enum { SM_COL_CLUSTER_BYTES = 64 * 1024 };
+
+template <bool BWD, typename T1, typename T2, typename Acc>
+static oss_status sm_plan_cols(const sm_job *J, const oss_device_info *info, cudaStream_t stream, sm_plan *P) {
   constexpr int VEC = sm_vec<T1>();
   const int64_t es = sizeof(T1), es2 = sizeof(T2), NA = BWD ? 2 : 1;
   const int64_t A2 = VEC * es2 < 16 ? VEC * es2 : 16;
@@ -364,35 +388,96 @@ static oss_status sm_plan_cols(const sm_job *J, const oss_device_info *info, sm_
   if (force_bytes >= 16 && force_bytes / es <= SM_COL_THREADS) TJ = force_bytes / es;
   const int64_t soft = oss_softmax_cuda_test_knobs[4] > 0 ? oss_softmax_cuda_test_knobs[4] * 1024 : 72 * 1024;
   const int64_t hard = (int64_t)info->max_smem_per_block_optin - 16 * 1024;
-  int64_t chunk_n = J->n;
-  if (J->n * TJ * es * NA > hard && TJ * es > 32 && J->n * (TJ / 2) * es * NA <= hard) TJ /= 2; /* 32-byte segments */
-  if (J->n * TJ * es * NA > hard) chunk_n = soft / (TJ * es * NA);
-  if (oss_softmax_cuda_test_knobs[3] > 0 && oss_softmax_cuda_test_knobs[3] < chunk_n) chunk_n = oss_softmax_cuda_test_knobs[3];
+  const int64_t ymax = oss_softmax_cuda_test_knobs[10] > 0 ? oss_softmax_cuda_test_knobs[10] : 65535;
+  const unsigned grid_y1 = (unsigned)(J->outer < ymax ? J->outer : ymax);
+  const int cforce = oss_softmax_cuda_test_knobs[12];
+  /* sm_90: the fewest CTAs c (a power of two in [cmin, cmax], a cluster
+   * where c > 1) that share a tile of tj columns with at most `limit` bytes
+   * of it each (with cforce: c = cforce, up to `hard`); 0 where none can run */
+  const auto fit = [&](int64_t tj, int64_t limit, int cmin, int cmax) -> int {
+    for (int c = cmin; c <= cmax; c *= 2) {
+      const int64_t per = sm_cdiv(J->n, c) * tj * es * NA;
+      if (cforce ? c != cforce : per > limit) continue;
+      if (per > hard || sm_cdiv(J->inner + P->ph, tj) * c > 0x7fffffff) continue;
+      if (c == 1) return 1;
+      const int threads = sm_col_threads<Acc>(per, info);
+      const size_t xch = (size_t)c * 2 * tj * sizeof(sm_stat<Acc>);
+      if (sm_config_residency(sm_columns_kernel_for<BWD, T1, T2, Acc>(threads), c, threads, (size_t)per + xch, grid_y1,
+                              stream) >= 1)
+        return c;
+    }
+    return 0;
+  };
+  /* On sm_90 a cluster shares the tile by rows, so the segments can be 128
+   * bytes with at most SM_COL_CLUSTER_BYTES of the tile per CTA, in clusters
+   * of up to 8 CTAs (16-bit: 4, whose tiles hold twice the elements per
+   * byte). H100, % of copy (bench/NOTES-softmax.md v15): dim=1 of (32, 1024,
+   * 64, 64) float32 forward 89.3 -> 94.1 with clusters of 2, backward 91.3
+   * -> 93.5 with 4; bfloat16 forward 87.9 -> 90.3, backward 85.7 -> 90.3.
+   * Larger clusters of 128-byte segments lose (n = 4096 bfloat16 forward:
+   * 69.6 with 8, against 80.1 for 64-byte segments in 4). Failing that,
+   * 64-byte segments in clusters of up to 16 with <= SM_COL_CLUSTER_BYTES
+   * each, then clusters of 16 with up to `hard`: they hold what one CTA
+   * cannot (n = 4096 float32 forward 67 -> 81 %, backward 53 -> 81 %);
+   * else one CTA or the split path below. */
+  int C = 0;
+  if (info->cc_major >= 9 && oss_softmax_cuda_test_knobs[3] == 0) {
+    int64_t wide = TJ;
+    while (force_bytes == 0 && wide * es < 128 && wide * 2 <= span && wide * 2 <= SM_COL_THREADS) wide *= 2;
+    if ((C = fit(wide, SM_COL_CLUSTER_BYTES, 1, cforce ? 16 : es == 2 ? 4 : 8)) != 0) TJ = wide;
+    else if (wide == TJ || (C = fit(TJ, SM_COL_CLUSTER_BYTES, 1, 16)) == 0) C = fit(TJ, hard, 16, 16);
+  }
+  if (C == 0) C = 1;
+  int64_t chunk_n = sm_cdiv(J->n, C);
+  if (C == 1) {
+    if (J->n * TJ * es * NA > hard && TJ * es > 32 && J->n * (TJ / 2) * es * NA <= hard) TJ /= 2; /* 32-byte segments */
+    if (J->n * TJ * es * NA > hard) chunk_n = soft / (TJ * es * NA);
+    if (oss_softmax_cuda_test_knobs[3] > 0 && oss_softmax_cuda_test_knobs[3] < chunk_n) chunk_n = oss_softmax_cuda_test_knobs[3];
+  }
   P->TJ = (int)TJ;
+  P->C = C;
   P->chunk_n = chunk_n;
-  P->nchunks = sm_cdiv(J->n, chunk_n);
+  P->nchunks = C > 1 ? 1 : sm_cdiv(J->n, chunk_n);
   P->kind = P->nchunks == 1 ? SM_PLAN_COLS : SM_PLAN_COLS_SPLIT;
-  P->smem_slots = (int)(chunk_n * (TJ / VEC) * NA);
-  /* a tile that leaves room for no second CTA on the SM gets twice the
-   * threads (float statistics only: double's static shared memory would not
-   * fit beside it) */
-  const int64_t tile_bytes = chunk_n * TJ * es * NA;
-  P->threads = sizeof(Acc) == 4 && tile_bytes > info->max_smem_per_sm / 2 - 8 * 1024 ? SM_COL_THREADS_WIDE
-                                                                                     : SM_COL_THREADS;
-  if (oss_softmax_cuda_test_knobs[8] == SM_COL_THREADS || (oss_softmax_cuda_test_knobs[8] == SM_COL_THREADS_WIDE && sizeof(Acc) == 4))
-    P->threads = oss_softmax_cuda_test_knobs[8];
+  const int64_t xch_bytes = C > 1 ? C * 2 * TJ * (int64_t)sizeof(sm_stat<Acc>) : 0; /* cluster exchange */
+  P->smem_slots = (int)(chunk_n * (TJ / VEC) * NA + (xch_bytes + 15) / 16);
+  P->threads = sm_col_threads<Acc>(chunk_n * TJ * es * NA, info);
   if (P->kind == SM_PLAN_COLS_SPLIT)
     P->ws_bytes = (size_t)(J->outer * J->inner * (P->nchunks + 1)) * sizeof(sm_stat<Acc>);
-  const int64_t tiles = sm_cdiv(J->inner + P->ph, TJ);
-  if (tiles > 0x7fffffff)
+  const int64_t tiles_c = sm_cdiv(J->inner + P->ph, TJ) * C;
+  if (tiles_c > 0x7fffffff)
     return oss_fail(OSS_ERROR_NOT_SUPPORTED, "softmax: inner=%lld is too large", (long long)J->inner);
-  P->grid_x = (unsigned)tiles;
+  P->grid_x = (unsigned)tiles_c;
   const int64_t pairs = J->outer * P->nchunks;
-  P->grid_y = (unsigned)(pairs < 65535 ? pairs : 65535);
+  P->grid_y = (unsigned)(pairs < ymax ? pairs : ymax);
   return OSS_OK;
 }
 
 // ---- launches -------------------------------------------------------------------------
+
+/* Launches kern in clusters of C CTAs along grid x (sm_90). */
+template <typename Args>
+static oss_status sm_launch_clusters(void (*kern)(Args), dim3 grid, dim3 block, size_t smem, int C, cudaStream_t stream,
+                                     Args A, const char *name) {
+  if (C > 8) OSS_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)C;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaError_t err = cudaLaunchKernelEx(&cfg, kern, A);
+  if (err != cudaSuccess)
+    return oss_fail(OSS_ERROR_CUDA, "launch of %s (cluster of %d) failed: %s", name, C, cudaGetErrorString(err));
+  return oss_check_launch(name);
+}
 
 template <bool BWD, typename Acc>
 static oss_status sm_launch_merge(const void *part, void *fin, int64_t items, int64_t inner, int64_t nchunks,
@@ -446,25 +531,7 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
       kern<<<grid, block, smem, stream>>>(A);
       return oss_check_launch("softmax_row_chunks_kernel");
     }
-    if (P->C > 8) OSS_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = (unsigned)P->C;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    cudaError_t err = cudaLaunchKernelEx(&cfg, kern, A);
-    if (err != cudaSuccess)
-      return oss_fail(OSS_ERROR_CUDA, "launch of softmax_row_chunks_kernel (cluster of %d) failed: %s", P->C,
-                      cudaGetErrorString(err));
-    return oss_check_launch("softmax_row_chunks_kernel (cluster)");
+    return sm_launch_clusters(kern, grid, block, smem, P->C, stream, A, "softmax_row_chunks_kernel");
   }
   if (P->kind == SM_PLAN_SPREAD) {
     if (ws == NULL)
@@ -491,13 +558,6 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   return oss_check_launch("softmax_row_chunks_kernel (apply)");
 }
 
-/* The columns kernel instantiation for a CTA size (float64 statistics: 256 only). */
-template <bool BWD, typename T1, typename T2, typename Acc>
-static void (*sm_columns_kernel_for(int threads))(sm_col_args) {
-  if constexpr (sizeof(Acc) == 4)
-    if (threads == SM_COL_THREADS_WIDE) return softmax_columns_kernel<BWD, T1, T2, Acc, SM_COL_THREADS_WIDE>;
-  return softmax_columns_kernel<BWD, T1, T2, Acc, SM_COL_THREADS>;
-}
 
 template <bool BWD, typename T1, typename T2, typename Acc>
 static oss_status sm_run_cols(const sm_job *J, const sm_plan *P, void *ws, const oss_device_info *info,
@@ -524,6 +584,7 @@ static oss_status sm_run_cols(const sm_job *J, const sm_plan *P, void *ws, const
   A.vec_out = P->vec_out;
   A.chunk_n = P->chunk_n;
   A.nchunks = P->nchunks;
+  A.C = P->C;
   void (*kern)(sm_col_args) = sm_columns_kernel_for<BWD, T1, T2, Acc>(P->threads);
   const size_t smem = (size_t)P->smem_slots * 16;
   /* static shared memory (up to 12 KB) counts toward the default 48 KB: opt in early */
@@ -531,6 +592,7 @@ static oss_status sm_run_cols(const sm_job *J, const sm_plan *P, void *ws, const
   const dim3 grid(P->grid_x, P->grid_y, 1), block((unsigned)P->threads, 1, 1);
   if (P->kind == SM_PLAN_COLS) {
     A.mode = SM_FULL;
+    if (P->C > 1) return sm_launch_clusters(kern, grid, block, smem, P->C, stream, A, "softmax_columns_kernel");
     kern<<<grid, block, smem, stream>>>(A);
     return oss_check_launch("softmax_columns_kernel");
   }
@@ -558,7 +620,7 @@ static oss_status sm_run(const sm_job *J, void *ws, cudaStream_t stream, size_t 
   oss_status s = oss_get_device_info(&info);
   if (s != OSS_OK) return s;
   sm_plan P;
-  s = J->inner == 1 ? sm_plan_rows<BWD, T1, T2, Acc>(J, &info, stream, &P) : sm_plan_cols<BWD, T1, T2, Acc>(J, &info, &P);
+  s = J->inner == 1 ? sm_plan_rows<BWD, T1, T2, Acc>(J, &info, stream, &P) : sm_plan_cols<BWD, T1, T2, Acc>(J, &info, stream, &P);
   if (s != OSS_OK) return s;
   if (ws_size) {
     *ws_size = (P.ws_bytes + 15) & ~(size_t)15;
@@ -577,9 +639,10 @@ static oss_status sm_run(const sm_job *J, void *ws, cudaStream_t stream, size_t 
                                  (size_t)P.smem_slots * 16 * (BWD ? 2 : 1), P.grid_y, stream),
              P.C > 1 && P.kind == SM_PLAN_CHUNKS ? "clusters on the GPU" : "CTAs per SM");
     if (P.kind == SM_PLAN_COLS || P.kind == SM_PLAN_COLS_SPLIT)
-      printf("plan %s: resident at once: %d CTAs per SM\n", BWD ? "bwd" : "fwd",
-             sm_config_residency(sm_columns_kernel_for<BWD, T1, T2, Acc>(P.threads), 1, P.threads, (size_t)P.smem_slots * 16,
-                                 P.grid_y, stream));
+      printf("plan %s: resident at once: %d %s\n", BWD ? "bwd" : "fwd",
+             sm_config_residency(sm_columns_kernel_for<BWD, T1, T2, Acc>(P.threads), P.C, P.threads,
+                                 (size_t)P.smem_slots * 16, P.grid_y, stream),
+             P.C > 1 ? "clusters on the GPU" : "CTAs per SM");
   }
 #endif
   return J->inner == 1 ? sm_run_rows<BWD, T1, T2, Acc>(J, &P, ws, &info, stream)

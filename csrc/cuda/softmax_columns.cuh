@@ -17,12 +17,20 @@
  *   tile, so the output needs no second exp), sm_block_reduce merges them
  *   over ti, and the output is written from the tile in 16-byte pieces by the
  *   same slot mapping as the loads (so x is read once, y written once).
- *     SM_FULL: the tile holds all n rows.
+ *     SM_FULL, C = 1: the CTA's tile holds all n rows.
+ *     SM_FULL, C > 1 (sm_90): a cluster of C CTAs (adjacent in grid x) shares
+ *       the column tile, rank r holding rows [r * chunk_n, (r + 1) * chunk_n);
+ *       each CTA sends its per-column (m, d') to every peer's shared memory
+ *       (DSMEM), one cluster barrier, then each merges the C partials in rank
+ *       order (so all agree bit for bit). The buffer after the tiles is
+ *       double-buffered, so one barrier per tile suffices. Columns up to C
+ *       times one CTA's tile are still read once.
  *     SM_STATS / SM_APPLY: two-pass fallback for n too large for shared
  *       memory: chunks of rows go to separate CTAs (grid y), partials to the
  *       workspace, merged by softmax_merge_partials_kernel, then each chunk is
  *       re-read and normalised.
- *   Grid: x = column tiles, y = (outer, chunk) pairs (grid-stride loop).
+ *   Grid: x = column tiles (times C: cluster rank fastest), y = (outer,
+ *   chunk) pairs, or outer indices in a cluster (grid-stride loop).
  *   The tile's column grid is shifted by the base pointer's misalignment (ph)
  *   so that 16-byte pieces are aligned when the strides allow it.
  *
@@ -33,10 +41,12 @@
  *
  * Limits: blockDim.x = T (SM_COL_THREADS, or SM_COL_THREADS_WIDE for float
  * statistics); TJ a power of two, a multiple of the slot width and at most
- * SM_COL_THREADS; 64-bit offsets.
+ * SM_COL_THREADS; C <= 16 (sm_90 only); 64-bit offsets.
  */
 #ifndef OSS_SOFTMAX_COLUMNS_CUH
 #define OSS_SOFTMAX_COLUMNS_CUH
+
+#include <cooperative_groups.h>
 
 #include "softmax_common.cuh"
 
@@ -51,7 +61,8 @@ typedef struct sm_col_args {
   int TJ;                    /* columns per tile */
   int ph;                    /* the tile grid starts at column -ph */
   int vec_a, vec_b, vec_out; /* 16-byte (8 for a narrow output) accesses are aligned */
-  int64_t chunk_n, nchunks;  /* rows per CTA and chunks per column */
+  int64_t chunk_n, nchunks;  /* rows per CTA and chunks per column (split modes; 1 in SM_FULL) */
+  int C;                     /* CTAs per column tile: cluster size (SM_FULL), else 1 */
   void *partials;            /* [outer][nchunks][inner] */
   void *finals;              /* [outer][inner] */
 } sm_col_args;
@@ -133,7 +144,9 @@ template <bool BWD, typename T1, typename T2, typename Acc, int T>
 __global__ void __launch_bounds__(T) softmax_columns_kernel(sm_col_args P) {
   constexpr int VEC = sm_vec<T1>();
   constexpr bool FAST = sizeof(T2) == 2;
-  extern __shared__ uint4 sm_dyn[]; /* tile of a, then tile of b: [chunk_n][TJ / VEC] slots each */
+  /* tile of a, then tile of b: [chunk_n][TJ / VEC] slots each; with C > 1
+   * then the cluster exchange, [2][C][TJ] statistics */
+  extern __shared__ uint4 sm_dyn[];
   __shared__ sm_stat<Acc> red[T + T];
   __shared__ Acc colc[2][T];
   const int t = threadIdx.x, TJ = P.TJ, SPR = TJ / VEC;
@@ -143,22 +156,31 @@ __global__ void __launch_bounds__(T) softmax_columns_kernel(sm_col_args P) {
   const int q = t & (SPR - 1), kq = q * VEC, di = T / SPR;
   /* APPLY visits tiles in the reverse order of STATS (L2 reuse, as for rows) */
   const bool rev = P.mode == SM_APPLY;
-  const int64_t tile = rev ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int C = P.C, rank = (int)(blockIdx.x % (unsigned)C);
+  const int64_t tile = rev ? gridDim.x - 1 - blockIdx.x : blockIdx.x / (unsigned)C;
   const int64_t jt0 = tile * TJ - P.ph; /* column of the tile's element 0 */
   const int lo = jt0 < 0 ? (int)-jt0 : 0;
   const int hi = (int)(P.inner - jt0 < TJ ? P.inner - jt0 : TJ);
   const bool jok = tj >= lo && tj < hi;
   const int64_t pairs = P.outer * P.nchunks;
   uint4 *ta = sm_dyn, *tb = sm_dyn + P.chunk_n * SPR;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  sm_stat<Acc> *xch = (sm_stat<Acc> *)(sm_dyn + P.chunk_n * SPR * (BWD ? 2 : 1));
+  /* every CTA of the cluster must be running before its shared memory is
+   * written: arrive now, wait before the first exchange */
+  bool start_wait = C > 1;
+  if (C > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#endif
   const unsigned long long fill = BWD ? 0ull : sm_neg_inf_bits<T1>();
   const bool cache = !BWD && sm_can_cache<T1, Acc>() && !P.log && P.mode == SM_FULL;
   const int64_t step_a = di * P.sn_a, step_b = di * P.sn_b, step_out = di * P.sn_out;
 
   for (int64_t pq = blockIdx.y; pq < pairs; pq += gridDim.y) {
     const int64_t pr = rev ? pairs - 1 - pq : pq;
-    const int64_t o = pr / P.nchunks, c = pr - o * P.nchunks;
+    const int64_t o = pr / P.nchunks, c = C > 1 ? rank : pr - o * P.nchunks;
     const int64_t i0 = c * P.chunk_n + t / SPR; /* this thread's first row */
-    const int rows = (int)(P.n - c * P.chunk_n < P.chunk_n ? P.n - c * P.chunk_n : P.chunk_n);
+    const int64_t left = P.n - c * P.chunk_n;   /* a cluster's last ranks may hold none */
+    const int rows = (int)(left < P.chunk_n ? (left > 0 ? left : 0) : P.chunk_n);
     const int nslots = rows * SPR;
 
     // -- load the tile (rows x TJ) into shared memory
@@ -184,6 +206,27 @@ __global__ void __launch_bounds__(T) softmax_columns_kernel(sm_col_args P) {
         __syncthreads(); /* the tile is reloaded next */
         continue;
       }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      if (C > 1) {
+        /* every thread holds its column's statistics: threads e = t, t + T,
+         * ... < C * TJ send them to rank e / TJ (T is a multiple of TJ) */
+        cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+        sm_stat<Acc> *xb = xch + (((pq - blockIdx.y) / gridDim.y) & 1) * C * TJ; /* alternates tile by tile */
+        if (start_wait) {
+          asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+          start_wait = false;
+        }
+        for (int e = t; e < C * TJ; e += T) *cl.map_shared_rank(xb + rank * TJ + tj, (unsigned)(e / TJ)) = st;
+        cl.sync(); /* also: every thread is past sm_block_reduce's reads of red */
+        if (t < TJ) {
+          sm_stat<Acc> acc = xb[t];
+          for (int k = 1; k < C; k++) acc = sm_merge<BWD>(acc, xb[k * TJ + t]);
+          red[t] = acc;
+        }
+        __syncthreads();
+        st = red[tj];
+      }
+#endif
     } else {
       st = jok ? ((const sm_stat<Acc> *)P.finals)[o * P.inner + jt0 + tj] : sm_stat_identity<BWD, Acc>();
     }
@@ -218,6 +261,9 @@ __global__ void __launch_bounds__(T) softmax_columns_kernel(sm_col_args P) {
     }
     __syncthreads(); /* the tile and colc are reused next */
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (start_wait) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
 }
 
 // ---- merge of partial statistics ----------------------------------------------

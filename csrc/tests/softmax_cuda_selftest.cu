@@ -13,6 +13,8 @@
  *                    against the last dim), optionally with the column tiles'
  *                    width and CTA size forced (0: the planner's)
  *   selftest sweep   timing of planner alternatives (test knobs)
+ *   selftest sweep_cols  the columns kernel's cluster sizes and tile widths at
+ *                    n = 1024 .. 16384 (test knobs 12 and 6)
  *   selftest waves [DTYPE:COLS ...]  the cluster-width plans (CTA size,
  *                    shared memory, cluster cap) with the rows that fit at
  *                    once; WAVES_VARIANTS=auto,t256,... picks variants
@@ -50,7 +52,7 @@
 #include "oss.h"
 
 /* Planner knobs of softmax.cu, for tests and tuning only (see there). */
-extern "C" int oss_softmax_cuda_test_knobs[12];
+extern "C" int oss_softmax_cuda_test_knobs[13];
 
 #define CK(call)                                                                                  \
   do {                                                                                            \
@@ -535,6 +537,40 @@ static void suite_columns(int quick) {
   }
 }
 
+/* columns shared by a cluster (sm_90; elsewhere the planner's tier runs):
+ * each cluster size forced, ranks that hold no rows (n < C), misaligned
+ * pointers, padded strides, several outer indices per cluster (grid.y
+ * capped, so the exchange buffer alternates) */
+static void suite_column_clusters(int quick) {
+  typedef struct {
+    int64_t outer, n, inner;
+  } shp;
+  static const shp shapes[] = {{2, 1000, 33}, {3, 5, 7}, {2, 3000, 16}, {3, 129, 130}, {1, 20000, 40}, {2, 17, 64}, {2, 1024, 4096}};
+  static const int sizes[] = {2, 4, 16};
+  const int ns = (int)(sizeof shapes / sizeof shapes[0]);
+  for (int s = 0; s < ns; s++)
+    for (int ci = 0; ci < 3; ci++)
+      for (int d = 0; d < 3; d++)
+        for (int bwd = 0; bwd < 2; bwd++) {
+          if (quick ? (s + ci + d + bwd) % 4 != 0 : (s == ns - 1 && (ci + d) % 3 != 0)) continue;
+          const shp h = shapes[s];
+          oss_softmax_cuda_test_knobs[12] = sizes[ci];
+          check(bwd, (s + d + bwd) & 1, h.outer, h.n, h.inner, k3[d], k3[(d + bwd + ci) % 3], (s + ci) % 4, bwd, ci & 1, s & 1,
+                (s + ci) % 3, 0);
+        }
+  oss_softmax_cuda_test_knobs[10] = 2;
+  for (int bwd = 0; bwd < 2; bwd++) {
+    oss_softmax_cuda_test_knobs[12] = 4;
+    check(bwd, 0, 7, 333, 50, OSS_BFLOAT16, OSS_BFLOAT16, 1, 0, 1, 1, 0, 0);
+    check(bwd, 1, 5, 1000, 33, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 1, 0);
+    check(bwd, 0, 5, 100, 37, OSS_FLOAT64, OSS_FLOAT64, 0, 1, 0, 1, 0, 0);
+  }
+  oss_softmax_cuda_test_knobs[10] = 0;
+  oss_softmax_cuda_test_knobs[12] = 0;
+  if (!quick)
+    for (int log = 0; log < 2; log++) check(0, log, 2, 3000, 40, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 1); /* specials */
+}
+
 static void suite_special(int quick) {
   static const int64_t widths[] = {1, 7, 128, 1000, 5000, 300000, 4194304};
   for (int wi = 0; wi < 7; wi++)
@@ -858,6 +894,38 @@ static void sweep(void) {
   memset(oss_softmax_cuda_test_knobs, 0, sizeof oss_softmax_cuda_test_knobs);
 }
 
+/* The columns kernel's cluster sizes (knob 12; 1 = one CTA per tile, which
+ * falls back to the split path where the tile does not fit) and row segments
+ * (knob 6, bytes) at n = 512 .. 16384 (1024: #3's dim=1 shape), 2^27
+ * elements each */
+static void sweep_cols(void) {
+  measure_copy();
+  typedef struct {
+    int64_t n;
+    int C, tile_bytes; /* knobs 12 and 6; 0 = the planner's */
+  } var;
+  static const var vars[] = {{512, 0, 0},    {512, 1, 64},   {1024, 0, 0},   {1024, 1, 64},   {1024, 2, 128},
+                             {1024, 4, 128}, {1024, 4, 256}, {1024, 8, 256}, {2048, 0, 0},    {2048, 1, 64},
+                             {2048, 8, 128}, {4096, 0, 0},   {4096, 0, 64},  {16384, 0, 0},   {16384, 0, 64}};
+  for (int d = 0; d < 2; d++)
+    for (size_t v = 0; v < sizeof vars / sizeof vars[0]; v++) {
+      const oss_dtype t = d ? OSS_BFLOAT16 : OSS_FLOAT32;
+      const int64_t n = vars[v].n, inner = 4096, outer = ((int64_t)1 << 27) / (n * inner);
+      oss_softmax_cuda_test_knobs[12] = vars[v].C;
+      oss_softmax_cuda_test_knobs[6] = vars[v].tile_bytes;
+      oss_softmax_cuda_test_knobs[7] = 3;
+      double fp, bp, fu, bu;
+      bench_one(t, outer, n, inner, &fp, &bp, &fu, &bu, 1);
+      char name[16] = "auto";
+      if (vars[v].C) snprintf(name, sizeof name, "C=%d", vars[v].C);
+      if (vars[v].tile_bytes) snprintf(name + strlen(name), sizeof name - strlen(name), ",%dB", vars[v].tile_bytes);
+      printf("sweep_cols %-5s [%lld,%lld,%lld] %-9s fwd %6.1f%% %7.1f us  bwd %6.1f%% %7.1f us\n", dt_name(t),
+             (long long)outer, (long long)n, (long long)inner, name, fp, fu, bp, bu);
+      fflush(stdout);
+    }
+  memset(oss_softmax_cuda_test_knobs, 0, sizeof oss_softmax_cuda_test_knobs);
+}
+
 /* The plans for rows that need a cluster: each plan the knobs give (CTA size
  * cap [9], soft shared-memory limit [1], cluster cap [2]) with the number of
  * rows that fit at once (printed with the plan), forward and backward. */
@@ -1032,6 +1100,7 @@ static void suite_quick(void) {
   check(1, 1, 9, 1048576, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
   oss_softmax_cuda_test_knobs[0] = 0;
   suite_rows_per_cta();
+  suite_column_clusters(1);
 }
 
 /* small cases through every tier that uses shared memory or clusters (for racecheck) */
@@ -1057,6 +1126,11 @@ static void suite_race(void) {
     oss_softmax_cuda_test_knobs[3] = 9;
     check(bwd, 1, 2, 100, 40, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);      /* column split */
     oss_softmax_cuda_test_knobs[3] = 0;
+    oss_softmax_cuda_test_knobs[12] = 4;
+    oss_softmax_cuda_test_knobs[10] = 2;
+    check(bwd, 0, 5, 700, 33, OSS_BFLOAT16, OSS_BFLOAT16, 1, 0, 0, 0, 0, 0);     /* column clusters, two tiles each */
+    oss_softmax_cuda_test_knobs[10] = 0;
+    oss_softmax_cuda_test_knobs[12] = 0;
   }
 }
 
@@ -1089,6 +1163,8 @@ int main(int argc, char **argv) {
     suite_wide(0);
     printf("-- columns\n"), fflush(stdout);
     suite_columns(0);
+    printf("-- column clusters\n"), fflush(stdout);
+    suite_column_clusters(0);
     printf("-- special values\n"), fflush(stdout);
     suite_special(0);
     printf("-- forced tiers\n"), fflush(stdout);
@@ -1104,6 +1180,8 @@ int main(int argc, char **argv) {
     bench();
   } else if (strcmp(mode, "sweep") == 0) {
     sweep();
+  } else if (strcmp(mode, "sweep_cols") == 0) {
+    sweep_cols();
   } else if (strcmp(mode, "waves") == 0) {
     waves(argc - 2, argv + 2);
   } else if (strcmp(mode, "bench_dim1") == 0) {
@@ -1115,7 +1193,7 @@ int main(int argc, char **argv) {
   } else if (strcmp(mode, "bwd_data") == 0) {
     bwd_data();
   } else {
-    fprintf(stderr, "usage: %s [check|quick|race|bench|bench_dim1|sweep|waves|profile|bwd_data]\n", argv[0]);
+    fprintf(stderr, "usage: %s [check|quick|race|bench|bench_dim1|sweep|sweep_cols|waves|profile|bwd_data]\n", argv[0]);
     return 2;
   }
   printf("\n%s: %d checks, %d failed\n", mode, g_cases, g_failures);
