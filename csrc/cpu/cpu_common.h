@@ -167,6 +167,28 @@ static inline float oss_expf(float x) {
   return x == x ? y : x;
 }
 
+/* ---- compensated sums ------------------------------------------------------
+ * A Neumaier running sum: s + c holds the sum of the terms added so far to
+ * about one rounding of the result, however many terms cancel. */
+
+typedef struct oss_csum {
+  double s, c;
+} oss_csum;
+
+static inline void oss_csum_add(oss_csum *a, double v) {
+  const double t = a->s + v;
+  a->c += fabs(a->s) >= fabs(v) ? (a->s - t) + v : (v - t) + a->s;
+  a->s = t;
+}
+
+/* The sum as hi + lo: hi rounded once, lo the rest. Once the running sum is
+ * inf or NaN it stays so (c is then NaN): hi is that, as a plain sum gives,
+ * and lo is 0. */
+static inline void oss_csum_split(oss_csum a, double *hi, double *lo) {
+  *hi = isfinite(a.s) ? a.s + a.c : a.s;
+  *lo = isfinite(*hi) ? a.c - (*hi - a.s) : 0;
+}
+
 /* ---- instruction sets ------------------------------------------------------
  * The hot loops are plain C that the compiler vectorises. Where GCC can, each
  * task function is also compiled for x86-64-v3 (AVX2, FMA) and picked at load

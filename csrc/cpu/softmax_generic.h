@@ -88,21 +88,35 @@ static inline double FN(exp_sum_to)(const REAL *x, REAL *y, int64_t n, REAL m) {
   return total;
 }
 
-/* The backward's sums accumulate in double from the first term: they cancel
- * against dy at an element that dominates its row, where any rounding of the
- * sum is all of dx's error (see oss_log_softmax_grad_near_one). */
-static inline double FN(sum_of)(const REAL *x, int64_t n) {
-  double total = 0;
+/* The backward's sums (of g, or of y * g where y is not NULL) accumulate in
+ * double from the first term: they cancel against dy at an element that
+ * dominates its row, where any rounding of the sum is all of dx's error (see
+ * oss_log_softmax_grad_near_one). Float terms summed in double are far more
+ * precise than a float result needs; double terms take a compensated sum
+ * (a plain one rounds sum dy of a 33000-wide row at |sum| ~ 400 by up to
+ * ~3e-12, which lands whole in dx where exp(y) ~ 1). */
+static inline void FN(accumulate)(oss_csum *acc, const REAL *g, const REAL *y, int64_t n) {
+  if (sizeof(REAL) == sizeof(float)) {
+    double total = 0;
+    if (y) {
 #pragma omp simd reduction(+ : total)
-  for (int64_t i = 0; i < n; i++) total += (double)x[i];
-  return total;
+      for (int64_t i = 0; i < n; i++) total += (double)y[i] * (double)g[i];
+    } else {
+#pragma omp simd reduction(+ : total)
+      for (int64_t i = 0; i < n; i++) total += (double)g[i];
+    }
+    oss_csum_add(acc, total);
+  } else {
+    for (int64_t i = 0; i < n; i++) oss_csum_add(acc, y ? (double)y[i] * (double)g[i] : (double)g[i]);
+  }
 }
 
-static inline double FN(dot)(const REAL *x, const REAL *y, int64_t n) {
-  double total = 0;
-#pragma omp simd reduction(+ : total)
-  for (int64_t i = 0; i < n; i++) total += (double)x[i] * (double)y[i];
-  return total;
+/* The backward's constants from a sum: s rounded to REAL, s_lo the rest. */
+static inline void FN(sum_constants)(oss_csum acc, REAL *s, REAL *s_lo) {
+  double hi, lo;
+  oss_csum_split(acc, &hi, &lo);
+  *s = (REAL)hi;
+  *s_lo = isfinite(hi) ? (REAL)((hi - (double)*s) + lo) : 0;
 }
 
 /* Folds a chunk whose max is chunk_max into the running (m, d): d is
@@ -224,13 +238,14 @@ static void FN(softmax_bwd_rows)(void *ctx, int64_t begin, int64_t end) {
   for (int64_t row = begin; row < end; row++) {
     const int64_t yo = row * p->y.stride_outer, go = row * p->dy.stride_outer,
                   xo = row * p->dx.stride_outer;
-    double sum = 0;
+    oss_csum sum = {0, 0};
     for (int64_t c = 0; c < n; c += OSS_ROW_CHUNK) {
       const int64_t len = n - c < OSS_ROW_CHUNK ? n - c : OSS_ROW_CHUNK;
       const REAL *g = FN(read_run)(p->dy.data, p->dy.dtype, go + c, gbuf, len);
-      sum += p->log ? FN(sum_of)(g, len) : FN(dot)(FN(read_run)(p->y.data, p->y.dtype, yo + c, ybuf, len), g, len);
+      FN(accumulate)(&sum, g, p->log ? NULL : FN(read_run)(p->y.data, p->y.dtype, yo + c, ybuf, len), len);
     }
-    const REAL s = (REAL)sum, s_lo = isfinite(sum) ? (REAL)(sum - (double)s) : 0;
+    REAL s, s_lo;
+    FN(sum_constants)(sum, &s, &s_lo);
     for (int64_t c = 0; c < n; c += OSS_ROW_CHUNK) {
       const int64_t len = n - c < OSS_ROW_CHUNK ? n - c : OSS_ROW_CHUNK;
       const REAL *y = FN(read_run)(p->y.data, p->y.dtype, yo + c, ybuf, len);
@@ -254,26 +269,23 @@ static void FN(softmax_bwd_cols)(void *ctx, int64_t begin, int64_t end) {
   const oss_softmax_backward_params *p = (const oss_softmax_backward_params *)ctx;
   const int64_t blocks = (p->inner + OSS_COL_BLOCK - 1) / OSS_COL_BLOCK;
   REAL yrow[OSS_COL_BLOCK], grow[OSS_COL_BLOCK], s[OSS_COL_BLOCK], s_lo[OSS_COL_BLOCK];
-  double sum[OSS_COL_BLOCK];
+  oss_csum sum[OSS_COL_BLOCK];
   for (int64_t task = begin; task < end; task++) {
     const int64_t o = task / blocks, j0 = (task % blocks) * OSS_COL_BLOCK;
     const int64_t w = p->inner - j0 < OSS_COL_BLOCK ? p->inner - j0 : OSS_COL_BLOCK;
     const int64_t yo = o * p->y.stride_outer + j0, go = o * p->dy.stride_outer + j0,
                   xo = o * p->dx.stride_outer + j0;
-    for (int64_t j = 0; j < w; j++) sum[j] = 0;
+    for (int64_t j = 0; j < w; j++) sum[j].s = sum[j].c = 0;
     for (int64_t i = 0; i < p->n; i++) {
       LOAD(p->dy.data, p->dy.dtype, go + i * p->dy.stride_n, 1, grow, w);
       if (p->log) {
-        for (int64_t j = 0; j < w; j++) sum[j] += (double)grow[j];
+        for (int64_t j = 0; j < w; j++) oss_csum_add(&sum[j], (double)grow[j]);
       } else {
         LOAD(p->y.data, p->y.dtype, yo + i * p->y.stride_n, 1, yrow, w);
-        for (int64_t j = 0; j < w; j++) sum[j] += (double)yrow[j] * (double)grow[j];
+        for (int64_t j = 0; j < w; j++) oss_csum_add(&sum[j], (double)yrow[j] * (double)grow[j]);
       }
     }
-    for (int64_t j = 0; j < w; j++) {
-      s[j] = (REAL)sum[j];
-      s_lo[j] = isfinite(sum[j]) ? (REAL)(sum[j] - (double)s[j]) : 0;
-    }
+    for (int64_t j = 0; j < w; j++) FN(sum_constants)(sum[j], &s[j], &s_lo[j]);
     for (int64_t i = 0; i < p->n; i++) {
       LOAD(p->y.data, p->y.dtype, yo + i * p->y.stride_n, 1, yrow, w);
       LOAD(p->dy.data, p->dy.dtype, go + i * p->dy.stride_n, 1, grow, w);
