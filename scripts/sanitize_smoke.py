@@ -44,9 +44,10 @@ def softmax_cases():
                 dx = op(dy, y, -1, dtype)
                 close(f"bwd {dtype} {rows}x{cols} log={log}", dx, op(dy.cpu().float(), y.cpu().float(), -1,
                                                                     torch.float32), tol * 10)
-        # columns kernel: a small tile; tiles of 64-byte rows that fill the SM (512 threads
-        # for the backward); the column split (a 64-byte tile too large for shared memory)
-        for shape in ((2, 300, 5, 7), (2, 1500, 40), (1, 6000, 24)):
+        # columns kernel: a small tile; on sm_90 tiles shared by clusters of 2, 4 and 8
+        # (one CTA filling the SM elsewhere); the column split (float32: a tile too large
+        # for a cluster of 16; 16-bit: a cluster of 16 with up to ~210 KB each)
+        for shape in ((2, 300, 5, 7), (2, 1500, 40), (1, 6000, 24), (1, 70000, 16)):
             x = torch.randn(shape, device="cuda", dtype=dtype) * 3
             for log in (False, True):
                 fn = torch_oss.log_softmax if log else torch_oss.softmax

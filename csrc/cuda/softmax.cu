@@ -30,9 +30,11 @@
  *                            reverse order (the row is read twice; part of the
  *                            second read hits L2)
  *   inner > 1 (columns): softmax_columns_kernel, the [n x TJ] tile in shared
- *     memory in one pass: one CTA up to SM_COL_CLUSTER_BYTES, else (sm_90) a
- *     cluster of C = 2..16 CTAs sharing the tile by rows, each holding at
- *     most that much, else one CTA up to ~210 KB; else the same split scheme.
+ *     memory in one pass. On sm_90: 128-byte row segments, one CTA or a
+ *     cluster of up to 8 (16-bit: 4) CTAs sharing the tile by rows with at
+ *     most SM_COL_CLUSTER_BYTES each; else 64-byte segments in up to 16 such
+ *     CTAs; else 16 CTAs of up to ~210 KB (H100: n up to ~53K forward).
+ *     Elsewhere one CTA of up to ~210 KB. Else the same split scheme.
  * Every row that fits on chip is read once and written once. Choices were
  * measured on an H100 (bench/NOTES-softmax.md).
  *
