@@ -560,7 +560,6 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   return oss_check_launch("softmax_row_chunks_kernel (apply)");
 }
 
-
 template <bool BWD, typename T1, typename T2, typename Acc>
 static oss_status sm_run_cols(const sm_job *J, const sm_plan *P, void *ws, const oss_device_info *info,
                               cudaStream_t stream) {
