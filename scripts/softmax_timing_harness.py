@@ -13,7 +13,12 @@ torch._softmax_backward_data) four ways, all in one run:
 
 Each figure is % of a device-to-device copy measured in the same run.
 
-    python3 scripts/softmax_timing_harness.py [--points fwd:bfloat16:128,bwd:bfloat16:4096]
+With --sizes (log2 of the elements per input, e.g. 25,26,28), each point is
+timed at every size, and a line t = t0 + bytes / rate fitted to the do_bench
+times per implementation separates a fixed cost per call (t0, us: launch,
+ramp-up and the last wave's tail) from the streaming rate (% of copy).
+
+    python3 scripts/softmax_timing_harness.py [--points fwd:bfloat16:128,bwd:bfloat16:4096] [--sizes 26]
 """
 
 import argparse
@@ -69,33 +74,54 @@ def kernel_ms(fn, flush, reps=7):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", default=DEFAULT_POINTS)
+    ap.add_argument("--sizes", default="26", help="log2 of the elements per input, comma-separated")
     args = ap.parse_args()
+    sizes = [int(v) for v in args.sizes.split(",")]
     torch._dynamo.config.recompile_limit = 1024
     compiled_fwd = torch.compile(lambda x: F.softmax(x, -1), dynamic=False)
     compiled_bwd = torch.compile(lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype), dynamic=False)
     copy_gbs = common.copy_bandwidth_gbs("cuda")
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}; copy {copy_gbs:.0f} GB/s; % of copy")
-    print(f"{'point':22} {'impl':10} {'do_bench':>9} {'loop':>7} {'kernels':>8} {'kernels-noflush':>16}")
+    print(f"{'point':22} {'2^':>3} {'impl':10} {'do_bench':>9} {'loop':>7} {'kernels':>8} {'kernels-noflush':>16}")
     for point in args.points.split(","):
         op, dname, cols = point.split(":")
         cols = int(cols)
         dtype = DTYPES[dname]
-        rows = 2**26 // cols
-        x = torch.randn(rows, cols, dtype=dtype, device="cuda") * 3
-        y = F.softmax(x, -1)
-        dy = torch.randn_like(x)
-        if op == "fwd":
-            impls = {"torch_oss": lambda: torch_oss.softmax(x, -1), "compile": lambda: compiled_fwd(x)}
-            nbytes = 2 * x.numel() * x.element_size()
-        else:
-            impls = {"torch_oss": lambda: torch.ops.oss.softmax_backward(dy, y, -1, y.dtype),
-                     "compile": lambda: compiled_bwd(dy, y)}
-            nbytes = 3 * x.numel() * x.element_size()
-        for name, fn in impls.items():
-            pct = [100 * nbytes / ms / 1e6 / copy_gbs for ms in
-                   (common.bench(fn, "cuda"), loop_ms(fn), kernel_ms(fn, True), kernel_ms(fn, False))]
-            print(f"{point:22} {name:10} {pct[0]:9.1f} {pct[1]:7.1f} {pct[2]:8.1f} {pct[3]:16.1f}", flush=True)
-        del x, y, dy
+        fits = {}  # impl -> [(bytes, do_bench ms)]
+        for log2 in sizes:
+            rows = max(1, 2**log2 // cols)
+            x = torch.randn(rows, cols, dtype=dtype, device="cuda") * 3
+            y = F.softmax(x, -1)
+            dy = torch.randn_like(x)
+            if op == "fwd":
+                impls = {"torch_oss": lambda: torch_oss.softmax(x, -1), "compile": lambda: compiled_fwd(x)}
+                nbytes = 2 * x.numel() * x.element_size()
+            else:
+                impls = {"torch_oss": lambda: torch.ops.oss.softmax_backward(dy, y, -1, y.dtype),
+                         "compile": lambda: compiled_bwd(dy, y)}
+                nbytes = 3 * x.numel() * x.element_size()
+            for name, fn in impls.items():
+                ms = (common.bench(fn, "cuda"), loop_ms(fn), kernel_ms(fn, True), kernel_ms(fn, False))
+                fits.setdefault(name, []).append((nbytes, ms[0]))
+                pct = [100 * nbytes / t / 1e6 / copy_gbs for t in ms]
+                print(f"{point:22} {log2:3} {name:10} {pct[0]:9.1f} {pct[1]:7.1f} {pct[2]:8.1f} {pct[3]:16.1f}",
+                      flush=True)
+            del x, y, dy
+        if len(sizes) > 1:
+            for name, pts in fits.items():
+                t0_us, rate_pct = fit_line(pts, copy_gbs)
+                print(f"{point:22} fit {name:10} fixed {t0_us:6.1f} us per call, streaming at {rate_pct:5.1f} % of copy",
+                      flush=True)
+
+
+def fit_line(pts, copy_gbs):
+    """Least-squares t = t0 + bytes * s over (bytes, ms) points: t0 in us and 1/s in % of copy."""
+    n = len(pts)
+    mb = sum(b for b, _ in pts) / n
+    mt = sum(t for _, t in pts) / n
+    s = sum((b - mb) * (t - mt) for b, t in pts) / sum((b - mb) ** 2 for b, _ in pts)
+    t0 = mt - s * mb
+    return t0 * 1e3, 100 * (1 / s) / 1e6 / copy_gbs
 
 
 if __name__ == "__main__":

@@ -124,6 +124,32 @@ static int64_t sm_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---- planning: rows ---------------------------------------------------------------
 
+/* The launch configuration of a grid in clusters of C CTAs along x (sm_90),
+ * shared by the residency query and the launch; cfg points at attr, so the
+ * struct is used where it was initialised, never copied. Allows cluster
+ * sizes above 8 on kern first. */
+typedef struct {
+  cudaLaunchConfig_t cfg;
+  cudaLaunchAttribute attr;
+} sm_cluster_config;
+
+template <typename Kern>
+static cudaError_t sm_cluster_config_init(sm_cluster_config *L, Kern kern, int C, dim3 grid, dim3 block, size_t smem,
+                                          cudaStream_t stream) {
+  memset(L, 0, sizeof *L);
+  L->attr.id = cudaLaunchAttributeClusterDimension;
+  L->attr.val.clusterDim.x = (unsigned)C;
+  L->attr.val.clusterDim.y = 1;
+  L->attr.val.clusterDim.z = 1;
+  L->cfg.gridDim = grid;
+  L->cfg.blockDim = block;
+  L->cfg.dynamicSmemBytes = smem;
+  L->cfg.stream = stream;
+  L->cfg.attrs = &L->attr;
+  L->cfg.numAttrs = 1;
+  return C > 8 ? cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) : cudaSuccess;
+}
+
 /* Sets the attributes a configuration needs and returns how many of it can be
  * resident at once: CTAs per SM for C == 1, clusters on the GPU for C > 1;
  * 0 where it cannot run. */
@@ -142,25 +168,11 @@ static int sm_config_residency(Kern kern, int C, int threads, size_t smem, unsig
     }
     return blocks;
   }
-  if (C > 8 && cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  cudaLaunchConfig_t cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)C;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.gridDim = dim3((unsigned)C, grid_y, 1);
-  cfg.blockDim = dim3((unsigned)threads, 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  sm_cluster_config L;
   int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg) != cudaSuccess) {
+  if (sm_cluster_config_init(&L, kern, C, dim3((unsigned)C, grid_y, 1), dim3((unsigned)threads, 1, 1), smem, stream) !=
+          cudaSuccess ||
+      cudaOccupancyMaxActiveClusters(&clusters, kern, &L.cfg) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
@@ -461,21 +473,9 @@ static oss_status sm_plan_cols(const sm_job *J, const oss_device_info *info, cud
 template <typename Args>
 static oss_status sm_launch_clusters(void (*kern)(Args), dim3 grid, dim3 block, size_t smem, int C, cudaStream_t stream,
                                      Args A, const char *name) {
-  if (C > 8) OSS_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  cudaLaunchConfig_t cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)C;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cudaError_t err = cudaLaunchKernelEx(&cfg, kern, A);
+  sm_cluster_config L;
+  OSS_CUDA_TRY(sm_cluster_config_init(&L, kern, C, grid, block, smem, stream));
+  cudaError_t err = cudaLaunchKernelEx(&L.cfg, kern, A);
   if (err != cudaSuccess)
     return oss_fail(OSS_ERROR_CUDA, "launch of %s (cluster of %d) failed: %s", name, C, cudaGetErrorString(err));
   return oss_check_launch(name);
