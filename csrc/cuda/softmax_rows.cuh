@@ -52,11 +52,12 @@
  *
  * Statistics inside a thread are max-first over each part of what it holds
  * (no running rescale inside a part: the data is on chip). The chunk kernel
- * has three parts, its register slots and two cp.async groups of shared-
- * memory slots, so the statistics of the first parts run while the rest is
- * still arriving. float32/float64 softmax keeps the exp values (relative to
- * their part's max) in place of x so the output needs no second exp. Parts,
- * threads, warps, CTAs and cluster ranks merge (m, d') with sm_merge.
+ * has three parts, two cp.async groups of shared-memory slots and its
+ * register slots, loaded and reduced in that order, so the statistics of the
+ * first parts run while the rest is still arriving. float32/float64 softmax
+ * keeps the exp values (relative to their part's max) in place of x so the
+ * output needs no second exp. Parts, threads, warps, CTAs and cluster ranks
+ * merge (m, d') with sm_merge.
  *
  * Limits: blockDim.x <= 1024 and a multiple of 32 (chunk kernel; 64
  * registers per thread, 512 for float64), 128 (warp kernel); 64-bit row
@@ -549,20 +550,26 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
     sm_slot ra[KREG], rb[KREG];
     sm_load_full_slots<BWD>(R, t, T, nv, ra, rb);
 
-    // -- statistics: registers, then each shared-memory group as it lands; the
-    // thread's (m, d') of the three parts merge with sm_merge. With the cache,
-    // each part's exp values are relative to its own max (m_reg, m_lo, m_hi).
+    // -- statistics in the order the parts land: the two shared-memory groups
+    // (copied before the register loads), then the registers, so the work on
+    // the first parts (the forward's exps) hides behind the loads still in
+    // flight (bench/NOTES-softmax.md v16); the thread's (m, d') of the three
+    // parts merge with sm_merge, registers first. With the cache, each part's
+    // exp values are relative to its own max (m_reg, m_lo, m_hi).
     sm_stat<Acc> st;
     Acc m_reg = (Acc)-INFINITY, m_lo = (Acc)-INFINITY, m_hi = (Acc)-INFINITY;
     const bool cached = !BWD && sm_can_cache<T1, Acc>() && !P.log && P.mode != SM_APPLY;
     if (P.mode != SM_APPLY) {
+      sm_stat<Acc> lo = sm_stat_identity<BWD, Acc>(), hi = lo;
+      if (nsm > 0) {
+        sm_cp_async_wait_pending<1>();
+        lo = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, 0, sa, sb, t, mid, T, P.log);
+        sm_cp_async_wait_pending<0>();
+        hi = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, 0, sa, sb, mid + t, nsm, T, P.log);
+      }
       st = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, nv, sa, sb, 0, 0, T, P.log);
       m_reg = st.m;
       if (nsm > 0) {
-        sm_cp_async_wait_pending<1>();
-        const sm_stat<Acc> lo = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, 0, sa, sb, t, mid, T, P.log);
-        sm_cp_async_wait_pending<0>();
-        const sm_stat<Acc> hi = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, 0, sa, sb, mid + t, nsm, T, P.log);
         m_lo = lo.m;
         m_hi = hi.m;
         st = sm_merge<BWD>(sm_merge<BWD>(st, lo), hi);
