@@ -76,7 +76,7 @@ def main():
     ap.add_argument("--points", default=DEFAULT_POINTS)
     ap.add_argument("--sizes", default="26", help="log2 of the elements per input, comma-separated")
     args = ap.parse_args()
-    sizes = [int(v) for v in args.sizes.split(",")]
+    sizes = sorted({int(v) for v in args.sizes.split(",")})  # distinct sizes: the fit needs two or more
     torch._dynamo.config.recompile_limit = 1024
     compiled_fwd = torch.compile(lambda x: F.softmax(x, -1), dynamic=False)
     compiled_bwd = torch.compile(lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype), dynamic=False)
