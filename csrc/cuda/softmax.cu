@@ -484,12 +484,14 @@ static oss_status sm_launch_clusters(void (*kern)(Args), dim3 grid, dim3 block, 
 template <bool BWD, typename Acc>
 static oss_status sm_launch_merge(const void *part, void *fin, int64_t items, int64_t inner, int64_t nchunks,
                                   const oss_device_info *info, cudaStream_t stream) {
-  const int G = inner == 1 ? 32 : 1;
-  const int64_t per_block = 256 / G;
+  /* rows: a warp per row, or the whole CTA where a row has more than 4
+   * partials per lane of a warp */
+  const int G = inner > 1 ? 1 : nchunks > 4 * 32 ? SM_MERGE_THREADS : 32;
+  const int64_t per_block = SM_MERGE_THREADS / G;
   int64_t blocks = sm_cdiv(items, per_block);
   const int64_t cap = (int64_t)info->sm_count * 8;
   if (blocks > cap) blocks = cap;
-  softmax_merge_partials_kernel<BWD, Acc><<<(unsigned)blocks, 256, 0, stream>>>(
+  softmax_merge_partials_kernel<BWD, Acc><<<(unsigned)blocks, SM_MERGE_THREADS, 0, stream>>>(
       (const sm_stat<Acc> *)part, (sm_stat<Acc> *)fin, items, inner, nchunks, G);
   return oss_check_launch("softmax_merge_partials_kernel");
 }

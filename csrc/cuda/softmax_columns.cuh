@@ -36,8 +36,12 @@
  *
  * softmax_merge_partials_kernel: for each item (a row, or an (outer, column)
  *   pair) merges its nchunks partial statistics, laid out [outer][chunk][inner],
- *   with G lanes per item (G = 32 for rows, 1 for columns, whose items are
- *   adjacent in memory).
+ *   with G lanes per item: 1 for columns, whose items are adjacent in memory;
+ *   for rows 32 (a warp), or the whole CTA (G = SM_MERGE_THREADS) where a row
+ *   has many chunks, so that no lane walks a long chain of dependent loads
+ *   (H100, 16M columns: a warp per row took 6.5 us for 1024 forward chunks and
+ *   22 us for 2048 backward chunks; a CTA per row raised bfloat16 from 57.7
+ *   to 61.0 % of copy forward and 56.1 to 58.9 backward, bench/NOTES-softmax.md v17).
  *
  * Limits: blockDim.x = T (SM_COL_THREADS, or SM_COL_THREADS_WIDE for float
  * statistics); TJ a power of two, a multiple of the slot width and at most
@@ -51,6 +55,8 @@
 #include "softmax_common.cuh"
 
 // ---- arguments ----------------------------------------------------------------
+
+enum { SM_MERGE_THREADS = 256 };
 
 typedef struct sm_col_args {
   const void *a, *b; /* as in sm_row_args */
@@ -269,19 +275,24 @@ __global__ void __launch_bounds__(T) softmax_columns_kernel(sm_col_args P) {
 // ---- merge of partial statistics ----------------------------------------------
 
 template <bool BWD, typename Acc>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(SM_MERGE_THREADS)
     softmax_merge_partials_kernel(const sm_stat<Acc> *part, sm_stat<Acc> *fin, int64_t items, int64_t inner,
                                   int64_t nchunks, int G) {
+  __shared__ sm_stat<Acc> red[SM_MERGE_THREADS / 32 + 1];
   const int g = threadIdx.x & (G - 1);
   const int64_t per_block = blockDim.x / G;
+  /* per_block is 1 when G == blockDim.x, so every thread runs the same
+   * iterations and the block reduction's barriers are uniform */
   for (int64_t base = (int64_t)blockIdx.x * per_block; base < items; base += (int64_t)gridDim.x * per_block) {
     const int64_t item = base + threadIdx.x / G;
     sm_stat<Acc> acc = sm_stat_identity<BWD, Acc>();
     if (item < items) {
       const int64_t o = item / inner, j = item - o * inner;
+      /* unrolled so that several independent loads are in flight */
+#pragma unroll 4
       for (int64_t c = g; c < nchunks; c += G) acc = sm_merge<BWD>(acc, part[(o * nchunks + c) * inner + j]);
     }
-    acc = sm_group_reduce<BWD>(acc, G);
+    acc = G <= 32 ? sm_group_reduce<BWD>(acc, G) : sm_block_reduce<BWD>(acc, 1, red);
     if (item < items && g == 0) fin[item] = acc;
   }
 }
