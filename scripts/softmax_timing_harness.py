@@ -17,7 +17,8 @@ With --sizes (log2 of the elements per input, e.g. 25,26,28), each point is
 timed at every size, and a line t = t0 + bytes / rate fitted per
 implementation separates a fixed cost per call (t0, us: ramp-up and the last
 wave's tail) from the streaming rate (% of copy). The fit is printed for the
-kernels' GPU time (L2 flushed) and for do_bench; the do_bench one also holds
+kernels' GPU time (L2 flushed, and not flushed: the flush leaves dirty lines
+in the L2 whose write-back can land in the timed kernel) and for do_bench; the do_bench one also holds
 host-side cost where a call's launch outlasts the flush (torch.compile at
 small sizes).
 
@@ -106,6 +107,7 @@ def main():
             for name, fn in impls.items():
                 ms = (common.bench(fn, "cuda"), loop_ms(fn), kernel_ms(fn, True), kernel_ms(fn, False))
                 fits.setdefault(("kernels", name), []).append((nbytes, ms[2]))
+                fits.setdefault(("kernels-noflush", name), []).append((nbytes, ms[3]))
                 fits.setdefault(("do_bench", name), []).append((nbytes, ms[0]))
                 pct = [100 * nbytes / t / 1e6 / copy_gbs for t in ms]
                 print(f"{point:22} {log2:3} {name:10} {pct[0]:9.1f} {pct[1]:7.1f} {pct[2]:8.1f} {pct[3]:16.1f}",
@@ -114,7 +116,7 @@ def main():
         if len(sizes) > 1:
             for (timing, name), pts in sorted(fits.items()):
                 t0_us, rate_pct = fit_line(pts, copy_gbs)
-                print(f"{point:22} fit {name:10} {timing:8} fixed {t0_us:6.1f} us per call, "
+                print(f"{point:22} fit {name:10} {timing:15} fixed {t0_us:6.1f} us per call, "
                       f"streaming at {rate_pct:5.1f} % of copy", flush=True)
 
 

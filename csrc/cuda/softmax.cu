@@ -66,15 +66,27 @@
  * [11] register slots per thread aimed at by the chunk kernel's CTA and
  * cluster plans (1 .. KREG; the planner's choice when 0); [12] the columns
  * kernel's cluster size (1 .. 16, a power of two; 1 = no cluster);
+ * [13] caps the CTAs per SM of the warp tier and of one-CTA chunk plans
+ * (2 .. 32) by padding their dynamic shared memory;
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test);
  * the library itself holds no mutable global state. */
 #ifdef OSS_SOFTMAX_TEST_KNOBS
 extern "C" {
-int oss_softmax_cuda_test_knobs[13];
+int oss_softmax_cuda_test_knobs[14];
 }
 #else
-static const int oss_softmax_cuda_test_knobs[13] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const int oss_softmax_cuda_test_knobs[14] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+#endif
+
+#ifdef OSS_SOFTMAX_TIMELINE
+/* The row kernels' per-CTA timeline (softmax_rows.cuh), for the self-test's
+ * timeline mode: its device address and capacity in CTAs. */
+extern "C" void *oss_softmax_cuda_timeline(int *ctas) {
+  void *p = NULL;
+  *ctas = SM_TIMELINE_CTAS;
+  return cudaGetSymbolAddress(&p, sm_timeline) == cudaSuccess ? p : NULL;
+}
 #endif
 
 // ---- the job: forward and backward in one shape --------------------------------
@@ -515,19 +527,23 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   A.C = P->C;
   A.S = P->S;
   A.smem_slots = P->smem_slots;
+  /* test knob 13: fewer CTAs per SM, by shared memory */
+  const int per_sm_cap = oss_softmax_cuda_test_knobs[13];
+  const size_t pad = per_sm_cap >= 2 && per_sm_cap <= 32 ? (size_t)(228 * 1024 / per_sm_cap) - 2048 : 0; /* H100: 228 KB per SM */
   if (P->kind == SM_PLAN_WARP) {
     constexpr int WK = sm_warp_kmax<BWD, Acc>();
-    if (!BWD && P->km <= WK / 2)
-      softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, (BWD ? WK : WK / 2)><<<P->grid_x, P->threads, 0, stream>>>(A);
-    else
-      softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK><<<P->grid_x, P->threads, 0, stream>>>(A);
+    void (*wk)(sm_row_args) = !BWD && P->km <= WK / 2 ? softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, (BWD ? WK : WK / 2)>
+                                                      : softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK>;
+    if (pad > 40 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(wk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pad));
+    wk<<<P->grid_x, P->threads, pad, stream>>>(A);
     return oss_check_launch("softmax_rows_in_warp_kernel");
   }
   void (*kern)(sm_row_args) = softmax_row_chunks_kernel<BWD, T1, T2, Acc>;
   const dim3 grid(P->grid_x, P->grid_y, 1), block((unsigned)P->threads, 1, 1);
   /* SM_CHUNKS and SM_SPREAD (split plans have none); static shared memory
    * counts toward the default 48 KB: opt in early */
-  const size_t smem = (size_t)P->smem_slots * 16 * (BWD ? 2 : 1);
+  size_t smem = (size_t)P->smem_slots * 16 * (BWD ? 2 : 1);
+  if (P->kind == SM_PLAN_CHUNKS && P->C == 1 && pad > smem) smem = pad;
   if (smem > 40 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   if (P->kind == SM_PLAN_CHUNKS) {
     A.mode = SM_FULL;

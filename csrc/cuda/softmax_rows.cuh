@@ -59,6 +59,9 @@
  * output needs no second exp. Parts, threads, warps, CTAs and cluster ranks
  * merge (m, d') with sm_merge.
  *
+ * Diagnostics: built with -DOSS_SOFTMAX_TIMELINE (the self-test's timeline
+ * mode only), both kernels record each CTA's start, end and SM.
+ *
  * Limits: blockDim.x <= 1024 and a multiple of 32 (chunk kernel; 64
  * registers per thread, 512 for float64), 128 (warp kernel); 64-bit row
  * offsets, 32-bit offsets inside a chunk.
@@ -389,6 +392,40 @@ __device__ __forceinline__ void sm_edges_output(const sm_chunk<T1, T2> &R, int f
   }
 }
 
+// ---- diagnostic timeline (self-test builds with -DOSS_SOFTMAX_TIMELINE) -----------
+
+__device__ __forceinline__ unsigned long long sm_globaltimer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
+#ifdef OSS_SOFTMAX_TIMELINE
+/* Per CTA (linear index, the first SM_TIMELINE_CTAS): [start ns, end ns, SM].
+ * Thread 0 stamps the start on entry; each warp's lane 0 raises the end on
+ * exit. For finding where a launch's time goes (ramp-up, tail), not for
+ * production builds. */
+enum { SM_TIMELINE_CTAS = 1 << 20 };
+__device__ unsigned long long sm_timeline[SM_TIMELINE_CTAS][3];
+__device__ __forceinline__ unsigned sm_timeline_cta() { return blockIdx.x + gridDim.x * blockIdx.y; }
+__device__ __forceinline__ void sm_timeline_start() {
+  const unsigned c = sm_timeline_cta();
+  if (threadIdx.x == 0 && c < SM_TIMELINE_CTAS) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(smid));
+    sm_timeline[c][0] = sm_globaltimer_ns();
+    sm_timeline[c][2] = smid;
+  }
+}
+__device__ __forceinline__ void sm_timeline_end() {
+  const unsigned c = sm_timeline_cta();
+  if ((threadIdx.x & 31) == 0 && c < SM_TIMELINE_CTAS) atomicMax(&sm_timeline[c][1], sm_globaltimer_ns());
+}
+#else
+__device__ __forceinline__ void sm_timeline_start() {}
+__device__ __forceinline__ void sm_timeline_end() {}
+#endif
+
 // ---- narrow rows: G lanes per row --------------------------------------------
 
 /* KM: register slots per lane (a light variant with half of sm_warp_kmax
@@ -397,6 +434,7 @@ template <bool BWD, typename T1, typename T2, typename Acc, int KM>
 __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8 ? 4 : (!BWD && KM <= 4) ? 9 : 6)
     softmax_rows_in_warp_kernel(sm_row_args P) {
   constexpr int KMAX = KM;
+  sm_timeline_start();
   const int lane = threadIdx.x & 31, G = P.G, rpw = 32 / G, g = lane & (G - 1), sub = lane / G;
   const int64_t warp0 = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int64_t wstride = (int64_t)gridDim.x * (blockDim.x >> 5);
@@ -432,6 +470,7 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8 ? 4 : (!BWD 
     }
     sm_edges_output<BWD>(R, g, G, P.log, c0, c1);
   }
+  sm_timeline_end();
 }
 
 // ---- a chunk of a row per CTA: block, cluster and split tiers -----------------
@@ -440,12 +479,6 @@ __device__ __forceinline__ unsigned sm_ld_acquire(const unsigned *p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
-}
-
-__device__ __forceinline__ unsigned long long sm_globaltimer_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
 }
 
 /* SM_SPREAD's exchange, called by all 32 lanes of warp 0 with the CTA's
@@ -508,6 +541,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
   __shared__ sm_stat<Acc> cbc;             /* cluster / spread result broadcast */
   __shared__ unsigned ticket;              /* SM_SPREAD: this CTA's (row, chunk) */
   const int t = threadIdx.x, T = blockDim.x;
+  sm_timeline_start();
   const bool in_cluster = P.mode == SM_FULL && P.C > 1;
   (void)in_cluster;
   uint4 *sa = sm_dyn, *sb = sm_dyn + P.smem_slots;
@@ -667,6 +701,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (start_wait) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 #endif
+  sm_timeline_end();
 }
 
 #endif /* OSS_SOFTMAX_ROWS_CUH */

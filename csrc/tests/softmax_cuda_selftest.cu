@@ -21,6 +21,14 @@
  *   selftest profile one forward and one backward launch of each point that
  *                    misses a target of issue #3, with its plan printed (to run
  *                    under ncu; each case's kernels are launched once)
+ *   selftest fixed POINT...  each point (OP:DTYPE:COLS[:KNOBS], e.g.
+ *                    bwd:bf16:4096:11=1) timed alone with the L2 flushed at
+ *                    2^26..2^28 elements (FIXED_SIZES), and t = t0 + bytes /
+ *                    rate fitted: the fixed cost per call against the
+ *                    streaming rate
+ *   selftest timeline POINT...  (builds with -DOSS_SOFTMAX_TIMELINE) every
+ *                    CTA's start, end and SM in one launch: where the fixed
+ *                    cost goes (ramp-up, the last wave's tail)
  *   selftest bwd_data the bfloat16 and float16 backward kernels on their own
  *                    data and on each other's bits: does a speed gap follow
  *                    the code or the data?
@@ -36,6 +44,8 @@
  *
  * Build: nvcc -std=c++17 -O3 -DOSS_SOFTMAX_TEST_KNOBS -gencode arch=compute_90a,code=sm_90a -I csrc
  *        csrc/common.c csrc/cuda/softmax.cu csrc/tests/softmax_cuda_selftest.cu
+ *        (add -DOSS_SOFTMAX_TIMELINE for the timeline mode: a separate binary,
+ *        since the stamps cost the kernels a little)
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -52,7 +62,7 @@
 #include "oss.h"
 
 /* Planner knobs of softmax.cu, for tests and tuning only (see there). */
-extern "C" int oss_softmax_cuda_test_knobs[13];
+extern "C" int oss_softmax_cuda_test_knobs[14];
 
 #define CK(call)                                                                                  \
   do {                                                                                            \
@@ -1048,6 +1058,300 @@ static void profile(void) {
   }
 }
 
+/* ---- the fixed cost per call: fits and timelines --------------------------
+ * A point is OP:DTYPE:COLS[:KNOBS] (OP fwd or bwd, DTYPE f32, bf16 or f16,
+ * KNOBS i=v;i=v planner knobs for that point only). */
+typedef struct {
+  int bwd;
+  oss_dtype t;
+  int64_t n;
+  int knobs[14];
+  char text[96];
+} point;
+
+static int parse_point(const char *arg, point *pt) {
+  char op[8], name[8], rest[64] = "";
+  long long cols;
+  memset(pt, 0, sizeof *pt);
+  snprintf(pt->text, sizeof pt->text, "%s", arg);
+  if (sscanf(arg, "%7[a-z]:%7[a-z0-9]:%lld:%63s", op, name, &cols, rest) < 3 || cols < 1) return 0;
+  if (strcmp(op, "fwd") != 0 && strcmp(op, "bwd") != 0) return 0;
+  if (strcmp(name, "f32") != 0 && strcmp(name, "f16") != 0 && strcmp(name, "bf16") != 0) return 0;
+  pt->bwd = strcmp(op, "bwd") == 0;
+  pt->t = strcmp(name, "f32") == 0 ? OSS_FLOAT32 : strcmp(name, "f16") == 0 ? OSS_FLOAT16 : OSS_BFLOAT16;
+  pt->n = cols;
+  for (const char *k = rest; *k;) {
+    int i, v, used = 0;
+    if (sscanf(k, "%d=%d%n", &i, &v, &used) != 2 || i < 0 || i >= 14) return 0;
+    pt->knobs[i] = v;
+    k += used;
+    if (*k == ';') k++;
+  }
+  return 1;
+}
+
+/* Median of reps launches, each timed alone after a 256 MB write flushed the L2. */
+static float time_flushed_ms(launch_fn fn, void *ctx, void *flush, int reps) {
+  cudaEvent_t a, b;
+  float ms[32];
+  if (reps > 32) reps = 32;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; i++) fn(ctx);
+  for (int i = 0; i < reps; i++) {
+    CK(cudaMemsetAsync(flush, i, (size_t)256 << 20, g_stream));
+    CK(cudaEventRecord(a, g_stream));
+    if (fn(ctx) != OSS_OK) printf("launch failed: %s\n", oss_error_message());
+    CK(cudaEventRecord(b, g_stream));
+    CK(cudaEventSynchronize(b));
+    CK(cudaEventElapsedTime(&ms[i], a, b));
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  qsort(ms, (size_t)reps, sizeof(float), cmp_float);
+  return ms[reps / 2];
+}
+
+/* Least squares t = t0 + bytes / rate: t0 in us, rate in % of copy. */
+static void fit_line(const double *bytes, const double *ms, int k, double *t0_us, double *rate_pct) {
+  double mb = 0, mt = 0, sbt = 0, sbb = 0;
+  for (int i = 0; i < k; i++) mb += bytes[i] / k, mt += ms[i] / k;
+  for (int i = 0; i < k; i++) sbt += (bytes[i] - mb) * (ms[i] - mt), sbb += (bytes[i] - mb) * (bytes[i] - mb);
+  const double slope = sbt / sbb;
+  *t0_us = (mt - slope * mb) * 1e3;
+  *rate_pct = 100.0 * (1.0 / slope) / 1e6 / g_copy_gbs;
+}
+
+/* fixed POINT...: each point timed alone (events around the one launch, after
+ * a 256 MB write that flushes the L2) at 2^k elements for k in FIXED_SIZES
+ * (default 26,27,28), and the line t = t0 + bytes / rate fitted: t0 is the
+ * fixed cost per call (ramp-up, the last wave's tail), rate the streaming
+ * speed. The device-to-device copy is fitted the same way. Caveat: the
+ * flush's dirty lines are written back during the timed launch, which at
+ * 2^26 costs some launches (the copy among them, on the H100) up to ~20 us
+ * and not others, so fits over 2^26 are unreliable; compare one size at a
+ * time, A against B in one run. */
+static void fixed_cost(int npts, char **args) {
+  measure_copy();
+  int sizes[8], ns = 0;
+  const char *env = getenv("FIXED_SIZES");
+  for (const char *k = env ? env : "26,27,28"; *k && ns < 8;) {
+    int v, used = 0;
+    if (sscanf(k, "%d%n", &v, &used) != 1 || v < 10 || v > 30) break;
+    sizes[ns++] = v;
+    k += used;
+    if (*k == ',') k++;
+  }
+  void *flush;
+  CK(cudaMalloc(&flush, (size_t)256 << 20));
+  {
+    double by[8], ms[8], t0, rate;
+    for (int i = 0; i < ns; i++) {
+      copy_ctx cc;
+      cc.bytes = (size_t)2 << sizes[i]; /* 2-byte elements: one bf16 forward's read */
+      CK(cudaMalloc(&cc.src, cc.bytes));
+      CK(cudaMalloc(&cc.dst, cc.bytes));
+      CK(cudaMemsetAsync(cc.src, 1, cc.bytes, g_stream));
+      ms[i] = time_flushed_ms(do_copy, &cc, flush, 15);
+      by[i] = 2.0 * (double)cc.bytes;
+      printf("fixed copy 2^%d x 2 B: %8.2f us %6.1f%%\n", sizes[i], ms[i] * 1e3, 100.0 * by[i] / (ms[i] * 1e6) / g_copy_gbs);
+      CK(cudaFree(cc.src));
+      CK(cudaFree(cc.dst));
+    }
+    if (ns > 1) {
+      fit_line(by, ms, ns, &t0, &rate);
+      printf("fit copy: fixed %6.2f us per call, streaming at %6.1f %% of copy\n", t0, rate);
+    }
+  }
+  for (int p = 0; p < npts; p++) {
+    point pt;
+    if (!parse_point(args[p], &pt)) {
+      fprintf(stderr, "fixed: cannot read point '%s' (OP:DTYPE:COLS[:i=v;i=v])\n", args[p]);
+      g_failures++;
+      break;
+    }
+    double by[8], ms[8], t0, rate;
+    for (int i = 0; i < ns; i++) {
+      const int64_t rows = ((int64_t)1 << sizes[i]) / pt.n > 0 ? ((int64_t)1 << sizes[i]) / pt.n : 1;
+      sm_ctx c;
+      bench_ctx_alloc(&c, pt.t, rows, pt.n, 1);
+      memcpy(oss_softmax_cuda_test_knobs, pt.knobs, sizeof pt.knobs);
+      oss_softmax_cuda_test_knobs[7] = i == 0 ? (pt.bwd ? 2 : 1) : 0;
+      if (pt.bwd && do_fwd(&c) != OSS_OK) printf("launch failed: %s\n", oss_error_message());
+      ms[i] = time_flushed_ms(pt.bwd ? do_bwd : do_fwd, &c, flush, 15);
+      verify_rows(&c, pt.bwd, rows, pt.n, 1);
+      by[i] = (double)rows * pt.n * dt_size(pt.t) * (pt.bwd ? 3 : 2);
+      printf("fixed %-28s 2^%d: %8.2f us %6.1f%%\n", pt.text, sizes[i], ms[i] * 1e3,
+             100.0 * by[i] / (ms[i] * 1e6) / g_copy_gbs);
+      bench_ctx_free(&c);
+      fflush(stdout);
+    }
+    memset(oss_softmax_cuda_test_knobs, 0, sizeof oss_softmax_cuda_test_knobs);
+    if (ns > 1) {
+      fit_line(by, ms, ns, &t0, &rate);
+      printf("fit %-28s fixed %6.2f us per call, streaming at %6.1f %% of copy\n", pt.text, t0, rate);
+    }
+  }
+  CK(cudaFree(flush));
+}
+
+#ifdef OSS_SOFTMAX_TIMELINE
+extern "C" void *oss_softmax_cuda_timeline(int *ctas);
+
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  const unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* timeline POINT...: TL_REPS (default 5) launches of each point at
+ * 2^TL_LOG2 elements (default 26), each after a 256 MB write, with every
+ * CTA's start, end and SM recorded (row kernels only; a split plan's two
+ * passes share the records). Per launch: the streaming rate in the middle of
+ * the span and what the span loses against it (ramp-up and tail), CTA
+ * lifetimes, when each SM got its first CTA and finished its last, and the
+ * CTAs running in 0.5 us bins over the first and last 10 us. */
+static void timeline(int npts, char **args) {
+  measure_copy();
+  const char *env = getenv("TL_LOG2");
+  const int log2n = env ? atoi(env) : 26;
+  int cap = 0;
+  unsigned long long *dtl = (unsigned long long *)oss_softmax_cuda_timeline(&cap);
+  if (!dtl) {
+    printf("FAIL timeline: no buffer\n");
+    g_failures++;
+    return;
+  }
+  unsigned long long *tl = (unsigned long long *)malloc((size_t)cap * 24);
+  void *flush;
+  CK(cudaMalloc(&flush, (size_t)256 << 20));
+  for (int p = 0; p < npts; p++) {
+    point pt;
+    if (!parse_point(args[p], &pt)) {
+      fprintf(stderr, "timeline: cannot read point '%s'\n", args[p]);
+      g_failures++;
+      break;
+    }
+    const int64_t rows = ((int64_t)1 << log2n) / pt.n > 0 ? ((int64_t)1 << log2n) / pt.n : 1;
+    sm_ctx c;
+    bench_ctx_alloc(&c, pt.t, rows, pt.n, 1);
+    memcpy(oss_softmax_cuda_test_knobs, pt.knobs, sizeof pt.knobs);
+    oss_softmax_cuda_test_knobs[7] = pt.bwd ? 2 : 1;
+    launch_fn fn = pt.bwd ? do_bwd : do_fwd;
+    if (pt.bwd) do_fwd(&c);
+    for (int i = 0; i < 3; i++) fn(&c);
+    const char *renv = getenv("TL_REPS");
+    int reps = renv ? atoi(renv) : 5;
+    if (reps < 1 || reps > 32) reps = 5;
+    double losses[32], spans[32];
+    for (int rep = 0; rep < reps; rep++) {
+      losses[rep] = spans[rep] = 0;
+      CK(cudaMemsetAsync(dtl, 0, (size_t)cap * 24, g_stream));
+      CK(cudaMemsetAsync(flush, 7, (size_t)256 << 20, g_stream));
+      cudaEvent_t a, b;
+      CK(cudaEventCreate(&a));
+      CK(cudaEventCreate(&b));
+      CK(cudaEventRecord(a, g_stream));
+      fn(&c);
+      CK(cudaEventRecord(b, g_stream));
+      CK(cudaMemcpyAsync(tl, dtl, (size_t)cap * 24, cudaMemcpyDeviceToHost, g_stream));
+      CK(cudaStreamSynchronize(g_stream));
+      float ev_ms;
+      CK(cudaEventElapsedTime(&ev_ms, a, b));
+      CK(cudaEventDestroy(a));
+      CK(cudaEventDestroy(b));
+      int n = 0;
+      while (n < cap && tl[3 * n] != 0) n++;
+      unsigned long long t0 = ~0ull, t1 = 0;
+      for (int i = 0; i < n; i++) {
+        if (tl[3 * i] < t0) t0 = tl[3 * i];
+        if (tl[3 * i + 1] > t1) t1 = tl[3 * i + 1];
+      }
+      const double bytes = (double)rows * pt.n * dt_size(pt.t) * (pt.bwd ? 3 : 2);
+      printf("timeline %s 2^%d: %d CTAs%s; event %.2f us, CTAs span %.2f us, bytes at copy speed %.2f us\n", pt.text,
+             log2n, n, n == cap ? " (buffer full: later CTAs not recorded)" : "", ev_ms * 1e3, (t1 - t0) * 1e-3,
+             bytes / g_copy_gbs * 1e-3);
+      if (n == 0) break;
+      /* the streaming rate: the bytes of the CTAs that end in the middle 60 %
+       * of the span over that time (every CTA moves the same bytes but the
+       * last), and what the span loses against it (ramp-up and tail) */
+      {
+        const unsigned long long w0 = t0 + (t1 - t0) / 5, w1 = t1 - (t1 - t0) / 5;
+        int done = 0;
+        for (int i = 0; i < n; i++) done += tl[3 * i + 1] >= w0 && tl[3 * i + 1] < w1;
+        const double rate = done * (bytes / n) / (double)(w1 - w0); /* GB/s */
+        const double loss = (t1 - t0) * 1e-3 - bytes / rate * 1e-3;
+        printf("  streaming (middle 60 %%): %.1f %% of copy; the span loses %.2f us against it\n",
+               100.0 * rate / g_copy_gbs, loss);
+        losses[rep] = loss, spans[rep] = (t1 - t0) * 1e-3;
+      }
+      unsigned long long *life = (unsigned long long *)malloc((size_t)n * 8);
+      for (int i = 0; i < n; i++) life[i] = tl[3 * i + 1] - tl[3 * i];
+      qsort(life, (size_t)n, 8, cmp_u64);
+      printf("  CTA lifetime us: p10 %.2f p50 %.2f p90 %.2f max %.2f\n", life[n / 10] * 1e-3, life[n / 2] * 1e-3,
+             life[9 * n / 10] * 1e-3, life[n - 1] * 1e-3);
+      free(life);
+      enum { NSM = 256 };
+      unsigned long long first[NSM], last[NSM];
+      int count[NSM];
+      for (int s = 0; s < NSM; s++) first[s] = ~0ull, last[s] = 0, count[s] = 0;
+      for (int i = 0; i < n; i++) {
+        const int s = (int)(tl[3 * i + 2] % NSM);
+        if (tl[3 * i] < first[s]) first[s] = tl[3 * i];
+        if (tl[3 * i + 1] > last[s]) last[s] = tl[3 * i + 1];
+        count[s]++;
+      }
+      unsigned long long fs[NSM], ls[NSM];
+      int nsm = 0, cmin = 1 << 30, cmax = 0;
+      for (int s = 0; s < NSM; s++)
+        if (count[s]) {
+          fs[nsm] = first[s] - t0, ls[nsm] = t1 - last[s], nsm++;
+          if (count[s] < cmin) cmin = count[s];
+          if (count[s] > cmax) cmax = count[s];
+        }
+      qsort(fs, (size_t)nsm, 8, cmp_u64);
+      qsort(ls, (size_t)nsm, 8, cmp_u64);
+      double idle_mean = 0;
+      for (int i = 0; i < nsm; i++) idle_mean += ls[i] * 1e-3 / nsm;
+      printf("  %d SMs, %d..%d CTAs each; first CTA after start us: p50 %.2f max %.2f; "
+             "idle before the end us: p10 %.2f p50 %.2f p90 %.2f max %.2f (mean %.2f)\n",
+             nsm, cmin, cmax, fs[nsm / 2] * 1e-3, fs[nsm - 1] * 1e-3, ls[nsm / 10] * 1e-3, ls[nsm / 2] * 1e-3,
+             ls[9 * nsm / 10] * 1e-3, ls[nsm - 1] * 1e-3, idle_mean);
+      /* CTAs running, averaged over 0.5 us bins */
+      const double bin = 500.0, span = (double)(t1 - t0);
+      const int nb = (int)(span / bin) + 1;
+      double *act = (double *)calloc((size_t)nb, sizeof(double));
+      for (int i = 0; i < n; i++) {
+        const double s0 = (double)(tl[3 * i] - t0), s1 = (double)(tl[3 * i + 1] - t0);
+        for (int k = (int)(s0 / bin); k < nb && k * bin < s1; k++) {
+          const double lo = k * bin > s0 ? k * bin : s0, hi = (k + 1) * bin < s1 ? (k + 1) * bin : s1;
+          if (hi > lo) act[k] += (hi - lo) / bin;
+        }
+      }
+      printf("  running CTAs per 0.5 us, first 10 us:");
+      for (int k = 0; k < nb && k < 20; k++) printf(" %.0f", act[k]);
+      printf("\n  running CTAs per 0.5 us, last 10 us: ");
+      for (int k = nb - 20 > 0 ? nb - 20 : 0; k < nb; k++) printf(" %.0f", act[k]);
+      printf("\n");
+      free(act);
+    }
+    memset(oss_softmax_cuda_test_knobs, 0, sizeof oss_softmax_cuda_test_knobs);
+    qsort(losses, (size_t)reps, sizeof(double), cmp_double);
+    qsort(spans, (size_t)reps, sizeof(double), cmp_double);
+    printf("timeline %s median of %d: CTAs span %.2f us, loss %.2f us (min %.2f max %.2f)\n", pt.text, reps,
+           spans[reps / 2], losses[reps / 2], losses[0], losses[reps - 1]);
+    bench_ctx_free(&c);
+    fflush(stdout);
+  }
+  free(tl);
+  CK(cudaFree(flush));
+}
+#endif
+
 /* CTAs (and clusters) that run several rows each (grid.y capped): the next
  * row's shared-memory part is copied while the current row is written */
 static void suite_rows_per_cta(void) {
@@ -1192,8 +1496,14 @@ int main(int argc, char **argv) {
     profile();
   } else if (strcmp(mode, "bwd_data") == 0) {
     bwd_data();
+  } else if (strcmp(mode, "fixed") == 0) {
+    fixed_cost(argc - 2, argv + 2);
+#ifdef OSS_SOFTMAX_TIMELINE
+  } else if (strcmp(mode, "timeline") == 0) {
+    timeline(argc - 2, argv + 2);
+#endif
   } else {
-    fprintf(stderr, "usage: %s [check|quick|race|bench|bench_dim1|sweep|sweep_cols|waves|profile|bwd_data]\n", argv[0]);
+    fprintf(stderr, "usage: %s [check|quick|race|bench|bench_dim1|sweep|sweep_cols|waves|profile|bwd_data|fixed|timeline]\n", argv[0]);
     return 2;
   }
   printf("\n%s: %d checks, %d failed\n", mode, g_cases, g_failures);
