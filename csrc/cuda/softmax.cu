@@ -67,16 +67,17 @@
  * cluster plans (1 .. KREG; the planner's choice when 0); [12] the columns
  * kernel's cluster size (1 .. 16, a power of two; 1 = no cluster);
  * [13] caps the CTAs per SM of the warp tier and of one-CTA chunk plans
- * (2 .. 32) by padding their dynamic shared memory;
+ * (2 .. 32) by padding their dynamic shared memory; [14] = 1: the split
+ * tier's merge and APPLY launches without programmatic dependent launch;
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test);
  * the library itself holds no mutable global state. */
 #ifdef OSS_SOFTMAX_TEST_KNOBS
 extern "C" {
-int oss_softmax_cuda_test_knobs[14];
+int oss_softmax_cuda_test_knobs[15];
 }
 #else
-static const int oss_softmax_cuda_test_knobs[14] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const int oss_softmax_cuda_test_knobs[15] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 #endif
 
 #ifdef OSS_SOFTMAX_TIMELINE
@@ -493,6 +494,31 @@ static oss_status sm_launch_clusters(void (*kern)(Args), dim3 grid, dim3 block, 
   return oss_check_launch(name);
 }
 
+/* Launches kern right behind the previous launch on the stream: on sm_90 with
+ * programmatic dependent launch, so its CTAs may start (and issue loads that
+ * do not depend on that launch) while the previous kernel's last CTAs run;
+ * the kernel calls sm_pdl_wait before it reads what the previous one wrote,
+ * and that one calls sm_pdl_launch_dependents. A plain launch elsewhere. */
+template <typename... Params, typename... Args>
+static oss_status sm_launch_dependent(void (*kern)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                      const oss_device_info *info, const char *name, Args... args) {
+  cudaLaunchConfig_t cfg;
+  cudaLaunchAttribute attr;
+  memset(&cfg, 0, sizeof cfg);
+  memset(&attr, 0, sizeof attr);
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = info->cc_major >= 9 && oss_softmax_cuda_test_knobs[14] != 1 ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kern, args...);
+  if (err != cudaSuccess) return oss_fail(OSS_ERROR_CUDA, "launch of %s failed: %s", name, cudaGetErrorString(err));
+  return oss_check_launch(name);
+}
+
 template <bool BWD, typename Acc>
 static oss_status sm_launch_merge(const void *part, void *fin, int64_t items, int64_t inner, int64_t nchunks,
                                   const oss_device_info *info, cudaStream_t stream) {
@@ -503,9 +529,20 @@ static oss_status sm_launch_merge(const void *part, void *fin, int64_t items, in
   int64_t blocks = sm_cdiv(items, per_block);
   const int64_t cap = (int64_t)info->sm_count * 8;
   if (blocks > cap) blocks = cap;
-  softmax_merge_partials_kernel<BWD, Acc><<<(unsigned)blocks, SM_MERGE_THREADS, 0, stream>>>(
-      (const sm_stat<Acc> *)part, (sm_stat<Acc> *)fin, items, inner, nchunks, G);
-  return oss_check_launch("softmax_merge_partials_kernel");
+  return sm_launch_dependent(softmax_merge_partials_kernel<BWD, Acc>, dim3((unsigned)blocks), dim3(SM_MERGE_THREADS), 0,
+                             stream, info, "softmax_merge_partials_kernel", (const sm_stat<Acc> *)part,
+                             (sm_stat<Acc> *)fin, items, inner, nchunks, G);
+}
+
+/* Test knob 13: dynamic shared memory that leaves room for only that many
+ * CTAs per SM (0: none). */
+static size_t sm_test_occupancy_pad(const oss_device_info *info) {
+#ifdef OSS_SOFTMAX_TEST_KNOBS
+  const int cap = oss_softmax_cuda_test_knobs[13];
+  if (cap >= 2 && cap <= 32) return (size_t)(info->max_smem_per_sm / cap) - 2048;
+#endif
+  (void)info;
+  return 0;
 }
 
 template <bool BWD, typename T1, typename T2, typename Acc>
@@ -527,9 +564,7 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   A.C = P->C;
   A.S = P->S;
   A.smem_slots = P->smem_slots;
-  /* test knob 13: fewer CTAs per SM, by shared memory */
-  const int per_sm_cap = oss_softmax_cuda_test_knobs[13];
-  const size_t pad = per_sm_cap >= 2 && per_sm_cap <= 32 ? (size_t)(228 * 1024 / per_sm_cap) - 2048 : 0; /* H100: 228 KB per SM */
+  const size_t pad = sm_test_occupancy_pad(info);
   if (P->kind == SM_PLAN_WARP) {
     constexpr int WK = sm_warp_kmax<BWD, Acc>();
     void (*wk)(sm_row_args) = !BWD && P->km <= WK / 2 ? softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, (BWD ? WK : WK / 2)>
@@ -574,8 +609,7 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   s = sm_launch_merge<BWD, Acc>(A.partials, A.finals, J->outer, 1, P->nchunks, info, stream);
   if (s != OSS_OK) return s;
   A.mode = SM_APPLY;
-  kern<<<grid, block, 0, stream>>>(A);
-  return oss_check_launch("softmax_row_chunks_kernel (apply)");
+  return sm_launch_dependent(kern, grid, block, 0, stream, info, "softmax_row_chunks_kernel (apply)", A);
 }
 
 template <bool BWD, typename T1, typename T2, typename Acc>

@@ -38,7 +38,9 @@
  *     SM_STATS / SM_APPLY: split tier for rows of any width: C chunks per row
  *       in separate CTAs; STATS writes each chunk's partial statistics to the
  *       workspace, softmax_merge_partials_kernel merges them, APPLY re-reads
- *       the chunk and writes the output.
+ *       the chunk and writes the output. On sm_90 the merge and APPLY are
+ *       programmatic dependent launches: APPLY's CTAs start during STATS's
+ *       tail and load their chunk before they wait for the merged statistics.
  *   Grid: x = chunk (cluster rank), y = rows (grid-stride loop); SM_SPREAD:
  *   x = rows * C, one chunk per CTA.
  *
@@ -553,6 +555,10 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
   if (in_cluster) asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 #endif
 
+  /* STATS lets the merge kernel (and through it APPLY) start early: APPLY's
+   * CTAs load their chunk while STATS's last CTAs run, then wait for the
+   * merged statistics (sm_pdl_wait below) */
+  if (P.mode == SM_STATS) sm_pdl_launch_dependents();
   /* APPLY runs the chunks in the reverse order of STATS, so the chunks read
    * last by STATS (still in L2) are re-read first */
   const bool rev = P.mode == SM_APPLY;
@@ -644,6 +650,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
       }
 #endif
     } else {
+      sm_pdl_wait(); /* the merge kernel's output; this chunk's loads are on their way */
       st = ((const sm_stat<Acc> *)P.finals)[row];
     }
 
