@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import DEVICES, FLOAT_DTYPES, SOFTMAX_ATOL, assert_tolerance, awkward_randn
+from _util import DEVICES, FLOAT_DTYPES, SOFTMAX_ATOL, assert_tolerance, awkward_randn, cuda_param
 
 import torch_oss
 
@@ -326,3 +326,38 @@ def test_compile_fullgraph_forward_and_backward(device):
     expected.sum().backward()
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(x.grad, xr.grad)
+
+
+@pytest.mark.parametrize("device", [cuda_param("cuda")])
+def test_split_tier_replays_in_a_cuda_graph(device):
+    """Rows too wide to stay on chip (float32, 4.5M columns: the split tier, whose
+    merge and apply kernels are programmatic dependent launches on sm_90),
+    forward and backward next to other ops, captured in a CUDA graph and replayed
+    on new inputs: the same bits as eager, and close to F.softmax."""
+    x = torch.randn(2, 4_500_007, device=device) * 3
+    dy = torch.randn_like(x)
+
+    def step():
+        y = torch_oss.softmax(x * 1.5, -1)
+        return y, torch.ops.oss.softmax_backward(dy * 2, y, -1, torch.float32)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    x.copy_(torch.randn_like(x) * 3)
+    dy.copy_(torch.randn_like(dy))
+    graph.replay()
+    eager = step()
+    assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])
+    ref = F.softmax(x.double() * 1.5, -1)
+    peer = F.softmax(x * 1.5, -1)
+    assert_tolerance("split tier forward in a CUDA graph", captured[0], ref, peer, SOFTMAX_ATOL[torch.float32])
+    g = dy.double() * 2
+    ref_dx = ref * (g - (ref * g).sum(-1, keepdim=True))
+    peer_dx = torch._softmax_backward_data(dy * 2, peer, -1, torch.float32)
+    assert_tolerance("split tier backward in a CUDA graph", captured[1], ref_dx, peer_dx, SOFTMAX_ATOL[torch.float32])
