@@ -315,13 +315,15 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
   const int64_t quarter_t = 256, quarter_soft = 48 * 1024;
   const bool quarter = !BWD && sizeof(Acc) == 4 && oss_softmax_cuda_test_knobs[1] == 0 &&
                        oss_softmax_cuda_test_knobs[9] == 0 && nslots > sm_first_pass_threads() * KREG + soft / slot_bytes;
-  /* register slots per thread aimed at: a backward row that fits 512
+  /* register slots per thread aimed at: a backward row that fits 256
    * threads x 2 slots takes twice the threads of KREG slots each (H100, two
    * rounds, % of copy: 4096 columns float32 99.8-99.9 -> 100.9, bfloat16
    * 98.1-98.4 -> 99.0-99.7, float16 98.1-98.4 -> 99.7-99.9; float32 1024
-   * columns 100.0-100.1 -> 101.1; at 32768 columns, where it is not used, it
-   * ties or loses up to 0.5; bench/NOTES-softmax.md v14) */
-  int kaim = BWD && KREG > 2 && nslots <= sm_first_pass_threads() * 2 ? 2 : KREG;
+   * columns 100.0-100.1 -> 101.1; bench/NOTES-softmax.md v14). Not up to 512
+   * threads x 2: two such CTAs per SM left too few loads in flight (bf16 6144
+   * columns 84.5 against 97.4 % with 256 x 3, float32 3072 90.0 against 99.8,
+   * bf16 8192 95.7 against 97.2; float32 4096 99.6 against 99.3; v17) */
+  int kaim = BWD && KREG > 2 && nslots <= 256 * 2 ? 2 : KREG;
   if (oss_softmax_cuda_test_knobs[11] >= 1 && oss_softmax_cuda_test_knobs[11] <= KREG) kaim = oss_softmax_cuda_test_knobs[11];
   for (int pass = quarter ? 0 : 1; pass < 3 && force != 4 && force != 5; pass++) {
     if (pass == 2 && force == 0 && sm_plan_spread<BWD, T1, T2, Acc>(J, info, nslots, spread_soft, stream, P))
