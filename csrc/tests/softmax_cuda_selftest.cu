@@ -1090,6 +1090,20 @@ static int parse_point(const char *arg, point *pt) {
   return 1;
 }
 
+/* parse_point for mode `mode`, reporting a point it cannot read as a failure. */
+static int read_point(const char *mode, const char *arg, point *pt) {
+  if (parse_point(arg, pt)) return 1;
+  fprintf(stderr, "%s: cannot read point '%s' (OP:DTYPE:COLS[:i=v;i=v])\n", mode, arg);
+  g_failures++;
+  return 0;
+}
+
+/* Rows of n columns in 2^log2n elements (at least one). */
+static int64_t rows_in(int log2n, int64_t n) {
+  const int64_t rows = ((int64_t)1 << log2n) / n;
+  return rows > 0 ? rows : 1;
+}
+
 /* Median of reps launches, each timed alone after a 256 MB write flushed the L2. */
 static float time_flushed_ms(launch_fn fn, void *ctx, void *flush, int reps) {
   cudaEvent_t a, b;
@@ -1165,14 +1179,10 @@ static void fixed_cost(int npts, char **args) {
   }
   for (int p = 0; p < npts; p++) {
     point pt;
-    if (!parse_point(args[p], &pt)) {
-      fprintf(stderr, "fixed: cannot read point '%s' (OP:DTYPE:COLS[:i=v;i=v])\n", args[p]);
-      g_failures++;
-      break;
-    }
+    if (!read_point("fixed", args[p], &pt)) break;
     double by[8], ms[8], t0, rate;
     for (int i = 0; i < ns; i++) {
-      const int64_t rows = ((int64_t)1 << sizes[i]) / pt.n > 0 ? ((int64_t)1 << sizes[i]) / pt.n : 1;
+      const int64_t rows = rows_in(sizes[i], pt.n);
       sm_ctx c;
       bench_ctx_alloc(&c, pt.t, rows, pt.n, 1);
       memcpy(oss_softmax_cuda_test_knobs, pt.knobs, sizeof pt.knobs);
@@ -1231,12 +1241,8 @@ static void timeline(int npts, char **args) {
   CK(cudaMalloc(&flush, (size_t)256 << 20));
   for (int p = 0; p < npts; p++) {
     point pt;
-    if (!parse_point(args[p], &pt)) {
-      fprintf(stderr, "timeline: cannot read point '%s'\n", args[p]);
-      g_failures++;
-      break;
-    }
-    const int64_t rows = ((int64_t)1 << log2n) / pt.n > 0 ? ((int64_t)1 << log2n) / pt.n : 1;
+    if (!read_point("timeline", args[p], &pt)) break;
+    const int64_t rows = rows_in(log2n, pt.n);
     sm_ctx c;
     bench_ctx_alloc(&c, pt.t, rows, pt.n, 1);
     memcpy(oss_softmax_cuda_test_knobs, pt.knobs, sizeof pt.knobs);
