@@ -186,6 +186,35 @@ def test_backward_matches_float64(device, dtype, op_name, shape, dim):
     assert_tolerance(f"{op_name} grad {dtype} {shape}", grads["ours"], ref, grads["peer"], SOFTMAX_ATOL[dtype])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("op_name", list(OPS))
+@pytest.mark.parametrize("n", [128, 1024, 4096])
+def test_rows_aligned_and_shifted(device, dtype, op_name, n):
+    """The same widths with every row on a 16-byte boundary (the CUDA kernels'
+    aligned instantiation) and with every row one element off it (the general
+    one), forward and backward (x, y and dy all shifted)."""
+    ours_fn, torch_fn = OPS[op_name]
+    backward = getattr(torch.ops.oss, f"{op_name}_backward")
+    rows = 33
+    x_big = awkward_randn((rows, n + 1), dtype, device)
+    dy_big = torch.randn((rows, n + 1), dtype=dtype, device=device)
+    for name, x, dy in (("aligned", x_big[:, 1:].contiguous(), dy_big[:, 1:].contiguous()),
+                        ("shifted", x_big[:, 1:], dy_big[:, 1:])):
+        y = ours_fn(x, -1)
+        assert_tolerance(f"{op_name} {dtype} n={n} {name}", y, torch_fn(x.double(), -1), torch_fn(x, -1),
+                         SOFTMAX_ATOL[dtype])
+        if name == "shifted":
+            y_big = torch.empty_like(x_big)
+            y_big[:, 1:] = y
+            y = y_big[:, 1:]
+        dx = backward(dy, y, -1, dtype)
+        ref = precise_input_gradient(op_name == "log_softmax", x, dy, -1)
+        t = x.detach().clone().requires_grad_()
+        torch_fn(t, -1).backward(dy)
+        assert_tolerance(f"{op_name} grad {dtype} n={n} {name}", dx, ref, t.grad, SOFTMAX_ATOL[dtype])
+
+
 def precise_input_gradient(log, x, grad, dim):
     """The input gradient of softmax / log_softmax in float64 with every sum
     over the line taken exactly (math.fsum) and exp(x - max) / d formed

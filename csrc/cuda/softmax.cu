@@ -10,8 +10,8 @@
  *
  * Tiers, chosen here by shape and invisible to the caller:
  *   inner == 1 (rows), counted in 16-byte slots of the input (x or y):
- *     rows under 4 KB        softmax_rows_in_warp_kernel: G = 1..32 lanes per
- *     (16-bit: up to 4 KB)   row, 4 or 8 slots per lane (two instantiations)
+ *     rows up to 4 KB        softmax_rows_in_warp_kernel: G = 1..32 lanes per
+ *     (float64: under 4 KB)  row, 4 or 8 slots per lane (two instantiations)
  *     fits one CTA           softmax_row_chunks_kernel, SM_FULL, C = 1: up to
  *                            512 threads x 8 slots in registers plus ~100 KB of
  *                            shared memory (two CTAs per SM), else 1024 threads
@@ -69,15 +69,18 @@
  * [13] caps the CTAs per SM of the warp tier and of one-CTA chunk plans
  * (2 .. 32) by padding their dynamic shared memory; [14] = 1: the split
  * tier's merge and APPLY launches without programmatic dependent launch;
+ * [15] the warp tier's CTA size (32 or 64; 128 when 0); [16] = 1: rows run
+ * the general kernels even where the aligned ones could (sm_rows_aligned);
+ * [17] = 1: the row kernels' input loads without the L2 evict_last policy;
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test);
  * the library itself holds no mutable global state. */
 #ifdef OSS_SOFTMAX_TEST_KNOBS
 extern "C" {
-int oss_softmax_cuda_test_knobs[15];
+int oss_softmax_cuda_test_knobs[18];
 }
 #else
-static const int oss_softmax_cuda_test_knobs[15] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const int oss_softmax_cuda_test_knobs[18] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 #endif
 
 #ifdef OSS_SOFTMAX_TIMELINE
@@ -105,6 +108,7 @@ typedef struct sm_job {
 typedef struct sm_plan {
   int kind; /* SM_PLAN_* */
   int threads, K, G, C, smem_slots, TJ, ph, vec_a, vec_b, vec_out, km;
+  int al; /* rows: the kernels' aligned instantiation (sm_rows_aligned) */
   int64_t S, chunk_n, nchunks;
   unsigned grid_x, grid_y;
   size_t ws_bytes;
@@ -217,6 +221,38 @@ static int64_t sm_first_pass_threads(void) {
  * one arrival count per row, rounded up to 16. */
 static size_t sm_spread_counter_bytes(int64_t rows) { return ((size_t)(rows + 1) * sizeof(unsigned) + 15) & ~(size_t)15; }
 
+/* Rows (inner == 1) whose every row starts a 16-byte slot in each tensor
+ * (an 8-byte one for a 16-bit input's 8-byte output slots) and hold a whole
+ * number of slots: the row kernels' aligned instantiation (AL) then has no
+ * edge elements, no misaligned-tensor paths and no phase arithmetic. On the
+ * H100 the general code cost narrow rows a fixed 1.5-4 us per call, mostly
+ * instruction-cache stalls (bench/NOTES-softmax.md v18). float compute only:
+ * float64 keeps the general kernels. Test knob 16 = 1 turns it off. */
+template <typename T1, typename T2, typename Acc> static bool sm_rows_aligned(const sm_job *J) {
+  if (sizeof(Acc) != 4 || oss_softmax_cuda_test_knobs[16] == 1) return false;
+  const int64_t VEC = sm_vec<T1>();
+  const int64_t A = VEC * (int64_t)sizeof(T2) < 16 ? VEC * (int64_t)sizeof(T2) : 16;
+  const bool many = J->outer > 1;
+  return J->n % VEC == 0 && (uintptr_t)J->a % 16 == 0 && (uintptr_t)J->out % (uintptr_t)A == 0 &&
+         (!J->bwd || (uintptr_t)J->b % 16 == 0) && (!many || (J->so_a * (int64_t)sizeof(T1)) % 16 == 0) &&
+         (!many || (J->so_out * (int64_t)sizeof(T2)) % A == 0) &&
+         (!many || !J->bwd || (J->so_b * (int64_t)sizeof(T1)) % 16 == 0);
+}
+
+typedef void (*sm_row_kernel)(sm_row_args);
+template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel sm_chunks_kernel_for(int al) {
+  if constexpr (sizeof(Acc) == 4)
+    if (al) return softmax_row_chunks_kernel<BWD, T1, T2, Acc, true>;
+  return softmax_row_chunks_kernel<BWD, T1, T2, Acc, false>;
+}
+template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel sm_warp_kernel_for(int al, int km) {
+  constexpr int WK = sm_warp_kmax<BWD, Acc>(), WL = BWD ? WK : WK / 2; /* the light variant: forward only */
+  const bool light = !BWD && km <= WK / 2;
+  if constexpr (sizeof(Acc) == 4)
+    if (al) return light ? softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WL, true> : softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK, true>;
+  return light ? softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WL, false> : softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK, false>;
+}
+
 /* SM_SPREAD: the fewest CTAs of <= 512 threads and <= `soft` bytes of shared
  * memory (two per SM) that hold the row; false where fewer than two are
  * needed or the GPU cannot hold twice a row's CTAs at once (the tier needs
@@ -230,7 +266,7 @@ static bool sm_plan_spread(const sm_job *J, const oss_device_info *info, int64_t
   if (C < 2 || J->outer * C > 0x7fffffff) return false;
   int64_t T, K, smem_slots;
   sm_chunk_shape(sm_cdiv(nslots, C), tmax, KREG, &T, &K, &smem_slots);
-  const int per_sm = sm_config_residency(softmax_row_chunks_kernel<BWD, T1, T2, Acc>, 1, (int)T,
+  const int per_sm = sm_config_residency(sm_chunks_kernel_for<BWD, T1, T2, Acc>(P->al), 1, (int)T,
                                          (size_t)(smem_slots * slot_bytes), 1, stream);
   if (2 * C > (int64_t)per_sm * info->sm_count) return false;
   P->kind = SM_PLAN_SPREAD;
@@ -253,6 +289,7 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
   static_assert(WKMAX >= 2 && KREG >= 2, "slot counts");
   const int64_t es = sizeof(T1);
   memset(P, 0, sizeof *P);
+  P->al = sm_rows_aligned<T1, T2, Acc>(J);
   /* worst-case misalignment of a row: constant when every row shifts by a
    * multiple of 16 bytes, else up to VEC - 1 */
   int64_t ph = (int64_t)(((uintptr_t)J->a / es) % VEC);
@@ -262,11 +299,13 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
   if (oss_softmax_cuda_test_knobs[10] > 0) ymax = oss_softmax_cuda_test_knobs[10];
   const unsigned grid_y = (unsigned)(J->outer < ymax ? J->outer : ymax);
 
-  /* warp tier: rows under 4 KB (16-bit: up to 4 KB, whose math per byte is
-   * heavier and favours registers over the CTA tier's per-row overhead); the
-   * light 4-slot kernel for the narrowest rows (more warps resident) */
+  /* warp tier: rows up to 4 KB (float64: under 4 KB); the light 4-slot
+   * kernel for the narrowest rows (more warps resident) */
   const int force = oss_softmax_cuda_test_knobs[0];
-  const int64_t warp_max = es == 2 ? 32 * WKMAX : 32 * WKMAX - 1;
+  /* (float32 rows of exactly 1024 took the CTA tier until the L2 policy:
+   * with it the warp tier streams at 100.4 % of copy there, the CTA tier's
+   * 64-thread CTAs at 94.4; v18) */
+  const int64_t warp_max = es == 8 ? 32 * WKMAX - 1 : 32 * WKMAX;
   if ((nslots <= warp_max && force == 0) || (nslots <= 32 * WKMAX && force == 1)) {
     int64_t km = BWD ? WKMAX : (es == 2 ? (nslots <= 64 ? WKMAX / 2 : WKMAX) : (nslots <= 128 ? WKMAX / 2 : WKMAX));
     if (oss_softmax_cuda_test_knobs[5] > 0) km = oss_softmax_cuda_test_knobs[5] <= WKMAX / 2 ? WKMAX / 2 : WKMAX;
@@ -277,7 +316,8 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
     P->K = (int)sm_cdiv(nslots, G);
     P->km = (int)(P->K <= WKMAX / 2 && !BWD ? WKMAX / 2 : WKMAX);
     P->threads = SM_WARP_THREADS;
-    const int64_t rows_per_cta = SM_WARP_THREADS / 32 * (32 / G);
+    if (oss_softmax_cuda_test_knobs[15] == 32 || oss_softmax_cuda_test_knobs[15] == 64) P->threads = oss_softmax_cuda_test_knobs[15];
+    const int64_t rows_per_cta = P->threads / 32 * (32 / G);
     int64_t blocks = sm_cdiv(J->outer, rows_per_cta);
     const int64_t cap = (int64_t)info->sm_count * 256;
     P->grid_x = (unsigned)(blocks < cap ? blocks : cap);
@@ -303,7 +343,7 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
   const int64_t tmax_hard = sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_CHUNK_THREADS;
   int cmax = info->cc_major >= 9 ? 16 : 1;
   if (oss_softmax_cuda_test_knobs[2] > 0 && oss_softmax_cuda_test_knobs[2] < cmax) cmax = oss_softmax_cuda_test_knobs[2];
-  void (*kern)(sm_row_args) = softmax_row_chunks_kernel<BWD, T1, T2, Acc>;
+  const sm_row_kernel kern = sm_chunks_kernel_for<BWD, T1, T2, Acc>(P->al);
   /* spread tier: chunks of <= 64 KB of shared memory. On the H100 it beats
    * 1024-thread CTAs (one per SM; at most 7 clusters of 16 fit) and the split
    * tier by far (float32 1M columns forward 76 -> 89 % of copy, backward
@@ -561,6 +601,12 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   A.rows = J->outer;
   A.n = J->n;
   A.log = J->log;
+  /* the L2 evict_last policy on the input (sm_l2_policy) where a row is on
+   * one CTA: H100, 2^28 elements, % of copy without -> with it: warp tier
+   * +0.5-1.3 points, one-CTA plans +0.6-1.4 (bench/NOTES-softmax.md v18);
+   * clusters and the spread tier lose 0.9-8.8 with it (float32 backward
+   * 262144 89 against 98), the split tier is neutral */
+  A.keep = oss_softmax_cuda_test_knobs[17] != 1 && (P->kind == SM_PLAN_WARP || (P->kind == SM_PLAN_CHUNKS && P->C == 1));
   A.K = P->K;
   A.G = P->G;
   A.C = P->C;
@@ -568,14 +614,12 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   A.smem_slots = P->smem_slots;
   const size_t pad = sm_test_occupancy_pad(info);
   if (P->kind == SM_PLAN_WARP) {
-    constexpr int WK = sm_warp_kmax<BWD, Acc>();
-    void (*wk)(sm_row_args) = !BWD && P->km <= WK / 2 ? softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, (BWD ? WK : WK / 2)>
-                                                      : softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK>;
+    const sm_row_kernel wk = sm_warp_kernel_for<BWD, T1, T2, Acc>(P->al, P->km);
     if (pad > 40 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(wk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pad));
     wk<<<P->grid_x, P->threads, pad, stream>>>(A);
     return oss_check_launch("softmax_rows_in_warp_kernel");
   }
-  void (*kern)(sm_row_args) = softmax_row_chunks_kernel<BWD, T1, T2, Acc>;
+  const sm_row_kernel kern = sm_chunks_kernel_for<BWD, T1, T2, Acc>(P->al);
   const dim3 grid(P->grid_x, P->grid_y, 1), block((unsigned)P->threads, 1, 1);
   /* SM_CHUNKS and SM_SPREAD (split plans have none); static shared memory
    * counts toward the default 48 KB: opt in early */
@@ -685,12 +729,12 @@ static oss_status sm_run(const sm_job *J, void *ws, cudaStream_t stream, size_t 
   if (oss_softmax_cuda_test_knobs[7] & (BWD ? 2 : 1)) {
     oss_softmax_cuda_test_knobs[7] &= BWD ? ~2 : ~1;
     static const char *kinds[] = {"warp", "chunks", "split", "cols", "cols-split", "spread"};
-    printf("plan %s: %s km=%d threads=%d K=%d G=%d C=%d smem_slots=%d S=%lld TJ=%d chunk_n=%lld nchunks=%lld grid=%ux%u ws=%zu\n",
-           BWD ? "bwd" : "fwd", kinds[P.kind], P.km, P.threads, P.K, P.G, P.C, P.smem_slots, (long long)P.S, P.TJ,
+    printf("plan %s: %s al=%d km=%d threads=%d K=%d G=%d C=%d smem_slots=%d S=%lld TJ=%d chunk_n=%lld nchunks=%lld grid=%ux%u ws=%zu\n",
+           BWD ? "bwd" : "fwd", kinds[P.kind], P.al, P.km, P.threads, P.K, P.G, P.C, P.smem_slots, (long long)P.S, P.TJ,
            (long long)P.chunk_n, (long long)P.nchunks, P.grid_x, P.grid_y, P.ws_bytes);
     if (P.kind == SM_PLAN_CHUNKS || P.kind == SM_PLAN_SPREAD)
       printf("plan %s: resident at once: %d %s\n", BWD ? "bwd" : "fwd",
-             sm_config_residency(softmax_row_chunks_kernel<BWD, T1, T2, Acc>, P.kind == SM_PLAN_SPREAD ? 1 : P.C, P.threads,
+             sm_config_residency(sm_chunks_kernel_for<BWD, T1, T2, Acc>(P.al), P.kind == SM_PLAN_SPREAD ? 1 : P.C, P.threads,
                                  (size_t)P.smem_slots * 16 * (BWD ? 2 : 1), P.grid_y, stream),
              P.C > 1 && P.kind == SM_PLAN_CHUNKS ? "clusters on the GPU" : "CTAs per SM");
     if (P.kind == SM_PLAN_COLS || P.kind == SM_PLAN_COLS_SPLIT)

@@ -129,6 +129,56 @@ __device__ __forceinline__ uint4 sm_ld16(const void *p) {
   asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
 }
+/* L2 eviction priority of the row kernels' input (bench/NOTES-softmax.md
+ * v18). Where a row is held by one CTA, its 16-byte input loads carry an
+ * evict_last policy while its output is computed, and each line goes back to
+ * evict_normal once the output is written (sm_release_line), so no line
+ * stays above normal priority after its row. On the H100 this is what
+ * separated minimal kernels from Inductor's at narrow rows (a fixed 1-3 us
+ * per call after an L2 flush, and 0.5-1 % of streaming rate), and it gains
+ * our warp and one-CTA plans 0.5-1.4 points of copy. Why the L2 rewards it
+ * is not established (it then evicts the dirty output lines first). sm_80 and
+ * later; plain loads elsewhere. */
+__device__ __forceinline__ unsigned long long sm_l2_policy(bool keep) {
+  unsigned long long p = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (keep) asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
+  else asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(p));
+#endif
+  (void)keep;
+  return p;
+}
+__device__ __forceinline__ uint4 sm_ld16_hint(const void *p, unsigned long long pol) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint4 r;
+  asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p), "l"(pol));
+  return r;
+#else
+  (void)pol;
+  return sm_ld16(p);
+#endif
+}
+/* 16 bytes from global p into shared dst, asynchronously, with the policy. */
+__device__ __forceinline__ void sm_cp_async16_hint(uint4 *dst, const void *p, unsigned long long pol) {
+  const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(p), "l"(pol) : "memory");
+#else
+  (void)pol;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(p) : "memory");
+#endif
+}
+/* Sets the L2 line holding p back to evict_normal. */
+__device__ __forceinline__ void sm_release_line(const void *p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("applypriority.global.L2::evict_normal [%0], 128;\n" ::"l"(p) : "memory");
+#else
+  (void)p;
+#endif
+}
+
 __device__ __forceinline__ void sm_st16(void *p, unsigned a, unsigned b, unsigned c, unsigned d) {
   asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }

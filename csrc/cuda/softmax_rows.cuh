@@ -5,7 +5,7 @@
  * Both kernels hold their part of a row on chip, so each element is read
  * from global memory once and written once (the split tier re-reads):
  *
- * softmax_rows_in_warp_kernel: narrow rows (forward up to 32 * 8 slots: 1020
+ * softmax_rows_in_warp_kernel: narrow rows (forward up to 32 * 8 slots: 1024
  *   float32 or 2048 16-bit elements; backward 32 * 4 slots). A group of G
  *   lanes (G = 1..32, a power of two) owns one row; a warp handles 32/G rows
  *   at a time and lane g holds slots g, g+G, ... (K <= KM of them) in
@@ -52,6 +52,14 @@
  * slot ("edges") are handled by a short scalar loop that reads them again in
  * the output phase (from L1/L2): the hot path stays branch-free and small.
  *
+ * Both kernels come in two instantiations: AL = true where the launch knows
+ * every row starts a slot in every tensor and n is a whole number of slots
+ * (no edges, no misaligned-tensor paths: less code and fewer instructions),
+ * and the general one (AL = false). Where a row sits on one CTA (warp tier,
+ * one-CTA chunks) the input loads carry an L2 evict_last policy and each line
+ * goes back to evict_normal once the row's output is written (keep;
+ * sm_l2_policy in softmax_common.cuh).
+ *
  * Statistics inside a thread are max-first over each part of what it holds
  * (no running rescale inside a part: the data is on chip). The chunk kernel
  * has three parts, two cp.async groups of shared-memory slots and its
@@ -84,6 +92,7 @@ typedef struct sm_row_args {
   int64_t so_a, so_b, so_out; /* stride_outer, elements */
   int64_t rows, n;
   int log;
+  int keep;       /* input loads evict_last, released after the output (sm_l2_policy) */
   int mode;       /* sm_mode */
   int C;          /* CTAs per row: cluster size (SM_FULL) or chunk count (SM_STATS/SM_APPLY) */
   int K;          /* register slots per thread */
@@ -120,13 +129,25 @@ template <typename T1, typename T2> struct sm_chunk {
   bool ok_b, ok_out; /* b / out share a's slot grid (vector access allowed) */
 };
 
-template <bool BWD, typename T1, typename T2>
+template <bool BWD, bool AL, typename T1, typename T2>
 __device__ __forceinline__ sm_chunk<T1, T2> sm_chunk_setup(const sm_row_args &P, int64_t row, int64_t s0, int64_t S) {
   constexpr int VEC = sm_vec<T1>();
   sm_chunk<T1, T2> R;
   const T1 *a = (const T1 *)P.a + row * P.so_a;
   const T1 *b = BWD ? (const T1 *)P.b + row * P.so_b : a;
   T2 *out = (T2 *)P.out + row * P.so_out;
+  if constexpr (AL) { /* every row starts a slot in each tensor and n is a whole number of slots */
+    const int64_t off = s0 * VEC, rem = P.n - off;
+    const int hi = rem <= 0 ? 0 : (int)(rem < S * VEC ? rem : S * VEC);
+    R.a0 = a + off;
+    R.b0 = b + off;
+    R.out0 = out + off;
+    R.ok_b = R.ok_out = true;
+    R.f0 = R.lo = R.hlen = R.ne = 0;
+    R.nfull = hi / VEC;
+    R.tstart = hi;
+    return R;
+  }
   const int ph = sm_phase(a);
   R.ok_b = BWD ? sm_grid_ok<T1, VEC>(b, ph) : true;
   R.ok_out = sm_grid_ok<T2, VEC>(out, ph);
@@ -162,15 +183,15 @@ template <typename T1, typename T2> __device__ __forceinline__ int sm_edge_index
  * next one (the bfloat16 backward, bench/NOTES-softmax.md v14). */
 template <bool BWD, int KMAX, typename T1, typename T2>
 __device__ __forceinline__ void sm_load_full_slots(const sm_chunk<T1, T2> &R, int first, int step, int nv,
-                                                   sm_slot (&ra)[KMAX], sm_slot (&rb)[KMAX]) {
+                                                   sm_slot (&ra)[KMAX], sm_slot (&rb)[KMAX], unsigned long long pol) {
   constexpr int VEC = sm_vec<T1>();
   const T1 *b = BWD && R.ok_b ? R.b0 : R.a0;
 #pragma unroll
   for (int k = 0; k < KMAX; k++)
     if (k < nv) {
       const int e = R.f0 + (first + k * step) * VEC;
-      ra[k].u = sm_ld16(R.a0 + e);
-      if (BWD) rb[k].u = sm_ld16(b + e);
+      ra[k].u = sm_ld16_hint(R.a0 + e, pol);
+      if (BWD) rb[k].u = sm_ld16_hint(b + e, pol);
     }
   if (BWD && !R.ok_b) {
 #pragma unroll
@@ -180,13 +201,30 @@ __device__ __forceinline__ void sm_load_full_slots(const sm_chunk<T1, T2> &R, in
 }
 
 template <bool BWD, typename T1, typename T2>
-__device__ __forceinline__ void sm_load_full_slot_to_smem(const sm_chunk<T1, T2> &R, int m, uint4 *da, uint4 *db) {
+__device__ __forceinline__ void sm_load_full_slot_to_smem(const sm_chunk<T1, T2> &R, int m, uint4 *da, uint4 *db,
+                                                          unsigned long long pol) {
   constexpr int VEC = sm_vec<T1>();
   const int k = R.f0 + m * VEC;
-  sm_load_slot_to_smem(da, R.a0 + k, 0, 0, VEC, true, 0ull);
+  sm_cp_async16_hint(da, R.a0 + k, pol);
   if (BWD) {
-    if (R.ok_b) sm_load_slot_to_smem(db, R.b0 + k, 0, 0, VEC, true, 0ull);
+    if (R.ok_b) sm_cp_async16_hint(db, R.b0 + k, pol);
     else *db = sm_load_full(R.b0 + k, false).u;
+  }
+}
+
+/* Sets the input lines of full slot m back to evict_normal (see
+ * sm_l2_policy) once its output is written: one request per 128-byte line,
+ * from the slot at the line's start, and from the chunk's first slot, whose
+ * line may begin in the row before (each owner releases after its own loads,
+ * so the last word on a shared line is a release). */
+template <bool BWD, typename T1, typename T2>
+__device__ __forceinline__ void sm_release_slot(const sm_chunk<T1, T2> &R, int m) {
+  constexpr int VEC = sm_vec<T1>();
+  const T1 *pa = R.a0 + R.f0 + m * VEC;
+  if (m == 0 || ((uintptr_t)pa & 127) == 0) sm_release_line(pa);
+  if (BWD) {
+    const T1 *pb = R.b0 + R.f0 + m * VEC;
+    if (m == 0 || ((uintptr_t)pb & 127) == 0) sm_release_line(pb);
   }
 }
 
@@ -432,7 +470,7 @@ __device__ __forceinline__ void sm_timeline_end() {}
 
 /* KM: register slots per lane (a light variant with half of sm_warp_kmax
  * keeps more warps resident for the narrowest rows). */
-template <bool BWD, typename T1, typename T2, typename Acc, int KM>
+template <bool BWD, typename T1, typename T2, typename Acc, int KM, bool AL>
 __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8 ? 4 : (!BWD && KM <= 4) ? 9 : 6)
     softmax_rows_in_warp_kernel(sm_row_args P) {
   constexpr int KMAX = KM;
@@ -440,15 +478,16 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8 ? 4 : (!BWD 
   const int lane = threadIdx.x & 31, G = P.G, rpw = 32 / G, g = lane & (G - 1), sub = lane / G;
   const int64_t warp0 = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int64_t wstride = (int64_t)gridDim.x * (blockDim.x >> 5);
+  const unsigned long long pol = sm_l2_policy(P.keep);
   for (int64_t base = warp0 * rpw; base < P.rows; base += wstride * rpw) {
     const int64_t row = base + sub;
-    sm_chunk<T1, T2> R = sm_chunk_setup<BWD, T1, T2>(P, row < P.rows ? row : base, 0, (int64_t)G * P.K);
+    sm_chunk<T1, T2> R = sm_chunk_setup<BWD, AL, T1, T2>(P, row < P.rows ? row : base, 0, (int64_t)G * P.K);
     if (row >= P.rows) R.nfull = R.ne = 0;
 
     const int nv = R.nfull > g ? (R.nfull - g + G - 1) / G < P.K ? (R.nfull - g + G - 1) / G : P.K : 0;
 
     sm_slot ra[KMAX], rb[KMAX];
-    sm_load_full_slots<BWD>(R, g, G, nv, ra, rb);
+    sm_load_full_slots<BWD>(R, g, G, nv, ra, rb, pol);
     sm_stat<Acc> st = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, nv, (uint4 *)0, (const uint4 *)0, 0, 0, 1, P.log);
     const Acc m_thread = st.m;
     sm_edges_accumulate<BWD>(R, g, G, st, P.log);
@@ -471,6 +510,11 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8 ? 4 : (!BWD 
         if (k < nv) sm_slot_output<BWD>(R, g + k * G, ra[k], rb[k], P.log, c0, c1);
     }
     sm_edges_output<BWD>(R, g, G, P.log, c0, c1);
+    if (P.keep) {
+#pragma unroll
+      for (int k = 0; k < KMAX; k++)
+        if (k < nv) sm_release_slot<BWD>(R, g + k * G);
+    }
   }
   sm_timeline_end();
 }
@@ -521,18 +565,19 @@ __device__ __forceinline__ int sm_smem_mid(int nsm, int T) { return nsm > 0 ? (n
  * group can run while the second is still arriving. Thread t copies slots
  * l = t, t + T, ...: the only ones it reads back, so no barrier is needed. */
 template <bool BWD, typename T1, typename T2>
-__device__ __forceinline__ void sm_chunk_copy_smem(const sm_chunk<T1, T2> &R, int nreg, uint4 *sa, uint4 *sb) {
+__device__ __forceinline__ void sm_chunk_copy_smem(const sm_chunk<T1, T2> &R, int nreg, uint4 *sa, uint4 *sb,
+                                                   unsigned long long pol) {
   const int t = threadIdx.x, T = blockDim.x;
   const int nsm = R.nfull - nreg, mid = sm_smem_mid(nsm, T);
-  for (int l = t; l < mid; l += T) sm_load_full_slot_to_smem<BWD>(R, nreg + l, sa + l, sb + l);
+  for (int l = t; l < mid; l += T) sm_load_full_slot_to_smem<BWD>(R, nreg + l, sa + l, sb + l, pol);
   sm_cp_async_commit();
-  for (int l = mid + t; l < nsm; l += T) sm_load_full_slot_to_smem<BWD>(R, nreg + l, sa + l, sb + l);
+  for (int l = mid + t; l < nsm; l += T) sm_load_full_slot_to_smem<BWD>(R, nreg + l, sa + l, sb + l, pol);
   sm_cp_async_commit();
 }
 
 /* 64 registers per thread (float): two CTAs of 512 threads per SM, or one of
  * 1024 for the configurations that need most of an SM's shared memory. */
-template <bool BWD, typename T1, typename T2, typename Acc>
+template <bool BWD, typename T1, typename T2, typename Acc, bool AL>
 __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_CHUNK_THREADS, 1)
     softmax_row_chunks_kernel(sm_row_args P) {
   constexpr int KREG = sm_chunk_kreg<BWD, Acc>();
@@ -571,16 +616,19 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
     rstep = P.rows;
   }
   const int nreg = T * P.K; /* full slots [0, nreg) in registers, [nreg, nfull) in shared memory */
+  /* the launch sets keep for one-CTA rows only (sm_run_rows) */
+  const bool keep = P.keep;
+  const unsigned long long pol = sm_l2_policy(keep);
   /* the shared-memory part of row r is copied before the loop (first row) or
    * while the previous row's register part is written, so its loads overlap
    * that work (SM_STATS and SM_APPLY chunks have no shared-memory part) */
   const bool smem = P.smem_slots > 0;
-  if (smem && r0 < P.rows) sm_chunk_copy_smem<BWD>(sm_chunk_setup<BWD, T1, T2>(P, rev ? P.rows - 1 - r0 : r0, chunk_x * P.S, P.S),
-                                           nreg, sa, sb);
+  if (smem && r0 < P.rows) sm_chunk_copy_smem<BWD>(sm_chunk_setup<BWD, AL, T1, T2>(P, rev ? P.rows - 1 - r0 : r0, chunk_x * P.S, P.S),
+                                           nreg, sa, sb, pol);
   for (int64_t r = r0; r < P.rows; r += rstep) {
     const int64_t row = rev ? P.rows - 1 - r : r;
     const int64_t next = smem && r + rstep < P.rows ? (rev ? P.rows - 1 - (r + rstep) : r + rstep) : -1;
-    const sm_chunk<T1, T2> R = sm_chunk_setup<BWD, T1, T2>(P, row, chunk_x * P.S, P.S);
+    const sm_chunk<T1, T2> R = sm_chunk_setup<BWD, AL, T1, T2>(P, row, chunk_x * P.S, P.S);
     const int nsm = R.nfull - nreg;
     const int nv = R.nfull > t ? (R.nfull - t + T - 1) / T < P.K ? (R.nfull - t + T - 1) / T : P.K : 0;
 
@@ -588,7 +636,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
     // cp.async groups split at mid, see sm_chunk_copy_smem)
     const int mid = sm_smem_mid(nsm, T);
     sm_slot ra[KREG], rb[KREG];
-    sm_load_full_slots<BWD>(R, t, T, nv, ra, rb);
+    sm_load_full_slots<BWD>(R, t, T, nv, ra, rb, pol);
 
     // -- statistics in the order the parts land: the two shared-memory groups
     // (copied before the register loads), then the registers, so the work on
@@ -698,11 +746,17 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
     // so its buffer takes those copies while the register part is written
     if (next >= 0) {
       output_smem();
-      sm_chunk_copy_smem<BWD>(sm_chunk_setup<BWD, T1, T2>(P, next, chunk_x * P.S, P.S), nreg, sa, sb);
+      sm_chunk_copy_smem<BWD>(sm_chunk_setup<BWD, AL, T1, T2>(P, next, chunk_x * P.S, P.S), nreg, sa, sb, pol);
       output_registers();
     } else {
       output_registers();
       output_smem();
+    }
+    if (keep) {
+#pragma unroll
+      for (int k = 0; k < KREG; k++)
+        if (k < nv) sm_release_slot<BWD>(R, t + k * T);
+      for (int l = t; l < nsm; l += T) sm_release_slot<BWD>(R, nreg + l);
     }
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

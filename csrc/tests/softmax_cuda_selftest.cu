@@ -62,7 +62,7 @@
 #include "oss.h"
 
 /* Planner knobs of softmax.cu, for tests and tuning only (see there). */
-extern "C" int oss_softmax_cuda_test_knobs[15];
+extern "C" int oss_softmax_cuda_test_knobs[18];
 
 #define CK(call)                                                                                  \
   do {                                                                                            \
@@ -1065,7 +1065,7 @@ typedef struct {
   int bwd;
   oss_dtype t;
   int64_t n;
-  int knobs[15];
+  int knobs[18];
   char text[96];
 } point;
 
@@ -1082,7 +1082,7 @@ static int parse_point(const char *arg, point *pt) {
   pt->n = cols;
   for (const char *k = rest; *k;) {
     int i, v, used = 0;
-    if (sscanf(k, "%d=%d%n", &i, &v, &used) != 2 || i < 0 || i >= 15) return 0;
+    if (sscanf(k, "%d=%d%n", &i, &v, &used) != 2 || i < 0 || i >= (int)(sizeof pt->knobs / sizeof pt->knobs[0])) return 0;
     pt->knobs[i] = v;
     k += used;
     if (*k == ';') k++;
