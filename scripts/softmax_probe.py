@@ -1,0 +1,116 @@
+"""Minimal kernels (scripts/softmax_probe_kernels.cu) against torch_oss and
+torch.compile, in one process, timed the ways scripts/softmax_timing_harness.py
+times (do_bench; the kernels' own GPU time with the L2 flushed; without the
+flush), at 2^26 and 2^28 elements, with t = t0 + bytes / rate fitted per
+implementation. bfloat16 backward at 4096 columns and forward at 1024: the
+narrow-row points where torch.compile led (bench/NOTES-softmax.md v18).
+
+    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -fPIC -shared \\
+        scripts/softmax_probe_kernels.cu -o build/libsoftmax_probe.so
+    python3 scripts/softmax_probe.py [--bwd 1,3,6,15] [--fwd 11,14,17] [--sizes 26,28] [--rounds 1]
+    ncu ... python3 scripts/softmax_probe.py --ncu     # one launch of each, for Nsight Compute
+"""
+
+import argparse
+import ctypes
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import torch_oss
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "bench"))
+import common  # noqa: E402
+import softmax_timing_harness as harness  # noqa: E402
+
+
+def load(path):
+    lib = ctypes.CDLL(os.path.abspath(path))
+    lib.probe_launch.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong,
+                                 ctypes.c_void_p]
+
+    def launch(which, a, b, out, rows):
+        rc = lib.probe_launch(which, a.data_ptr(), b.data_ptr() if b is not None else 0, out.data_ptr(), rows,
+                              torch.cuda.current_stream().cuda_stream)
+        if rc != 0:
+            raise RuntimeError(f"probe variant {which}: launch returned {rc}")
+        return out
+
+    return launch
+
+
+def ints(text):
+    return [int(v) for v in text.split(",") if v]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="build/libsoftmax_probe.so")
+    ap.add_argument("--bwd", default="1,3,6,15", help="backward variants (4096 columns)")
+    ap.add_argument("--fwd", default="11,14,17", help="forward variants (1024 columns)")
+    ap.add_argument("--sizes", default="26,28", help="log2 of the elements per input")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds, alternating the order")
+    ap.add_argument("--ncu", action="store_true", help="one launch of each at 2^26 between cudaProfilerStart/Stop")
+    args = ap.parse_args()
+    probe = load(args.lib)
+    torch._dynamo.config.recompile_limit = 1024
+    compiled_fwd = torch.compile(lambda x: F.softmax(x, -1), dynamic=False)
+    compiled_bwd = torch.compile(lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype), dynamic=False)
+    points = (("bwd", 4096, ints(args.bwd)), ("fwd", 1024, ints(args.fwd)))
+    sizes = [26] if args.ncu else ints(args.sizes)
+    copy_gbs = None if args.ncu else common.copy_bandwidth_gbs("cuda")
+    if copy_gbs:
+        print(f"{torch.cuda.get_device_name(0)}, copy {copy_gbs:.0f} GB/s; % of copy: do_bench, kernels (L2 "
+              f"flushed), kernels (not flushed); the kernels' flushed time in us; max relative error against float64")
+    for op, cols, variants in points:
+        fits = {}
+        for log2 in sizes:
+            rows = 2**log2 // cols
+            x = torch.randn(rows, cols, dtype=torch.bfloat16, device="cuda") * 3
+            y = F.softmax(x, -1)
+            dy = torch.randn_like(x)
+            out = torch.empty_like(x)
+            if op == "fwd":
+                impls = {"torch_oss": lambda: torch_oss.softmax(x, -1), "compile": lambda: compiled_fwd(x)}
+                impls.update({f"v{v}": (lambda v=v: probe(v, x, None, out, rows)) for v in variants})
+                ref = F.softmax(x.double(), -1)
+                nbytes = 2 * x.numel() * x.element_size()
+            else:
+                impls = {"torch_oss": lambda: torch.ops.oss.softmax_backward(dy, y, -1, y.dtype),
+                         "compile": lambda: compiled_bwd(dy, y)}
+                impls.update({f"v{v}": (lambda v=v: probe(v, y, dy, out, rows)) for v in variants})
+                ref = torch._softmax_backward_data(dy.double(), y.double(), -1, torch.float64)
+                nbytes = 3 * x.numel() * x.element_size()
+            if args.ncu:
+                for fn in impls.values():
+                    fn()
+                torch.cuda.synchronize()
+                torch.cuda.cudart().cudaProfilerStart()
+                for fn in impls.values():
+                    fn()
+                torch.cuda.synchronize()
+                torch.cuda.cudart().cudaProfilerStop()
+                continue
+            order = list(impls.items())
+            for rnd in range(args.rounds):
+                for name, fn in (order if rnd % 2 == 0 else order[::-1]):
+                    err = ((fn().double() - ref).abs() / (ref.abs() + 1e-3)).max().item()
+                    ms = (common.bench(fn, "cuda"), harness.kernel_ms(fn, True), harness.kernel_ms(fn, False))
+                    for timing, t in zip(("do_bench", "kernels", "noflush"), ms):
+                        fits.setdefault((name, timing), []).append((nbytes, t))
+                    pct = [100 * nbytes / t / 1e6 / copy_gbs for t in ms]
+                    print(f"{op}:bf16:{cols} 2^{log2} r{rnd} {name:10} {pct[0]:6.1f} {pct[1]:6.1f} {pct[2]:6.1f}  "
+                          f"us {ms[1] * 1e3:8.2f}  relerr {err:.1e}", flush=True)
+            del x, y, dy, out
+        if len(sizes) > 1:
+            for (name, timing), pts in sorted(fits.items()):
+                t0, rate = harness.fit_line(pts, copy_gbs)
+                print(f"fit {op}:{cols} {name:10} {timing:9} fixed {t0:6.2f} us, streaming {rate:6.1f} %")
+
+
+if __name__ == "__main__":
+    main()

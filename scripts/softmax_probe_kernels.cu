@@ -1,0 +1,260 @@
+/*
+ * softmax_probe_kernels.cu - minimal bfloat16 softmax kernels, for one
+ * question only (bench/NOTES-softmax.md v18): what separates the library's
+ * narrow-row kernels from Inductor's? Not part of the library. Rows are
+ * aligned and n is fixed (backward 4096 columns, forward 1024): no edges, no
+ * dtype casts, no checks. scripts/softmax_probe.py times them against
+ * torch_oss and torch.compile in one process.
+ *
+ * Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -fPIC -shared
+ *        scripts/softmax_probe_kernels.cu -o build/libsoftmax_probe.so
+ *
+ * Variants (probe_launch's `which`): backward, a CTA per row: 0 256 threads x
+ * 2 slots, 1 512 x 1, 2 128 x 4, 3 two passes like Inductor's (L2 evict_last
+ * then evict_first), 4 = 1 with streaming stores, 5/6/8 = 1 with loads
+ * evict_first / evict_last / ld.global.nc, 7 = 5 with streaming stores,
+ * 9 = 1 with stores evict_first, 15 = 1 with loads evict_last and the lines
+ * set back to evict_normal after the stores; forward, a warp per row: 10 / 12
+ * / 11 one / two / four warps per CTA, 13 / 14 = 11 with loads evict_first /
+ * evict_last, 16 = 11 with stores evict_first, 17 = 14 with the lines set back
+ * to evict_normal.
+ */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+__device__ __forceinline__ float lo(unsigned u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float hi(unsigned u) { return __uint_as_float(u & 0xffff0000u); }
+__device__ __forceinline__ unsigned pack(float a, float b) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *(unsigned *)&h;
+}
+__device__ __forceinline__ float ex2(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+__device__ __forceinline__ uint4 ld_pol(const uint4 *p, uint64_t pol) {
+  uint4 v;
+  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
+  return v;
+}
+__device__ __forceinline__ uint64_t pol_last() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ uint64_t pol_first() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+__device__ __forceinline__ uint4 ldnc_pol(const uint4 *p, uint64_t pol) {
+  uint4 v;
+  asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
+  return v;
+}
+__device__ __forceinline__ void st_pol(uint4 *p, uint4 v, uint64_t pol) {
+  asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1,%2,%3,%4}, %5;" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w), "l"(pol) : "memory");
+}
+__device__ __forceinline__ void demote(const void *p) {
+  asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(p) : "memory");
+}
+
+template <int T> __device__ __forceinline__ float block_sum(float v, float *red) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(~0u, v, o);
+  if (T == 32) return v;
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  if (l == 0) red[w] = v;
+  __syncthreads();
+  float s = l < T / 32 ? red[l] : 0.f;
+#pragma unroll
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
+  return s;
+}
+
+__device__ __forceinline__ float dot8(uint4 a, uint4 b) {
+  return lo(a.x) * lo(b.x) + hi(a.x) * hi(b.x) + lo(a.y) * lo(b.y) + hi(a.y) * hi(b.y) + lo(a.z) * lo(b.z) +
+         hi(a.z) * hi(b.z) + lo(a.w) * lo(b.w) + hi(a.w) * hi(b.w);
+}
+__device__ __forceinline__ uint4 grad8(uint4 a, uint4 b, float s) {
+  uint4 o;
+  o.x = pack(lo(a.x) * (lo(b.x) - s), hi(a.x) * (hi(b.x) - s));
+  o.y = pack(lo(a.y) * (lo(b.y) - s), hi(a.y) * (hi(b.y) - s));
+  o.z = pack(lo(a.z) * (lo(b.z) - s), hi(a.z) * (hi(b.z) - s));
+  o.w = pack(lo(a.w) * (lo(b.w) - s), hi(a.w) * (hi(b.w) - s));
+  return o;
+}
+
+/* backward, one pass: a CTA per row, thread t holds slots t + k*T (k < K) of y and dy */
+template <int T, int K, int MINB, bool CS>
+__global__ void __launch_bounds__(T, MINB) bwd_onepass(const uint4 *y, const uint4 *dy, uint4 *dx) {
+  __shared__ float red[32];
+  const int64_t base = (int64_t)blockIdx.x * (T * K) + threadIdx.x;
+  uint4 a[K], b[K];
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    a[k] = y[base + k * T];
+    b[k] = dy[base + k * T];
+  }
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < K; k++) s += dot8(a[k], b[k]);
+  s = block_sum<T>(s, red);
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    if (CS) __stcs(&dx[base + k * T], grad8(a[k], b[k], s));
+    else dx[base + k * T] = grad8(a[k], b[k], s);
+  }
+}
+
+/* backward, one pass, a CTA per row of T slots, loads with an L2 policy
+ * (POL 1: evict_first, 2: evict_last, 3: evict_normal via ld.global.nc) */
+template <int T, int MINB, int POL, bool CS>
+__global__ void __launch_bounds__(T, MINB) bwd_onepass_pol(const uint4 *y, const uint4 *dy, uint4 *dx) {
+  __shared__ float red[32];
+  const int64_t base = (int64_t)blockIdx.x * T + threadIdx.x;
+  uint4 a, b;
+  if (POL == 3) {
+    a = __ldg(y + base);
+    b = __ldg(dy + base);
+  } else {
+    const uint64_t p = POL == 1 ? pol_first() : pol_last();
+    a = ld_pol(y + base, p);
+    b = ld_pol(dy + base, p);
+  }
+  float s = block_sum<T>(dot8(a, b), red);
+  if (CS) __stcs(&dx[base], grad8(a, b, s));
+  else dx[base] = grad8(a, b, s);
+}
+
+/* backward, one pass: MODE 0 stores with L2 evict_first; 1 loads evict_last
+ * (nc) and the loaded lines set back to evict_normal after the stores */
+template <int T, int MINB, int MODE>
+__global__ void __launch_bounds__(T, MINB) bwd_onepass_x(const uint4 *y, const uint4 *dy, uint4 *dx) {
+  __shared__ float red[32];
+  const int64_t base = (int64_t)blockIdx.x * T + threadIdx.x;
+  uint4 a, b;
+  if (MODE == 0) {
+    a = y[base];
+    b = dy[base];
+  } else {
+    const uint64_t p = pol_last();
+    a = ldnc_pol(y + base, p);
+    b = ldnc_pol(dy + base, p);
+  }
+  float s = block_sum<T>(dot8(a, b), red);
+  if (MODE == 0) st_pol(&dx[base], grad8(a, b, s), pol_first());
+  else {
+    dx[base] = grad8(a, b, s);
+    if ((threadIdx.x & 7) == 0) {
+      demote(y + base);
+      demote(dy + base);
+    }
+  }
+}
+
+/* backward, two passes like Inductor's: pass 1 loads y, dy (L2 evict_last) and
+ * sums; pass 2 reloads them (evict_first) and writes dx */
+template <int T, int ITER, int MINB>
+__global__ void __launch_bounds__(T, MINB) bwd_twopass(const uint4 *y, const uint4 *dy, uint4 *dx) {
+  __shared__ float red[32];
+  const int64_t base = (int64_t)blockIdx.x * (T * ITER) + threadIdx.x;
+  const uint64_t pl = pol_last(), pf = pol_first();
+  float s = 0.f;
+  for (int i = 0; i < ITER; i++) s += dot8(ld_pol(y + base + i * T, pl), ld_pol(dy + base + i * T, pl));
+  s = block_sum<T>(s, red);
+  for (int i = 0; i < ITER; i++)
+    dx[base + i * T] = grad8(ld_pol(y + base + i * T, pf), ld_pol(dy + base + i * T, pf), s);
+}
+
+/* forward, a warp per row of 32 * K slots, W warps per CTA */
+template <int W, int K, int MINB, int POL = 0>
+__global__ void __launch_bounds__(W * 32, MINB) fwd_warp_row(const uint4 *x, uint4 *y, int64_t rows) {
+  const int64_t row = (int64_t)blockIdx.x * W + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const uint4 *xr = x + row * (32 * K) + lane;
+  uint4 *yr = y + row * (32 * K) + lane;
+  uint4 v[K];
+  if (POL == 0) {
+#pragma unroll
+    for (int k = 0; k < K; k++) v[k] = xr[32 * k];
+  } else if (POL == 3) {
+#pragma unroll
+    for (int k = 0; k < K; k++) v[k] = xr[32 * k];
+  } else {
+    const uint64_t p = POL == 1 ? pol_first() : pol_last();
+#pragma unroll
+    for (int k = 0; k < K; k++) v[k] = POL == 4 ? ldnc_pol(xr + 32 * k, p) : ld_pol(xr + 32 * k, p);
+  }
+  float m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    m = fmaxf(m, fmaxf(fmaxf(lo(v[k].x), hi(v[k].x)), fmaxf(lo(v[k].y), hi(v[k].y))));
+    m = fmaxf(m, fmaxf(fmaxf(lo(v[k].z), hi(v[k].z)), fmaxf(lo(v[k].w), hi(v[k].w))));
+  }
+#pragma unroll
+  for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o));
+  const float L2E = 1.4426950408889634f, c = -m * L2E;
+  float d = 0.f;
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    d += ex2(fmaf(lo(v[k].x), L2E, c)) + ex2(fmaf(hi(v[k].x), L2E, c)) + ex2(fmaf(lo(v[k].y), L2E, c)) +
+         ex2(fmaf(hi(v[k].y), L2E, c));
+    d += ex2(fmaf(lo(v[k].z), L2E, c)) + ex2(fmaf(hi(v[k].z), L2E, c)) + ex2(fmaf(lo(v[k].w), L2E, c)) +
+         ex2(fmaf(hi(v[k].w), L2E, c));
+  }
+#pragma unroll
+  for (int o = 16; o; o >>= 1) d += __shfl_xor_sync(~0u, d, o);
+  const float c2 = c - __log2f(d);
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    uint4 o;
+    o.x = pack(ex2(fmaf(lo(v[k].x), L2E, c2)), ex2(fmaf(hi(v[k].x), L2E, c2)));
+    o.y = pack(ex2(fmaf(lo(v[k].y), L2E, c2)), ex2(fmaf(hi(v[k].y), L2E, c2)));
+    o.z = pack(ex2(fmaf(lo(v[k].z), L2E, c2)), ex2(fmaf(hi(v[k].z), L2E, c2)));
+    o.w = pack(ex2(fmaf(lo(v[k].w), L2E, c2)), ex2(fmaf(hi(v[k].w), L2E, c2)));
+    if (POL == 3) st_pol(yr + 32 * k, o, pol_first());
+    else yr[32 * k] = o;
+  }
+  if (POL == 4 && (lane & 7) == 0) {
+#pragma unroll
+    for (int k = 0; k < K; k++) demote(xr + 32 * k);
+  }
+}
+
+/* Launches variant `which` (see the top) on `stream`; returns the launch's
+ * cudaError_t, or -1 for an unknown variant. */
+extern "C" int probe_launch(int which, const void *a, const void *b, void *out, long long rows, void *stream) {
+  cudaStream_t st = (cudaStream_t)stream;
+  const uint4 *A = (const uint4 *)a, *B = (const uint4 *)b;
+  uint4 *O = (uint4 *)out;
+  switch (which) {
+    case 0: bwd_onepass<256, 2, 4, false><<<rows, 256, 0, st>>>(A, B, O); break;
+    case 1: bwd_onepass<512, 1, 4, false><<<rows, 512, 0, st>>>(A, B, O); break;
+    case 2: bwd_onepass<128, 4, 8, false><<<rows, 128, 0, st>>>(A, B, O); break;
+    case 3: bwd_twopass<512, 1, 4><<<rows, 512, 0, st>>>(A, B, O); break;
+    case 4: bwd_onepass<512, 1, 4, true><<<rows, 512, 0, st>>>(A, B, O); break;
+    case 10: fwd_warp_row<1, 4, 32><<<rows, 32, 0, st>>>(A, O, rows); break;
+    case 11: fwd_warp_row<4, 4, 8><<<(rows + 3) / 4, 128, 0, st>>>(A, O, rows); break;
+    case 12: fwd_warp_row<2, 4, 16><<<(rows + 1) / 2, 64, 0, st>>>(A, O, rows); break;
+    case 5: bwd_onepass_pol<512, 4, 1, false><<<rows, 512, 0, st>>>(A, B, O); break;
+    case 6: bwd_onepass_pol<512, 4, 2, false><<<rows, 512, 0, st>>>(A, B, O); break;
+    case 7: bwd_onepass_pol<512, 4, 1, true><<<rows, 512, 0, st>>>(A, B, O); break;
+    case 8: bwd_onepass_pol<512, 4, 3, false><<<rows, 512, 0, st>>>(A, B, O); break;
+    case 13: fwd_warp_row<4, 4, 8, 1><<<(rows + 3) / 4, 128, 0, st>>>(A, O, rows); break;
+    case 14: fwd_warp_row<4, 4, 8, 2><<<(rows + 3) / 4, 128, 0, st>>>(A, O, rows); break;
+    case 9: bwd_onepass_x<512, 4, 0><<<rows, 512, 0, st>>>(A, B, O); break;
+    case 15: bwd_onepass_x<512, 4, 1><<<rows, 512, 0, st>>>(A, B, O); break;
+    case 16: fwd_warp_row<4, 4, 8, 3><<<(rows + 3) / 4, 128, 0, st>>>(A, O, rows); break;
+    case 17: fwd_warp_row<4, 4, 8, 4><<<(rows + 3) / 4, 128, 0, st>>>(A, O, rows); break;
+    default: return -1;
+  }
+  return (int)cudaGetLastError();
+}
