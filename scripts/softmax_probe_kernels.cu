@@ -34,29 +34,26 @@ __device__ __forceinline__ float ex2(float v) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
   return r;
 }
-__device__ __forceinline__ uint4 ld_pol(const uint4 *p, uint64_t pol) {
+/* A 16-byte load with an L2 cache policy; NC: through the non-coherent path. */
+template <bool NC = false> __device__ __forceinline__ uint4 ld_pol(const uint4 *p, uint64_t pol) {
   uint4 v;
-  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
+  if (NC)
+    asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
+  else
+    asm volatile("ld.global.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
   return v;
 }
-__device__ __forceinline__ uint64_t pol_last() {
+/* L2 policies: every line evict_last (LAST) or evict_first. */
+template <bool LAST> __device__ __forceinline__ uint64_t policy() {
   uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  if (LAST) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  else asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
   return p;
 }
-__device__ __forceinline__ uint64_t pol_first() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-
-__device__ __forceinline__ uint4 ldnc_pol(const uint4 *p, uint64_t pol) {
-  uint4 v;
-  asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
-  return v;
-}
+__device__ __forceinline__ uint64_t pol_last() { return policy<true>(); }
+__device__ __forceinline__ uint64_t pol_first() { return policy<false>(); }
 __device__ __forceinline__ void st_pol(uint4 *p, uint4 v, uint64_t pol) {
   asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1,%2,%3,%4}, %5;" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
                "r"(v.w), "l"(pol) : "memory");
@@ -145,8 +142,8 @@ __global__ void __launch_bounds__(T, MINB) bwd_onepass_x(const uint4 *y, const u
     b = dy[base];
   } else {
     const uint64_t p = pol_last();
-    a = ldnc_pol(y + base, p);
-    b = ldnc_pol(dy + base, p);
+    a = ld_pol<true>(y + base, p);
+    b = ld_pol<true>(dy + base, p);
   }
   float s = block_sum<T>(dot8(a, b), red);
   if (MODE == 0) st_pol(&dx[base], grad8(a, b, s), pol_first());
@@ -191,7 +188,7 @@ __global__ void __launch_bounds__(W * 32, MINB) fwd_warp_row(const uint4 *x, uin
   } else {
     const uint64_t p = POL == 1 ? pol_first() : pol_last();
 #pragma unroll
-    for (int k = 0; k < K; k++) v[k] = POL == 4 ? ldnc_pol(xr + 32 * k, p) : ld_pol(xr + 32 * k, p);
+    for (int k = 0; k < K; k++) v[k] = POL == 4 ? ld_pol<true>(xr + 32 * k, p) : ld_pol(xr + 32 * k, p);
   }
   float m = -INFINITY;
 #pragma unroll
