@@ -307,9 +307,10 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
   /* warp tier: rows up to 4 KB (float64: under 4 KB); the light 4-slot
    * kernel for the narrowest rows (more warps resident) */
   const int force = oss_softmax_cuda_test_knobs[0];
-  /* (float32 rows of exactly 1024 took the CTA tier until the L2 policy:
-   * with it the warp tier streams at 100.4 % of copy there, the CTA tier's
-   * 64-thread CTAs at 94.4; v18) */
+  /* (float32 rows of exactly 32 * WKMAX slots, 1024 columns forward and 512
+   * backward, took the CTA tier until the L2 policy: with it the warp tier
+   * streams the forward at 100.4 % of copy, the CTA tier's 64-thread CTAs at
+   * 94.4; the backward at 512 went from 99.2 to 100.7 in bench/softmax.py; v18) */
   const int64_t warp_max = es == 8 ? 32 * WKMAX - 1 : 32 * WKMAX;
   if ((nslots <= warp_max && force == 0) || (nslots <= 32 * WKMAX && force == 1)) {
     int64_t km = BWD ? WKMAX : (es == 2 ? (nslots <= 64 ? WKMAX / 2 : WKMAX) : (nslots <= 128 ? WKMAX / 2 : WKMAX));
