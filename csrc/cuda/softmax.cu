@@ -70,17 +70,19 @@
  * (2 .. 32) by padding their dynamic shared memory; [14] = 1: the split
  * tier's merge and APPLY launches without programmatic dependent launch;
  * [15] the warp tier's CTA size (32 or 64; 128 when 0); [16] = 1: rows run
- * the general kernels even where the aligned ones could (sm_rows_aligned);
+ * the general kernels even where the aligned ones could (sm_rows_aligned),
+ * = 2: the aligned ones wherever they can (backward clusters of 16 too);
  * [17] = 1: the row kernels' input loads without the L2 evict_last policy;
+ * [18] = 1: the same for the columns kernel;
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test);
  * the library itself holds no mutable global state. */
 #ifdef OSS_SOFTMAX_TEST_KNOBS
 extern "C" {
-int oss_softmax_cuda_test_knobs[18];
+int oss_softmax_cuda_test_knobs[19];
 }
 #else
-static const int oss_softmax_cuda_test_knobs[18] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const int oss_softmax_cuda_test_knobs[19] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 #endif
 
 #ifdef OSS_SOFTMAX_TIMELINE
@@ -109,6 +111,7 @@ typedef struct sm_plan {
   int kind; /* SM_PLAN_* */
   int threads, K, G, C, smem_slots, TJ, ph, vec_a, vec_b, vec_out, km;
   int al; /* rows: the kernels' aligned instantiation (sm_rows_aligned) */
+  int keep; /* the input loads carry the L2 evict_last policy (sm_l2_policy in softmax_common.cuh) */
   int64_t S, chunk_n, nchunks;
   unsigned grid_x, grid_y;
   size_t ws_bytes;
@@ -246,14 +249,10 @@ template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel
     if (al) return softmax_row_chunks_kernel<BWD, T1, T2, Acc, true>;
   return softmax_row_chunks_kernel<BWD, T1, T2, Acc, false>;
 }
-/* The backward warp kernel keeps the general instantiation: aligned, the
- * compiler gave each slot's loads a branch and recomputed their addresses,
- * and bfloat16 rows of 128 lost 1.4 points of copy (97.4 against 98.8 % on
- * the H100, v18); the forward one gains. */
 template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel sm_warp_kernel_for(int al, int km) {
   constexpr int WK = sm_warp_kmax<BWD, Acc>(), WL = BWD ? WK : WK / 2; /* the light variant: forward only */
   const bool light = !BWD && km <= WK / 2;
-  if constexpr (sizeof(Acc) == 4 && !BWD)
+  if constexpr (sizeof(Acc) == 4)
     if (al) return light ? softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WL, true> : softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK, true>;
   return light ? softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WL, false> : softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK, false>;
 }
@@ -318,7 +317,7 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
     int64_t G = sm_pow2_ceil(sm_cdiv(nslots, km));
     if (G > 32) G = 32;
     P->kind = SM_PLAN_WARP;
-    if (BWD) P->al = 0; /* the general instantiation (sm_warp_kernel_for) */
+    P->keep = 1; /* see the chunk plans below */
     P->G = (int)G;
     P->K = (int)sm_cdiv(nslots, G);
     P->km = (int)(P->K <= WKMAX / 2 && !BWD ? WKMAX / 2 : WKMAX);
@@ -387,6 +386,18 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
           sm_config_residency(kern, C, (int)T, (size_t)bytes, grid_y, stream) < 1)
         continue;
       P->kind = SM_PLAN_CHUNKS;
+      /* backward clusters of 16 run the general kernel: aligned, float32
+       * 262144 columns lost 1.7-1.8 points of copy (97.2-97.5 against
+       * 99.0-99.2 % on the H100, 2^28 elements), while clusters of 8 tie or
+       * gain (bench/NOTES-softmax.md v19). Same registers and shared memory,
+       * so the residency checked above holds. */
+      if (BWD && C == 16 && oss_softmax_cuda_test_knobs[16] != 2) P->al = 0;
+      /* the L2 evict_last policy on the input where a row is on one CTA:
+       * H100, 2^28 elements, % of copy without -> with it: warp tier
+       * +0.5-1.3 points, one-CTA plans +0.6-1.4 (bench/NOTES-softmax.md
+       * v18); clusters and the spread tier lose 0.9-8.8 with it (float32
+       * backward 262144 89 against 98), the split tier is neutral */
+      P->keep = C == 1;
       P->threads = (int)T;
       P->K = (int)K;
       P->C = C;
@@ -500,7 +511,19 @@ static oss_status sm_plan_cols(const sm_job *J, const oss_device_info *info, cud
   if (info->cc_major >= 9 && oss_softmax_cuda_test_knobs[3] == 0) {
     int64_t wide = TJ;
     while (force_bytes == 0 && wide * es < 128 && wide * 2 <= span && wide * 2 <= SM_COL_THREADS) wide *= 2;
-    if ((C = fit(wide, SM_COL_CLUSTER_BYTES, 1, cforce ? 16 : es == 2 ? 4 : 8)) != 0) TJ = wide;
+    if ((C = fit(wide, SM_COL_CLUSTER_BYTES, 1, cforce ? 16 : es == 2 ? 4 : 8)) != 0) {
+      TJ = wide;
+      /* the L2 evict_last policy on these clusters' input. H100, % of
+       * copy without -> with it, dim=1 of (32, 1024, 64, 64), two rounds:
+       * float32 forward 94.0 -> 94.6, backward 90.0-90.2 -> 94.7-94.8,
+       * bfloat16 forward 81.6-88.0 -> 90.9-91.3, backward 86.1-86.7 ->
+       * 91.6-92.1; the same kind of plan at n = 512, 2048 and 4096 (one
+       * round) +1.4 to +4.3. Others lost with it: 64-byte segments and
+       * clusters of 16 0.5-6.4 points, one-CTA tiles up to 12 (and the
+       * planner's one-CTA 128-byte tiles -0.7 to +1.2); bench/NOTES-softmax.md
+       * v19 */
+      P->keep = C > 1 && wide * es == 128;
+    }
     else if (wide == TJ || (C = fit(TJ, SM_COL_CLUSTER_BYTES, 1, 16)) == 0) C = fit(TJ, hard, 16, 16);
   }
   if (C == 0) C = 1;
@@ -608,12 +631,7 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   A.rows = J->outer;
   A.n = J->n;
   A.log = J->log;
-  /* the L2 evict_last policy on the input (sm_l2_policy) where a row is on
-   * one CTA: H100, 2^28 elements, % of copy without -> with it: warp tier
-   * +0.5-1.3 points, one-CTA plans +0.6-1.4 (bench/NOTES-softmax.md v18);
-   * clusters and the spread tier lose 0.9-8.8 with it (float32 backward
-   * 262144 89 against 98), the split tier is neutral */
-  A.keep = oss_softmax_cuda_test_knobs[17] != 1 && (P->kind == SM_PLAN_WARP || (P->kind == SM_PLAN_CHUNKS && P->C == 1));
+  A.keep = P->keep && oss_softmax_cuda_test_knobs[17] != 1;
   A.K = P->K;
   A.G = P->G;
   A.C = P->C;
@@ -691,6 +709,7 @@ static oss_status sm_run_cols(const sm_job *J, const sm_plan *P, void *ws, const
   A.chunk_n = P->chunk_n;
   A.nchunks = P->nchunks;
   A.C = P->C;
+  A.keep = P->keep && oss_softmax_cuda_test_knobs[18] != 1;
   void (*kern)(sm_col_args) = sm_columns_kernel_for<BWD, T1, T2, Acc>(P->threads);
   const size_t smem = (size_t)P->smem_slots * 16;
   /* static shared memory (up to 12 KB) counts toward the default 48 KB: opt in early */
@@ -736,8 +755,8 @@ static oss_status sm_run(const sm_job *J, void *ws, cudaStream_t stream, size_t 
   if (oss_softmax_cuda_test_knobs[7] & (BWD ? 2 : 1)) {
     oss_softmax_cuda_test_knobs[7] &= BWD ? ~2 : ~1;
     static const char *kinds[] = {"warp", "chunks", "split", "cols", "cols-split", "spread"};
-    printf("plan %s: %s al=%d km=%d threads=%d K=%d G=%d C=%d smem_slots=%d S=%lld TJ=%d chunk_n=%lld nchunks=%lld grid=%ux%u ws=%zu\n",
-           BWD ? "bwd" : "fwd", kinds[P.kind], P.al, P.km, P.threads, P.K, P.G, P.C, P.smem_slots, (long long)P.S, P.TJ,
+    printf("plan %s: %s al=%d keep=%d km=%d threads=%d K=%d G=%d C=%d smem_slots=%d S=%lld TJ=%d chunk_n=%lld nchunks=%lld grid=%ux%u ws=%zu\n",
+           BWD ? "bwd" : "fwd", kinds[P.kind], P.al, P.keep, P.km, P.threads, P.K, P.G, P.C, P.smem_slots, (long long)P.S, P.TJ,
            (long long)P.chunk_n, (long long)P.nchunks, P.grid_x, P.grid_y, P.ws_bytes);
     if (P.kind == SM_PLAN_CHUNKS || P.kind == SM_PLAN_SPREAD)
       printf("plan %s: resident at once: %d %s\n", BWD ? "bwd" : "fwd",

@@ -64,6 +64,7 @@ typedef struct sm_col_args {
   int64_t so_a, sn_a, so_b, sn_b, so_out, sn_out;
   int64_t outer, n, inner;
   int log, mode;
+  int keep;                  /* input loads evict_last, released after the output (sm_l2_policy) */
   int TJ;                    /* columns per tile */
   int ph;                    /* the tile grid starts at column -ph */
   int vec_a, vec_b, vec_out; /* 16-byte (8 for a narrow output) accesses are aligned */
@@ -180,6 +181,7 @@ __global__ void __launch_bounds__(T) softmax_columns_kernel(sm_col_args P) {
   const unsigned long long fill = BWD ? 0ull : sm_neg_inf_bits<T1>();
   const bool cache = !BWD && sm_can_cache<T1, Acc>() && !P.log && P.mode == SM_FULL;
   const int64_t step_a = di * P.sn_a, step_b = di * P.sn_b, step_out = di * P.sn_out;
+  const unsigned long long pol = sm_l2_policy(P.keep);
 
   for (int64_t pq = blockIdx.y; pq < pairs; pq += gridDim.y) {
     const int64_t pr = rev ? pairs - 1 - pq : pq;
@@ -194,8 +196,8 @@ __global__ void __launch_bounds__(T) softmax_columns_kernel(sm_col_args P) {
       const T1 *pa = (const T1 *)P.a + o * P.so_a + i0 * P.sn_a + jt0;
       const T1 *pb = BWD ? (const T1 *)P.b + o * P.so_b + i0 * P.sn_b + jt0 : pa;
       for (int l = t; l < nslots; l += T, pa += step_a, pb += step_b) {
-        sm_load_slot_to_smem(ta + l, pa, kq, lo, hi, P.vec_a, fill);
-        if (BWD) sm_load_slot_to_smem(tb + l, pb, kq, lo, hi, P.vec_b, 0ull);
+        sm_load_slot_to_smem(ta + l, pa, kq, lo, hi, P.vec_a, fill, pol);
+        if (BWD) sm_load_slot_to_smem(tb + l, pb, kq, lo, hi, P.vec_b, 0ull, pol);
       }
     }
     sm_cp_async_wait();
@@ -264,6 +266,18 @@ __global__ void __launch_bounds__(T) softmax_columns_kernel(sm_col_args P) {
         y[v] = cache ? a * k0[v] : sm_output<BWD, FAST>(a, b, P.log, k0[v], k1[v]);
       }
       sm_store_slot<T2, VEC>(po, kq, lo, hi, P.vec_out, y);
+    }
+    if (P.keep) {
+      /* each input line back to evict_normal: from the first 16-byte slot
+       * on it of each row segment (a line may also hold a neighbour tile's
+       * columns; that tile releases it too) */
+      const bool whole = kq >= lo && kq + VEC <= hi, first = kq - VEC < lo;
+      const T1 *pa = (const T1 *)P.a + o * P.so_a + i0 * P.sn_a + jt0 + kq;
+      const T1 *pb = BWD ? (const T1 *)P.b + o * P.so_b + i0 * P.sn_b + jt0 + kq : pa;
+      for (int l = t; whole && l < nslots; l += T, pa += step_a, pb += step_b) {
+        if (P.vec_a && (first || ((uintptr_t)pa & 127) == 0)) sm_release_line(pa);
+        if (BWD && P.vec_b && (first || ((uintptr_t)pb & 127) == 0)) sm_release_line(pb);
+      }
     }
     __syncthreads(); /* the tile and colc are reused next */
   }

@@ -170,10 +170,13 @@ __device__ __forceinline__ void sm_cp_async16_hint(uint4 *dst, const void *p, un
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(p) : "memory");
 #endif
 }
-/* Sets the L2 line holding p back to evict_normal. */
+/* Sets the L2 line holding p back to evict_normal. applypriority takes the
+ * line's 128-byte aligned address (PTX ISA); p itself may be anywhere in it,
+ * and the line holds p, so the aligned address is mapped memory too. */
 __device__ __forceinline__ void sm_release_line(const void *p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("applypriority.global.L2::evict_normal [%0], 128;\n" ::"l"(p) : "memory");
+  const uintptr_t line = (uintptr_t)p & ~(uintptr_t)127;
+  asm volatile("applypriority.global.L2::evict_normal [%0], 128;\n" ::"l"(line) : "memory");
 #else
   (void)p;
 #endif
@@ -207,16 +210,16 @@ __device__ __forceinline__ sm_slot sm_load_slot(const T *p, int k0, int lo, int 
   return r;
 }
 
-/* Same, with cp.async into shared memory for the full-vector case (bypassing
- * registers); the partial case stores through registers. The caller waits
- * with sm_cp_async_wait() before reading its own slots back. */
+/* Same, with cp.async into shared memory (and the L2 policy pol) for the
+ * full-vector case (bypassing registers); the partial case stores through
+ * registers. The caller waits with sm_cp_async_wait() before reading its own
+ * slots back. */
 template <typename T>
 __device__ __forceinline__ void sm_load_slot_to_smem(uint4 *dst, const T *p, int k0, int lo, int hi, bool vec_ok,
-                                                     unsigned long long fill) {
+                                                     unsigned long long fill, unsigned long long pol) {
   constexpr int VEC = sm_vec<T>();
   if (vec_ok && k0 >= lo && k0 + VEC <= hi) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(p + k0) : "memory");
+    sm_cp_async16_hint(dst, p + k0, pol);
   } else {
     *dst = sm_load_slot(p, k0, lo, hi, false, fill).u;
   }

@@ -62,7 +62,8 @@
 #include "oss.h"
 
 /* Planner knobs of softmax.cu, for tests and tuning only (see there). */
-extern "C" int oss_softmax_cuda_test_knobs[18];
+enum { SM_TEST_KNOBS = 19 };
+extern "C" int oss_softmax_cuda_test_knobs[SM_TEST_KNOBS];
 
 #define CK(call)                                                                                  \
   do {                                                                                            \
@@ -1065,7 +1066,7 @@ typedef struct {
   int bwd;
   oss_dtype t;
   int64_t n;
-  int knobs[18];
+  int knobs[SM_TEST_KNOBS];
   char text[96];
 } point;
 
