@@ -181,22 +181,10 @@ template <typename T1, typename T2> __device__ __forceinline__ int sm_edge_index
  * vector and element paths of b makes the compiler copy each vector right
  * after its load, so the thread waits for that load before it issues the
  * next one (the bfloat16 backward, bench/NOTES-softmax.md v14). */
-template <bool BWD, bool CLAMP, int KMAX, typename T1, typename T2>
+template <bool BWD, int KMAX, typename T1, typename T2>
 __device__ __forceinline__ void sm_load_full_slots(const sm_chunk<T1, T2> &R, int first, int step, int nv,
                                                    sm_slot (&ra)[KMAX], sm_slot (&rb)[KMAX], unsigned long long pol) {
   constexpr int VEC = sm_vec<T1>();
-  if constexpr (CLAMP) {
-    /* the caller guarantees that slot 0 of the chunk exists and that b
-     * shares a's slot grid: the slots past nv load slot 0 again (an L1 hit),
-     * so every load is issued without a predicate or a branch */
-#pragma unroll
-    for (int k = 0; k < KMAX; k++) {
-      const int e = (k < nv ? first + k * step : 0) * VEC;
-      ra[k].u = sm_ld16_hint(R.a0 + e, pol);
-      if (BWD) rb[k].u = sm_ld16_hint(R.b0 + e, pol);
-    }
-    return;
-  }
   const T1 *b = BWD && R.ok_b ? R.b0 : R.a0;
 #pragma unroll
   for (int k = 0; k < KMAX; k++)
@@ -499,7 +487,7 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8 ? 4 : (!BWD 
     const int nv = R.nfull > g ? (R.nfull - g + G - 1) / G < P.K ? (R.nfull - g + G - 1) / G : P.K : 0;
 
     sm_slot ra[KMAX], rb[KMAX];
-    sm_load_full_slots<BWD, AL>(R, g, G, nv, ra, rb, pol); /* AL: the row is non-empty and starts at slot 0 */
+    sm_load_full_slots<BWD>(R, g, G, nv, ra, rb, pol);
     sm_stat<Acc> st = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, nv, (uint4 *)0, (const uint4 *)0, 0, 0, 1, P.log);
     const Acc m_thread = st.m;
     sm_edges_accumulate<BWD>(R, g, G, st, P.log);
@@ -648,7 +636,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
     // cp.async groups split at mid, see sm_chunk_copy_smem)
     const int mid = sm_smem_mid(nsm, T);
     sm_slot ra[KREG], rb[KREG];
-    sm_load_full_slots<BWD, false>(R, t, T, nv, ra, rb, pol); /* a cluster's last chunks may be empty */
+    sm_load_full_slots<BWD>(R, t, T, nv, ra, rb, pol);
 
     // -- statistics in the order the parts land: the two shared-memory groups
     // (copied before the register loads), then the registers, so the work on
