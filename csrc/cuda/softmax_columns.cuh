@@ -33,6 +33,10 @@
  *   chunk) pairs, or outer indices in a cluster (grid-stride loop).
  *   The tile's column grid is shifted by the base pointer's misalignment (ph)
  *   so that 16-byte pieces are aligned when the strides allow it.
+ *   Where the launch sets keep (the planner's 128-byte-segment clusters), the
+ *   tile's 16-byte loads carry an L2 evict_last policy and each input line
+ *   goes back to evict_normal once the tile's output is written
+ *   (sm_l2_policy in softmax_common.cuh).
  *
  * softmax_merge_partials_kernel: for each item (a row, or an (outer, column)
  *   pair) merges its nchunks partial statistics, laid out [outer][chunk][inner],
