@@ -13,6 +13,9 @@ Knobs (environment variables):
                         and the registration layer are built with -fsanitize=... (run
                         with the sanitizer runtime preloaded; see docs/reliability.md).
   MAX_JOBS              parallel compile jobs (ninja and the C compile step).
+  TORCH_OSS_SOFTMAX_KNOBS=1  builds the CUDA softmax planner with its test knobs
+                        (csrc/cuda/softmax.cu; all zero = the normal plans), for
+                        scripts/softmax_variants.py. Not for normal use.
 """
 
 import importlib.util
@@ -155,6 +158,8 @@ def make_extension():
         "--expt-relaxed-constexpr",
         "-lineinfo",
     ] + (["-O0", "-g"] if DEBUG else ["-O3"])
+    if env_flag("TORCH_OSS_SOFTMAX_KNOBS"):
+        nvcc_flags.append("-DOSS_SOFTMAX_TEST_KNOBS")
     threads = os.environ.get("NVCC_THREADS")
     if threads:
         nvcc_flags.append(f"--threads={threads}")

@@ -4,9 +4,11 @@ Triton fused softmax, forward and backward, over widths 128 ... 16M.
 
     python bench/softmax.py                 # GPU if visible, else CPU (smaller grid)
     python bench/softmax.py --dtypes bfloat16 --cols 1024,4096
+    python bench/softmax.py --rounds 3      # median of 3 interleaved rounds per point
 """
 
 import argparse
+import statistics
 import sys
 
 import torch
@@ -62,6 +64,18 @@ def check(name, got, ref64, peer, dtype):
         raise AssertionError(f"{name}: max error {err:.3e} > {bound:.3e}; not timing a wrong kernel")
 
 
+def time_rounds(fns, rounds, device):
+    """[(name, median ms over the rounds, [ms of each round])]: every round times
+    every implementation once (common.bench), in alternating order, so a drift
+    of the GPU's clocks or of the memory system falls on all of them alike."""
+    times = {name: [] for name in fns}
+    order = list(fns)
+    for rnd in range(rounds):
+        for name in (order if rnd % 2 == 0 else order[::-1]):
+            times[name].append(common.bench(fns[name], device))
+    return [(name, statistics.median(ts), ts) for name, ts in times.items()]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -70,14 +84,19 @@ def main():
     ap.add_argument("--total", type=int, default=None, help="elements per input (default 2**26 GPU, 2**22 CPU)")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-backward", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time every implementation this many times per point, interleaved; report the median")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
     device = args.device
     total = args.total or (2**26 if device == "cuda" else 2**22)
     cols_list = [int(c) for c in args.cols.split(",")] if args.cols else [c for c in COLS if c <= total // 4]
     env = common.environment(device)
     copy_gbs = common.copy_bandwidth_gbs(device)
     print(f"softmax benchmark on {env.get('gpu', env.get('cpu'))}, torch {env['torch']}, commit {env['commit']}")
-    print(f"copy ceiling: {copy_gbs:.0f} GB/s (read + write)")
+    print(f"copy ceiling: {copy_gbs:.0f} GB/s (read + write); each point the median of {args.rounds} "
+          f"interleaved round(s)")
 
     impls = {"torch_oss": lambda x: torch_oss.softmax(x, -1), "F.softmax": lambda x: F.softmax(x, -1)}
     bwd_impls = {
@@ -104,14 +123,16 @@ def main():
             ref = F.softmax(x.double(), -1)
             peer = F.softmax(x, -1)
             nbytes = 2 * x.numel() * x.element_size()
+            timed = {}
             for name, fn in impls.items():
                 y = fn(x)
                 if y is None:
                     continue
                 check(f"{name} fwd {dname} {rows}x{cols}", y, ref, peer, dtype)
                 del y
-                ms = common.bench(lambda: fn(x), device)
-                records.append(dict(op="forward", dtype=dname, rows=rows, cols=cols, impl=name, ms=ms,
+                timed[name] = lambda fn=fn: fn(x)
+            for name, ms, spread in time_rounds(timed, args.rounds, device):
+                records.append(dict(op="forward", dtype=dname, rows=rows, cols=cols, impl=name, ms=ms, ms_rounds=spread,
                                     gbs=nbytes / ms / 1e6, pct_copy=100 * nbytes / ms / 1e6 / copy_gbs))
             if not args.no_backward:
                 y = peer
@@ -119,11 +140,14 @@ def main():
                 ref_dx = torch._softmax_backward_data(dy.double(), ref, -1, torch.float64)
                 peer_dx = torch._softmax_backward_data(dy, y, -1, dtype)
                 nbytes3 = 3 * x.numel() * x.element_size()
+                timed = {}
                 for name, fn in bwd_impls.items():
                     check(f"{name} bwd {dname} {rows}x{cols}", fn(dy, y), ref_dx, peer_dx, dtype)
-                    ms = common.bench(lambda: fn(dy, y), device)
+                    timed[name] = lambda fn=fn: fn(dy, y)
+                for name, ms, spread in time_rounds(timed, args.rounds, device):
                     records.append(dict(op="backward", dtype=dname, rows=rows, cols=cols, impl=name, ms=ms,
-                                        gbs=nbytes3 / ms / 1e6, pct_copy=100 * nbytes3 / ms / 1e6 / copy_gbs))
+                                        ms_rounds=spread, gbs=nbytes3 / ms / 1e6,
+                                        pct_copy=100 * nbytes3 / ms / 1e6 / copy_gbs))
                 del dy, ref_dx, peer_dx
             del x, ref, peer
 
@@ -155,12 +179,11 @@ def main():
         )
         ours = {}
         for op, nb, fns in cases:
-            for name, fn in fns.items():
-                ms = common.bench(fn, device)
+            for name, ms, spread in time_rounds(fns, args.rounds, device):
                 if name == "torch_oss":
                     ours[op] = ms
                 records.append(dict(op=op, dtype=dname, rows=x.numel() // shape[1], cols=shape[1], impl=name, ms=ms,
-                                    gbs=nb / ms / 1e6, pct_copy=100 * nb / ms / 1e6 / copy_gbs))
+                                    ms_rounds=spread, gbs=nb / ms / 1e6, pct_copy=100 * nb / ms / 1e6 / copy_gbs))
         for kind in ("forward", "backward"):
             dim1_ratios.append(f"{kind} {dname}: dim=1 runs at "
                                f"{ours[kind + '_lastdim_same_size'] / ours[kind + '_dim1']:.3f}x the per-byte speed "

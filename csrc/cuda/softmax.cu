@@ -57,8 +57,9 @@
  * per CTA in KB (rows; also the spread tier's chunks); [2] caps the cluster size; [3] forces column chunks
  * of that many rows (the column split path); [4] the shared memory in KB of
  * a column chunk in the split path; [5] slots per lane aimed at in the warp
- * tier; [6] the column tile's width in bytes (16 .. 256 columns); [8] the
- * column kernel's CTA size (256 or 512); [9] the chunk kernel's CTA size
+ * tier (1 .. sm_warp_kmax; the light kernel serves up to half of that); [6]
+ * the column tile's width in bytes (16 .. 256 columns); [8] the column
+ * kernel's CTA size (256 or 512); [9] the chunk kernel's CTA size
  * cap (a power of two, 64 .. 512) in the first pass and the spread tier;
  * [10] caps grid.y (so each CTA runs several rows: the next row's
  * shared-memory copies while the current one is written; columns: several
@@ -75,8 +76,10 @@
  * [17] = 1: the row kernels' input loads without the L2 evict_last policy;
  * [18] = 1: the same for the columns kernel;
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
- * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test);
- * the library itself holds no mutable global state. */
+ * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test, and
+ * the extension built with TORCH_OSS_SOFTMAX_KNOBS=1 for
+ * scripts/softmax_variants.py); the library itself holds no mutable global
+ * state. */
 #ifdef OSS_SOFTMAX_TEST_KNOBS
 extern "C" {
 int oss_softmax_cuda_test_knobs[19];
@@ -319,7 +322,7 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
   const int64_t warp_max = es == 8 ? 32 * WKMAX - 1 : 32 * WKMAX;
   if ((nslots <= warp_max && force == 0) || (nslots <= 32 * WKMAX && force == 1)) {
     int64_t km = BWD ? WKMAX : (es == 2 ? (nslots <= 64 ? WKMAX / 2 : WKMAX) : (nslots <= 128 ? WKMAX / 2 : WKMAX));
-    if (oss_softmax_cuda_test_knobs[5] > 0) km = oss_softmax_cuda_test_knobs[5] <= WKMAX / 2 ? WKMAX / 2 : WKMAX;
+    if (oss_softmax_cuda_test_knobs[5] > 0) km = oss_softmax_cuda_test_knobs[5] < WKMAX ? oss_softmax_cuda_test_knobs[5] : WKMAX;
     int64_t G = sm_pow2_ceil(sm_cdiv(nslots, km));
     if (G > 32) G = 32;
     P->kind = SM_PLAN_WARP;
@@ -775,6 +778,7 @@ static oss_status sm_run(const sm_job *J, void *ws, cudaStream_t stream, size_t 
              sm_config_residency(sm_columns_kernel_for<BWD, T1, T2, Acc>(P.threads), P.C, P.threads,
                                  (size_t)P.smem_slots * 16, P.grid_y, stream),
              P.C > 1 ? "clusters on the GPU" : "CTAs per SM");
+    fflush(stdout);
   }
 #endif
   return J->inner == 1 ? sm_run_rows<BWD, T1, T2, Acc>(J, &P, ws, &info, stream)

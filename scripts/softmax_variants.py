@@ -1,0 +1,148 @@
+"""Planner variants of the CUDA softmax against torch.compile, in interleaved
+rounds: a steadier measure than one bench/softmax.py run for gaps of a point
+or two of copy bandwidth.
+
+Needs the extension built with the planner's test knobs (all zero = the normal
+plans; their meaning is in csrc/cuda/softmax.cu):
+
+    TORCH_OSS_SOFTMAX_KNOBS=1 pip install --no-build-isolation --no-deps -e .
+    python3 scripts/softmax_variants.py --points fwd:bfloat16:128,bwd:float16:32768 \\
+        --variants "base;5=2;15=64;5=2,15=64" --rounds 5
+
+Each variant is a comma-separated list of knob=value ("base": none). Every
+round times every variant and torch.compile once with do_bench (the L2 flushed
+before each call, as bench/softmax.py does), in alternating order, at
+2^--size elements per input. A round's figure is the mean of the middle 80 % of
+its calls, not their median: CUDA events resolve about 0.5 us, which is 0.5 %
+of a 2^26-element 16-bit call, and a median of such samples snaps to one of
+those steps; the mean of many samples does not. The table gives, per
+implementation, the median over the rounds as % of the copy ceiling measured in
+the same run, the spread (min-max) over the rounds, and torch.compile's time
+over the variant's. Every variant's result is checked against float64 before
+it is timed, and its plan is printed.
+"""
+
+import argparse
+import ctypes
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import torch_oss
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+import common  # noqa: E402
+from softmax import DTYPES, check  # noqa: E402
+
+NKNOBS = 19  # csrc/cuda/softmax.cu: oss_softmax_cuda_test_knobs
+
+
+def knob_array():
+    lib = ctypes.CDLL(torch_oss._C.__file__)
+    try:
+        return (ctypes.c_int * NKNOBS).in_dll(lib, "oss_softmax_cuda_test_knobs")
+    except ValueError:
+        raise SystemExit("this build of torch_oss has no softmax test knobs: rebuild with TORCH_OSS_SOFTMAX_KNOBS=1")
+
+
+def trimmed_mean_ms(fn):
+    """Mean time of fn() in ms over the middle 80 % of do_bench's calls."""
+    import triton.testing
+
+    ts = sorted(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="all"))
+    cut = len(ts) // 10
+    ts = ts[cut:len(ts) - cut] or ts
+    return sum(ts) / len(ts)
+
+
+def parse_variant(text):
+    if text.strip() in ("", "base"):
+        return {}
+    knobs = {}
+    for item in text.split(","):
+        i, v = (int(t) for t in item.split("="))
+        if not 0 <= i < NKNOBS or i == 7:
+            raise SystemExit(f"variant {text!r}: knob {i} is not a planner knob (0..{NKNOBS - 1}, not 7)")
+        knobs[i] = v
+    return knobs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--points", default="fwd:bfloat16:128,fwd:float16:128,bwd:bfloat16:32768,bwd:float16:32768",
+                    help="OP:DTYPE:COLS, comma-separated (OP fwd or bwd)")
+    ap.add_argument("--variants", default="base", help="';'-separated variants, each 'i=v,i=v' or 'base'")
+    ap.add_argument("--size", type=int, default=26, help="log2 of the elements per input")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--no-compile", action="store_true")
+    args = ap.parse_args()
+    knobs = knob_array()
+    variants = {v.strip() or "base": parse_variant(v) for v in args.variants.split(";")}
+    torch._dynamo.config.recompile_limit = 1024
+    compiled_fwd = torch.compile(lambda x: F.softmax(x, -1), dynamic=False)
+    compiled_bwd = torch.compile(lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype), dynamic=False)
+    env = common.environment("cuda")
+    copy_gbs = common.copy_bandwidth_gbs("cuda")
+    print(f"{env['gpu']}, torch {env['torch']}, commit {env['commit']}; copy {copy_gbs:.0f} GB/s; "
+          f"2^{args.size} elements per input, {args.rounds} rounds")
+
+    def set_knobs(values):
+        for i in range(NKNOBS):
+            knobs[i] = values.get(i, 0)
+
+    records = []
+    for point in args.points.split(","):
+        op, dname, cols = point.split(":")
+        dtype, cols = DTYPES[dname], int(cols)
+        rows = max(1, 2**args.size // cols)
+        x = torch.randn(rows, cols, dtype=dtype, device="cuda") * 3
+        y = F.softmax(x, -1)
+        dy = torch.randn_like(x)
+        if op == "fwd":
+            ours = lambda: torch_oss.softmax(x, -1)  # noqa: E731
+            peer = (lambda: compiled_fwd(x)) if not args.no_compile else None
+            ref, eager = F.softmax(x.double(), -1), y
+            nbytes = 2 * x.numel() * x.element_size()
+        else:
+            ours = lambda: torch.ops.oss.softmax_backward(dy, y, -1, y.dtype)  # noqa: E731
+            peer = (lambda: compiled_bwd(dy, y)) if not args.no_compile else None
+            ref = torch._softmax_backward_data(dy.double(), y.double(), -1, torch.float64)
+            eager = torch._softmax_backward_data(dy, y, -1, dtype)
+            nbytes = 3 * x.numel() * x.element_size()
+        impls = {}
+        for name, values in variants.items():
+            set_knobs({**values, 7: 3})  # print the plan of the next call
+            print(f"{point} {name}: ", end="", flush=True)
+            check(f"{point} {name}", ours(), ref, eager, dtype)
+            impls[name] = (values, ours)
+        set_knobs({})
+        if peer is not None:
+            check(f"{point} compile", peer(), ref, eager, dtype)
+            impls["compile"] = ({}, peer)
+        times = {name: [] for name in impls}
+        order = list(impls)
+        for rnd in range(args.rounds):
+            for name in (order if rnd % 2 == 0 else order[::-1]):
+                values, fn = impls[name]
+                set_knobs(values)
+                times[name].append(trimmed_mean_ms(fn))
+        set_knobs({})
+        print(f"\n{point} ({rows} x {cols}): % of copy, median of {args.rounds} rounds of trimmed means [min-max]; "
+              f"compile's time / this one's")
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            pct = [100 * nbytes / t / 1e6 / copy_gbs for t in (med, max(ts), min(ts))]
+            vs = f"{statistics.median(times['compile']) / med:.4f}x" if "compile" in times else "-"
+            print(f"  {name:24} {pct[0]:6.2f} [{pct[1]:6.2f}-{pct[2]:6.2f}]  {vs}", flush=True)
+            records.append(dict(point=point, rows=rows, cols=cols, impl=name, knobs=impls[name][0], ms_rounds=ts,
+                                ms=med, pct_copy=pct[0]))
+        del x, y, dy, ref, eager
+    common.write_json("softmax_variants", dict(env=env, copy_gbs=copy_gbs, size=args.size, rounds=args.rounds,
+                                               records=records))
+
+
+if __name__ == "__main__":
+    main()
