@@ -131,8 +131,8 @@ def main():
                 check(f"{name} fwd {dname} {rows}x{cols}", y, ref, peer, dtype)
                 del y
                 timed[name] = lambda fn=fn: fn(x)
-            for name, ms, spread in time_rounds(timed, args.rounds, device):
-                records.append(dict(op="forward", dtype=dname, rows=rows, cols=cols, impl=name, ms=ms, ms_rounds=spread,
+            for name, ms, per_round in time_rounds(timed, args.rounds, device):
+                records.append(dict(op="forward", dtype=dname, rows=rows, cols=cols, impl=name, ms=ms, ms_rounds=per_round,
                                     gbs=nbytes / ms / 1e6, pct_copy=100 * nbytes / ms / 1e6 / copy_gbs))
             if not args.no_backward:
                 y = peer
@@ -144,9 +144,9 @@ def main():
                 for name, fn in bwd_impls.items():
                     check(f"{name} bwd {dname} {rows}x{cols}", fn(dy, y), ref_dx, peer_dx, dtype)
                     timed[name] = lambda fn=fn: fn(dy, y)
-                for name, ms, spread in time_rounds(timed, args.rounds, device):
+                for name, ms, per_round in time_rounds(timed, args.rounds, device):
                     records.append(dict(op="backward", dtype=dname, rows=rows, cols=cols, impl=name, ms=ms,
-                                        ms_rounds=spread, gbs=nbytes3 / ms / 1e6,
+                                        ms_rounds=per_round, gbs=nbytes3 / ms / 1e6,
                                         pct_copy=100 * nbytes3 / ms / 1e6 / copy_gbs))
                 del dy, ref_dx, peer_dx
             del x, ref, peer
@@ -179,11 +179,11 @@ def main():
         )
         ours = {}
         for op, nb, fns in cases:
-            for name, ms, spread in time_rounds(fns, args.rounds, device):
+            for name, ms, per_round in time_rounds(fns, args.rounds, device):
                 if name == "torch_oss":
                     ours[op] = ms
                 records.append(dict(op=op, dtype=dname, rows=x.numel() // shape[1], cols=shape[1], impl=name, ms=ms,
-                                    ms_rounds=spread, gbs=nb / ms / 1e6, pct_copy=100 * nb / ms / 1e6 / copy_gbs))
+                                    ms_rounds=per_round, gbs=nb / ms / 1e6, pct_copy=100 * nb / ms / 1e6 / copy_gbs))
         for kind in ("forward", "backward"):
             dim1_ratios.append(f"{kind} {dname}: dim=1 runs at "
                                f"{ours[kind + '_lastdim_same_size'] / ours[kind + '_dim1']:.3f}x the per-byte speed "
