@@ -73,7 +73,8 @@
  * [15] the warp tier's CTA size (32 or 64; 128 when 0); [16] = 1: rows run
  * the general kernels even where the aligned ones could (sm_rows_aligned),
  * = 2: the aligned ones wherever they can (backward clusters of 16 too);
- * [17] = 1: the row kernels' input loads without the L2 evict_last policy;
+ * [17] = 1: the row kernels' input loads without the L2 evict_last policy,
+ * = 2: with it but without the release after the output;
  * [18] = 1: the same for the columns kernel;
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test, and
@@ -641,7 +642,8 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   A.rows = J->outer;
   A.n = J->n;
   A.log = J->log;
-  A.keep = P->keep && oss_softmax_cuda_test_knobs[17] != 1;
+  const int no_policy = oss_softmax_cuda_test_knobs[17]; /* 1: no policy, 2: no release */
+  A.keep = !P->keep || no_policy == 1 ? 0 : no_policy == 2 ? 2 : 1;
   A.K = P->K;
   A.G = P->G;
   A.C = P->C;

@@ -92,7 +92,8 @@ typedef struct sm_row_args {
   int64_t so_a, so_b, so_out; /* stride_outer, elements */
   int64_t rows, n;
   int log;
-  int keep;       /* input loads evict_last, released after the output (sm_l2_policy) */
+  int keep;       /* 1: input loads evict_last, released after the output (sm_l2_policy);
+                   * 2 (test knob 17 = 2 only): evict_last, not released */
   int mode;       /* sm_mode */
   int C;          /* CTAs per row: cluster size (SM_FULL) or chunk count (SM_STATS/SM_APPLY) */
   int K;          /* register slots per thread */
@@ -478,7 +479,7 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8 ? 4 : (!BWD 
   const int lane = threadIdx.x & 31, G = P.G, rpw = 32 / G, g = lane & (G - 1), sub = lane / G;
   const int64_t warp0 = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int64_t wstride = (int64_t)gridDim.x * (blockDim.x >> 5);
-  const unsigned long long pol = sm_l2_policy(P.keep);
+  const unsigned long long pol = sm_l2_policy(P.keep != 0);
   for (int64_t base = warp0 * rpw; base < P.rows; base += wstride * rpw) {
     const int64_t row = base + sub;
     sm_chunk<T1, T2> R = sm_chunk_setup<BWD, AL, T1, T2>(P, row < P.rows ? row : base, 0, (int64_t)G * P.K);
@@ -510,7 +511,7 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8 ? 4 : (!BWD 
         if (k < nv) sm_slot_output<BWD>(R, g + k * G, ra[k], rb[k], P.log, c0, c1);
     }
     sm_edges_output<BWD>(R, g, G, P.log, c0, c1);
-    if (P.keep) {
+    if (P.keep == 1) {
 #pragma unroll
       for (int k = 0; k < KMAX; k++)
         if (k < nv) sm_release_slot<BWD>(R, g + k * G);
@@ -617,8 +618,8 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
   }
   const int nreg = T * P.K; /* full slots [0, nreg) in registers, [nreg, nfull) in shared memory */
   /* the launch sets keep for one-CTA rows only (sm_run_rows) */
-  const bool keep = P.keep;
-  const unsigned long long pol = sm_l2_policy(keep);
+  const bool release = P.keep == 1;
+  const unsigned long long pol = sm_l2_policy(P.keep != 0);
   /* the shared-memory part of row r is copied before the loop (first row) or
    * while the previous row's register part is written, so its loads overlap
    * that work (SM_STATS and SM_APPLY chunks have no shared-memory part) */
@@ -752,7 +753,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
       output_registers();
       output_smem();
     }
-    if (keep) {
+    if (release) {
 #pragma unroll
       for (int k = 0; k < KREG; k++)
         if (k < nv) sm_release_slot<BWD>(R, t + k * T);
