@@ -79,6 +79,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-compile", action="store_true")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
+    points = [p.split(":") for p in args.points.split(",")]
+    for p in points:
+        if len(p) != 3 or p[0] not in ("fwd", "bwd") or p[1] not in DTYPES or not p[2].isdigit():
+            ap.error(f"--points: {':'.join(p)!r} is not OP:DTYPE:COLS (OP fwd or bwd, DTYPE one of {list(DTYPES)})")
     knobs = knob_array()
     variants = {v.strip() or "base": parse_variant(v) for v in args.variants.split(";")}
     torch._dynamo.config.recompile_limit = 1024
@@ -94,8 +100,8 @@ def main():
             knobs[i] = values.get(i, 0)
 
     records = []
-    for point in args.points.split(","):
-        op, dname, cols = point.split(":")
+    for op, dname, cols in points:
+        point = f"{op}:{dname}:{cols}"
         dtype, cols = DTYPES[dname], int(cols)
         rows = max(1, 2**args.size // cols)
         x = torch.randn(rows, cols, dtype=dtype, device="cuda") * 3
