@@ -642,8 +642,8 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   A.rows = J->outer;
   A.n = J->n;
   A.log = J->log;
-  const int no_policy = oss_softmax_cuda_test_knobs[17]; /* 1: no policy, 2: no release */
-  A.keep = !P->keep || no_policy == 1 ? 0 : no_policy == 2 ? 2 : 1;
+  const int policy_knob = oss_softmax_cuda_test_knobs[17]; /* 1: no policy, 2: no release */
+  A.keep = !P->keep || policy_knob == 1 ? 0 : policy_knob == 2 ? 2 : 1;
   A.K = P->K;
   A.G = P->G;
   A.C = P->C;
