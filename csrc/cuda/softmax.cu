@@ -63,7 +63,8 @@
  * cap (a power of two, 64 .. 512) in the first pass and the spread tier;
  * [10] caps grid.y (so each CTA runs several rows: the next row's
  * shared-memory copies while the current one is written; columns: several
- * tiles per CTA or cluster);
+ * tiles per CTA or cluster) and the warp tier's grid.x (each warp loops over
+ * several groups of rows);
  * [11] register slots per thread aimed at by the chunk kernel's CTA and
  * cluster plans (1 .. KREG; the planner's choice when 0); [12] the columns
  * kernel's cluster size (1 .. 16, a power of two; 1 = no cluster);
@@ -253,18 +254,24 @@ template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel
     if (al) return softmax_row_chunks_kernel<BWD, T1, T2, Acc, true>;
   return softmax_row_chunks_kernel<BWD, T1, T2, Acc, false>;
 }
-/* The backward warp kernel keeps the general instantiation. Aligned, the
- * compiler gave each slot's loads a branch and recomputed their addresses,
- * and bfloat16 rows of 128 lost 1.4 points of copy (97.4 against 98.8 % on
- * the H100, v18). With those loads unpredicated (the slots past nv reloading
- * slot 0) it still trailed by 0.1-0.4 points at 2^28 elements in four rounds
- * (v19). The forward one gains. */
+/* The warp kernel for km slots per lane: the light variant (half of
+ * sm_warp_kmax, more CTAs resident) up to its size. The backward's full
+ * kernel runs the general instantiation: aligned, the compiler gave each
+ * slot's loads a branch and recomputed their addresses, and bfloat16 rows of
+ * 128 lost 1.4 points of copy (97.4 against 98.8 % on the H100, v18; with
+ * those loads unpredicated it still trailed by 0.1-0.4 points, v19). The
+ * backward's light kernel exists aligned only: general, it spills at its 40
+ * registers. */
 template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel sm_warp_kernel_for(int al, int km) {
-  constexpr int WK = sm_warp_kmax<BWD, Acc>(), WL = BWD ? WK : WK / 2; /* the light variant: forward only */
-  const bool light = !BWD && km <= WK / 2;
-  if constexpr (sizeof(Acc) == 4 && !BWD)
-    if (al) return light ? softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WL, true> : softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK, true>;
-  return light ? softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WL, false> : softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK, false>;
+  constexpr int WK = sm_warp_kmax<BWD, Acc>(), WL = WK / 2;
+  if constexpr (sizeof(Acc) == 4) {
+    if (al && km <= WL) return softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WL, true>;
+    if constexpr (!BWD)
+      if (al) return softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK, true>;
+  }
+  if constexpr (!BWD)
+    if (km <= WL) return softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WL, false>;
+  return softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK, false>;
 }
 
 /* SM_SPREAD: the fewest CTAs of <= 512 threads and <= `soft` bytes of shared
@@ -322,21 +329,34 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
    * 94.4; the backward at 512 went from 99.2 to 100.7 in bench/softmax.py; v18) */
   const int64_t warp_max = es == 8 ? 32 * WKMAX - 1 : 32 * WKMAX;
   if ((nslots <= warp_max && force == 0) || (nslots <= 32 * WKMAX && force == 1)) {
-    int64_t km = BWD ? WKMAX : (es == 2 ? (nslots <= 64 ? WKMAX / 2 : WKMAX) : (nslots <= 128 ? WKMAX / 2 : WKMAX));
+    /* slots per lane aimed at: the light kernel's (half of WKMAX) for the
+     * narrowest rows. Backward: aligned rows only (sm_warp_kernel_for); on
+     * the H100 it gains at 128 columns (16-bit 2^26 elements: 96.4-97.0 ->
+     * 98.0-98.1 % of copy; 2^28: 100.9-101.2 -> 101.6; float32 2^28 102.4 ->
+     * 102.7) and ties at 16-bit 512 and float32 256 (bench/NOTES-softmax.md v21) */
+    const bool light_bwd = BWD && P->al;
+    int64_t km = BWD ? (light_bwd && nslots <= 32 * (WKMAX / 2) ? WKMAX / 2 : WKMAX)
+                     : (es == 2 ? (nslots <= 64 ? WKMAX / 2 : WKMAX) : (nslots <= 128 ? WKMAX / 2 : WKMAX));
     if (oss_softmax_cuda_test_knobs[5] > 0) km = oss_softmax_cuda_test_knobs[5] < WKMAX ? oss_softmax_cuda_test_knobs[5] : WKMAX;
     int64_t G = sm_pow2_ceil(sm_cdiv(nslots, km));
     if (G > 32) G = 32;
     P->kind = SM_PLAN_WARP;
     P->keep = 1; /* see the chunk plans below */
-    if (BWD) P->al = 0; /* the general instantiation (sm_warp_kernel_for) */
     P->G = (int)G;
     P->K = (int)sm_cdiv(nslots, G);
-    P->km = (int)(P->K <= WKMAX / 2 && !BWD ? WKMAX / 2 : WKMAX);
+    P->km = (int)(P->K <= WKMAX / 2 && (!BWD || light_bwd) ? WKMAX / 2 : WKMAX);
+    if (BWD && P->km == WKMAX) P->al = 0; /* the general instantiation (sm_warp_kernel_for) */
     P->threads = SM_WARP_THREADS;
     if (oss_softmax_cuda_test_knobs[15] == 32 || oss_softmax_cuda_test_knobs[15] == 64) P->threads = oss_softmax_cuda_test_knobs[15];
+    /* one CTA per group of rows, as many CTAs as that takes: a grid capped at
+     * 256 CTAs per SM, each looping over rows, lost 0.5-2 points of copy at
+     * 2^28 elements on the H100 (bf16 backward 128 columns 100.2 against
+     * 100.9 %, float32 forward 128 98.6 against 100.6; v21). The kernel
+     * still loops (test knob 10 caps the grid). */
     const int64_t rows_per_cta = P->threads / 32 * (32 / G);
-    int64_t blocks = sm_cdiv(J->outer, rows_per_cta);
-    const int64_t cap = (int64_t)info->sm_count * 256;
+    const int64_t blocks = sm_cdiv(J->outer, rows_per_cta);
+    int64_t cap = 0x7fffffff;
+    if (oss_softmax_cuda_test_knobs[10] > 0) cap = oss_softmax_cuda_test_knobs[10];
     P->grid_x = (unsigned)(blocks < cap ? blocks : cap);
     P->grid_y = 1;
     return OSS_OK;

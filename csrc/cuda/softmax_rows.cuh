@@ -470,9 +470,15 @@ __device__ __forceinline__ void sm_timeline_end() {}
 // ---- narrow rows: G lanes per row --------------------------------------------
 
 /* KM: register slots per lane (a light variant with half of sm_warp_kmax
- * keeps more warps resident for the narrowest rows). */
+ * keeps more warps resident for the narrowest rows: 9 CTAs per SM forward;
+ * backward 12 at 40 registers, 10 where the output's element size differs,
+ * which spills at 40; the full kernels run 6). */
 template <bool BWD, typename T1, typename T2, typename Acc, int KM, bool AL>
-__global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8 ? 4 : (!BWD && KM <= 4) ? 9 : 6)
+__global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8                 ? 4
+                                                   : KM == sm_warp_kmax<BWD, Acc>() ? 6
+                                                   : !BWD                           ? 9
+                                                   : sizeof(T1) == sizeof(T2)       ? 12
+                                                                                    : 10)
     softmax_rows_in_warp_kernel(sm_row_args P) {
   constexpr int KMAX = KM;
   sm_timeline_start();

@@ -1365,6 +1365,12 @@ static void suite_rows_per_cta(void) {
   oss_softmax_cuda_test_knobs[10] = 3;
   for (int bwd = 0; bwd < 2; bwd++)
     for (int log = 0; log < 2; log++) {
+      /* the warp tier in 3 CTAs: each warp loops over groups of rows (light
+       * kernels aligned, the full ones, misaligned) */
+      check(bwd, log, 2001, 128, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
+      check(bwd, log, 999, 64, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);
+      check(bwd, log, 301, 1000, 1, OSS_FLOAT16, OSS_FLOAT16, 0, 0, 0, 0, 0, 0);
+      check(bwd, log, 777, 33, 1, OSS_FLOAT32, OSS_FLOAT16, 1, 0, 1, 1, 0, 0);
       check(bwd, log, 11, 40003, 1, OSS_FLOAT32, OSS_FLOAT32, 1, 0, 1, 1, 0, 0);   /* one CTA + shared memory */
       check(bwd, log, 10, 300001, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 1, 0, 0, 0, 0); /* clusters */
       check(bwd, log, 7, 70001, 1, OSS_FLOAT16, OSS_FLOAT32, 3, 0, 1, 1, 0, 0);
