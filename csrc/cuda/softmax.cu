@@ -332,7 +332,7 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
     /* slots per lane aimed at: the light kernel's (half of WKMAX) for the
      * narrowest rows. Backward: aligned rows only (sm_warp_kernel_for); on
      * the H100 it gains at 128 columns (16-bit 2^26 elements: 96.4-97.0 ->
-     * 98.0-98.1 % of copy; 2^28: 100.9-101.2 -> 101.6; float32 2^28 102.4 ->
+     * 97.5-98.1 % of copy; 2^28: 100.9-101.2 -> 101.6; float32 2^28 102.4 ->
      * 102.7) and ties at 16-bit 512 and float32 256 (bench/NOTES-softmax.md v21) */
     const bool light_bwd = BWD && P->al;
     int64_t km = BWD ? (light_bwd && nslots <= 32 * (WKMAX / 2) ? WKMAX / 2 : WKMAX)
