@@ -38,7 +38,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 from softmax import DTYPES  # noqa: E402
-from softmax_variants import NKNOBS, knob_array, parse_variant  # noqa: E402
+from softmax_variants import NKNOBS, knob_array, parse_points, parse_variant  # noqa: E402
 
 import torch_oss  # noqa: E402,F401
 
@@ -56,6 +56,7 @@ def main():
     args = ap.parse_args()
     if args.mib < 1 or args.stream < 0:
         ap.error(f"--mib must be at least 1 and --stream at least 0, got {args.mib} and {args.stream}")
+    points = parse_points(ap, args.points)
     knobs = knob_array()
     variants = {v.strip() or "base": parse_variant(v) for v in args.variants.split(";")}
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -76,7 +77,7 @@ def main():
         torch.cuda.cudart().cudaProfilerStop()
         return r
 
-    for op, dname, cols in (p.split(":") for p in args.points.split(",")):
+    for op, dname, cols in points:
         dtype, cols = DTYPES[dname], int(cols)
         rows = max(1, args.mib * 2**20 // (cols * torch.tensor([], dtype=dtype).element_size()))
         x = torch.randn(rows, cols, dtype=dtype, device="cuda")

@@ -70,6 +70,15 @@ def parse_variant(text):
     return knobs
 
 
+def parse_points(ap, text):
+    """--points as [OP, DTYPE, COLS] lists; a malformed one is an argparse error naming it."""
+    points = [p.split(":") for p in text.split(",")]
+    for p in points:
+        if len(p) != 3 or p[0] not in ("fwd", "bwd") or p[1] not in DTYPES or not p[2].isdigit():
+            ap.error(f"--points: {':'.join(p)!r} is not OP:DTYPE:COLS (OP fwd or bwd, DTYPE one of {list(DTYPES)})")
+    return points
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", default="fwd:bfloat16:128,fwd:float16:128,bwd:bfloat16:32768,bwd:float16:32768",
@@ -81,10 +90,7 @@ def main():
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error(f"--rounds must be at least 1, got {args.rounds}")
-    points = [p.split(":") for p in args.points.split(",")]
-    for p in points:
-        if len(p) != 3 or p[0] not in ("fwd", "bwd") or p[1] not in DTYPES or not p[2].isdigit():
-            ap.error(f"--points: {':'.join(p)!r} is not OP:DTYPE:COLS (OP fwd or bwd, DTYPE one of {list(DTYPES)})")
+    points = parse_points(ap, args.points)
     knobs = knob_array()
     variants = {v.strip() or "base": parse_variant(v) for v in args.variants.split(";")}
     torch._dynamo.config.recompile_limit = 1024
