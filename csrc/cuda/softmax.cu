@@ -320,8 +320,8 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
   if (oss_softmax_cuda_test_knobs[10] > 0) ymax = oss_softmax_cuda_test_knobs[10];
   const unsigned grid_y = (unsigned)(J->outer < ymax ? J->outer : ymax);
 
-  /* warp tier: rows up to 4 KB (float64: under 4 KB); the light 4-slot
-   * kernel for the narrowest rows (more warps resident) */
+  /* warp tier: rows up to 4 KB (float64: under 4 KB); the light kernel
+   * (half the slots per lane) for the narrowest rows (more warps resident) */
   const int force = oss_softmax_cuda_test_knobs[0];
   /* (float32 rows of exactly 32 * WKMAX slots, 1024 columns forward and 512
    * backward, took the CTA tier until the L2 policy: with it the warp tier
