@@ -61,10 +61,11 @@
  * the column tile's width in bytes (16 .. 256 columns); [8] the column
  * kernel's CTA size (256 or 512); [9] the chunk kernel's CTA size
  * cap (a power of two, 64 .. 512) in the first pass and the spread tier;
- * [10] caps grid.y (so each CTA runs several rows: the next row's
- * shared-memory copies while the current one is written; columns: several
- * tiles per CTA or cluster) and the warp tier's grid.x (each warp loops over
- * several groups of rows);
+ * [10] caps the rows launched at once by one-CTA and cluster row plans and
+ * the split tier (so each CTA or cluster runs several rows: the next row's
+ * shared-memory copies while the current one is written), the warp tier's
+ * CTAs (each warp loops over several groups of rows) and the columns'
+ * grid.y (several tiles per CTA or cluster);
  * [11] register slots per thread aimed at by the chunk kernel's CTA and
  * cluster plans (1 .. KREG; the planner's choice when 0); [12] the columns
  * kernel's cluster size (1 .. 16, a power of two; 1 = no cluster);
@@ -316,9 +317,10 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
   int64_t ph = (int64_t)(((uintptr_t)J->a / es) % VEC);
   if (J->outer > 1 && (J->so_a * es) % 16 != 0) ph = VEC - 1;
   const int64_t nslots = (ph + J->n + VEC - 1) / VEC;
-  int64_t ymax = 65535;
-  if (oss_softmax_cuda_test_knobs[10] > 0) ymax = oss_softmax_cuda_test_knobs[10];
-  const unsigned grid_y = (unsigned)(J->outer < ymax ? J->outer : ymax);
+  /* test knob 10 caps the rows launched at once (each CTA or cluster then
+   * loops over rows); the split tier's rows go in grid.y */
+  const int64_t rows_cap = oss_softmax_cuda_test_knobs[10];
+  const int64_t split_ymax = rows_cap > 0 ? rows_cap : 65535;
 
   /* warp tier: rows up to 4 KB (float64: under 4 KB); the light kernel
    * (half the slots per lane) for the narrowest rows (more warps resident) */
@@ -414,7 +416,7 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
       const int64_t bytes = smem_slots * slot_bytes;
       if (bytes > limit) continue;
       if ((C > 1 || bytes > 40 * 1024 || T > 512) &&
-          sm_config_residency(kern, C, (int)T, (size_t)bytes, grid_y, stream) < 1)
+          sm_config_residency(kern, C, (int)T, (size_t)bytes, 1, stream) < 1)
         continue;
       P->kind = SM_PLAN_CHUNKS;
       /* backward clusters of 16 run the general kernel: aligned, float32
@@ -434,8 +436,16 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
       P->C = C;
       P->smem_slots = (int)smem_slots;
       P->S = T * K + smem_slots;
-      P->grid_x = (unsigned)C;
-      P->grid_y = grid_y;
+      /* one CTA (cluster) per row, every row in grid.x. Rows used to go in
+       * grid.y, capped at 65,535, so a CTA looped over rows beyond that:
+       * H100, 2^28 elements, % of copy, capped -> one CTA per row: bfloat16
+       * backward 2048 columns 102.1 -> 103.2, float32 forward 2048 100.3
+       * -> 101.0, backward 103.0 -> 103.5 (bench/NOTES-softmax.md v22) */
+      int64_t rows_at_once = 0x7fffffff / C;
+      if (rows_cap > 0 && rows_cap < rows_at_once) rows_at_once = rows_cap;
+      if (J->outer < rows_at_once) rows_at_once = J->outer;
+      P->grid_x = (unsigned)(C * rows_at_once);
+      P->grid_y = 1;
       return OSS_OK;
     }
   }
@@ -451,7 +461,7 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
   if (P->nchunks > 0x7fffffff) return oss_fail(OSS_ERROR_NOT_SUPPORTED, "softmax: a row of %lld elements is too long", (long long)J->n);
   P->C = (int)P->nchunks;
   P->grid_x = (unsigned)P->nchunks;
-  P->grid_y = grid_y;
+  P->grid_y = (unsigned)(J->outer < split_ymax ? J->outer : split_ymax);
   P->ws_bytes = (size_t)(J->outer * P->nchunks + J->outer) * sizeof(sm_stat<Acc>);
   return OSS_OK;
 }

@@ -41,8 +41,9 @@
  *       the chunk and writes the output. On sm_90 the merge and APPLY are
  *       programmatic dependent launches: APPLY's CTAs start during STATS's
  *       tail and load their chunk before they wait for the merged statistics.
- *   Grid: x = chunk (cluster rank), y = rows (grid-stride loop); SM_SPREAD:
- *   x = rows * C, one chunk per CTA.
+ *   Grid: SM_FULL x = rows * C (cluster rank fastest; a row-stride loop
+ *   where fewer rows are launched); SM_STATS / SM_APPLY x = chunk, y = rows
+ *   (grid-stride loop); SM_SPREAD x = rows * C, one chunk per CTA.
  *
  * Slots and edges. Slots are 16-byte pieces aligned to the reference tensor
  * (x forward, y backward); only slots entirely inside the row go through the
@@ -615,6 +616,11 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
    * last by STATS (still in L2) are re-read first */
   const bool rev = P.mode == SM_APPLY;
   int64_t chunk_x = rev ? gridDim.x - 1 - blockIdx.x : blockIdx.x, r0 = blockIdx.y, rstep = gridDim.y;
+  if (P.mode == SM_FULL) { /* x = rows x C, the cluster rank fastest */
+    chunk_x = blockIdx.x % (unsigned)P.C;
+    r0 = blockIdx.x / (unsigned)P.C;
+    rstep = gridDim.x / (unsigned)P.C;
+  }
   if (P.mode == SM_SPREAD) {
     if (t == 0) ticket = atomicAdd(P.counters, 1u);
     __syncthreads();
@@ -688,7 +694,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
       if (in_cluster) {
         cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
         const unsigned rank = cl.block_rank();
-        const int buf = (int)(((r - blockIdx.y) / gridDim.y) & 1); /* alternates row by row */
+        const int buf = (int)(((r - r0) / rstep) & 1); /* alternates row by row */
         if (start_wait) {
           asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
           start_wait = false;

@@ -498,6 +498,13 @@ static void suite_rows(int quick) {
     for (int bwd = 0; bwd < 2; bwd++)
       for (int log = 0; log < 2; log++)
         if (!quick || wi % 3 == 0) check(bwd, log, rows_for(f64_widths[wi], budget / 4), f64_widths[wi], 1, OSS_FLOAT64, OSS_FLOAT64, wi & 1, 0, 0, wi, 0, 0);
+  /* more rows than a grid's y dimension holds (65,535): one CTA per row of the
+   * chunk tier, every row in grid.x (aligned, then misaligned rows) */
+  if (!quick)
+    for (int bwd = 0; bwd < 2; bwd++) {
+      check(bwd, bwd, 70001, bwd ? 520 : 1028, 1, OSS_FLOAT32, bwd ? OSS_FLOAT32 : OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
+      check(bwd, !bwd, 66001, bwd ? 1030 : 2050, 1, OSS_BFLOAT16, OSS_BFLOAT16, 1, 0, 1, 3, 0, 0);
+    }
 }
 
 static void suite_wide(int quick) {
