@@ -15,7 +15,9 @@
  *     fits one CTA           softmax_row_chunks_kernel, SM_FULL, C = 1: up to
  *                            512 threads x 8 slots in registers plus ~100 KB of
  *                            shared memory (two CTAs per SM), else 1024 threads
- *                            and up to all of the shared memory
+ *                            and up to all of the shared memory; a backward
+ *                            row of 3/4 to all of 1024 x 4 slots: 1024
+ *                            threads, registers only (one CTA per SM)
  *     fits a cluster of      the same kernel, a cluster of C = 2..16 CTAs
  *     <= 512-thread CTAs     that exchange (m, d') through distributed shared
  *     (sm_90)                memory (forward: ~670K float32 / ~1.3M 16-bit
@@ -78,6 +80,9 @@
  * [17] = 1: the row kernels' input loads without the L2 evict_last policy,
  * = 2: with it but without the release after the output;
  * [18] = 1: the same for the columns kernel;
+ * [19] = 1: backward rows of 3/4 to all of 1024 x KREG register slots take
+ * the first pass's plan (a shared-memory part, two CTAs per SM), not one
+ * 1024-thread CTA of registers;
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test, and
  * the extension built with TORCH_OSS_SOFTMAX_KNOBS=1 for
@@ -85,10 +90,10 @@
  * state. */
 #ifdef OSS_SOFTMAX_TEST_KNOBS
 extern "C" {
-int oss_softmax_cuda_test_knobs[19];
+int oss_softmax_cuda_test_knobs[20];
 }
 #else
-static const int oss_softmax_cuda_test_knobs[19] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const int oss_softmax_cuda_test_knobs[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 #endif
 
 #ifdef OSS_SOFTMAX_TIMELINE
@@ -404,8 +409,24 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
    * bf16 8192 95.7 against 97.2; float32 4096 99.6 against 99.3; v17) */
   int kaim = BWD && KREG > 2 && nslots <= 256 * 2 ? 2 : KREG;
   if (oss_softmax_cuda_test_knobs[11] >= 1 && oss_softmax_cuda_test_knobs[11] <= KREG) kaim = oss_softmax_cuda_test_knobs[11];
-  for (int pass = quarter ? 0 : 1; pass < 3 && force != 4 && force != 5; pass++) {
-    if (pass == 2 && force == 0 && sm_plan_spread<BWD, T1, T2, Acc>(J, info, nslots, spread_soft, stream, P))
+  /* a backward row of 3/4 to all of 1024 x KREG register slots: one
+   * 1024-thread CTA per SM holding it in registers, not two 512-thread CTAs
+   * with a shared-memory part. H100, % of copy, two -> one, 2^28 elements:
+   * bfloat16 24576 columns 101.3-101.4 -> 102.1-102.2, 16-bit 32768
+   * 100.9-101.0 -> 101.7-101.8, float32 16384 101.8-101.9 -> 102.7; at 2^26
+   * -0.3 to -0.4, 0 to +0.2 and +0.7 (two runs). Rows that fill less of it
+   * lose (bfloat16 20000 columns, 2500 slots: 101.1 -> 98.0 at 2^28; 96.6 ->
+   * 92.0 at 2^26), and so do misaligned rows, which run the general kernel
+   * (float32 12289 columns 101.1 -> 93.3) and the forward (float32 20000
+   * columns 100.3 -> 88.3, bfloat16 65536 98.4 -> 98.3; bench/NOTES-softmax.md
+   * v22) */
+  const bool regs1024 = BWD && P->al && tmax_hard == 1024 && kaim == KREG && force == 0 &&
+                        oss_softmax_cuda_test_knobs[19] != 1 && oss_softmax_cuda_test_knobs[1] == 0 &&
+                        oss_softmax_cuda_test_knobs[9] == 0 && 4 * nslots >= 3 * 1024 * KREG &&
+                        nslots <= 1024 * KREG && sm_config_residency(kern, 1, 1024, 0, 1, stream) >= 1;
+  /* (regs1024 starts at the last pass, whose first plan is that CTA) */
+  for (int pass = quarter ? 0 : regs1024 ? 2 : 1; pass < 3 && force != 4 && force != 5; pass++) {
+    if (pass == 2 && force == 0 && !regs1024 && sm_plan_spread<BWD, T1, T2, Acc>(J, info, nslots, spread_soft, stream, P))
       return OSS_OK;
     const int64_t limit = pass == 0 ? quarter_soft : pass == 1 ? soft : hard;
     const int64_t tmax = pass == 0 ? quarter_t : pass == 1 ? sm_first_pass_threads() : tmax_hard;
