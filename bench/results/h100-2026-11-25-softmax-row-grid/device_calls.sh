@@ -109,3 +109,14 @@ grep -vE "^\s*$" $OUT/bench_softmax_rounds3.log | tail -75
 rm -f $OUT/build.log
 echo "total $(( $(date +%s) - start )) s"
 
+### sbin/call_x6.sh
+#!/usr/bin/env bash
+# final kernels (72d382e): self-test check, memcheck quick, racecheck race (no build needed)
+set -u
+start=$(date +%s)
+timeout 280 ./sbin/sm check > $OUT/selftest_check_final.log 2>&1; echo "check rc $?"; tail -2 $OUT/selftest_check_final.log; grep -E "^FAIL" $OUT/selftest_check_final.log | head
+echo "t $(( $(date +%s) - start )) s"
+timeout 120 compute-sanitizer --tool memcheck ./sbin/sm quick > $OUT/memcheck_quick_final.txt 2>&1; echo "memcheck rc $?"; tail -2 $OUT/memcheck_quick_final.txt
+timeout 60 compute-sanitizer --tool racecheck ./sbin/sm race > $OUT/racecheck_race_final.txt 2>&1; echo "racecheck rc $?"; tail -2 $OUT/racecheck_race_final.txt
+echo "total $(( $(date +%s) - start )) s"
+
