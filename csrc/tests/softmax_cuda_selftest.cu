@@ -498,15 +498,15 @@ static void suite_rows(int quick) {
     for (int bwd = 0; bwd < 2; bwd++)
       for (int log = 0; log < 2; log++)
         if (!quick || wi % 3 == 0) check(bwd, log, rows_for(f64_widths[wi], budget / 4), f64_widths[wi], 1, OSS_FLOAT64, OSS_FLOAT64, wi & 1, 0, 0, wi, 0, 0);
-  /* backward rows of 3/4 to all of 1024 x 4 register slots (one 1024-thread
-   * CTA of registers), aligned and not, and the same rows in the two-CTA
-   * plan that test knob 19 restores */
+  /* backward rows of 3/4 to all of 1024 x 4 register slots: aligned ones
+   * take one 1024-thread CTA of registers, misaligned ones (and all of them
+   * with test knob 19) the two-CTA plan with a shared-memory part */
   for (int alt = 0; alt < 2; alt++) {
     oss_softmax_cuda_test_knobs[19] = alt;
     for (int log = 0; log < 2; log++) {
       check(1, log, 9, 28001 + 7 * log, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
       check(1, log, 7, 30001, 1, OSS_FLOAT16, OSS_FLOAT32, 1, 2, 1, 3, 0, 0);
-      check(1, log, 5, 12289, 1, OSS_FLOAT32, OSS_BFLOAT16, log, 0, 0, 1, 0, 0);
+      check(1, log, 5, 12288 + log, 1, OSS_FLOAT32, OSS_BFLOAT16, log, 0, 0, log, 0, 0);
       check(1, log, 6, 16384, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);
     }
   }
@@ -1436,8 +1436,9 @@ static void suite_quick(void) {
   check(0, 0, 40, 1048576 + 3, 1, OSS_FLOAT32, OSS_FLOAT32, 1, 0, 0, 0, 0, 0);
   check(1, 1, 9, 1048576, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
   oss_softmax_cuda_test_knobs[0] = 0;
-  check(1, 1, 3, 28001, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0); /* 1024-thread backward CTA, registers */
-  check(1, 0, 3, 12289, 1, OSS_FLOAT32, OSS_FLOAT16, 1, 1, 1, 1, 0, 0);
+  check(1, 1, 3, 28008, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0); /* 1024-thread backward CTA, registers */
+  check(1, 0, 3, 12288, 1, OSS_FLOAT32, OSS_FLOAT16, 0, 0, 0, 0, 0, 0);
+  check(1, 0, 3, 12289, 1, OSS_FLOAT32, OSS_FLOAT16, 1, 1, 1, 1, 0, 0);   /* misaligned: the two-CTA plan */
   suite_rows_per_cta();
   suite_column_clusters(1);
 }
@@ -1448,7 +1449,7 @@ static void suite_race(void) {
     check(bwd, 0, 3, 100, 1, OSS_FLOAT32, OSS_FLOAT32, 1, 0, 0, 1, 0, 0);       /* warp */
     check(bwd, 1, 3, 3000, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);    /* one CTA, registers */
     check(bwd, 0, 3, 40000, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);     /* one CTA + shared memory */
-    if (bwd) check(1, 1, 3, 30001, 1, OSS_FLOAT16, OSS_FLOAT16, 1, 0, 0, 1, 0, 0); /* 1024 threads, registers */
+    if (bwd) check(1, 1, 3, 30000, 1, OSS_FLOAT16, OSS_FLOAT16, 0, 0, 0, 0, 0, 0); /* 1024 threads, registers */
     check(bwd, 1, 2, 300001, 1, OSS_FLOAT32, OSS_FLOAT32, 1, 0, 0, 0, 0, 0);    /* cluster */
     if (!bwd) check(0, 0, 1, 1048576, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0); /* 1024-thread CTAs */
     check(bwd, 1, 20, 1048581, 1, OSS_BFLOAT16, OSS_BFLOAT16, 1, 1, 1, 1, 0, 0); /* 16-bit clusters of 16, more than fit at once */

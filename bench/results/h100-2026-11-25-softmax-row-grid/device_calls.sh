@@ -120,3 +120,14 @@ timeout 120 compute-sanitizer --tool memcheck ./sbin/sm quick > $OUT/memcheck_qu
 timeout 60 compute-sanitizer --tool racecheck ./sbin/sm race > $OUT/racecheck_race_final.txt 2>&1; echo "racecheck rc $?"; tail -2 $OUT/racecheck_race_final.txt
 echo "total $(( $(date +%s) - start )) s"
 
+### sbin/call_x7.sh
+#!/usr/bin/env bash
+# final kernels (72d382e), self-test with aligned rule cases in quick/race: self-test check, memcheck quick, racecheck race (no build needed)
+set -u
+start=$(date +%s)
+timeout 280 ./sbin/sm check > $OUT/selftest_check_final2.log 2>&1; echo "check rc $?"; tail -2 $OUT/selftest_check_final2.log; grep -E "^FAIL" $OUT/selftest_check_final2.log | head
+echo "t $(( $(date +%s) - start )) s"
+timeout 120 compute-sanitizer --tool memcheck ./sbin/sm quick > $OUT/memcheck_quick_final2.txt 2>&1; echo "memcheck rc $?"; tail -2 $OUT/memcheck_quick_final2.txt
+timeout 60 compute-sanitizer --tool racecheck ./sbin/sm race > $OUT/racecheck_race_final2.txt 2>&1; echo "racecheck rc $?"; tail -2 $OUT/racecheck_race_final2.txt
+echo "total $(( $(date +%s) - start )) s"
+
