@@ -1,7 +1,7 @@
 """Large tensors on the GPU: index arithmetic past 2^31 elements.
 
 - softmax / log_softmax (forward and backward) over tensors of more than 2^31
-  elements: many rows of 1024, a dim-0 (column) reduction, and one row of
+  elements: many rows of 1024 or 4096, a dim-0 (column) reduction, and one row of
   2^31 + 1024 elements; sampled rows (each in full) against a float64
   reference, plus a cheap check of every row (sums to 1 / logsumexp 0);
 - attention (forward and backward) whose B*H*N*D passes 2^31, once through q
@@ -61,9 +61,11 @@ def sample_rows(total, row_elems, extra=48, seed=0):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_softmax_rows_past_2_31_elements(dtype):
-    cols = 1024
-    rows = (TWO_31 + 1024) // cols + 1                 # 2^31 + 2048 elements
+@pytest.mark.parametrize("cols", [1024, 4096])
+def test_softmax_rows_past_2_31_elements(dtype, cols):
+    """Rows of 1024 columns (the warp tier on the GPU) and of 4096 (one CTA per
+    row, 524,290 rows in the grid's x dimension), 2^31 + 2 * cols elements."""
+    rows = (TWO_31 + cols) // cols + 1
     need_memory(4 * rows * cols * 2 + 2 * GiB)
     x = randn_(torch.empty(rows, cols, dtype=dtype, device="cuda"), 1)
     idx = sample_rows(rows, cols)

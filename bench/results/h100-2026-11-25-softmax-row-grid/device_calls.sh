@@ -131,3 +131,14 @@ timeout 120 compute-sanitizer --tool memcheck ./sbin/sm quick > $OUT/memcheck_qu
 timeout 60 compute-sanitizer --tool racecheck ./sbin/sm race > $OUT/racecheck_race_final2.txt 2>&1; echo "racecheck rc $?"; tail -2 $OUT/racecheck_race_final2.txt
 echo "total $(( $(date +%s) - start )) s"
 
+### sbin/call_x8.sh
+#!/usr/bin/env bash
+# production build (6e0c2df + test_large's rows of 4096) + the softmax cases of tests/test_large.py
+set -u
+export TORCH_OSS_RESULTS=$OUT
+start=$(date +%s)
+bash scripts/gpu_check.sh build 2>&1 | grep -E "build took|^build:|H100"
+rm -f $OUT/build.log
+timeout 330 python3 -m pytest -q -p no:cacheprovider tests/test_large.py -k softmax --durations=0 2>&1 | tail -15 | tee $OUT/test_large_softmax.txt
+echo "total $(( $(date +%s) - start )) s"
+
