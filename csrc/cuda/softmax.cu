@@ -15,9 +15,9 @@
  *     fits one CTA           softmax_row_chunks_kernel, SM_FULL, C = 1: up to
  *                            512 threads x 8 slots in registers plus ~100 KB of
  *                            shared memory (two CTAs per SM), else 1024 threads
- *                            and up to all of the shared memory; a backward
- *                            row of 3/4 to all of 1024 x 4 slots: 1024
- *                            threads, registers only (one CTA per SM)
+ *                            and up to all of the shared memory; an aligned
+ *                            backward row of 3/4 to all of 1024 x 4 slots:
+ *                            1024 threads, registers only (one CTA per SM)
  *     fits a cluster of      the same kernel, a cluster of C = 2..16 CTAs
  *     <= 512-thread CTAs     that exchange (m, d') through distributed shared
  *     (sm_90)                memory (forward: ~670K float32 / ~1.3M 16-bit
