@@ -142,3 +142,23 @@ rm -f $OUT/build.log
 timeout 330 python3 -m pytest -q -p no:cacheprovider tests/test_large.py -k softmax --durations=0 2>&1 | tail -15 | tee $OUT/test_large_softmax.txt
 echo "total $(( $(date +%s) - start )) s"
 
+### sbin/call_x9.sh
+#!/usr/bin/env bash
+# knob build (final kernels) + variants: rows of 2/3-3/4 of 1024 x 4 slots in the 1024-thread plan; the release under it at 32768
+set -u
+export TORCH_OSS_RESULTS=$OUT
+start=$(date +%s)
+TORCH_OSS_SOFTMAX_KNOBS=1 TORCH_OSS_HEAD_DIMS=64 TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 python3 -m pip install --no-build-isolation --no-deps -e . > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }
+echo "build $(( $(date +%s) - start )) s"; rm -f $OUT/build.log
+show() { grep -E "^(fwd|bwd).*(\(|plan)|^  |rror" $1 | sed "s/ chunk_n=.*grid=/ grid=/;s/TJ=0//;s/ G=0//;s/ km=0//;s/ keep=1//;s/ al=1//;s/plan //"; }
+run() { # name size points variants
+  timeout 200 python3 scripts/softmax_variants.py --rounds 4 --size $2 --points $3 --variants "$4" > $OUT/$1.txt 2>&1; echo "$1 rc $?"
+  rm -f $OUT/softmax_variants.json; show $OUT/$1.txt
+  echo "t $(( $(date +%s) - start )) s"
+}
+P=bwd:float32:11000,bwd:bfloat16:22528,bwd:float32:12000,bwd:bfloat16:23552
+run band_26 26 $P "base;0=2,1=1"
+run band_28 28 $P "base;0=2,1=1"
+run release32k_26 26 bwd:bfloat16:32768,bwd:float16:32768 "base;17=2"
+echo "total $(( $(date +%s) - start )) s"
+
