@@ -38,7 +38,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 from softmax import DTYPES  # noqa: E402
-from softmax_variants import NKNOBS, knob_array, parse_points, parse_variant  # noqa: E402
+from softmax_variants import NKNOBS, knob_array, parse_points, parse_variant, point_shape  # noqa: E402
 
 import torch_oss  # noqa: E402,F401
 
@@ -78,21 +78,21 @@ def main():
         return r
 
     for op, dname, cols in points:
-        dtype, cols = DTYPES[dname], int(cols)
-        rows = max(1, args.mib * 2**20 // (cols * torch.tensor([], dtype=dtype).element_size()))
-        x = torch.randn(rows, cols, dtype=dtype, device="cuda")
-        y = F.softmax(x, -1)
+        dtype = DTYPES[dname]
+        shape, dim = point_shape(cols, args.mib * 2**20 // torch.tensor([], dtype=dtype).element_size())
+        x = torch.randn(shape, dtype=dtype, device="cuda")
+        y = F.softmax(x, dim)
         dy = torch.randn_like(x)
         inputs = (x,) if op == "fwd" else (y, dy)
-        ours = (lambda: torch_oss.softmax(x, -1)) if op == "fwd" else \
-            (lambda: torch.ops.oss.softmax_backward(dy, y, -1, y.dtype))  # noqa: E731
+        ours = (lambda: torch_oss.softmax(x, dim)) if op == "fwd" else \
+            (lambda: torch.ops.oss.softmax_backward(dy, y, dim, y.dtype))  # noqa: E731
         steps = {name: (values, ours) for name, values in variants.items()}
         if args.compile:
             if op == "fwd":
-                fn = torch.compile(lambda t: F.softmax(t, -1), dynamic=False)
+                fn = torch.compile(lambda t: F.softmax(t, dim), dynamic=False)
                 steps["compile"] = ({}, lambda: fn(x))
             else:
-                fn = torch.compile(lambda g, t: torch._softmax_backward_data(g, t, -1, t.dtype), dynamic=False)
+                fn = torch.compile(lambda g, t: torch._softmax_backward_data(g, t, dim, t.dtype), dynamic=False)
                 steps["compile"] = ({}, lambda: fn(dy, y))
             steps["compile"][1]()  # compiled outside the profiled ranges
 
@@ -100,7 +100,7 @@ def main():
             for t in tensors:
                 t.sum(dtype=torch.float32)
 
-        print(f"{op}:{dname}:{cols} ({rows} x {cols}): steps in order", flush=True)
+        print(f"{op}:{dname}:{cols} {tuple(shape)}, dim {dim}: steps in order", flush=True)
         if args.reread == "input" and args.profile == "reread":
             print("  cold", flush=True)
             flush.zero_()

@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import common  # noqa: E402
 from softmax import DTYPES, check  # noqa: E402
 
-NKNOBS = 20  # csrc/cuda/softmax.cu: oss_softmax_cuda_test_knobs
+NKNOBS = 22  # csrc/cuda/softmax.cu: oss_softmax_cuda_test_knobs
 
 
 def knob_array():
@@ -74,9 +74,18 @@ def parse_points(ap, text):
     """--points as [OP, DTYPE, COLS] lists; a malformed one is an argparse error naming it."""
     points = [p.split(":") for p in text.split(",")]
     for p in points:
-        if len(p) != 3 or p[0] not in ("fwd", "bwd") or p[1] not in DTYPES or not p[2].isdigit():
-            ap.error(f"--points: {':'.join(p)!r} is not OP:DTYPE:COLS (OP fwd or bwd, DTYPE one of {list(DTYPES)})")
+        if len(p) != 3 or p[0] not in ("fwd", "bwd") or p[1] not in DTYPES or not (p[2].isdigit() or p[2] == "dim1"):
+            ap.error(f"--points: {':'.join(p)!r} is not OP:DTYPE:COLS (OP fwd or bwd, DTYPE one of {list(DTYPES)}, "
+                     "COLS a number or dim1)")
     return points
+
+
+def point_shape(cols, numel):
+    """(shape, dim) of a point's input of about numel elements: rows of COLS over the last dim, or for
+    'dim1' softmax over dim 1 of (B, 1024, 64, 64), the issue's dim=1 case (the columns kernel)."""
+    if cols == "dim1":
+        return (max(1, numel // (1024 * 64 * 64)), 1024, 64, 64), 1
+    return (max(1, numel // int(cols)), int(cols)), -1
 
 
 def main():
@@ -94,8 +103,8 @@ def main():
     knobs = knob_array()
     variants = {v.strip() or "base": parse_variant(v) for v in args.variants.split(";")}
     torch._dynamo.config.recompile_limit = 1024
-    compiled_fwd = torch.compile(lambda x: F.softmax(x, -1), dynamic=False)
-    compiled_bwd = torch.compile(lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype), dynamic=False)
+    compiled_fwd = torch.compile(lambda x, dim: F.softmax(x, dim), dynamic=False)
+    compiled_bwd = torch.compile(lambda dy, y, dim: torch._softmax_backward_data(dy, y, dim, y.dtype), dynamic=False)
     env = common.environment("cuda")
     copy_gbs = common.copy_bandwidth_gbs("cuda")
     print(f"{env['gpu']}, torch {env['torch']}, commit {env['commit']}; copy {copy_gbs:.0f} GB/s; "
@@ -108,21 +117,21 @@ def main():
     records = []
     for op, dname, cols in points:
         point = f"{op}:{dname}:{cols}"
-        dtype, cols = DTYPES[dname], int(cols)
-        rows = max(1, 2**args.size // cols)
-        x = torch.randn(rows, cols, dtype=dtype, device="cuda") * 3
-        y = F.softmax(x, -1)
+        dtype = DTYPES[dname]
+        shape, dim = point_shape(cols, 2**args.size)
+        x = torch.randn(shape, dtype=dtype, device="cuda") * 3
+        y = F.softmax(x, dim)
         dy = torch.randn_like(x)
         if op == "fwd":
-            ours = lambda: torch_oss.softmax(x, -1)  # noqa: E731
-            peer = (lambda: compiled_fwd(x)) if not args.no_compile else None
-            ref, eager = F.softmax(x.double(), -1), y
+            ours = lambda: torch_oss.softmax(x, dim)  # noqa: E731
+            peer = (lambda: compiled_fwd(x, dim)) if not args.no_compile else None
+            ref, eager = F.softmax(x.double(), dim), y
             nbytes = 2 * x.numel() * x.element_size()
         else:
-            ours = lambda: torch.ops.oss.softmax_backward(dy, y, -1, y.dtype)  # noqa: E731
-            peer = (lambda: compiled_bwd(dy, y)) if not args.no_compile else None
-            ref = torch._softmax_backward_data(dy.double(), y.double(), -1, torch.float64)
-            eager = torch._softmax_backward_data(dy, y, -1, dtype)
+            ours = lambda: torch.ops.oss.softmax_backward(dy, y, dim, y.dtype)  # noqa: E731
+            peer = (lambda: compiled_bwd(dy, y, dim)) if not args.no_compile else None
+            ref = torch._softmax_backward_data(dy.double(), y.double(), dim, torch.float64)
+            eager = torch._softmax_backward_data(dy, y, dim, dtype)
             nbytes = 3 * x.numel() * x.element_size()
         impls = {}
         for name, values in variants.items():
@@ -142,14 +151,14 @@ def main():
                 set_knobs(values)
                 times[name].append(trimmed_mean_ms(fn))
         set_knobs({})
-        print(f"\n{point} ({rows} x {cols}): % of copy, median of {args.rounds} rounds of trimmed means [min-max]; "
+        print(f"\n{point} {tuple(shape)}, dim {dim}: % of copy, median of {args.rounds} rounds of trimmed means [min-max]; "
               f"compile's time / this one's")
         for name, ts in times.items():
             med = statistics.median(ts)
             pct = [100 * nbytes / t / 1e6 / copy_gbs for t in (med, max(ts), min(ts))]
             vs = f"{statistics.median(times['compile']) / med:.4f}x" if "compile" in times else "-"
             print(f"  {name:24} {pct[0]:6.2f} [{pct[1]:6.2f}-{pct[2]:6.2f}]  {vs}", flush=True)
-            records.append(dict(point=point, rows=rows, cols=cols, impl=name, knobs=impls[name][0], ms_rounds=ts,
+            records.append(dict(point=point, shape=list(shape), dim=dim, impl=name, knobs=impls[name][0], ms_rounds=ts,
                                 ms=med, pct_copy=pct[0]))
         del x, y, dy, ref, eager
     common.write_json("softmax_variants", dict(env=env, copy_gbs=copy_gbs, size=args.size, rounds=args.rounds,

@@ -83,6 +83,8 @@
  * [19] = 1: backward rows of 3/4 to all of 1024 x KREG register slots take
  * the first pass's plan (a shared-memory part, two CTAs per SM), not one
  * 1024-thread CTA of registers;
+ * [20] the release window (sm_release_window) in MiB of input instead of
+ * the L2's size; [21] = 1: the window at the first rows, not the last;
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test, and
  * the extension built with TORCH_OSS_SOFTMAX_KNOBS=1 for
@@ -90,10 +92,10 @@
  * state. */
 #ifdef OSS_SOFTMAX_TEST_KNOBS
 extern "C" {
-int oss_softmax_cuda_test_knobs[20];
+int oss_softmax_cuda_test_knobs[22];
 }
 #else
-static const int oss_softmax_cuda_test_knobs[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const int oss_softmax_cuda_test_knobs[22] = {0};
 #endif
 
 #ifdef OSS_SOFTMAX_TIMELINE
@@ -679,6 +681,34 @@ static size_t sm_test_occupancy_pad(const oss_device_info *info) {
   return 0;
 }
 
+/* Which units (rows; outer indices for the columns kernel) of `units`, each
+ * `unit_bytes` of input, get their input lines set back to evict_normal after
+ * their output where the loads carry evict_last (keep): [*lo, *hi), the
+ * last ones, as many as hold the L2's size of input. The L2 keeps only the
+ * latest ~5 MB of evict_last lines: newer ones displace older ones, so only
+ * the lines loaded last can still be there when the call ends. H100, 128 MiB
+ * inputs, L2 hits of a re-read of the input after the call and a stream of 4x
+ * the L2 (scripts/softmax_l2_residue.py), in sectors: no release 153K;
+ * released the last 16 MiB 0-2,070, the last 32 or 64 MiB or all 66 (as after
+ * a flush); the first 16 or 64 MiB 153K. Releasing every row of a one-CTA
+ * chunk plan instead cost, at 2^26 elements (% of copy, window -> all):
+ * 16-bit backward 4096 columns 99.0-99.2 -> 97.2-97.6, bfloat16 backward
+ * 32768 96.8 -> 96.1, bfloat16 forward 65536 92.2 -> 91.1; the columns
+ * kernel's bfloat16 dim=1 backward 92.3 -> 91.5 (bench/NOTES-softmax.md
+ * v23). Test knob 20 sets the window in MiB, 21 = 1 puts it at the first
+ * units. */
+static void sm_release_window(int64_t units, int64_t unit_bytes, const oss_device_info *info, int64_t *lo,
+                              int64_t *hi) {
+  int64_t window = info->l2_bytes;
+  if (oss_softmax_cuda_test_knobs[20] > 0) window = (int64_t)oss_softmax_cuda_test_knobs[20] << 20;
+  const int64_t count = sm_cdiv(window, unit_bytes > 0 ? unit_bytes : 1);
+  *lo = 0;
+  *hi = units;
+  if (count >= units) return;
+  if (oss_softmax_cuda_test_knobs[21] == 1) *hi = count;
+  else *lo = units - count;
+}
+
 template <bool BWD, typename T1, typename T2, typename Acc>
 static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const oss_device_info *info,
                               cudaStream_t stream) {
@@ -695,6 +725,20 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   A.log = J->log;
   const int policy_knob = oss_softmax_cuda_test_knobs[17]; /* 1: no policy, 2: no release */
   A.keep = !P->keep || policy_knob == 1 ? 0 : policy_knob == 2 ? 2 : 1;
+  A.release_lo = 0;
+  A.release_hi = J->outer;
+  /* the warp tier releases every row: on the H100 that streams 0.2-0.3
+   * points of copy faster than the window (bfloat16 backward at 128 columns,
+   * 2^28 elements: 101.6-101.7 against 101.3 %; bench/NOTES-softmax.md v23) */
+  if (A.keep == 1 && (P->kind != SM_PLAN_WARP || oss_softmax_cuda_test_knobs[20] > 0))
+    sm_release_window(J->outer, J->n * (int64_t)sizeof(T1) * (BWD ? 2 : 1), info, &A.release_lo, &A.release_hi);
+  /* the kernels shift where they would divide by these (softmax_rows.cuh) */
+  const bool pow2 = P->kind == SM_PLAN_WARP ? (P->G & (P->G - 1)) == 0
+                                            : (P->threads & (P->threads - 1)) == 0 &&
+                                                  (P->kind != SM_PLAN_CHUNKS || (P->C & (P->C - 1)) == 0);
+  if (!pow2)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED, "softmax: internal plan error (threads=%d G=%d C=%d not powers of two)",
+                    P->threads, P->G, P->C);
   A.K = P->K;
   A.G = P->G;
   A.C = P->C;
@@ -773,6 +817,9 @@ static oss_status sm_run_cols(const sm_job *J, const sm_plan *P, void *ws, const
   A.nchunks = P->nchunks;
   A.C = P->C;
   A.keep = P->keep && oss_softmax_cuda_test_knobs[18] != 1;
+  if (A.keep)
+    sm_release_window(J->outer, J->n * J->inner * (int64_t)sizeof(T1) * (BWD ? 2 : 1), info, &A.release_lo,
+                      &A.release_hi);
   void (*kern)(sm_col_args) = sm_columns_kernel_for<BWD, T1, T2, Acc>(P->threads);
   const size_t smem = (size_t)P->smem_slots * 16;
   /* static shared memory (up to 12 KB) counts toward the default 48 KB: opt in early */

@@ -34,9 +34,10 @@
  *   The tile's column grid is shifted by the base pointer's misalignment (ph)
  *   so that 16-byte pieces are aligned when the strides allow it.
  *   Where the launch sets keep (the planner's 128-byte-segment clusters), the
- *   tile's 16-byte loads carry an L2 evict_last policy and each input line
- *   goes back to evict_normal once the tile's output is written
- *   (sm_l2_policy in softmax_common.cuh).
+ *   tile's 16-byte loads carry an L2 evict_last policy and, in the last outer
+ *   indices (those the L2 can still hold), each input line goes back to
+ *   evict_normal once the tile's output is written (sm_l2_policy in
+ *   softmax_common.cuh).
  *
  * softmax_merge_partials_kernel: for each item (a row, or an (outer, column)
  *   pair) merges its nchunks partial statistics, laid out [outer][chunk][inner],
@@ -69,6 +70,7 @@ typedef struct sm_col_args {
   int64_t outer, n, inner;
   int log, mode;
   int keep;                  /* input loads evict_last, released after the output (sm_l2_policy) */
+  int64_t release_lo, release_hi; /* keep: the outer indices [lo, hi) whose lines are released */
   int TJ;                    /* columns per tile */
   int ph;                    /* the tile grid starts at column -ph */
   int vec_a, vec_b, vec_out; /* 16-byte (8 for a narrow output) accesses are aligned */
@@ -271,7 +273,7 @@ __global__ void __launch_bounds__(T) softmax_columns_kernel(sm_col_args P) {
       }
       sm_store_slot<T2, VEC>(po, kq, lo, hi, P.vec_out, y);
     }
-    if (P.keep) {
+    if (P.keep && o >= P.release_lo && o < P.release_hi) {
       /* each input line back to evict_normal: from the first 16-byte slot
        * on it of each row segment (a line may also hold a neighbour tile's
        * columns; that tile releases it too) */

@@ -130,10 +130,12 @@ __device__ __forceinline__ uint4 sm_ld16(const void *p) {
   return r;
 }
 /* L2 eviction priority of the row kernels' input (bench/NOTES-softmax.md
- * v18). Where a row is held by one CTA, its 16-byte input loads carry an
- * evict_last policy while its output is computed, and each line goes back to
- * evict_normal once the output is written (sm_release_line), so no line
- * stays above normal priority after its row. On the H100 this is what
+ * v18, v23). Where a row is held by one CTA, its 16-byte input loads carry an
+ * evict_last policy while its output is computed. In the rows loaded last
+ * (the L2's size of input: sm_release_window in softmax.cu) each line goes
+ * back to evict_normal once the output is written (sm_release_line); older
+ * evict_last lines have been displaced by then, so none stays above normal
+ * priority after the call. On the H100 this is what
  * separated minimal kernels from Inductor's at narrow rows (a fixed 1-3 us
  * per call after an L2 flush, and 0.5-1 % of streaming rate), and it gains
  * our warp and one-CTA plans 0.5-1.4 points of copy. Why the L2 rewards it

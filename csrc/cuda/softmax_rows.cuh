@@ -57,8 +57,9 @@
  * every row starts a slot in every tensor and n is a whole number of slots
  * (no edges, no misaligned-tensor paths: less code and fewer instructions),
  * and the general one (AL = false). Where a row sits on one CTA (warp tier,
- * one-CTA chunks) the input loads carry an L2 evict_last policy and each line
- * goes back to evict_normal once the row's output is written (keep;
+ * one-CTA chunks) the input loads carry an L2 evict_last policy and, in the
+ * last rows (those the L2 can still hold), each line goes back to
+ * evict_normal once the row's output is written (keep, release_lo/hi;
  * sm_l2_policy in softmax_common.cuh).
  *
  * Statistics inside a thread are max-first over each part of what it holds
@@ -73,9 +74,10 @@
  * Diagnostics: built with -DOSS_SOFTMAX_TIMELINE (the self-test's timeline
  * mode only), both kernels record each CTA's start, end and SM.
  *
- * Limits: blockDim.x <= 1024 and a multiple of 32 (chunk kernel; 64
- * registers per thread, 512 for float64), 128 (warp kernel); 64-bit row
- * offsets, 32-bit offsets inside a chunk.
+ * Limits: blockDim.x a power of two, 64 .. 1024 (chunk kernel; 64
+ * registers per thread, 512 for float64) or 32 .. 128 (warp kernel); G and,
+ * in SM_FULL, C powers of two; 64-bit row offsets, 32-bit offsets inside a
+ * chunk.
  */
 #ifndef OSS_SOFTMAX_ROWS_CUH
 #define OSS_SOFTMAX_ROWS_CUH
@@ -95,6 +97,7 @@ typedef struct sm_row_args {
   int log;
   int keep;       /* 1: input loads evict_last, released after the output (sm_l2_policy);
                    * 2 (test knob 17 = 2 only): evict_last, not released */
+  int64_t release_lo, release_hi; /* keep == 1: the rows [lo, hi) whose lines are released */
   int mode;       /* sm_mode */
   int C;          /* CTAs per row: cluster size (SM_FULL) or chunk count (SM_STATS/SM_APPLY) */
   int K;          /* register slots per thread */
@@ -483,7 +486,10 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8             
     softmax_rows_in_warp_kernel(sm_row_args P) {
   constexpr int KMAX = KM;
   sm_timeline_start();
-  const int lane = threadIdx.x & 31, G = P.G, rpw = 32 / G, g = lane & (G - 1), sub = lane / G;
+  /* G is a power of two (the launch checks): shifts, not divisions, before
+   * the first loads */
+  const int lane = threadIdx.x & 31, G = P.G, lgG = __ffs(G) - 1, rpw = 32 >> lgG, g = lane & (G - 1),
+            sub = lane >> lgG;
   const int64_t warp0 = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int64_t wstride = (int64_t)gridDim.x * (blockDim.x >> 5);
   const unsigned long long pol = sm_l2_policy(P.keep != 0);
@@ -492,7 +498,7 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8             
     sm_chunk<T1, T2> R = sm_chunk_setup<BWD, AL, T1, T2>(P, row < P.rows ? row : base, 0, (int64_t)G * P.K);
     if (row >= P.rows) R.nfull = R.ne = 0;
 
-    const int nv = R.nfull > g ? (R.nfull - g + G - 1) / G < P.K ? (R.nfull - g + G - 1) / G : P.K : 0;
+    const int nv = R.nfull > g ? min((R.nfull - g + G - 1) >> lgG, P.K) : 0;
 
     sm_slot ra[KMAX], rb[KMAX];
     sm_load_full_slots<BWD>(R, g, G, nv, ra, rb, pol);
@@ -518,7 +524,7 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8             
         if (k < nv) sm_slot_output<BWD>(R, g + k * G, ra[k], rb[k], P.log, c0, c1);
     }
     sm_edges_output<BWD>(R, g, G, P.log, c0, c1);
-    if (P.keep == 1) {
+    if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) {
 #pragma unroll
       for (int k = 0; k < KMAX; k++)
         if (k < nv) sm_release_slot<BWD>(R, g + k * G);
@@ -565,7 +571,7 @@ __device__ __forceinline__ sm_stat<Acc> sm_spread_exchange(sm_stat<Acc> st, sm_s
 
 /* The end of the first cp.async group of nsm shared-memory slots copied by T
  * threads (see sm_chunk_copy_smem): half of the CTA's full passes. */
-__device__ __forceinline__ int sm_smem_mid(int nsm, int T) { return nsm > 0 ? (nsm / T / 2) * T : 0; }
+__device__ __forceinline__ int sm_smem_mid(int nsm, int lgT) { return nsm > 0 ? (nsm >> (lgT + 1)) << lgT : 0; }
 
 /* Starts the cp.async copies of a chunk's shared-memory slots (full slots
  * [nreg, nfull), local index l = slot - nreg) in two groups, l in [0, mid) and
@@ -576,7 +582,7 @@ template <bool BWD, typename T1, typename T2>
 __device__ __forceinline__ void sm_chunk_copy_smem(const sm_chunk<T1, T2> &R, int nreg, uint4 *sa, uint4 *sb,
                                                    unsigned long long pol) {
   const int t = threadIdx.x, T = blockDim.x;
-  const int nsm = R.nfull - nreg, mid = sm_smem_mid(nsm, T);
+  const int nsm = R.nfull - nreg, mid = sm_smem_mid(nsm, __ffs(T) - 1);
   for (int l = t; l < mid; l += T) sm_load_full_slot_to_smem<BWD>(R, nreg + l, sa + l, sb + l, pol);
   sm_cp_async_commit();
   for (int l = mid + t; l < nsm; l += T) sm_load_full_slot_to_smem<BWD>(R, nreg + l, sa + l, sb + l, pol);
@@ -595,7 +601,11 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
   __shared__ sm_stat<Acc> xch[2][16];      /* cluster exchange, double-buffered */
   __shared__ sm_stat<Acc> cbc;             /* cluster / spread result broadcast */
   __shared__ unsigned ticket;              /* SM_SPREAD: this CTA's (row, chunk) */
-  const int t = threadIdx.x, T = blockDim.x;
+  /* T is a power of two (the launch checks): the slot counts below are
+   * shifts, not divisions, ahead of the first loads (each integer division
+   * there cost ~1 point of copy at 4096-column backward rows on the H100,
+   * bench/NOTES-softmax.md v23) */
+  const int t = threadIdx.x, T = blockDim.x, lgT = __ffs(T) - 1;
   sm_timeline_start();
   const bool in_cluster = P.mode == SM_FULL && P.C > 1;
   (void)in_cluster;
@@ -616,10 +626,11 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
    * last by STATS (still in L2) are re-read first */
   const bool rev = P.mode == SM_APPLY;
   int64_t chunk_x = rev ? gridDim.x - 1 - blockIdx.x : blockIdx.x, r0 = blockIdx.y, rstep = gridDim.y;
-  if (P.mode == SM_FULL) { /* x = rows x C, the cluster rank fastest */
-    chunk_x = blockIdx.x % (unsigned)P.C;
-    r0 = blockIdx.x / (unsigned)P.C;
-    rstep = gridDim.x / (unsigned)P.C;
+  if (P.mode == SM_FULL) { /* x = rows x C, the cluster rank fastest; C is a power of two */
+    const int lgC = __ffs(P.C) - 1;
+    chunk_x = blockIdx.x & (P.C - 1);
+    r0 = blockIdx.x >> lgC;
+    rstep = gridDim.x >> lgC;
   }
   if (P.mode == SM_SPREAD) {
     if (t == 0) ticket = atomicAdd(P.counters, 1u);
@@ -643,11 +654,11 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
     const int64_t next = smem && r + rstep < P.rows ? (rev ? P.rows - 1 - (r + rstep) : r + rstep) : -1;
     const sm_chunk<T1, T2> R = sm_chunk_setup<BWD, AL, T1, T2>(P, row, chunk_x * P.S, P.S);
     const int nsm = R.nfull - nreg;
-    const int nv = R.nfull > t ? (R.nfull - t + T - 1) / T < P.K ? (R.nfull - t + T - 1) / T : P.K : 0;
+    const int nv = R.nfull > t ? min((R.nfull - t + T - 1) >> lgT, P.K) : 0;
 
     // -- load: registers (the shared-memory slots are on their way, in two
     // cp.async groups split at mid, see sm_chunk_copy_smem)
-    const int mid = sm_smem_mid(nsm, T);
+    const int mid = sm_smem_mid(nsm, lgT);
     sm_slot ra[KREG], rb[KREG];
     sm_load_full_slots<BWD>(R, t, T, nv, ra, rb, pol);
 
@@ -765,7 +776,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
       output_registers();
       output_smem();
     }
-    if (release) {
+    if (release && row >= P.release_lo && row < P.release_hi) {
 #pragma unroll
       for (int k = 0; k < KREG; k++)
         if (k < nv) sm_release_slot<BWD>(R, t + k * T);

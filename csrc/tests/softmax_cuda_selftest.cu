@@ -62,7 +62,7 @@
 #include "oss.h"
 
 /* Planner knobs of softmax.cu, for tests and tuning only (see there). */
-enum { SM_TEST_KNOBS = 20 };
+enum { SM_TEST_KNOBS = 22 };
 extern "C" int oss_softmax_cuda_test_knobs[SM_TEST_KNOBS];
 
 #define CK(call)                                                                                  \
@@ -511,6 +511,19 @@ static void suite_rows(int quick) {
     }
   }
   oss_softmax_cuda_test_knobs[19] = 0;
+  /* the L2 release window (test knob 20 = 1 MiB of input, 21 = 1 at the
+   * first rows): only some rows (outer indices) release their lines, so the
+   * boundary falls inside the launch; warp tier, one-CTA chunks (aligned
+   * and misaligned), columns clusters */
+  for (int front = 0; front < 2; front++) {
+    oss_softmax_cuda_test_knobs[20] = 1;
+    oss_softmax_cuda_test_knobs[21] = front;
+    check(front, 0, 1500, 1000, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
+    check(!front, 1, 300, 4096, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
+    check(1, front, 200, 4099, 1, OSS_FLOAT16, OSS_FLOAT32, 1, 2, 1, 3, 0, 0);
+    check(front, 0, 40, 256, 512, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
+  }
+  oss_softmax_cuda_test_knobs[20] = oss_softmax_cuda_test_knobs[21] = 0;
   /* more rows than a grid's y dimension holds (65,535): one CTA per row of the
    * chunk tier, every row in grid.x (aligned, then misaligned rows) */
   if (!quick)
