@@ -464,6 +464,23 @@ static void suite_errors(void) {
   CK(cudaFree(d));
 }
 
+/* the L2 release window (test knob 20 = 1 MiB of input, 21 = 1 at the first
+ * rows): only some rows (outer indices) release their lines, so the boundary
+ * falls inside the launch; warp tier, one-CTA chunks (aligned, and
+ * misaligned with a dtype cast), columns clusters. In the quick suite too,
+ * so memcheck sees the releases on both sides of the boundary. */
+static void suite_release_window(void) {
+  for (int front = 0; front < 2; front++) {
+    oss_softmax_cuda_test_knobs[20] = 1;
+    oss_softmax_cuda_test_knobs[21] = front;
+    check(front, 0, 1500, 1000, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
+    check(!front, 1, 300, 4096, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
+    check(1, front, 200, 4099, 1, OSS_FLOAT16, OSS_FLOAT32, 1, 2, 1, 3, 0, 0);
+    check(front, 0, 40, 256, 512, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
+  }
+  oss_softmax_cuda_test_knobs[20] = oss_softmax_cuda_test_knobs[21] = 0;
+}
+
 static void suite_rows(int quick) {
   static const int64_t widths[] = {1,    2,    3,    5,    7,    8,    9,    15,    16,    17,    31,     33,  63,
                                    64,   65,   127,  128,  129,  255,  256,  257,   511,   513,   1000,   1023, 1024,
@@ -511,19 +528,7 @@ static void suite_rows(int quick) {
     }
   }
   oss_softmax_cuda_test_knobs[19] = 0;
-  /* the L2 release window (test knob 20 = 1 MiB of input, 21 = 1 at the
-   * first rows): only some rows (outer indices) release their lines, so the
-   * boundary falls inside the launch; warp tier, one-CTA chunks (aligned
-   * and misaligned), columns clusters */
-  for (int front = 0; front < 2; front++) {
-    oss_softmax_cuda_test_knobs[20] = 1;
-    oss_softmax_cuda_test_knobs[21] = front;
-    check(front, 0, 1500, 1000, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
-    check(!front, 1, 300, 4096, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
-    check(1, front, 200, 4099, 1, OSS_FLOAT16, OSS_FLOAT32, 1, 2, 1, 3, 0, 0);
-    check(front, 0, 40, 256, 512, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
-  }
-  oss_softmax_cuda_test_knobs[20] = oss_softmax_cuda_test_knobs[21] = 0;
+  suite_release_window();
   /* more rows than a grid's y dimension holds (65,535): one CTA per row of the
    * chunk tier, every row in grid.x (aligned, then misaligned rows) */
   if (!quick)
@@ -1452,6 +1457,7 @@ static void suite_quick(void) {
   check(1, 1, 3, 28008, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0); /* 1024-thread backward CTA, registers */
   check(1, 0, 3, 12288, 1, OSS_FLOAT32, OSS_FLOAT16, 0, 0, 0, 0, 0, 0);
   check(1, 0, 3, 12289, 1, OSS_FLOAT32, OSS_FLOAT16, 1, 1, 1, 1, 0, 0);   /* misaligned: the two-CTA plan */
+  suite_release_window();
   suite_rows_per_cta();
   suite_column_clusters(1);
 }
