@@ -211,3 +211,43 @@ export TORCH_OSS_RESULTS=$OUT/r2; mkdir -p $OUT/r2; timeout 250 python3 bench/so
 
 ### call 15 (inline; self-test binary with the window cases in its quick suite)
 (time compute-sanitizer --tool memcheck ./sbin/sm quick) > $OUT/memcheck_quick_window.txt 2>&1; ./sbin/sm quick
+### sbin/call_16.sh
+#!/usr/bin/env bash
+# fixed-cost timing, 5 rounds: 0c57956 / final (9aa64c5 kernels) / v13 (sm_smem_mid divides again)
+set -u
+P="fwd:bf16:1048576 fwd:f16:1048576 fwd:f32:1048576 bwd:bf16:1048576 fwd:bf16:262144 bwd:bf16:4096 bwd:f16:4096 fwd:bf16:65536 fwd:bf16:32768"
+for r in 1 2 3 4 5; do
+  for b in 0c57956 final v13; do
+    bin=./sbin/sm_$b; [ $b = final ] && bin=./sbin/sm
+    echo "== round $r $b"
+    FIXED_SIZES=26,27,28 timeout 90 $bin fixed $P 2>&1 | grep -E "^fixed [a-z]" | awk '{printf "%s %s %s | ", $2, $3, $NF} END {print ""}'
+  done
+done
+
+### sbin/call_17.sh
+#!/usr/bin/env bash
+# fixed-cost timing, 4 rounds: 0c57956 / final; the wide rows with the general kernels forced (knob 16 = 1)
+set -u
+P="fwd:bf16:1048576 fwd:bf16:1048576:16=1 fwd:f16:1048576 fwd:f16:1048576:16=1 fwd:f32:1048576 fwd:f32:1048576:16=1 bwd:bf16:1048576 bwd:bf16:1048576:16=1 fwd:bf16:262144 fwd:bf16:262144:16=1 fwd:bf16:131072 fwd:bf16:131072:16=1"
+./sbin/sm fixed fwd:bf16:1048576 bwd:bf16:1048576 fwd:bf16:262144 fwd:bf16:131072 2>&1 | grep -E "^plan" | head -8
+for r in 1 2 3 4; do
+  for b in 0c57956 final; do
+    bin=./sbin/sm_$b; [ $b = final ] && bin=./sbin/sm
+    echo "== round $r $b"
+    FIXED_SIZES=27,28 timeout 90 $bin fixed $P 2>&1 | grep -E "^fixed [a-z]" | awk '{printf "%s %s %s | ", $2, $3, $NF} END {print ""}'
+  done
+done
+
+### sbin/call_18.sh
+#!/usr/bin/env bash
+# fixed-cost timing, 4 rounds, 2x2: A = 0c57956, B = 0c57956 + the shifts only, C = the first window build (no shifts), D = final (9aa64c5 kernels)
+set -u
+P="fwd:bf16:1048576 fwd:f16:1048576 bwd:bf16:1048576 bwd:bf16:4096 bwd:bf16:2048 fwd:bf16:65536 bwd:bf16:128"
+for r in 1 2 3 4; do
+  for b in 0c57956 B C final; do
+    bin=./sbin/sm_$b; [ $b = final ] && bin=./sbin/sm
+    echo "== round $r $b"
+    FIXED_SIZES=27,28 timeout 90 $bin fixed $P 2>&1 | grep -E "^fixed [a-z]" | awk '{printf "%s %s %s | ", $2, $3, $NF} END {print ""}'
+  done
+done
+
