@@ -44,13 +44,30 @@ def environment(device):
 
 def bench(fn, device, warmup_ms=25, rep_ms=100):
     """Median time of fn() in milliseconds."""
+    return statistics.median(call_times_ms(fn, device, warmup_ms, rep_ms))
+
+
+def bench_stats(fn, device, warmup_ms=25, rep_ms=100):
+    """(median, trimmed mean) of fn()'s time in ms. The trimmed mean is the mean of
+    the middle 80 % of the calls: CUDA events resolve ~0.5 us, so a median lands
+    on one of those steps, and after an L2 flush single calls can fall into a
+    fast and a slow group; the mean of many calls does neither."""
+    ts = sorted(call_times_ms(fn, device, warmup_ms, rep_ms))
+    cut = len(ts) // 10
+    mid = ts[cut:len(ts) - cut] or ts
+    return statistics.median(ts), sum(mid) / len(mid)
+
+
+def call_times_ms(fn, device, warmup_ms=25, rep_ms=100):
+    """The time of each timed call of fn() in ms, after warm-up: on CUDA
+    triton.testing.do_bench's (the L2 flushed before each call) or CUDA events."""
     if device == "cuda":
         try:
             import triton.testing
 
-            return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+            return list(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all"))
         except ImportError:
-            return _cuda_event_median(fn, warmup_ms, rep_ms)
+            return _cuda_event_times(fn, warmup_ms, rep_ms)
     fn()
     times = []
     deadline = time.perf_counter() + rep_ms / 1000
@@ -58,10 +75,10 @@ def bench(fn, device, warmup_ms=25, rep_ms=100):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
+    return times
 
 
-def _cuda_event_median(fn, warmup_ms, rep_ms):
+def _cuda_event_times(fn, warmup_ms, rep_ms):
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -79,7 +96,7 @@ def _cuda_event_median(fn, warmup_ms, rep_ms):
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return times
 
 
 def copy_bandwidth_gbs(device, nbytes=None):

@@ -4,7 +4,7 @@ Triton fused softmax, forward and backward, over widths 128 ... 16M.
 
     python bench/softmax.py                 # GPU if visible, else CPU (smaller grid)
     python bench/softmax.py --dtypes bfloat16 --cols 1024,4096
-    python bench/softmax.py --rounds 3      # median of 3 interleaved rounds per point
+    python bench/softmax.py --rounds 3      # 3 interleaved rounds per point: medians and trimmed means
 """
 
 import argparse
@@ -65,15 +65,40 @@ def check(name, got, ref64, peer, dtype):
 
 
 def time_rounds(fns, rounds, device):
-    """[(name, median ms over the rounds, [ms of each round])]: every round times
-    every implementation once (common.bench), in alternating order, so a drift
-    of the GPU's clocks or of the memory system falls on all of them alike."""
-    times = {name: [] for name in fns}
+    """{name: (median ms, [median of each round], trimmed-mean ms, [trimmed mean of
+    each round])}: every round times every implementation once
+    (common.bench_stats), in alternating order, so a drift of the GPU's clocks or
+    of the memory system falls on all of them alike; each statistic is then the
+    median over the rounds."""
+    times = {name: ([], []) for name in fns}
     order = list(fns)
     for rnd in range(rounds):
         for name in (order if rnd % 2 == 0 else order[::-1]):
-            times[name].append(common.bench(fns[name], device))
-    return [(name, statistics.median(ts), ts) for name, ts in times.items()]
+            med, trimmed = common.bench_stats(fns[name], device)
+            times[name][0].append(med)
+            times[name][1].append(trimmed)
+    return {name: (statistics.median(m), m, statistics.median(t), t) for name, (m, t) in times.items()}
+
+
+def record(op, dtype, rows, cols, name, stats, nbytes, copy_gbs):
+    ms, per_round, ms_trimmed, trimmed_rounds = stats
+    return dict(op=op, dtype=dtype, rows=rows, cols=cols, impl=name, ms=ms, ms_rounds=per_round,
+                ms_trimmed=ms_trimmed, ms_trimmed_rounds=trimmed_rounds, gbs=nbytes / ms / 1e6,
+                pct_copy=100 * nbytes / ms / 1e6 / copy_gbs, pct_copy_trimmed=100 * nbytes / ms_trimmed / 1e6 / copy_gbs)
+
+
+def peers_ahead(records, key):
+    """'op dtype cols: peer +gap' for every point where a peer beats torch_oss by
+    the statistic `key` (pct_copy or pct_copy_trimmed), gap in points of copy."""
+    out = []
+    points = dict.fromkeys((r["op"], r["dtype"], r["cols"]) for r in records if r["op"] in ("forward", "backward"))
+    for point in points:
+        by_impl = {r["impl"]: r for r in records if (r["op"], r["dtype"], r["cols"]) == point}
+        ours = by_impl.get("torch_oss")
+        for name, r in by_impl.items():
+            if ours and name != "torch_oss" and r[key] > ours[key]:
+                out.append(f"{point[0]} {point[1]} {point[2]}: {name} +{r[key] - ours[key]:.2f}")
+    return out
 
 
 def main():
@@ -131,9 +156,8 @@ def main():
                 check(f"{name} fwd {dname} {rows}x{cols}", y, ref, peer, dtype)
                 del y
                 timed[name] = lambda fn=fn: fn(x)
-            for name, ms, per_round in time_rounds(timed, args.rounds, device):
-                records.append(dict(op="forward", dtype=dname, rows=rows, cols=cols, impl=name, ms=ms, ms_rounds=per_round,
-                                    gbs=nbytes / ms / 1e6, pct_copy=100 * nbytes / ms / 1e6 / copy_gbs))
+            for name, stats in time_rounds(timed, args.rounds, device).items():
+                records.append(record("forward", dname, rows, cols, name, stats, nbytes, copy_gbs))
             if not args.no_backward:
                 y = peer
                 dy = torch.randn_like(x)
@@ -144,10 +168,8 @@ def main():
                 for name, fn in bwd_impls.items():
                     check(f"{name} bwd {dname} {rows}x{cols}", fn(dy, y), ref_dx, peer_dx, dtype)
                     timed[name] = lambda fn=fn: fn(dy, y)
-                for name, ms, per_round in time_rounds(timed, args.rounds, device):
-                    records.append(dict(op="backward", dtype=dname, rows=rows, cols=cols, impl=name, ms=ms,
-                                        ms_rounds=per_round, gbs=nbytes3 / ms / 1e6,
-                                        pct_copy=100 * nbytes3 / ms / 1e6 / copy_gbs))
+                for name, stats in time_rounds(timed, args.rounds, device).items():
+                    records.append(record("backward", dname, rows, cols, name, stats, nbytes3, copy_gbs))
                 del dy, ref_dx, peer_dx
             del x, ref, peer
 
@@ -179,11 +201,10 @@ def main():
         )
         ours = {}
         for op, nb, fns in cases:
-            for name, ms, per_round in time_rounds(fns, args.rounds, device):
+            for name, stats in time_rounds(fns, args.rounds, device).items():
                 if name == "torch_oss":
-                    ours[op] = ms
-                records.append(dict(op=op, dtype=dname, rows=x.numel() // shape[1], cols=shape[1], impl=name, ms=ms,
-                                    ms_rounds=per_round, gbs=nb / ms / 1e6, pct_copy=100 * nb / ms / 1e6 / copy_gbs))
+                    ours[op] = stats[0]
+                records.append(record(op, dname, x.numel() // shape[1], shape[1], name, stats, nb, copy_gbs))
         for kind in ("forward", "backward"):
             dim1_ratios.append(f"{kind} {dname}: dim=1 runs at "
                                f"{ours[kind + '_lastdim_same_size'] / ours[kind + '_dim1']:.3f}x the per-byte speed "
@@ -207,6 +228,9 @@ def main():
                        header, rows_out)
     for line in dim1_ratios:
         print(line)
+    for key, what in (("pct_copy", "medians"), ("pct_copy_trimmed", "trimmed means (middle 80 % of the calls)")):
+        ahead = peers_ahead(records, key)
+        print(f"peers ahead of torch_oss by the {what}: {len(ahead)} point(s)" + "".join(f"\n  {a}" for a in ahead))
     common.write_json(f"softmax_{device}", dict(env=env, copy_gbs=copy_gbs, records=records))
     panels = {}
     for r in records:
