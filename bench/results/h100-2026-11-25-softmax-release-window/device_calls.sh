@@ -251,3 +251,28 @@ for r in 1 2 3 4; do
   done
 done
 
+### sbin/call_19.sh
+#!/usr/bin/env bash
+# production build from scratch + bench/softmax.py --rounds 3 (medians and trimmed means)
+set -u
+export TORCH_OSS_RESULTS=$OUT
+start=$(date +%s)
+bash scripts/gpu_check.sh build > $OUT/gpu_build.txt 2>&1; grep -E "build: |build took" $OUT/gpu_build.txt
+timeout 400 python3 bench/softmax.py --rounds 3 > $OUT/bench_softmax_rounds3_stats.log 2>&1; echo "bench rc $?"
+grep -vE "UserWarning|Online softmax|split the reduction|important use case|softmax\.$|warnings.warn|^$" $OUT/bench_softmax_rounds3_stats.log | grep -A80 "dim=1 runs at" | head -60
+echo "total $(( $(date +%s) - start )) s"
+
+### sbin/call_20.sh
+#!/usr/bin/env bash
+# fixed-cost timing, 3 rounds: 0c57956 / final (9aa64c5) / X (one-CTA instantiation apart; others without release code) / Y (X + divisions in the others)
+set -u
+./sbin/sm_X fixed bwd:f32:262144 bwd:bf16:262144 2>&1 | grep -E "^plan" | grep -v resident
+P="fwd:bf16:1048576 fwd:f16:1048576 bwd:bf16:1048576 bwd:f32:262144 bwd:bf16:262144 fwd:f32:1048576 bwd:bf16:4096 fwd:bf16:65536 bwd:f16:32768 fwd:bf16:262144"
+for r in 1 2 3; do
+  for b in 0c57956 final X Y; do
+    bin=./sbin/sm_$b; [ $b = final ] && bin=./sbin/sm
+    echo "== round $r $b"
+    FIXED_SIZES=27,28 timeout 90 $bin fixed $P 2>&1 | grep -E "^fixed [a-z]" | awk '{printf "%s %s %s | ", $2, $3, $NF} END {print ""}'
+  done
+done
+
