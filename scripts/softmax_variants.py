@@ -48,16 +48,6 @@ def knob_array():
         raise SystemExit("this build of torch_oss has no softmax test knobs: rebuild with TORCH_OSS_SOFTMAX_KNOBS=1")
 
 
-def trimmed_mean_ms(fn):
-    """Mean time of fn() in ms over the middle 80 % of do_bench's calls."""
-    import triton.testing
-
-    ts = sorted(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="all"))
-    cut = len(ts) // 10
-    ts = ts[cut:len(ts) - cut] or ts
-    return sum(ts) / len(ts)
-
-
 def parse_variant(text):
     if text.strip() in ("", "base"):
         return {}
@@ -149,7 +139,7 @@ def main():
             for name in (order if rnd % 2 == 0 else order[::-1]):
                 values, fn = impls[name]
                 set_knobs(values)
-                times[name].append(trimmed_mean_ms(fn))
+                times[name].append(common.bench_stats(fn, "cuda")[1])  # the trimmed mean
         set_knobs({})
         print(f"\n{point} {tuple(shape)}, dim {dim}: % of copy, median of {args.rounds} rounds of trimmed means [min-max]; "
               f"compile's time / this one's")
