@@ -276,3 +276,14 @@ for r in 1 2 3; do
   done
 done
 
+### sbin/call_21.sh
+#!/usr/bin/env bash
+# knob build of 127463b + scripts/softmax_variants.py (validates its bench_stats refactor): 16-bit forward at 1M, planner variants
+set -u
+export TORCH_OSS_RESULTS=$OUT
+start=$(date +%s)
+TORCH_OSS_SOFTMAX_KNOBS=1 TORCH_OSS_HEAD_DIMS=64 TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 python3 -m pip install --no-build-isolation --no-deps -e . > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }
+echo "build $(( $(date +%s) - start )) s"; rm -f $OUT/build.log
+timeout 300 python3 scripts/softmax_variants.py --rounds 4 --size 26 --points fwd:bfloat16:1048576,fwd:float16:1048576 --variants "base;11=4;11=6;0=3,1=1" > $OUT/fwd1m_variants_26.txt 2>&1; echo "rc $?"
+grep -E "^(fwd|bwd).*(\(|dim|plan)|^  |rror" $OUT/fwd1m_variants_26.txt | grep -v resident
+echo "total $(( $(date +%s) - start )) s"
