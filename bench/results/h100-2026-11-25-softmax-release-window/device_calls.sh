@@ -287,3 +287,15 @@ echo "build $(( $(date +%s) - start )) s"; rm -f $OUT/build.log
 timeout 300 python3 scripts/softmax_variants.py --rounds 4 --size 26 --points fwd:bfloat16:1048576,fwd:float16:1048576 --variants "base;11=4;11=6;0=3,1=1" > $OUT/fwd1m_variants_26.txt 2>&1; echo "rc $?"
 grep -E "^(fwd|bwd).*(\(|dim|plan)|^  |rror" $OUT/fwd1m_variants_26.txt | grep -v resident
 echo "total $(( $(date +%s) - start )) s"
+### sbin/call_22.sh
+#!/usr/bin/env bash
+# fixed-cost timing, 4 rounds: 0c57956 / final / W (one release_from field instead of release_lo/hi)
+set -u
+P="fwd:bf16:1048576 fwd:f16:1048576 bwd:bf16:1048576 bwd:bf16:4096 bwd:f16:4096 fwd:bf16:65536 bwd:f32:262144 bwd:bf16:32768"
+for r in 1 2 3 4; do
+  for b in 0c57956 final W; do
+    bin=./sbin/sm_$b; [ $b = final ] && bin=./sbin/sm
+    echo "== round $r $b"
+    FIXED_SIZES=27,28 timeout 90 $bin fixed $P 2>&1 | grep -E "^fixed [a-z]" | awk '{printf "%s %s %s | ", $2, $3, $NF} END {print ""}'
+  done
+done
