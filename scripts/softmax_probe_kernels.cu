@@ -17,7 +17,12 @@
  * set back to evict_normal after the stores; forward, a warp per row: 10 / 12
  * / 11 one / two / four warps per CTA, 13 / 14 = 11 with loads evict_first /
  * evict_last, 16 = 11 with stores evict_first, 17 = 14 with the lines set back
- * to evict_normal.
+ * to evict_normal; persistent CTAs fed by bulk copies (cp.async.bulk, TMA) with
+ * several rows in flight per CTA (bench/NOTES-softmax.md v24, rejected):
+ * backward 20 / 21 / 22 = 256 threads x 2 slots per row with 4 / 2 / 6 row
+ * buffers and 3 / 4 / 2 CTAs per SM, 23 = 512 x 1 with 4 buffers; forward 30 /
+ * 31 / 32 = 8 warps per tile of 8 rows with 4 / 2 / 6 buffers, 33 = 4 warps
+ * with 4 buffers.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -226,6 +231,182 @@ __global__ void __launch_bounds__(W * 32, MINB) fwd_warp_row(const uint4 *x, uin
   }
 }
 
+// ---- persistent CTAs fed by bulk copies (TMA), several rows in flight ---------
+
+__device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+/* bytes (a multiple of 16) from global src to shared dst, completing on bar */
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+
+/* backward, a CTA of T threads per row of T * K slots, persistent (rows
+ * blockIdx.x, + gridDim.x, ...): thread 0 keeps the next NBUF rows' y and dy
+ * on their way into shared memory (bulk copies); each thread copies its K
+ * slots to registers, the block sums, and thread 0 refills the buffer with
+ * the row NBUF ahead before the outputs are written. */
+template <int T, int K, int NBUF, int MINB>
+__global__ void __launch_bounds__(T, MINB) bwd_tma(const uint4 *y, const uint4 *dy, uint4 *dx, long long rows) {
+  extern __shared__ uint4 buf[]; /* [NBUF][2][T * K] */
+  __shared__ uint64_t bar[NBUF];
+  __shared__ float red[2][32];
+  constexpr int S = T * K;
+  constexpr unsigned BYTES = S * 16;
+  const int t = threadIdx.x;
+  if (t == 0) {
+    for (int s = 0; s < NBUF; s++) mbar_init(&bar[s], 1);
+    mbar_fence_init();
+  }
+  __syncthreads();
+  if (t == 0)
+    for (int s = 0; s < NBUF; s++) {
+      const long long r = blockIdx.x + (long long)s * gridDim.x;
+      if (r >= rows) break;
+      mbar_expect_tx(&bar[s], 2 * BYTES);
+      bulk_load(buf + (2 * s) * S, y + r * S, BYTES, &bar[s]);
+      bulk_load(buf + (2 * s + 1) * S, dy + r * S, BYTES, &bar[s]);
+    }
+  int i = 0;
+  for (long long r = blockIdx.x; r < rows; r += gridDim.x, i++) {
+    const int s = i % NBUF;
+    mbar_wait(&bar[s], (unsigned)(i / NBUF) & 1);
+    uint4 a[K], b[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+      a[k] = buf[(2 * s) * S + t + k * T];
+      b[k] = buf[(2 * s + 1) * S + t + k * T];
+    }
+    float v = 0.f;
+#pragma unroll
+    for (int k = 0; k < K; k++) v += dot8(a[k], b[k]);
+    /* block sum; its barrier also frees buffer s */
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(~0u, v, o);
+    if ((t & 31) == 0) red[i & 1][t >> 5] = v;
+    __syncthreads();
+    if (t == 0) {
+      const long long rn = r + (long long)NBUF * gridDim.x;
+      if (rn < rows) {
+        mbar_expect_tx(&bar[s], 2 * BYTES);
+        bulk_load(buf + (2 * s) * S, y + rn * S, BYTES, &bar[s]);
+        bulk_load(buf + (2 * s + 1) * S, dy + rn * S, BYTES, &bar[s]);
+      }
+    }
+    float sum = (t & 31) < T / 32 ? red[i & 1][t & 31] : 0.f;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(~0u, sum, o);
+#pragma unroll
+    for (int k = 0; k < K; k++) dx[r * S + t + k * T] = grad8(a[k], b[k], sum);
+  }
+}
+
+/* forward, a warp per row of 32 * K slots, W warps per CTA and W rows per
+ * tile, persistent (tiles blockIdx.x, + gridDim.x, ...), NBUF tiles in flight
+ * as in bwd_tma; a barrier after the copies to registers frees the buffer */
+template <int W, int K, int NBUF, int MINB>
+__global__ void __launch_bounds__(W * 32, MINB) fwd_tma(const uint4 *x, uint4 *y, long long rows) {
+  extern __shared__ uint4 buf[]; /* [NBUF][W * 32 * K] */
+  __shared__ uint64_t bar[NBUF];
+  constexpr int S = W * 32 * K; /* slots per tile */
+  const int t = threadIdx.x, lane = t & 31, w = t >> 5;
+  const long long tiles = rows / W; /* rows a multiple of W (the probe's shapes) */
+  if (t == 0) {
+    for (int s = 0; s < NBUF; s++) mbar_init(&bar[s], 1);
+    mbar_fence_init();
+  }
+  __syncthreads();
+  if (t == 0)
+    for (int s = 0; s < NBUF; s++) {
+      const long long tl = blockIdx.x + (long long)s * gridDim.x;
+      if (tl >= tiles) break;
+      mbar_expect_tx(&bar[s], S * 16);
+      bulk_load(buf + s * S, x + tl * S, S * 16, &bar[s]);
+    }
+  int i = 0;
+  for (long long tl = blockIdx.x; tl < tiles; tl += gridDim.x, i++) {
+    const int s = i % NBUF;
+    mbar_wait(&bar[s], (unsigned)(i / NBUF) & 1);
+    uint4 v[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) v[k] = buf[s * S + w * 32 * K + lane + 32 * k];
+    __syncthreads();
+    if (t == 0) {
+      const long long tn = tl + (long long)NBUF * gridDim.x;
+      if (tn < tiles) {
+        mbar_expect_tx(&bar[s], S * 16);
+        bulk_load(buf + s * S, x + tn * S, S * 16, &bar[s]);
+      }
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+      m = fmaxf(m, fmaxf(fmaxf(lo(v[k].x), hi(v[k].x)), fmaxf(lo(v[k].y), hi(v[k].y))));
+      m = fmaxf(m, fmaxf(fmaxf(lo(v[k].z), hi(v[k].z)), fmaxf(lo(v[k].w), hi(v[k].w))));
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o));
+    const float L2E = 1.4426950408889634f, c = -m * L2E;
+    float d = 0.f;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+      d += ex2(fmaf(lo(v[k].x), L2E, c)) + ex2(fmaf(hi(v[k].x), L2E, c)) + ex2(fmaf(lo(v[k].y), L2E, c)) +
+           ex2(fmaf(hi(v[k].y), L2E, c));
+      d += ex2(fmaf(lo(v[k].z), L2E, c)) + ex2(fmaf(hi(v[k].z), L2E, c)) + ex2(fmaf(lo(v[k].w), L2E, c)) +
+           ex2(fmaf(hi(v[k].w), L2E, c));
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) d += __shfl_xor_sync(~0u, d, o);
+    const float c2 = c - __log2f(d);
+    uint4 *yr = y + tl * S + w * 32 * K + lane;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+      uint4 o;
+      o.x = pack(ex2(fmaf(lo(v[k].x), L2E, c2)), ex2(fmaf(hi(v[k].x), L2E, c2)));
+      o.y = pack(ex2(fmaf(lo(v[k].y), L2E, c2)), ex2(fmaf(hi(v[k].y), L2E, c2)));
+      o.z = pack(ex2(fmaf(lo(v[k].z), L2E, c2)), ex2(fmaf(hi(v[k].z), L2E, c2)));
+      o.w = pack(ex2(fmaf(lo(v[k].w), L2E, c2)), ex2(fmaf(hi(v[k].w), L2E, c2)));
+      yr[32 * k] = o;
+    }
+  }
+}
+
+static int sm_count() {
+  static int n = 0;
+  if (!n) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+  }
+  return n;
+}
+
+/* persistent launch: grid = min(work items, SMs x CTAs per SM) */
+template <typename Kern, typename... Args>
+static void launch_persistent(Kern kern, int threads, size_t smem, int per_sm, long long items, cudaStream_t st,
+                              Args... args) {
+  cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  long long grid = (long long)sm_count() * per_sm;
+  if (items < grid) grid = items;
+  kern<<<(unsigned)grid, threads, smem, st>>>(args...);
+}
+
 /* Launches variant `which` (see the top) on `stream`; returns the launch's
  * cudaError_t, or -1 for an unknown variant. */
 extern "C" int probe_launch(int which, const void *a, const void *b, void *out, long long rows, void *stream) {
@@ -251,6 +432,16 @@ extern "C" int probe_launch(int which, const void *a, const void *b, void *out, 
     case 15: bwd_onepass_x<512, 4, 1><<<rows, 512, 0, st>>>(A, B, O); break;
     case 16: fwd_warp_row<4, 4, 8, 3><<<(rows + 3) / 4, 128, 0, st>>>(A, O, rows); break;
     case 17: fwd_warp_row<4, 4, 8, 4><<<(rows + 3) / 4, 128, 0, st>>>(A, O, rows); break;
+    /* persistent, bulk copies (TMA): backward 256 threads x 2 slots per row, NBUF rows
+     * of 16 KB in flight per CTA; forward 8 warps x 4 slots, tiles of 8 rows (16 KB) */
+    case 20: launch_persistent(bwd_tma<256, 2, 4, 3>, 256, 4 * 16384, 3, rows, st, A, B, O, rows); break;
+    case 21: launch_persistent(bwd_tma<256, 2, 2, 4>, 256, 2 * 16384, 4, rows, st, A, B, O, rows); break;
+    case 22: launch_persistent(bwd_tma<256, 2, 6, 2>, 256, 6 * 16384, 2, rows, st, A, B, O, rows); break;
+    case 23: launch_persistent(bwd_tma<512, 1, 4, 3>, 512, 4 * 16384, 3, rows, st, A, B, O, rows); break;
+    case 30: launch_persistent(fwd_tma<8, 4, 4, 3>, 256, 4 * 16384, 3, rows / 8, st, A, O, rows); break;
+    case 31: launch_persistent(fwd_tma<8, 4, 2, 4>, 256, 2 * 16384, 4, rows / 8, st, A, O, rows); break;
+    case 32: launch_persistent(fwd_tma<8, 4, 6, 2>, 256, 6 * 16384, 2, rows / 8, st, A, O, rows); break;
+    case 33: launch_persistent(fwd_tma<4, 4, 4, 6>, 128, 4 * 8192, 6, rows / 4, st, A, O, rows); break;
     default: return -1;
   }
   return (int)cudaGetLastError();
