@@ -12,6 +12,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -334,6 +335,55 @@ Tensor log_softmax_backward_op(const Tensor &grad_output, const Tensor &output, 
 }
 
 // ---------------------------------------------------------------------------
+// softmax / log_softmax autograd
+//
+// Registered here, not with torch.library.register_autograd in Python: the
+// Python formula ran on every call, with or without gradients, and cost
+// ~14 us of host time per forward (H100 machine: 25-34 us against
+// F.softmax's 11; bench/NOTES-softmax.md v24). The forward saves its output
+// and the backward is oss::softmax_backward / oss::log_softmax_backward, both
+// called through the dispatcher, so torch.compile traces them as the ops
+// they are.
+// ---------------------------------------------------------------------------
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+template <bool LOG> struct SoftmaxFunction : public torch::autograd::Function<SoftmaxFunction<LOG>> {
+  static Tensor forward(AutogradContext *ctx, const Tensor &self, int64_t dim, std::optional<at::ScalarType> dtype) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow(LOG ? "oss::log_softmax" : "oss::softmax", "")
+                               .typed<Tensor(const Tensor &, int64_t, std::optional<at::ScalarType>)>();
+    Tensor y;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      y = op.call(self, dim, dtype);
+    }
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["input_dtype"] = self.scalar_type();
+    ctx->save_for_backward({y});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow(LOG ? "oss::log_softmax_backward" : "oss::softmax_backward", "")
+                               .typed<Tensor(const Tensor &, const Tensor &, int64_t, at::ScalarType)>();
+    if (!ctx->needs_input_grad(0) || !grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
+    const Tensor y = ctx->get_saved_variables()[0];
+    const Tensor dx = op.call(grads[0], y, ctx->saved_data["dim"].toInt(), ctx->saved_data["input_dtype"].toScalarType());
+    return {dx, Tensor(), Tensor()};
+  }
+};
+
+Tensor softmax_autograd(const Tensor &self, int64_t dim, std::optional<at::ScalarType> dtype) {
+  return SoftmaxFunction<false>::apply(self, dim, dtype);
+}
+Tensor log_softmax_autograd(const Tensor &self, int64_t dim, std::optional<at::ScalarType> dtype) {
+  return SoftmaxFunction<true>::apply(self, dim, dtype);
+}
+
+// ---------------------------------------------------------------------------
 // Attention
 // ---------------------------------------------------------------------------
 
@@ -637,6 +687,11 @@ TORCH_LIBRARY_IMPL(oss, CPU, m) {
   m.impl("attention", &attention_op);
   m.impl("attention_with_residual", &attention_with_residual_op);
   m.impl("attention_backward", &attention_backward_op);
+}
+
+TORCH_LIBRARY_IMPL(oss, Autograd, m) {
+  m.impl("softmax", &softmax_autograd);
+  m.impl("log_softmax", &log_softmax_autograd);
 }
 
 #ifdef OSS_WITH_CUDA

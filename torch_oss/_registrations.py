@@ -1,8 +1,10 @@
-"""Fake (meta) functions and autograd formulas of the torch.ops.oss operators.
+"""Fake (meta) functions of the torch.ops.oss operators, and the autograd
+formulas of the attention operators.
 
-The operators themselves (schemas, CPU and CUDA kernels) are registered in C++
-by torch_oss._C; this module adds what torch.compile, FakeTensor and autograd
-need, following torch.library's recommended pattern.
+The operators themselves (schemas, CPU and CUDA kernels, and the autograd
+formulas of softmax and log_softmax, which run on every call and so cost less
+in C++) are registered by torch_oss._C; this module adds what torch.compile,
+FakeTensor and autograd need, following torch.library's recommended pattern.
 """
 
 import torch
@@ -58,23 +60,6 @@ def _softmax_backward_fake(name):
         return output.new_empty(output.shape, dtype=input_dtype)
 
     return fake
-
-
-def _softmax_setup_context(ctx, inputs, output):
-    self, dim, _dtype = inputs
-    ctx.dim = dim
-    ctx.input_dtype = self.dtype
-    ctx.save_for_backward(output)
-
-
-def _softmax_autograd(backward_op):
-    def backward(ctx, grad):
-        if not ctx.needs_input_grad[0]:
-            return None, None, None
-        (output,) = ctx.saved_tensors
-        return backward_op(grad, output, ctx.dim, ctx.input_dtype), None, None
-
-    return backward
 
 
 # ---------------------------------------------------------------------------
@@ -150,10 +135,8 @@ def register():
     for name in ("softmax", "log_softmax"):
         torch.library.register_fake(f"{lib}::{name}", _softmax_fake(name))
         torch.library.register_fake(f"{lib}::{name}_backward", _softmax_backward_fake(f"{name}_backward"))
-        backward_op = getattr(torch.ops.oss, f"{name}_backward").default
-        torch.library.register_autograd(
-            f"{lib}::{name}", _softmax_autograd(backward_op), setup_context=_softmax_setup_context
-        )
+    # softmax and log_softmax have their autograd formula in C++ (csrc/torch_ops.cpp):
+    # a Python formula here would run on every call and cost ~14 us of host time
     torch.library.register_fake(f"{lib}::attention", _attention_fake)
     torch.library.register_fake(f"{lib}::attention_with_residual", _attention_with_residual_fake)
     torch.library.register_fake(f"{lib}::attention_backward", _attention_backward_fake)
