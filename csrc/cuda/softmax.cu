@@ -45,6 +45,7 @@
  * size, with the same planner); a launch check after every launch; nothing is
  * launched when outer, n or inner is 0.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -183,11 +184,68 @@ static cudaError_t sm_cluster_config_init(sm_cluster_config *L, Kern kern, int C
   return C > 8 ? cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) : cudaSuccess;
 }
 
-/* Sets the attributes a configuration needs and returns how many of it can be
- * resident at once: CTAs per SM for C == 1, clusters on the GPU for C > 1;
- * 0 where it cannot run. */
+/* Answers of sm_config_residency, per device: the planner asks the same few
+ * questions on every call, and each asks the driver (cudaFuncSetAttribute
+ * and an occupancy query: microseconds of host time per call at the wide
+ * rows, bench/NOTES-softmax.md v24). The launches set the attributes they
+ * need themselves, so a remembered answer skips nothing they rely on. A full
+ * table just stops remembering. */
+typedef struct sm_residency_entry {
+  const void *kern;
+  int device, C, threads;
+  size_t smem;
+  unsigned grid_y;
+  int answer;
+} sm_residency_entry;
+enum { SM_RESIDENCY_CACHE = 512 };
+static sm_residency_entry sm_residency_cache[SM_RESIDENCY_CACHE];
+static int sm_residency_used;
+static pthread_mutex_t sm_residency_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool sm_residency_same(const sm_residency_entry *e, const sm_residency_entry *k) {
+  return e->kern == k->kern && e->device == k->device && e->C == k->C && e->threads == k->threads &&
+         e->smem == k->smem && e->grid_y == k->grid_y;
+}
+
+template <typename Kern>
+static int sm_config_residency_uncached(Kern kern, int C, int threads, size_t smem, unsigned grid_y,
+                                        cudaStream_t stream);
+
+/* How many of a configuration can be resident at once: CTAs per SM for C ==
+ * 1, clusters on the GPU for C > 1; 0 where it cannot run. */
 template <typename Kern>
 static int sm_config_residency(Kern kern, int C, int threads, size_t smem, unsigned grid_y, cudaStream_t stream) {
+  sm_residency_entry key;
+  memset(&key, 0, sizeof key);
+  key.kern = (const void *)kern;
+  key.C = C;
+  key.threads = threads;
+  key.smem = smem;
+  key.grid_y = grid_y;
+  if (cudaGetDevice(&key.device) != cudaSuccess) {
+    cudaGetLastError();
+    return sm_config_residency_uncached(kern, C, threads, smem, grid_y, stream);
+  }
+  pthread_mutex_lock(&sm_residency_lock);
+  for (int i = 0; i < sm_residency_used; i++)
+    if (sm_residency_same(&sm_residency_cache[i], &key)) {
+      const int answer = sm_residency_cache[i].answer;
+      pthread_mutex_unlock(&sm_residency_lock);
+      return answer;
+    }
+  pthread_mutex_unlock(&sm_residency_lock);
+  key.answer = sm_config_residency_uncached(kern, C, threads, smem, grid_y, stream);
+  pthread_mutex_lock(&sm_residency_lock);
+  if (sm_residency_used < SM_RESIDENCY_CACHE) sm_residency_cache[sm_residency_used++] = key;
+  pthread_mutex_unlock(&sm_residency_lock);
+  return key.answer;
+}
+
+/* Sets the attributes a configuration needs and asks the driver how many of
+ * it can be resident at once (see sm_config_residency). */
+template <typename Kern>
+static int sm_config_residency_uncached(Kern kern, int C, int threads, size_t smem, unsigned grid_y,
+                                        cudaStream_t stream) {
   if (smem > 40 * 1024 &&
       cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
     cudaGetLastError();
