@@ -9,6 +9,7 @@ the loop's wall time over CALLS is the host's cost per call. Median of
 --reps loops.
 
     python3 scripts/softmax_host_overhead.py [--calls 200] [--reps 7]
+    python3 scripts/softmax_host_overhead.py --breakdown   # where a forward call's time goes
 """
 
 import argparse
@@ -53,7 +54,32 @@ def main():
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="the layers of one forward call, (64, 1024) bfloat16: the public function, the op, "
+                         "the op without autograd, and two one-kernel PyTorch ops for scale")
     args = ap.parse_args()
+    if args.breakdown:
+        x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
+        op = torch.ops.oss.softmax.default
+
+        def op_inference():
+            with torch.inference_mode():
+                return op(x, -1, None)
+
+        def empty_inference():
+            with torch.inference_mode():
+                return None
+
+        for label, fn in (("torch_oss.softmax(x, -1)", lambda: torch_oss.softmax(x, -1)),
+                          ("torch.ops.oss.softmax(x, -1)", lambda: torch.ops.oss.softmax(x, -1)),
+                          ("torch.ops.oss.softmax.default(x, -1, None)", lambda: op(x, -1, None)),
+                          ("the same in inference_mode", op_inference),
+                          ("an empty inference_mode block", empty_inference),
+                          ("F.softmax(x, -1)", lambda: F.softmax(x, -1)),
+                          ("x.exp()", lambda: x.exp()),
+                          ("torch.empty_like(x)", lambda: torch.empty_like(x))):
+            print(f"{label:45} {per_call_us(fn, args.calls, args.reps):8.2f} us", flush=True)
+        return
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}: host us per call (enqueue, median of "
           f"{args.reps} loops of {args.calls})")
     print(f"{'point':32} {'shape':>18} {'op':4} {'torch_oss':>10} {'F.softmax':>10} {'compile':>10}")

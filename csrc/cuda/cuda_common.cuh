@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "../oss_internal.h"
@@ -41,8 +42,8 @@ typedef struct oss_device_info {
   int cc_major, cc_minor;
 } oss_device_info;
 
-static inline oss_status oss_get_device_info(oss_device_info *info) {
-  OSS_CUDA_TRY(cudaGetDevice(&info->device));
+/* Fills info's attributes for device info->device from the driver. */
+static inline oss_status oss_query_device_info(oss_device_info *info) {
   OSS_CUDA_TRY(cudaDeviceGetAttribute(&info->sm_count, cudaDevAttrMultiProcessorCount, info->device));
   OSS_CUDA_TRY(cudaDeviceGetAttribute(&info->max_smem_per_block_optin,
                                       cudaDevAttrMaxSharedMemoryPerBlockOptin, info->device));
@@ -51,6 +52,34 @@ static inline oss_status oss_get_device_info(oss_device_info *info) {
   OSS_CUDA_TRY(cudaDeviceGetAttribute(&info->l2_bytes, cudaDevAttrL2CacheSize, info->device));
   OSS_CUDA_TRY(cudaDeviceGetAttribute(&info->cc_major, cudaDevAttrComputeCapabilityMajor, info->device));
   OSS_CUDA_TRY(cudaDeviceGetAttribute(&info->cc_minor, cudaDevAttrComputeCapabilityMinor, info->device));
+  return OSS_OK;
+}
+
+/* The attributes of the current device, asked of the driver once per device
+ * (per translation unit): every op call needs them, and seven attribute
+ * queries cost host time on each (bench/NOTES-softmax.md v24). */
+enum { OSS_DEVICE_INFO_CACHE = 64 };
+static oss_device_info oss_device_info_cache[OSS_DEVICE_INFO_CACHE];
+static int oss_device_info_known[OSS_DEVICE_INFO_CACHE];
+static pthread_mutex_t oss_device_info_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static inline oss_status oss_get_device_info(oss_device_info *info) {
+  int device;
+  OSS_CUDA_TRY(cudaGetDevice(&device));
+  if (device >= 0 && device < OSS_DEVICE_INFO_CACHE) {
+    pthread_mutex_lock(&oss_device_info_lock);
+    const int known = oss_device_info_known[device];
+    if (known) *info = oss_device_info_cache[device];
+    pthread_mutex_unlock(&oss_device_info_lock);
+    if (known) return OSS_OK;
+  }
+  info->device = device;
+  const oss_status s = oss_query_device_info(info);
+  if (s != OSS_OK || device < 0 || device >= OSS_DEVICE_INFO_CACHE) return s;
+  pthread_mutex_lock(&oss_device_info_lock);
+  oss_device_info_cache[device] = *info;
+  oss_device_info_known[device] = 1;
+  pthread_mutex_unlock(&oss_device_info_lock);
   return OSS_OK;
 }
 
