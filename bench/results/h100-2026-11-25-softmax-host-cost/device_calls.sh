@@ -51,3 +51,13 @@ TESTS="tests/test_softmax.py tests/test_errors.py tests/test_extremes.py tests/t
 wait
 tail -3 $OUT/selftest_check.log
 timeout 150 python3 scripts/softmax_host_overhead.py --no-compile 2>&1 | grep -v "UserWarning\|^$"
+#!/usr/bin/env bash
+# device attributes remembered per device (host code only): build, self-test check, GPU tests (attention included), host cost
+set -u
+bash scripts/gpu_check.sh build 2>&1 | tail -2
+(timeout 400 ./sbin/sm check > $OUT/selftest_check.log 2>&1; echo "selftest rc $?" >> $OUT/selftest_check.log) &
+TESTS="tests/test_attention.py tests/test_softmax.py tests/test_extremes.py tests/test_errors.py tests/test_concurrency.py tests/test_patching.py" PYTEST_ARGS="-k cuda" TEST_JOBS=4 FILE_TIMEOUT=300 STAGE_TIMEOUT=320 bash scripts/gpu_check.sh test 2>&1 | tail -9
+wait
+tail -2 $OUT/selftest_check.log
+timeout 40 python3 scripts/softmax_host_overhead.py --breakdown 2>&1 | grep -v "UserWarning\|^$"
+timeout 100 python3 scripts/softmax_host_overhead.py --no-compile 2>&1 | grep -v "UserWarning\|^$"
