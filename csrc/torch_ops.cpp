@@ -5,6 +5,8 @@
  * names the offending one in every error, turns Tensors into the plain C
  * parameter structs of oss.h, sets the device guard and current stream, and
  * calls the CPU or CUDA entry points. It knows nothing about tiles or warps.
+ * softmax's and log_softmax's autograd formulas live here too (attention's are
+ * in torch_oss/_registrations.py).
  * A minimal Python module init (no pybind) makes `torch_oss._C` importable and
  * exposes build_config().
  */
