@@ -175,26 +175,9 @@ __global__ void __launch_bounds__(T, MINB) bwd_twopass(const uint4 *y, const uin
     dx[base + i * T] = grad8(ld_pol(y + base + i * T, pf), ld_pol(dy + base + i * T, pf), s);
 }
 
-/* forward, a warp per row of 32 * K slots, W warps per CTA */
-template <int W, int K, int MINB, int POL = 0>
-__global__ void __launch_bounds__(W * 32, MINB) fwd_warp_row(const uint4 *x, uint4 *y, int64_t rows) {
-  const int64_t row = (int64_t)blockIdx.x * W + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= rows) return;
-  const uint4 *xr = x + row * (32 * K) + lane;
-  uint4 *yr = y + row * (32 * K) + lane;
-  uint4 v[K];
-  if (POL == 0) {
-#pragma unroll
-    for (int k = 0; k < K; k++) v[k] = xr[32 * k];
-  } else if (POL == 3) {
-#pragma unroll
-    for (int k = 0; k < K; k++) v[k] = xr[32 * k];
-  } else {
-    const uint64_t p = POL == 1 ? pol_first() : pol_last();
-#pragma unroll
-    for (int k = 0; k < K; k++) v[k] = POL == 4 ? ld_pol<true>(xr + 32 * k, p) : ld_pol(xr + 32 * k, p);
-  }
+/* A warp's row of 32 * K bfloat16 slots (lane holds v[k] = slot lane + 32k):
+ * softmax into out[k] (max, sum of exp2, output; butterfly shuffles) */
+template <int K> __device__ __forceinline__ void warp_row_softmax(const uint4 (&v)[K], uint4 (&out)[K]) {
   float m = -INFINITY;
 #pragma unroll
   for (int k = 0; k < K; k++) {
@@ -222,6 +205,35 @@ __global__ void __launch_bounds__(W * 32, MINB) fwd_warp_row(const uint4 *x, uin
     o.y = pack(ex2(fmaf(lo(v[k].y), L2E, c2)), ex2(fmaf(hi(v[k].y), L2E, c2)));
     o.z = pack(ex2(fmaf(lo(v[k].z), L2E, c2)), ex2(fmaf(hi(v[k].z), L2E, c2)));
     o.w = pack(ex2(fmaf(lo(v[k].w), L2E, c2)), ex2(fmaf(hi(v[k].w), L2E, c2)));
+    out[k] = o;
+  }
+}
+
+/* forward, a warp per row of 32 * K slots, W warps per CTA */
+template <int W, int K, int MINB, int POL = 0>
+__global__ void __launch_bounds__(W * 32, MINB) fwd_warp_row(const uint4 *x, uint4 *y, int64_t rows) {
+  const int64_t row = (int64_t)blockIdx.x * W + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const uint4 *xr = x + row * (32 * K) + lane;
+  uint4 *yr = y + row * (32 * K) + lane;
+  uint4 v[K];
+  if (POL == 0) {
+#pragma unroll
+    for (int k = 0; k < K; k++) v[k] = xr[32 * k];
+  } else if (POL == 3) {
+#pragma unroll
+    for (int k = 0; k < K; k++) v[k] = xr[32 * k];
+  } else {
+    const uint64_t p = POL == 1 ? pol_first() : pol_last();
+#pragma unroll
+    for (int k = 0; k < K; k++) v[k] = POL == 4 ? ld_pol<true>(xr + 32 * k, p) : ld_pol(xr + 32 * k, p);
+  }
+  uint4 out[K];
+  warp_row_softmax<K>(v, out);
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    const uint4 o = out[k];
     if (POL == 3) st_pol(yr + 32 * k, o, pol_first());
     else yr[32 * k] = o;
   }
@@ -354,34 +366,12 @@ __global__ void __launch_bounds__(W * 32, MINB) fwd_tma(const uint4 *x, uint4 *y
         bulk_load(buf + s * S, x + tn * S, S * 16, &bar[s]);
       }
     }
-    float m = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-      m = fmaxf(m, fmaxf(fmaxf(lo(v[k].x), hi(v[k].x)), fmaxf(lo(v[k].y), hi(v[k].y))));
-      m = fmaxf(m, fmaxf(fmaxf(lo(v[k].z), hi(v[k].z)), fmaxf(lo(v[k].w), hi(v[k].w))));
-    }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o));
-    const float L2E = 1.4426950408889634f, c = -m * L2E;
-    float d = 0.f;
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-      d += ex2(fmaf(lo(v[k].x), L2E, c)) + ex2(fmaf(hi(v[k].x), L2E, c)) + ex2(fmaf(lo(v[k].y), L2E, c)) +
-           ex2(fmaf(hi(v[k].y), L2E, c));
-      d += ex2(fmaf(lo(v[k].z), L2E, c)) + ex2(fmaf(hi(v[k].z), L2E, c)) + ex2(fmaf(lo(v[k].w), L2E, c)) +
-           ex2(fmaf(hi(v[k].w), L2E, c));
-    }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) d += __shfl_xor_sync(~0u, d, o);
-    const float c2 = c - __log2f(d);
+    uint4 out[K];
+    warp_row_softmax<K>(v, out);
     uint4 *yr = y + tl * S + w * 32 * K + lane;
 #pragma unroll
     for (int k = 0; k < K; k++) {
-      uint4 o;
-      o.x = pack(ex2(fmaf(lo(v[k].x), L2E, c2)), ex2(fmaf(hi(v[k].x), L2E, c2)));
-      o.y = pack(ex2(fmaf(lo(v[k].y), L2E, c2)), ex2(fmaf(hi(v[k].y), L2E, c2)));
-      o.z = pack(ex2(fmaf(lo(v[k].z), L2E, c2)), ex2(fmaf(hi(v[k].z), L2E, c2)));
-      o.w = pack(ex2(fmaf(lo(v[k].w), L2E, c2)), ex2(fmaf(hi(v[k].w), L2E, c2)));
+      const uint4 o = out[k];
       yr[32 * k] = o;
     }
   }
