@@ -261,6 +261,14 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
       "r"(parity)
       : "memory");
 }
+/* thread 0 initialises the N barriers (one arrival each: its expect_tx); then all wait */
+template <int N> __device__ __forceinline__ void mbar_init_all(uint64_t *bar) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < N; s++) mbar_init(&bar[s], 1);
+    mbar_fence_init();
+  }
+  __syncthreads();
+}
 /* bytes (a multiple of 16) from global src to shared dst, completing on bar */
 __device__ __forceinline__ void bulk_load(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
@@ -282,11 +290,7 @@ __global__ void __launch_bounds__(T, MINB) bwd_tma(const uint4 *y, const uint4 *
   constexpr int S = T * K;
   constexpr unsigned BYTES = S * 16;
   const int t = threadIdx.x;
-  if (t == 0) {
-    for (int s = 0; s < NBUF; s++) mbar_init(&bar[s], 1);
-    mbar_fence_init();
-  }
-  __syncthreads();
+  mbar_init_all<NBUF>(bar);
   if (t == 0)
     for (int s = 0; s < NBUF; s++) {
       const long long r = blockIdx.x + (long long)s * gridDim.x;
@@ -339,11 +343,7 @@ __global__ void __launch_bounds__(W * 32, MINB) fwd_tma(const uint4 *x, uint4 *y
   constexpr int S = W * 32 * K; /* slots per tile */
   const int t = threadIdx.x, lane = t & 31, w = t >> 5;
   const long long tiles = rows / W; /* rows a multiple of W (the probe's shapes) */
-  if (t == 0) {
-    for (int s = 0; s < NBUF; s++) mbar_init(&bar[s], 1);
-    mbar_fence_init();
-  }
-  __syncthreads();
+  mbar_init_all<NBUF>(bar);
   if (t == 0)
     for (int s = 0; s < NBUF; s++) {
       const long long tl = blockIdx.x + (long long)s * gridDim.x;
