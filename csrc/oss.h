@@ -14,7 +14,8 @@
  *     on failure oss_error_message() holds a sentence saying why.
  *   - CUDA entry points take the cudaStream_t to launch on as a void*; they
  *     never synchronise and never allocate device memory (callers pass a
- *     workspace whose size the matching *_workspace_size function returns).
+ *     workspace whose size the matching *_workspace_size function, or the
+ *     softmax plan, gives).
  *   - CPU entry points take an oss_cpu_exec that says how to run a parallel
  *     loop (the registration layer hands in torch's thread pool).
  */
@@ -102,8 +103,24 @@ typedef struct oss_softmax_backward_params {
 oss_status oss_softmax_forward_cpu(const oss_softmax_params *p, const oss_cpu_exec *exec);
 oss_status oss_softmax_backward_cpu(const oss_softmax_backward_params *p, const oss_cpu_exec *exec);
 
-/* CUDA: workspace_size returns the bytes of device scratch the call needs
- * (0 for most shapes); pass a buffer at least that large and 16-byte aligned. */
+/* CUDA, planned once: a *_plan_cuda function checks the params, chooses the
+ * kernels for the current device and sets plan->workspace_bytes, the device
+ * scratch the launch needs (0 for most shapes); oss_softmax_launch_cuda then
+ * launches that plan with a workspace at least that large and 16-byte aligned
+ * (NULL when 0), on the device that was current when it was planned. A plan
+ * holds the params' pointers and may be launched any number of times while
+ * the tensors live. */
+typedef struct oss_softmax_plan_cuda {
+  size_t workspace_bytes;
+  int64_t internal[32]; /* private to the implementation */
+} oss_softmax_plan_cuda;
+
+oss_status oss_softmax_forward_plan_cuda(const oss_softmax_params *p, oss_softmax_plan_cuda *plan);
+oss_status oss_softmax_backward_plan_cuda(const oss_softmax_backward_params *p, oss_softmax_plan_cuda *plan);
+oss_status oss_softmax_launch_cuda(const oss_softmax_plan_cuda *plan, void *workspace, void *cuda_stream);
+
+/* The same in two calls that each plan: workspace_size returns the bytes of
+ * scratch (0 for most shapes, and 0 for params the call would reject). */
 size_t oss_softmax_forward_workspace_size_cuda(const oss_softmax_params *p);
 oss_status oss_softmax_forward_cuda(const oss_softmax_params *p, void *workspace, void *cuda_stream);
 size_t oss_softmax_backward_workspace_size_cuda(const oss_softmax_backward_params *p);

@@ -257,8 +257,10 @@ Tensor softmax_forward(const Tensor &self, int64_t dim, std::optional<at::Scalar
 #ifdef OSS_WITH_CUDA
   if (x.is_cuda()) {
     const c10::cuda::CUDAGuard guard(x.device());
-    Tensor ws = cuda_workspace(x, oss_softmax_forward_workspace_size_cuda(&p));
-    check_status(op, oss_softmax_forward_cuda(&p, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
+    oss_softmax_plan_cuda plan;
+    check_status(op, oss_softmax_forward_plan_cuda(&p, &plan));
+    Tensor ws = cuda_workspace(x, plan.workspace_bytes);
+    check_status(op, oss_softmax_launch_cuda(&plan, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
     return y;
   }
 #endif
@@ -312,8 +314,10 @@ Tensor softmax_backward(const Tensor &grad_output, const Tensor &output, int64_t
 #ifdef OSS_WITH_CUDA
   if (y.is_cuda()) {
     const c10::cuda::CUDAGuard guard(y.device());
-    Tensor ws = cuda_workspace(y, oss_softmax_backward_workspace_size_cuda(&p));
-    check_status(op, oss_softmax_backward_cuda(&p, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
+    oss_softmax_plan_cuda plan;
+    check_status(op, oss_softmax_backward_plan_cuda(&p, &plan));
+    Tensor ws = cuda_workspace(y, plan.workspace_bytes);
+    check_status(op, oss_softmax_launch_cuda(&plan, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
     return cast_after ? dx.to(input_dtype) : dx;
   }
 #endif
@@ -351,16 +355,18 @@ Tensor log_softmax_backward_op(const Tensor &grad_output, const Tensor &output, 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// The forward op below autograd (the CPU or CUDA kernel).
+template <bool LOG> Tensor softmax_below_autograd(const Tensor &self, int64_t dim, std::optional<at::ScalarType> dtype) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow(LOG ? "oss::log_softmax" : "oss::softmax", "")
+                             .typed<Tensor(const Tensor &, int64_t, std::optional<at::ScalarType>)>();
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return op.call(self, dim, dtype);
+}
+
 template <bool LOG> struct SoftmaxFunction : public torch::autograd::Function<SoftmaxFunction<LOG>> {
   static Tensor forward(AutogradContext *ctx, const Tensor &self, int64_t dim, std::optional<at::ScalarType> dtype) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow(LOG ? "oss::log_softmax" : "oss::softmax", "")
-                               .typed<Tensor(const Tensor &, int64_t, std::optional<at::ScalarType>)>();
-    Tensor y;
-    {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      y = op.call(self, dim, dtype);
-    }
+    const Tensor y = softmax_below_autograd<LOG>(self, dim, dtype);
     ctx->saved_data["dim"] = dim;
     ctx->saved_data["input_dtype"] = self.scalar_type();
     ctx->save_for_backward({y});
@@ -378,11 +384,13 @@ template <bool LOG> struct SoftmaxFunction : public torch::autograd::Function<So
   }
 };
 
-Tensor softmax_autograd(const Tensor &self, int64_t dim, std::optional<at::ScalarType> dtype) {
-  return SoftmaxFunction<false>::apply(self, dim, dtype);
-}
-Tensor log_softmax_autograd(const Tensor &self, int64_t dim, std::optional<at::ScalarType> dtype) {
-  return SoftmaxFunction<true>::apply(self, dim, dtype);
+// A call that nothing will differentiate (grad mode off, or an input that
+// neither requires grad nor carries a forward-mode tangent) skips the autograd
+// node: building one costs ~2 us of host time per call (bench/NOTES-softmax.md).
+template <bool LOG> Tensor softmax_autograd(const Tensor &self, int64_t dim, std::optional<at::ScalarType> dtype) {
+  const bool differentiated =
+      (at::GradMode::is_enabled() && self.requires_grad()) || self._fw_grad(/*level=*/0).defined();
+  return differentiated ? SoftmaxFunction<LOG>::apply(self, dim, dtype) : softmax_below_autograd<LOG>(self, dim, dtype);
 }
 
 // ---------------------------------------------------------------------------
@@ -692,8 +700,8 @@ TORCH_LIBRARY_IMPL(oss, CPU, m) {
 }
 
 TORCH_LIBRARY_IMPL(oss, Autograd, m) {
-  m.impl("softmax", &softmax_autograd);
-  m.impl("log_softmax", &log_softmax_autograd);
+  m.impl("softmax", &softmax_autograd<false>);
+  m.impl("log_softmax", &softmax_autograd<true>);
 }
 
 #ifdef OSS_WITH_CUDA

@@ -10,6 +10,13 @@ the loop's wall time over CALLS is the host's cost per call. Median of
 
     python3 scripts/softmax_host_overhead.py [--calls 200] [--reps 7]
     python3 scripts/softmax_host_overhead.py --breakdown   # where a forward call's time goes
+    python3 scripts/softmax_host_overhead.py --varying     # a process whose widths keep changing
+
+--varying: a long-running process sees many row widths, each with its own
+launch configuration. It first calls the forward once on each of --history
+widths, then times loops over 64 widths it has not seen yet (the one-CTA tier
+with a shared-memory part, bfloat16): the cost per call once those are known,
+against F.softmax on the same widths.
 """
 
 import argparse
@@ -54,10 +61,34 @@ def main():
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--varying", action="store_true", help="many widths, then a working set of 64 new ones")
+    ap.add_argument("--history", type=int, default=1500)
     ap.add_argument("--breakdown", action="store_true",
                     help="the layers of one forward call, (64, 1024) bfloat16: the public function, the op, "
                          "the op without autograd, and two one-kernel PyTorch ops for scale")
     args = ap.parse_args()
+    print(f"torch_oss from {torch_oss.__file__}")
+    if args.varying:
+        buf = torch.randn(2 * 80000, device="cuda", dtype=torch.bfloat16)
+        history = [40000 + 8 * k for k in range(args.history)]
+        fresh = [62000 + 8 * k for k in range(64)]
+        t0 = time.perf_counter()
+        for w in history:
+            torch_oss.softmax(buf[:2 * w].view(2, w), -1)
+        torch.cuda.synchronize()
+        first = (time.perf_counter() - t0) / len(history) * 1e6
+        xs = [buf[:2 * w].view(2, w) for w in fresh]
+
+        def loop(fn):
+            return lambda: [fn(x, -1) for x in xs]
+
+        calls = max(1, args.calls // len(xs))
+        ours = per_call_us(loop(torch_oss.softmax), calls, args.reps) / len(xs)
+        eager = per_call_us(loop(F.softmax), calls, args.reps) / len(xs)
+        print(f"{torch.cuda.get_device_name(0)}: bfloat16 (2, w) forward, host us per call")
+        print(f"first call at each of {len(history)} widths (40000 + 8k): {first:8.2f}")
+        print(f"then 64 new widths (62000 + 8k), in loops: torch_oss {ours:8.2f}   F.softmax {eager:8.2f}")
+        return
     if args.breakdown:
         x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
         op = torch.ops.oss.softmax.default

@@ -168,6 +168,32 @@ def test_gradcheck_float64(device, op_name, shape, dim):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op_name", list(OPS))
+def test_autograd_node_only_when_differentiated(device, op_name):
+    # a call nothing will differentiate skips the autograd node (host cost);
+    # one that will gets it, and its gradient flows
+    ours_fn, torch_fn = OPS[op_name]
+    x = torch.randn(3, 9, dtype=torch.float64, device=device)
+    y = ours_fn(x, -1)
+    assert y.grad_fn is None and not y.requires_grad
+    xr = x.clone().requires_grad_()
+    with torch.no_grad():
+        y = ours_fn(xr, -1)
+    assert y.grad_fn is None and not y.requires_grad
+    with torch.inference_mode():
+        y = ours_fn(xr, -1)
+    assert y.grad_fn is None and y.is_inference()
+    torch.testing.assert_close(y, torch_fn(x, -1))
+    y = ours_fn(xr, -1)
+    assert y.grad_fn is not None and y.requires_grad
+    w = torch.randn_like(y)
+    (grad,) = torch.autograd.grad((y * w).sum(), xr)
+    xe = x.clone().requires_grad_()
+    (expected,) = torch.autograd.grad((torch_fn(xe, -1) * w).sum(), xe)
+    torch.testing.assert_close(grad, expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("op_name", list(OPS))
 @pytest.mark.parametrize("shape,dim", [((17, 129), -1), ((5, 1025), -1), ((4, 3001), -1), ((2, 6150), -1),

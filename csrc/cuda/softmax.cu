@@ -41,8 +41,9 @@
  * measured on an H100 (bench/NOTES-softmax.md).
  *
  * Launch rules: the caller's stream only; no synchronisation, no allocation
- * (the split tiers use the workspace that the *_workspace_size_cuda functions
- * size, with the same planner); a launch check after every launch; nothing is
+ * (the split and spread tiers use the caller's workspace, sized by the plan:
+ * oss_softmax_*_plan_cuda plans once and oss_softmax_launch_cuda checks the
+ * workspace and launches); a launch check after every launch; nothing is
  * launched when outer, n or inner is 0.
  */
 #include <pthread.h>
@@ -188,23 +189,33 @@ static cudaError_t sm_cluster_config_init(sm_cluster_config *L, Kern kern, int C
  * questions on every call, and each asks the driver (cudaFuncSetAttribute
  * and an occupancy query: microseconds of host time per call at the wide
  * rows, bench/NOTES-softmax.md v24). The launches set the attributes they
- * need themselves, so a remembered answer skips nothing they rely on. A full
- * table just stops remembering. */
+ * need themselves, so a remembered answer skips nothing they rely on.
+ * A set-associative table: a key hashes to one set of SM_RESIDENCY_WAYS
+ * entries, and a new answer replaces the set's oldest, so a lookup costs a
+ * few compares and a process whose shapes change keeps its recent answers. */
 typedef struct sm_residency_entry {
-  const void *kern;
+  const void *kern; /* NULL: an empty entry */
   int device, C, threads;
   size_t smem;
   unsigned grid_y;
   int answer;
 } sm_residency_entry;
-enum { SM_RESIDENCY_CACHE = 512 };
-static sm_residency_entry sm_residency_cache[SM_RESIDENCY_CACHE];
-static int sm_residency_used;
+enum { SM_RESIDENCY_SETS = 256, SM_RESIDENCY_WAYS = 8 };
+static sm_residency_entry sm_residency_cache[SM_RESIDENCY_SETS][SM_RESIDENCY_WAYS];
+static unsigned char sm_residency_oldest[SM_RESIDENCY_SETS];
 static pthread_mutex_t sm_residency_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static bool sm_residency_same(const sm_residency_entry *e, const sm_residency_entry *k) {
   return e->kern == k->kern && e->device == k->device && e->C == k->C && e->threads == k->threads &&
          e->smem == k->smem && e->grid_y == k->grid_y;
+}
+
+static unsigned sm_residency_set(const sm_residency_entry *k) {
+  uint64_t h = (uint64_t)(uintptr_t)k->kern;
+  const uint64_t fields[5] = {(uint64_t)k->device, (uint64_t)k->C, (uint64_t)k->threads, (uint64_t)k->smem,
+                              (uint64_t)k->grid_y};
+  for (int i = 0; i < 5; i++) h = (h ^ fields[i]) * 0x9E3779B97F4A7C15ull;
+  return (unsigned)(h >> 40) % SM_RESIDENCY_SETS;
 }
 
 template <typename Kern>
@@ -226,17 +237,24 @@ static int sm_config_residency(Kern kern, int C, int threads, size_t smem, unsig
     cudaGetLastError();
     return sm_config_residency_uncached(kern, C, threads, smem, grid_y, stream);
   }
+  const unsigned set = sm_residency_set(&key);
+  sm_residency_entry *ways = sm_residency_cache[set];
   pthread_mutex_lock(&sm_residency_lock);
-  for (int i = 0; i < sm_residency_used; i++)
-    if (sm_residency_same(&sm_residency_cache[i], &key)) {
-      const int answer = sm_residency_cache[i].answer;
+  for (int i = 0; i < SM_RESIDENCY_WAYS; i++)
+    if (sm_residency_same(&ways[i], &key)) {
+      const int answer = ways[i].answer;
       pthread_mutex_unlock(&sm_residency_lock);
       return answer;
     }
   pthread_mutex_unlock(&sm_residency_lock);
   key.answer = sm_config_residency_uncached(kern, C, threads, smem, grid_y, stream);
   pthread_mutex_lock(&sm_residency_lock);
-  if (sm_residency_used < SM_RESIDENCY_CACHE) sm_residency_cache[sm_residency_used++] = key;
+  bool present = false; /* another thread may have added it meanwhile */
+  for (int i = 0; i < SM_RESIDENCY_WAYS && !present; i++) present = sm_residency_same(&ways[i], &key);
+  if (!present) {
+    ways[sm_residency_oldest[set]] = key;
+    sm_residency_oldest[set] = (unsigned char)((sm_residency_oldest[set] + 1) % SM_RESIDENCY_WAYS);
+  }
   pthread_mutex_unlock(&sm_residency_lock);
   return key.answer;
 }
@@ -825,8 +843,6 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
     return sm_launch_clusters(kern, grid, block, smem, P->C, stream, A, "softmax_row_chunks_kernel");
   }
   if (P->kind == SM_PLAN_SPREAD) {
-    if (ws == NULL)
-      return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "softmax: this shape needs a workspace of %zu bytes but workspace is NULL", P->ws_bytes);
     A.mode = SM_SPREAD;
     A.counters = (unsigned *)ws;
     A.partials = (char *)ws + sm_spread_counter_bytes(J->outer);
@@ -835,7 +851,6 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
     return oss_check_launch("softmax_row_chunks_kernel (spread)");
   }
   /* split */
-  if (ws == NULL && P->ws_bytes) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "softmax: this shape needs a workspace of %zu bytes but workspace is NULL", P->ws_bytes);
   A.partials = ws;
   A.finals = (char *)ws + (size_t)(J->outer * P->nchunks) * sizeof(sm_stat<Acc>);
   A.mode = SM_STATS;
@@ -889,9 +904,6 @@ static oss_status sm_run_cols(const sm_job *J, const sm_plan *P, void *ws, const
     kern<<<grid, block, smem, stream>>>(A);
     return oss_check_launch("softmax_columns_kernel");
   }
-  if (ws == NULL)
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT,
-                    "softmax: this shape needs a workspace of %zu bytes but workspace is NULL", P->ws_bytes);
   const int64_t items = J->outer * J->inner;
   A.partials = ws;
   A.finals = (char *)ws + (size_t)(items * P->nchunks) * sizeof(sm_stat<Acc>);
@@ -906,60 +918,60 @@ static oss_status sm_run_cols(const sm_job *J, const sm_plan *P, void *ws, const
   return oss_check_launch("softmax_columns_kernel (apply)");
 }
 
-/* Plans, then either reports the workspace size (ws_size != NULL) or launches. */
+/* Plans (launch == false: fills *P, its ws_bytes rounded up to 16) or
+ * launches the plan *P (launch == true). */
 template <bool BWD, typename T1, typename T2, typename Acc>
-static oss_status sm_run(const sm_job *J, void *ws, cudaStream_t stream, size_t *ws_size) {
+static oss_status sm_run(const sm_job *J, sm_plan *P, void *ws, cudaStream_t stream, bool launch) {
   oss_device_info info;
   oss_status s = oss_get_device_info(&info);
   if (s != OSS_OK) return s;
-  sm_plan P;
-  s = J->inner == 1 ? sm_plan_rows<BWD, T1, T2, Acc>(J, &info, stream, &P) : sm_plan_cols<BWD, T1, T2, Acc>(J, &info, stream, &P);
-  if (s != OSS_OK) return s;
-  if (ws_size) {
-    *ws_size = (P.ws_bytes + 15) & ~(size_t)15;
-    return OSS_OK;
+  if (!launch) {
+    s = J->inner == 1 ? sm_plan_rows<BWD, T1, T2, Acc>(J, &info, stream, P)
+                      : sm_plan_cols<BWD, T1, T2, Acc>(J, &info, stream, P);
+    P->ws_bytes = (P->ws_bytes + 15) & ~(size_t)15;
+    return s;
   }
 #ifdef OSS_SOFTMAX_TEST_KNOBS
   if (oss_softmax_cuda_test_knobs[7] & (BWD ? 2 : 1)) {
     oss_softmax_cuda_test_knobs[7] &= BWD ? ~2 : ~1;
     static const char *kinds[] = {"warp", "chunks", "split", "cols", "cols-split", "spread"};
     printf("plan %s: %s al=%d keep=%d km=%d threads=%d K=%d G=%d C=%d smem_slots=%d S=%lld TJ=%d chunk_n=%lld nchunks=%lld grid=%ux%u ws=%zu\n",
-           BWD ? "bwd" : "fwd", kinds[P.kind], P.al, P.keep, P.km, P.threads, P.K, P.G, P.C, P.smem_slots, (long long)P.S, P.TJ,
-           (long long)P.chunk_n, (long long)P.nchunks, P.grid_x, P.grid_y, P.ws_bytes);
-    if (P.kind == SM_PLAN_CHUNKS || P.kind == SM_PLAN_SPREAD)
+           BWD ? "bwd" : "fwd", kinds[P->kind], P->al, P->keep, P->km, P->threads, P->K, P->G, P->C, P->smem_slots,
+           (long long)P->S, P->TJ, (long long)P->chunk_n, (long long)P->nchunks, P->grid_x, P->grid_y, P->ws_bytes);
+    if (P->kind == SM_PLAN_CHUNKS || P->kind == SM_PLAN_SPREAD)
       printf("plan %s: resident at once: %d %s\n", BWD ? "bwd" : "fwd",
-             sm_config_residency(sm_chunks_kernel_for<BWD, T1, T2, Acc>(P.al), P.kind == SM_PLAN_SPREAD ? 1 : P.C, P.threads,
-                                 (size_t)P.smem_slots * 16 * (BWD ? 2 : 1), P.grid_y, stream),
-             P.C > 1 && P.kind == SM_PLAN_CHUNKS ? "clusters on the GPU" : "CTAs per SM");
-    if (P.kind == SM_PLAN_COLS || P.kind == SM_PLAN_COLS_SPLIT)
+             sm_config_residency(sm_chunks_kernel_for<BWD, T1, T2, Acc>(P->al), P->kind == SM_PLAN_SPREAD ? 1 : P->C,
+                                 P->threads, (size_t)P->smem_slots * 16 * (BWD ? 2 : 1), P->grid_y, stream),
+             P->C > 1 && P->kind == SM_PLAN_CHUNKS ? "clusters on the GPU" : "CTAs per SM");
+    if (P->kind == SM_PLAN_COLS || P->kind == SM_PLAN_COLS_SPLIT)
       printf("plan %s: resident at once: %d %s\n", BWD ? "bwd" : "fwd",
-             sm_config_residency(sm_columns_kernel_for<BWD, T1, T2, Acc>(P.threads), P.C, P.threads,
-                                 (size_t)P.smem_slots * 16, P.grid_y, stream),
-             P.C > 1 ? "clusters on the GPU" : "CTAs per SM");
+             sm_config_residency(sm_columns_kernel_for<BWD, T1, T2, Acc>(P->threads), P->C, P->threads,
+                                 (size_t)P->smem_slots * 16, P->grid_y, stream),
+             P->C > 1 ? "clusters on the GPU" : "CTAs per SM");
     fflush(stdout);
   }
 #endif
-  return J->inner == 1 ? sm_run_rows<BWD, T1, T2, Acc>(J, &P, ws, &info, stream)
-                       : sm_run_cols<BWD, T1, T2, Acc>(J, &P, ws, &info, stream);
+  return J->inner == 1 ? sm_run_rows<BWD, T1, T2, Acc>(J, P, ws, &info, stream)
+                       : sm_run_cols<BWD, T1, T2, Acc>(J, P, ws, &info, stream);
 }
 
 template <bool BWD, typename T1>
-static oss_status sm_dispatch_out(const sm_job *J, void *ws, cudaStream_t stream, size_t *ws_size) {
+static oss_status sm_dispatch_out(const sm_job *J, sm_plan *P, void *ws, cudaStream_t stream, bool launch) {
   switch (J->tout) {
-  case OSS_FLOAT32: return sm_run<BWD, T1, float, float>(J, ws, stream, ws_size);
-  case OSS_FLOAT16: return sm_run<BWD, T1, __half, float>(J, ws, stream, ws_size);
-  case OSS_BFLOAT16: return sm_run<BWD, T1, __nv_bfloat16, float>(J, ws, stream, ws_size);
+  case OSS_FLOAT32: return sm_run<BWD, T1, float, float>(J, P, ws, stream, launch);
+  case OSS_FLOAT16: return sm_run<BWD, T1, __half, float>(J, P, ws, stream, launch);
+  case OSS_BFLOAT16: return sm_run<BWD, T1, __nv_bfloat16, float>(J, P, ws, stream, launch);
   default: break;
   }
   return oss_fail(OSS_ERROR_NOT_SUPPORTED, "softmax: unsupported output dtype");
 }
 
-template <bool BWD> static oss_status sm_dispatch(const sm_job *J, void *ws, cudaStream_t stream, size_t *ws_size) {
+template <bool BWD> static oss_status sm_dispatch(const sm_job *J, sm_plan *P, void *ws, cudaStream_t stream, bool launch) {
   switch (J->ta) {
-  case OSS_FLOAT32: return sm_dispatch_out<BWD, float>(J, ws, stream, ws_size);
-  case OSS_FLOAT16: return sm_dispatch_out<BWD, __half>(J, ws, stream, ws_size);
-  case OSS_BFLOAT16: return sm_dispatch_out<BWD, __nv_bfloat16>(J, ws, stream, ws_size);
-  case OSS_FLOAT64: return sm_run<BWD, double, double, double>(J, ws, stream, ws_size);
+  case OSS_FLOAT32: return sm_dispatch_out<BWD, float>(J, P, ws, stream, launch);
+  case OSS_FLOAT16: return sm_dispatch_out<BWD, __half>(J, P, ws, stream, launch);
+  case OSS_BFLOAT16: return sm_dispatch_out<BWD, __nv_bfloat16>(J, P, ws, stream, launch);
+  case OSS_FLOAT64: return sm_run<BWD, double, double, double>(J, P, ws, stream, launch);
   default: break;
   }
   return oss_fail(OSS_ERROR_NOT_SUPPORTED, "softmax: unsupported input dtype");
@@ -1066,37 +1078,96 @@ static oss_status sm_job_backward(const oss_softmax_backward_params *p, sm_job *
 
 // ---- the C API ------------------------------------------------------------------------------
 
-extern "C" size_t oss_softmax_forward_workspace_size_cuda(const oss_softmax_params *p) {
+/* What oss_softmax_plan_cuda.internal holds. */
+typedef struct sm_saved_plan {
+  uint32_t magic; /* SM_SAVED_PLAN_MAGIC once a plan function has filled it */
+  int device;     /* current when it was planned */
+  int empty;      /* nothing to launch */
   sm_job J;
-  int empty = 0;
-  size_t ws = 0;
-  if (sm_job_forward(p, &J, &empty) != OSS_OK || empty) return 0;
-  if (sm_dispatch<false>(&J, NULL, NULL, &ws) != OSS_OK) return 0;
-  return ws;
+  sm_plan P;
+} sm_saved_plan;
+enum : uint32_t { SM_SAVED_PLAN_MAGIC = 0x534d504cu };
+static_assert(sizeof(sm_saved_plan) <= sizeof(((oss_softmax_plan_cuda *)0)->internal),
+              "oss_softmax_plan_cuda.internal is too small for sm_saved_plan");
+
+static oss_status sm_plan_job(const char *op, oss_status job_status, sm_saved_plan *S, oss_softmax_plan_cuda *plan) {
+  if (job_status != OSS_OK) return job_status;
+  if (cudaGetDevice(&S->device) != cudaSuccess) {
+    cudaGetLastError();
+    return oss_fail(OSS_ERROR_CUDA, "%s: cudaGetDevice failed", op);
+  }
+  if (!S->empty) {
+    const oss_status s = S->J.bwd ? sm_dispatch<true>(&S->J, &S->P, NULL, NULL, false)
+                                  : sm_dispatch<false>(&S->J, &S->P, NULL, NULL, false);
+    if (s != OSS_OK) return s;
+  }
+  S->magic = SM_SAVED_PLAN_MAGIC;
+  plan->workspace_bytes = S->empty ? 0 : S->P.ws_bytes;
+  memcpy(plan->internal, S, sizeof *S);
+  return OSS_OK;
+}
+
+extern "C" oss_status oss_softmax_forward_plan_cuda(const oss_softmax_params *p, oss_softmax_plan_cuda *plan) {
+  if (plan == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "oss_softmax_forward_plan_cuda: plan is NULL");
+  memset(plan, 0, sizeof *plan);
+  sm_saved_plan S;
+  memset(&S, 0, sizeof S);
+  return sm_plan_job("oss_softmax_forward_plan_cuda", sm_job_forward(p, &S.J, &S.empty), &S, plan);
+}
+
+extern "C" oss_status oss_softmax_backward_plan_cuda(const oss_softmax_backward_params *p,
+                                                     oss_softmax_plan_cuda *plan) {
+  if (plan == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "oss_softmax_backward_plan_cuda: plan is NULL");
+  memset(plan, 0, sizeof *plan);
+  sm_saved_plan S;
+  memset(&S, 0, sizeof S);
+  return sm_plan_job("oss_softmax_backward_plan_cuda", sm_job_backward(p, &S.J, &S.empty), &S, plan);
+}
+
+extern "C" oss_status oss_softmax_launch_cuda(const oss_softmax_plan_cuda *plan, void *workspace, void *cuda_stream) {
+  const char *op = "oss_softmax_launch_cuda";
+  if (plan == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: plan is NULL", op);
+  sm_saved_plan S;
+  memcpy(&S, plan->internal, sizeof S);
+  if (S.magic != SM_SAVED_PLAN_MAGIC)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: plan was not filled by oss_softmax_*_plan_cuda", op);
+  if (S.empty) return OSS_OK;
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return oss_fail(OSS_ERROR_CUDA, "%s: cudaGetDevice failed", op);
+  }
+  if (device != S.device)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: the plan was made on device %d but device %d is current", op,
+                    S.device, device);
+  if (S.P.ws_bytes > 0 && workspace == NULL)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: this plan needs a workspace of %zu bytes but workspace is NULL",
+                    op, S.P.ws_bytes);
+  if (S.P.ws_bytes > 0 && (uintptr_t)workspace % 16 != 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: workspace is not 16-byte aligned", op);
+  return S.J.bwd ? sm_dispatch<true>(&S.J, &S.P, workspace, (cudaStream_t)cuda_stream, true)
+                 : sm_dispatch<false>(&S.J, &S.P, workspace, (cudaStream_t)cuda_stream, true);
+}
+
+extern "C" size_t oss_softmax_forward_workspace_size_cuda(const oss_softmax_params *p) {
+  oss_softmax_plan_cuda plan;
+  return oss_softmax_forward_plan_cuda(p, &plan) == OSS_OK ? plan.workspace_bytes : 0;
 }
 
 extern "C" oss_status oss_softmax_forward_cuda(const oss_softmax_params *p, void *workspace, void *cuda_stream) {
-  sm_job J;
-  int empty = 0;
-  oss_status s = sm_job_forward(p, &J, &empty);
-  if (s != OSS_OK || empty) return s;
-  return sm_dispatch<false>(&J, workspace, (cudaStream_t)cuda_stream, NULL);
+  oss_softmax_plan_cuda plan;
+  const oss_status s = oss_softmax_forward_plan_cuda(p, &plan);
+  return s != OSS_OK ? s : oss_softmax_launch_cuda(&plan, workspace, cuda_stream);
 }
 
 extern "C" size_t oss_softmax_backward_workspace_size_cuda(const oss_softmax_backward_params *p) {
-  sm_job J;
-  int empty = 0;
-  size_t ws = 0;
-  if (sm_job_backward(p, &J, &empty) != OSS_OK || empty) return 0;
-  if (sm_dispatch<true>(&J, NULL, NULL, &ws) != OSS_OK) return 0;
-  return ws;
+  oss_softmax_plan_cuda plan;
+  return oss_softmax_backward_plan_cuda(p, &plan) == OSS_OK ? plan.workspace_bytes : 0;
 }
 
 extern "C" oss_status oss_softmax_backward_cuda(const oss_softmax_backward_params *p, void *workspace,
                                                 void *cuda_stream) {
-  sm_job J;
-  int empty = 0;
-  oss_status s = sm_job_backward(p, &J, &empty);
-  if (s != OSS_OK || empty) return s;
-  return sm_dispatch<true>(&J, workspace, (cudaStream_t)cuda_stream, NULL);
+  oss_softmax_plan_cuda plan;
+  const oss_status s = oss_softmax_backward_plan_cuda(p, &plan);
+  return s != OSS_OK ? s : oss_softmax_launch_cuda(&plan, workspace, cuda_stream);
 }

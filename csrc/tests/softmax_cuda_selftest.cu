@@ -459,6 +459,37 @@ static void suite_errors(void) {
   g_cases++;
   if (s == OSS_OK) printf("FAIL errors: y f32 / dy f16 accepted\n"), g_failures++;
   else printf("ok   y f32 with dy f16 -> %s: %s\n", oss_status_name(s), oss_error_message());
+  /* the plan API: no plan, a plan no plan function filled, and a plan that
+   * needs a workspace (one float32 row of 2^26: the split tier) launched
+   * without one or with a misaligned one; each must be refused before any
+   * launch (d is 1 KB) */
+  oss_softmax_plan_cuda plan;
+  g_cases++;
+  if ((s = oss_softmax_forward_plan_cuda(&p, NULL)) != OSS_ERROR_INVALID_ARGUMENT)
+    printf("FAIL errors: NULL plan gave %s\n", oss_status_name(s)), g_failures++;
+  memset(&plan, 0, sizeof plan);
+  g_cases++;
+  if ((s = oss_softmax_launch_cuda(&plan, NULL, g_stream)) != OSS_ERROR_INVALID_ARGUMENT)
+    printf("FAIL errors: unfilled plan gave %s\n", oss_status_name(s)), g_failures++;
+  else printf("ok   unfilled plan -> %s: %s\n", oss_status_name(s), oss_error_message());
+  p.outer = 1, p.n = (int64_t)1 << 26, p.inner = 1, p.x.stride_n = 1, p.x.stride_outer = p.n;
+  p.y = p.x;
+  g_cases++;
+  if ((s = oss_softmax_forward_plan_cuda(&p, &plan)) != OSS_OK || plan.workspace_bytes == 0) {
+    printf("FAIL errors: a 2^26 float32 row planned %s with a workspace of %zu bytes\n", oss_status_name(s),
+           plan.workspace_bytes);
+    g_failures++;
+  } else {
+    g_cases++;
+    if ((s = oss_softmax_launch_cuda(&plan, NULL, g_stream)) != OSS_ERROR_INVALID_ARGUMENT)
+      printf("FAIL errors: NULL workspace gave %s\n", oss_status_name(s)), g_failures++;
+    else printf("ok   NULL workspace for %zu bytes -> %s: %s\n", plan.workspace_bytes, oss_status_name(s),
+                oss_error_message());
+    g_cases++;
+    if ((s = oss_softmax_launch_cuda(&plan, (char *)d + 4, g_stream)) != OSS_ERROR_INVALID_ARGUMENT)
+      printf("FAIL errors: misaligned workspace gave %s\n", oss_status_name(s)), g_failures++;
+    else printf("ok   misaligned workspace -> %s: %s\n", oss_status_name(s), oss_error_message());
+  }
   CK(cudaStreamSynchronize(g_stream));
   CK(cudaGetLastError());
   CK(cudaFree(d));
