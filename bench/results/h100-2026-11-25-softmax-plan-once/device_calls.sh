@@ -80,3 +80,18 @@ for round in 1 2; do for tree in new old; do run $tree --varying; run $tree --br
 } > $R/host_cost_new_old.txt 2>&1
 grep -c 'torch_oss from /tmp/oldb' $R/host_cost_new_old.txt
 echo "total $(( $(date +%s) - start )) s"
+#!/usr/bin/env bash
+# call 5: staggered first wave of clusters (experiment build sbin/sm_stagger) vs main's knob build sbin/sm, fixed mode
+set -u
+R=$OUT
+{
+for round in 1 2 3; do
+  echo "=== round $round main"
+  FIXED_SIZES=26,28 ./sbin/sm fixed fwd:bf16:1048576 fwd:f16:1048576 fwd:bf16:262144 2>&1 | grep -E '^fixed fwd|^fit fwd'
+  echo "=== round $round stagger"
+  FIXED_SIZES=26,28 ./sbin/sm_stagger fixed fwd:bf16:1048576 fwd:bf16:1048576:22=2000 fwd:bf16:1048576:22=4000 fwd:bf16:1048576:22=8000 fwd:bf16:1048576:22=4000\;23=28 fwd:f16:1048576 fwd:f16:1048576:22=4000 fwd:bf16:262144 fwd:bf16:262144:22=2000 2>&1 | grep -E '^fixed fwd|^fit fwd'
+done
+} > $R/stagger.txt 2>&1
+cat $R/stagger.txt | grep -v '^fit'
+# call 6 (inline):
+for round in 1 2; do FIXED_SIZES=26,27,28 ./sbin/sm_stagger fixed fwd:bf16:1048576 fwd:bf16:1048576:22=250 fwd:bf16:1048576:22=1000 fwd:bf16:1048576:22=4000\;23=2 fwd:bf16:1048576:22=4000\;23=28 fwd:bf16:1048576:22=4000\;23=64 2>&1 | grep -E '^fixed fwd'; done | tee $OUT/stagger2.txt
