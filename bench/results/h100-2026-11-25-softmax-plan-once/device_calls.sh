@@ -95,3 +95,5 @@ done
 cat $R/stagger.txt | grep -v '^fit'
 # call 6 (inline):
 for round in 1 2; do FIXED_SIZES=26,27,28 ./sbin/sm_stagger fixed fwd:bf16:1048576 fwd:bf16:1048576:22=250 fwd:bf16:1048576:22=1000 fwd:bf16:1048576:22=4000\;23=2 fwd:bf16:1048576:22=4000\;23=28 fwd:bf16:1048576:22=4000\;23=64 2>&1 | grep -E '^fixed fwd'; done | tee $OUT/stagger2.txt
+# call 7 (inline; sbin/sm_spin = the experiment patch with the wait as a clock64() spin of knob-22 SM cycles):
+for round in 1 2; do echo "== main"; FIXED_SIZES=26,27,28 ./sbin/sm fixed fwd:bf16:1048576 fwd:f16:1048576 2>&1 | grep -E '^fixed fwd'; echo "== spin"; FIXED_SIZES=26,27,28 ./sbin/sm_spin fixed fwd:bf16:1048576 fwd:bf16:1048576:22=440 fwd:bf16:1048576:22=3500 fwd:bf16:1048576:22=7000 fwd:bf16:1048576:22=3500\;23=28 fwd:bf16:1048576:22=7000\;23=28 fwd:f16:1048576 fwd:f16:1048576:22=3500\;23=28 2>&1 | grep -E '^fixed fwd'; done | tee $OUT/spin.txt
