@@ -5,8 +5,7 @@
  * names the offending one in every error, turns Tensors into the plain C
  * parameter structs of oss.h, sets the device guard and current stream, and
  * calls the CPU or CUDA entry points. It knows nothing about tiles or warps.
- * softmax's and log_softmax's autograd formulas live here too (attention's are
- * in torch_oss/_registrations.py).
+ * The autograd formulas of softmax, log_softmax and attention live here too.
  * A minimal Python module init (no pybind) makes `torch_oss._C` importable and
  * exposes build_config().
  */
@@ -384,13 +383,16 @@ template <bool LOG> struct SoftmaxFunction : public torch::autograd::Function<So
   }
 };
 
-// A call that nothing will differentiate (grad mode off, or an input that
-// neither requires grad nor carries a forward-mode tangent) skips the autograd
-// node: building one costs ~2 us of host time per call (bench/NOTES-softmax.md).
+// A call that nothing will differentiate (grad mode off, and no input that
+// requires grad or carries a forward-mode tangent) skips the autograd node:
+// building one costs ~2 us of host time per call (bench/NOTES-softmax.md v25).
+bool will_differentiate(const Tensor &t) {
+  return t.defined() && ((at::GradMode::is_enabled() && t.requires_grad()) || t._fw_grad(/*level=*/0).defined());
+}
+
 template <bool LOG> Tensor softmax_autograd(const Tensor &self, int64_t dim, std::optional<at::ScalarType> dtype) {
-  const bool differentiated =
-      (at::GradMode::is_enabled() && self.requires_grad()) || self._fw_grad(/*level=*/0).defined();
-  return differentiated ? SoftmaxFunction<LOG>::apply(self, dim, dtype) : softmax_below_autograd<LOG>(self, dim, dtype);
+  return will_differentiate(self) ? SoftmaxFunction<LOG>::apply(self, dim, dtype)
+                                  : softmax_below_autograd<LOG>(self, dim, dtype);
 }
 
 // ---------------------------------------------------------------------------
@@ -671,6 +673,111 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op(const Tensor &grad_out,
 // Registration
 // ---------------------------------------------------------------------------
 
+// ---------------------------------------------------------------------------
+// Attention's autograd (Autograd key). The forward runs the op below autograd
+// and saves q, k, v, the mask, out, lse (and the rounding residual of
+// attention_with_residual); the backward is oss::attention_backward. lse and
+// the residual carry no gradient, and a mask that requires grad is refused.
+// As for softmax, a call nothing will differentiate skips the node.
+// ---------------------------------------------------------------------------
+
+// The forward op below autograd: (out, lse) or (out, lse, out_residual).
+template <bool RESIDUAL>
+variable_list attention_below_autograd(const Tensor &query, const Tensor &key, const Tensor &value,
+                                       const std::optional<Tensor> &attn_mask, bool is_causal,
+                                       std::optional<double> scale, bool enable_gqa,
+                                       c10::string_view causal_alignment) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  if constexpr (RESIDUAL) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("oss::attention_with_residual", "")
+                               .typed<decltype(attention_with_residual_op)>();
+    auto [out, lse, residual] = op.call(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment);
+    return {out, lse, residual};
+  } else {
+    static const auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("oss::attention", "").typed<decltype(attention_op)>();
+    auto [out, lse] = op.call(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment);
+    return {out, lse};
+  }
+}
+
+template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Function<AttentionFunction<RESIDUAL>> {
+  static variable_list forward(AutogradContext *ctx, const Tensor &query, const Tensor &key, const Tensor &value,
+                               const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
+                               bool enable_gqa, c10::string_view causal_alignment) {
+    OSS_CHECK(!(attn_mask.has_value() && attn_mask->defined() && attn_mask->requires_grad()), NotImplemented,
+              "torch_oss.attention: attn_mask requires grad, but gradients with respect to the mask are not "
+              "supported; pass attn_mask.detach()");
+    variable_list outs =
+        attention_below_autograd<RESIDUAL>(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment);
+    /* the residual exists for float16/bfloat16 only (else it is empty) */
+    const bool half = query.scalar_type() == at::kHalf || query.scalar_type() == at::kBFloat16;
+    const Tensor residual = RESIDUAL && half ? outs[2] : Tensor();
+    if (RESIDUAL) ctx->mark_non_differentiable({outs[1], outs[2]});
+    else ctx->mark_non_differentiable({outs[1]});
+    ctx->save_for_backward({query, key, value, attn_mask.value_or(Tensor()), outs[0], outs[1], residual});
+    ctx->saved_data["is_causal"] = is_causal;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["enable_gqa"] = enable_gqa;
+    ctx->saved_data["causal_alignment"] = std::string(causal_alignment);
+    ctx->saved_data["deterministic"] = at::globalContext().deterministicAlgorithms();
+    return outs;
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("oss::attention_backward", "")
+                               .typed<decltype(attention_backward_op)>();
+    variable_list none(8);
+    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1) && !ctx->needs_input_grad(2)) return none;
+    const variable_list saved = ctx->get_saved_variables();
+    const Tensor &mask = saved[3], &residual = saved[6];
+    auto [dq, dk, dv] = op.call(
+        grads[0], saved[0], saved[1], saved[2], saved[4], saved[5],
+        mask.defined() ? std::optional<Tensor>(mask) : std::nullopt, ctx->saved_data["is_causal"].toBool(),
+        ctx->saved_data["scale"].toOptional<double>(), ctx->saved_data["enable_gqa"].toBool(),
+        ctx->saved_data["causal_alignment"].toStringRef(), ctx->saved_data["deterministic"].toBool(),
+        residual.defined() ? std::optional<Tensor>(residual) : std::nullopt);
+    none[0] = dq;
+    none[1] = dk;
+    none[2] = dv;
+    return none;
+  }
+};
+
+template <bool RESIDUAL>
+variable_list attention_autograd(const Tensor &query, const Tensor &key, const Tensor &value,
+                                 const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
+                                 bool enable_gqa, c10::string_view causal_alignment) {
+  const bool any = will_differentiate(query) || will_differentiate(key) || will_differentiate(value) ||
+                   (attn_mask.has_value() && will_differentiate(*attn_mask));
+  return any ? AttentionFunction<RESIDUAL>::apply(query, key, value, attn_mask, is_causal, scale, enable_gqa,
+                                                  causal_alignment)
+             : attention_below_autograd<RESIDUAL>(query, key, value, attn_mask, is_causal, scale, enable_gqa,
+                                                  causal_alignment);
+}
+
+std::tuple<Tensor, Tensor> attention_op_autograd(const Tensor &query, const Tensor &key, const Tensor &value,
+                                                 const std::optional<Tensor> &attn_mask, bool is_causal,
+                                                 std::optional<double> scale, bool enable_gqa,
+                                                 c10::string_view causal_alignment) {
+  variable_list outs =
+      attention_autograd<false>(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment);
+  return {outs[0], outs[1]};
+}
+
+std::tuple<Tensor, Tensor, Tensor> attention_with_residual_op_autograd(const Tensor &query, const Tensor &key,
+                                                                       const Tensor &value,
+                                                                       const std::optional<Tensor> &attn_mask,
+                                                                       bool is_causal, std::optional<double> scale,
+                                                                       bool enable_gqa,
+                                                                       c10::string_view causal_alignment) {
+  variable_list outs =
+      attention_autograd<true>(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment);
+  return {outs[0], outs[1], outs[2]};
+}
+
 TORCH_LIBRARY(oss, m) {
   m.def("softmax(Tensor self, int dim, ScalarType? dtype=None) -> Tensor");
   m.def("softmax_backward(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype) -> Tensor");
@@ -702,6 +809,8 @@ TORCH_LIBRARY_IMPL(oss, CPU, m) {
 TORCH_LIBRARY_IMPL(oss, Autograd, m) {
   m.impl("softmax", &softmax_autograd<false>);
   m.impl("log_softmax", &softmax_autograd<true>);
+  m.impl("attention", &attention_op_autograd);
+  m.impl("attention_with_residual", &attention_with_residual_op_autograd);
 }
 
 #ifdef OSS_WITH_CUDA

@@ -260,6 +260,38 @@ def test_empty_and_zero_length(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_autograd_node_only_when_differentiated(device, dtype):
+    # a call nothing will differentiate skips the autograd node (host cost);
+    # otherwise the node's gradients match the float64 reference's (the
+    # tolerance rule, PyTorch's SDPA as the peer) for any subset of q, k, v
+    # requiring grad (bfloat16 goes through attention_with_residual)
+    q, k, v = make_qkv((2, 4, 2, 9, 13, 32, 32), dtype, device)
+    mask = torch.rand(2, 1, 9, 13, device=device) > 0.2
+    out = torch_oss.attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert out.grad_fn is None and not out.requires_grad
+    with torch.no_grad():
+        out = torch_oss.attention(q.requires_grad_(), k, v, attn_mask=mask, enable_gqa=True)
+    assert out.grad_fn is None
+    dout = torch.randn(2, 4, 9, 32, dtype=dtype, device=device)
+    for needs in ((True, False, False), (False, True, True), (True, True, True)):
+        grads = {}
+        for name in ("ours", "peer", "ref"):
+            leaves = [t.detach().to(torch.float64 if name == "ref" else dtype).requires_grad_(n)
+                      for t, n in zip((q, k, v), needs)]
+            if name == "ours":
+                out, lse = torch_oss.attention_with_lse(*leaves, attn_mask=mask, enable_gqa=True)
+                assert out.grad_fn is not None and not lse.requires_grad
+            elif name == "peer":
+                out = sdpa_peer(*leaves, mask, False, None, True, "top_left")
+            else:
+                out = attention_reference(*leaves, mask, False, None, True, "top_left")[0]
+            grads[name] = torch.autograd.grad(out, [t for t in leaves if t.requires_grad], dout.to(out.dtype))
+        for i, (ours, peer, ref) in enumerate(zip(grads["ours"], grads["peer"], grads["ref"])):
+            assert_tolerance(f"grad {i} of {needs} {dtype} {device}", ours, ref, peer, ATTENTION_ATOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_backward_is_deterministic(device):
     q, k, v = make_qkv((2, 8, 2, 150, 150, 64, 64), torch.bfloat16 if device == "cuda" else torch.float32, device)
     dout = torch.randn(2, 8, 150, 64, dtype=q.dtype, device=device)

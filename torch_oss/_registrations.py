@@ -1,10 +1,9 @@
-"""Fake (meta) functions of the torch.ops.oss operators, and the autograd
-formulas of the attention operators.
+"""Fake (meta) functions of the torch.ops.oss operators.
 
 The operators themselves (schemas, CPU and CUDA kernels, and the autograd
-formulas of softmax and log_softmax, which run on every call and so cost less
-in C++) are registered by torch_oss._C; this module adds what torch.compile,
-FakeTensor and autograd need, following torch.library's recommended pattern.
+formulas, which run on every call and so cost less in C++) are registered by
+torch_oss._C; this module adds what torch.compile and FakeTensor need,
+following torch.library's recommended pattern.
 """
 
 import torch
@@ -101,44 +100,14 @@ def _attention_backward_fake(grad_out, query, key, value, out, lse, attn_mask, i
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
-def _attention_setup_context(ctx, inputs, output):
-    """For oss::attention (out, lse) and oss::attention_with_residual (out,
-    lse, out_residual): the backward reads the residual when there is one."""
-    query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment = inputs
-    out, lse, *residual = output
-    if attn_mask is not None and attn_mask.requires_grad:
-        raise NotImplementedError(
-            "torch_oss.attention: attn_mask requires grad, but gradients with respect to the mask are not "
-            "supported; pass attn_mask.detach()"
-        )
-    ctx.mark_non_differentiable(lse, *residual)
-    ctx.save_for_backward(query, key, value, attn_mask, out, lse, *residual)
-    ctx.options = (is_causal, scale, enable_gqa, causal_alignment)
-    ctx.deterministic = torch.are_deterministic_algorithms_enabled()
-
-
-def _attention_backward(ctx, grad_out, _grad_lse, _grad_residual=None):
-    if not any(ctx.needs_input_grad[:3]):
-        return (None,) * 8
-    query, key, value, attn_mask, out, lse, *residual = ctx.saved_tensors
-    is_causal, scale, enable_gqa, causal_alignment = ctx.options
-    out_residual = residual[0] if residual and residual[0].numel() else None
-    dq, dk, dv = torch.ops.oss.attention_backward(
-        grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
-        ctx.deterministic, out_residual,
-    )
-    return dq, dk, dv, None, None, None, None, None
-
-
 def register():
     lib = "oss"
     for name in ("softmax", "log_softmax"):
         torch.library.register_fake(f"{lib}::{name}", _softmax_fake(name))
         torch.library.register_fake(f"{lib}::{name}_backward", _softmax_backward_fake(f"{name}_backward"))
-    # softmax and log_softmax have their autograd formula in C++ (csrc/torch_ops.cpp):
+    # the autograd formulas of all four differentiable ops are in C++ (csrc/torch_ops.cpp):
     # a Python formula here would run on every call and cost ~14 us of host time
     torch.library.register_fake(f"{lib}::attention", _attention_fake)
     torch.library.register_fake(f"{lib}::attention_with_residual", _attention_with_residual_fake)
     torch.library.register_fake(f"{lib}::attention_backward", _attention_backward_fake)
-    for name in ("attention", "attention_with_residual"):
-        torch.library.register_autograd(f"{lib}::{name}", _attention_backward, setup_context=_attention_setup_context)
+
