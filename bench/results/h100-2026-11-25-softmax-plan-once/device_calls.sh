@@ -97,3 +97,19 @@ cat $R/stagger.txt | grep -v '^fit'
 for round in 1 2; do FIXED_SIZES=26,27,28 ./sbin/sm_stagger fixed fwd:bf16:1048576 fwd:bf16:1048576:22=250 fwd:bf16:1048576:22=1000 fwd:bf16:1048576:22=4000\;23=2 fwd:bf16:1048576:22=4000\;23=28 fwd:bf16:1048576:22=4000\;23=64 2>&1 | grep -E '^fixed fwd'; done | tee $OUT/stagger2.txt
 # call 7 (inline; sbin/sm_spin = the experiment patch with the wait as a clock64() spin of knob-22 SM cycles):
 for round in 1 2; do echo "== main"; FIXED_SIZES=26,27,28 ./sbin/sm fixed fwd:bf16:1048576 fwd:f16:1048576 2>&1 | grep -E '^fixed fwd'; echo "== spin"; FIXED_SIZES=26,27,28 ./sbin/sm_spin fixed fwd:bf16:1048576 fwd:bf16:1048576:22=440 fwd:bf16:1048576:22=3500 fwd:bf16:1048576:22=7000 fwd:bf16:1048576:22=3500\;23=28 fwd:bf16:1048576:22=7000\;23=28 fwd:f16:1048576 fwd:f16:1048576:22=3500\;23=28 2>&1 | grep -E '^fixed fwd'; done | tee $OUT/spin.txt
+#!/usr/bin/env bash
+# call A: production build of this tree (from scratch) + old tree (bd3dd53, head dims 64,128); GPU tests
+set -u
+export TORCH_CUDA_ARCH_LIST=9.0a PYTHONUNBUFFERED=1
+R=$OUT; start=$(date +%s)
+(mkdir -p /tmp/oldb && cd /tmp/oldb && tar xf $OLDPWD/sbin/old.tar && cd old && TORCH_OSS_HEAD_DIMS=64,128 MAX_JOBS=6 python3 setup.py build_ext --inplace > /tmp/old_build.log 2>&1; echo "old build rc $?") &
+OPID=$!
+MAX_JOBS=10 bash scripts/gpu_check.sh build > /tmp/build_stage.log 2>&1
+grep -A2 'summary' /tmp/build_stage.log; grep -E 'spill' /tmp/build_stage.log | head -3
+wait $OPID; echo "built $(( $(date +%s) - start )) s"
+TESTS="tests/test_attention.py tests/test_softmax.py tests/test_patching.py tests/test_models.py tests/test_export.py tests/test_errors.py tests/test_concurrency.py tests/test_determinism.py" PYTEST_ARGS="-k cuda" TEST_JOBS=3 FILE_TIMEOUT=360 STAGE_TIMEOUT=380 TORCH_OSS_RESULTS=/tmp/gpu bash scripts/gpu_check.sh test > /tmp/test_stage.log 2>&1
+grep -E 'rc [0-9]|^FAILED|^ERROR' /tmp/test_stage.log | head -30 | tee $R/gpu_tests.txt
+grep -h -B2 -A25 'node_only' /tmp/gpu/test_test_attention.py.log | grep -E 'Error|assert|FAILED' | head -10
+echo "tests done $(( $(date +%s) - start )) s"
+# call B (inline, right after call A on the same machine):
+for round in 1 2 3; do for tree in new old; do if [ $tree = old ]; then PP=/tmp/oldb/old; else PP=$PWD; fi; echo "=== $tree"; PYTHONPATH=$PP:$PWD/scripts timeout 40 taskset -c 3 python3 scripts/attention_host_overhead.py --reps 11; done; done > $OUT/attn_host.txt 2>&1
