@@ -670,10 +670,6 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op(const Tensor &grad_out,
 }  // namespace
 
 // ---------------------------------------------------------------------------
-// Registration
-// ---------------------------------------------------------------------------
-
-// ---------------------------------------------------------------------------
 // Attention's autograd (Autograd key). The forward runs the op below autograd
 // and saves q, k, v, the mask, out, lse (and the rounding residual of
 // attention_with_residual); the backward is oss::attention_backward. lse and
@@ -777,6 +773,10 @@ std::tuple<Tensor, Tensor, Tensor> attention_with_residual_op_autograd(const Ten
       attention_autograd<true>(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment);
   return {outs[0], outs[1], outs[2]};
 }
+
+// ---------------------------------------------------------------------------
+// Registration
+// ---------------------------------------------------------------------------
 
 TORCH_LIBRARY(oss, m) {
   m.def("softmax(Tensor self, int dim, ScalarType? dtype=None) -> Tensor");
