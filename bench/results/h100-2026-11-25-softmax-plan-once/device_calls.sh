@@ -113,3 +113,13 @@ grep -h -B2 -A25 'node_only' /tmp/gpu/test_test_attention.py.log | grep -E 'Erro
 echo "tests done $(( $(date +%s) - start )) s"
 # call B (inline, right after call A on the same machine):
 for round in 1 2 3; do for tree in new old; do if [ $tree = old ]; then PP=/tmp/oldb/old; else PP=$PWD; fi; echo "=== $tree"; PYTHONPATH=$PP:$PWD/scripts timeout 40 taskset -c 3 python3 scripts/attention_host_overhead.py --reps 11; done; done > $OUT/attn_host.txt 2>&1
+#!/usr/bin/env bash
+# call C: production build of the final tree, then bench/softmax.py --rounds 3 (README table run)
+set -u
+export TORCH_CUDA_ARCH_LIST=9.0a PYTHONUNBUFFERED=1 MAX_JOBS=16
+start=$(date +%s)
+bash scripts/gpu_check.sh build > /tmp/build_stage.log 2>&1; grep -A2 summary /tmp/build_stage.log
+echo "built $(( $(date +%s) - start )) s"
+TORCH_OSS_RESULTS=$OUT timeout 420 python3 bench/softmax.py --rounds 3 > $OUT/bench_softmax_rounds3.log 2>&1; echo "bench rc $?"
+echo "total $(( $(date +%s) - start )) s"
+tail -60 $OUT/bench_softmax_rounds3.log
