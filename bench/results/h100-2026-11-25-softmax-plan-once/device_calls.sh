@@ -123,3 +123,15 @@ echo "built $(( $(date +%s) - start )) s"
 TORCH_OSS_RESULTS=$OUT timeout 420 python3 bench/softmax.py --rounds 3 > $OUT/bench_softmax_rounds3.log 2>&1; echo "bench rc $?"
 echo "total $(( $(date +%s) - start )) s"
 tail -60 $OUT/bench_softmax_rounds3.log
+#!/usr/bin/env bash
+# call D: production build of the final tree; compute-sanitizer memcheck on the softmax and attention smoke grids
+set -u
+export TORCH_CUDA_ARCH_LIST=9.0a PYTHONUNBUFFERED=1 MAX_JOBS=16
+start=$(date +%s)
+bash scripts/gpu_check.sh build > /tmp/build_stage.log 2>&1; grep -A2 summary /tmp/build_stage.log
+echo "built $(( $(date +%s) - start )) s"
+for part in softmax attention; do
+  timeout 220 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 python3 scripts/sanitize_smoke.py $part > $OUT/memcheck_$part.log 2>&1
+  echo "memcheck $part rc $? at $(( $(date +%s) - start )) s"; tail -3 $OUT/memcheck_$part.log
+done
+# call E (inline, same machine): timeout 200 compute-sanitizer --tool racecheck --error-exitcode 99 --print-limit 20 python3 scripts/sanitize_smoke.py softmax > $OUT/racecheck_softmax.log 2>&1
