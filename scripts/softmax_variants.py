@@ -11,7 +11,7 @@ plans; their meaning is in csrc/cuda/softmax.cu):
 
 Each variant is a comma-separated list of knob=value ("base": none). Every
 round times every variant and torch.compile once with do_bench (the L2 flushed
-before each call, as bench/softmax.py does), in alternating order, at
+before each call by a 256 MB write, as bench/softmax.py does), in alternating order, at
 2^--size elements per input. A round's figure is the mean of the middle 80 % of
 its calls, not their median: CUDA events resolve about 0.5 us, which is 0.5 %
 of a 2^26-element 16-bit call, and a median of such samples snaps to one of
@@ -20,6 +20,15 @@ implementation, the median over the rounds as % of the copy ceiling measured in
 the same run, the spread (min-max) over the rounds, and torch.compile's time
 over the variant's. Every variant's result is checked against float64 before
 it is timed, and its plan is printed.
+
+--flush times each implementation under several ways of emptying the L2
+before each call, to see what the flush itself costs a call: "dirty" (a
+256 MB write, do_bench's: the L2 is left full of dirty lines, written back
+while the timed call runs), "clean" (a 256 MB read: the L2 is left full of
+clean lines) and "none" (back to back). --same-traffic adds an element-wise
+op that moves the point's bytes (forward: a copy; backward: an add of two
+tensors into a third), the ceiling of a kernel that only streams, at the same
+size and under the same flush.
 """
 
 import argparse
@@ -78,6 +87,54 @@ def point_shape(cols, numel):
     return (max(1, numel // int(cols)), int(cols)), -1
 
 
+FLUSH_BYTES = 256 << 20
+
+
+def timed_calls_ms(fn, flush, warmup_ms=25, rep_ms=100):
+    """The time of each timed call of fn() in ms, CUDA events around the call
+    alone, `flush` (a callable, or None) run before each call, as do_bench
+    does with its 256 MB write."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    est = max(start.elapsed_time(end) / 5, 1e-3)
+    for _ in range(max(1, int(warmup_ms / est))):
+        fn()
+    n = max(20, int(rep_ms / est))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        if flush is not None:
+            flush()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) for a, b in zip(starts, ends)]
+
+
+def trimmed_mean(ts):
+    ts = sorted(ts)
+    cut = len(ts) // 10
+    mid = ts[cut:len(ts) - cut] or ts
+    return sum(mid) / len(mid)
+
+
+def flush_modes(names):
+    buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    buf.zero_()
+    words = buf.view(torch.int32)
+    known = {"dirty": buf.zero_, "clean": lambda: words.amax(), "none": None}
+    for name in names:
+        if name not in known:
+            raise SystemExit(f"--flush: {name!r} is not one of {list(known)}")
+    return {name: known[name] for name in names}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", default="fwd:bfloat16:128,fwd:float16:128,bwd:bfloat16:32768,bwd:float16:32768",
@@ -86,10 +143,15 @@ def main():
     ap.add_argument("--size", type=int, default=26, help="log2 of the elements per input")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--flush", default=None,
+                    help="comma-separated L2 flushes before each call (dirty, clean, none); default: do_bench's")
+    ap.add_argument("--same-traffic", action="store_true",
+                    help="also time an element-wise op moving the point's bytes (a copy; an add for backward)")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error(f"--rounds must be at least 1, got {args.rounds}")
     points = parse_points(ap, args.points)
+    flushes = flush_modes(args.flush.split(",")) if args.flush else None
     knobs = knob_array()
     variants = {v.strip() or "base": parse_variant(v) for v in args.variants.split(";")}
     torch._dynamo.config.recompile_limit = 1024
@@ -117,12 +179,16 @@ def main():
             peer = (lambda: compiled_fwd(x, dim)) if not args.no_compile else None
             ref, eager = F.softmax(x.double(), dim), y
             nbytes = 2 * x.numel() * x.element_size()
+            sink = torch.empty_like(x)
+            same = lambda: sink.copy_(x)  # noqa: E731
         else:
             ours = lambda: torch.ops.oss.softmax_backward(dy, y, dim, y.dtype)  # noqa: E731
             peer = (lambda: compiled_bwd(dy, y, dim)) if not args.no_compile else None
             ref = torch._softmax_backward_data(dy.double(), y.double(), dim, torch.float64)
             eager = torch._softmax_backward_data(dy, y, dim, dtype)
             nbytes = 3 * x.numel() * x.element_size()
+            sink = torch.empty_like(x)
+            same = lambda: torch.add(dy, y, out=sink)  # noqa: E731
         impls = {}
         for name, values in variants.items():
             set_knobs({**values, 7: 3})  # print the plan of the next call
@@ -133,24 +199,31 @@ def main():
         if peer is not None:
             check(f"{point} compile", peer(), ref, eager, dtype)
             impls["compile"] = ({}, peer)
-        times = {name: [] for name in impls}
-        order = list(impls)
+        if args.same_traffic:
+            impls["same traffic"] = ({}, same)
+        # (flush, implementation) pairs; flush None: do_bench's timing
+        keys = [(f, name) for f in (flushes or [None]) for name in impls]
+        times = {key: [] for key in keys}
         for rnd in range(args.rounds):
-            for name in (order if rnd % 2 == 0 else order[::-1]):
+            for f, name in (keys if rnd % 2 == 0 else keys[::-1]):
                 values, fn = impls[name]
                 set_knobs(values)
-                times[name].append(common.bench_stats(fn, "cuda")[1])  # the trimmed mean
+                if f is None:
+                    times[(f, name)].append(common.bench_stats(fn, "cuda")[1])  # the trimmed mean
+                else:
+                    times[(f, name)].append(trimmed_mean(timed_calls_ms(fn, flushes[f])))
         set_knobs({})
         print(f"\n{point} {tuple(shape)}, dim {dim}: % of copy, median of {args.rounds} rounds of trimmed means [min-max]; "
               f"compile's time / this one's")
-        for name, ts in times.items():
+        for (f, name), ts in times.items():
             med = statistics.median(ts)
             pct = [100 * nbytes / t / 1e6 / copy_gbs for t in (med, max(ts), min(ts))]
-            vs = f"{statistics.median(times['compile']) / med:.4f}x" if "compile" in times else "-"
-            print(f"  {name:24} {pct[0]:6.2f} [{pct[1]:6.2f}-{pct[2]:6.2f}]  {vs}", flush=True)
-            records.append(dict(point=point, shape=list(shape), dim=dim, impl=name, knobs=impls[name][0], ms_rounds=ts,
-                                ms=med, pct_copy=pct[0]))
-        del x, y, dy, ref, eager
+            vs = f"{statistics.median(times[(f, 'compile')]) / med:.4f}x" if (f, "compile") in times else "-"
+            label = name if f is None else f"{name} [{f} flush]"
+            print(f"  {label:36} {pct[0]:6.2f} [{pct[1]:6.2f}-{pct[2]:6.2f}]  {med * 1e3:8.2f} us  {vs}", flush=True)
+            records.append(dict(point=point, shape=list(shape), dim=dim, impl=name, flush=f or "do_bench",
+                                knobs=impls[name][0], ms_rounds=ts, ms=med, pct_copy=pct[0]))
+        del x, y, dy, ref, eager, sink
     common.write_json("softmax_variants", dict(env=env, copy_gbs=copy_gbs, size=args.size, rounds=args.rounds,
                                                records=records))
 
