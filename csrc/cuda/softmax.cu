@@ -86,7 +86,7 @@
  * the first pass's plan (a shared-memory part, two CTAs per SM), not one
  * 1024-thread CTA of registers;
  * [20] the release window (sm_release_window) in MiB of input instead of
- * the L2's size; [21] = 1: the window at the first rows, not the last;
+ * a third of the L2's size; [21] = 1: the window at the first rows, not the last;
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test, and
  * the extension built with TORCH_OSS_SOFTMAX_KNOBS=1 for
@@ -760,22 +760,26 @@ static size_t sm_test_occupancy_pad(const oss_device_info *info) {
 /* Which units (rows; outer indices for the columns kernel) of `units`, each
  * `unit_bytes` of input, get their input lines set back to evict_normal after
  * their output where the loads carry evict_last (keep): [*lo, *hi), the
- * last ones, as many as hold the L2's size of input. The L2 keeps only the
- * latest ~5 MB of evict_last lines: newer ones displace older ones, so only
- * the lines loaded last can still be there when the call ends. H100, 128 MiB
- * inputs, L2 hits of a re-read of the input after the call and a stream of 4x
- * the L2 (scripts/softmax_l2_residue.py), in sectors: no release 153K;
- * released the last 16 MiB 0-2,070, the last 32 or 64 MiB or all 66 (as after
- * a flush); the first 16 or 64 MiB 153K. Releasing every row of a one-CTA
- * chunk plan instead cost, at 2^26 elements (% of copy, window -> all):
- * 16-bit backward 4096 columns 99.0-99.2 -> 97.2-97.6, bfloat16 backward
- * 32768 96.8 -> 96.1, bfloat16 forward 65536 92.2 -> 91.1; the columns
- * kernel's bfloat16 dim=1 backward 92.3 -> 91.5 (bench/NOTES-softmax.md
- * v23). Test knob 20 sets the window in MiB, 21 = 1 puts it at the first
- * units. */
+ * last ones, as many as hold a third of the L2's size of input. The L2 keeps
+ * only the latest ~5 MB of evict_last lines: newer ones displace older ones,
+ * so only the lines loaded last can still be there when the call ends. H100
+ * (50 MiB of L2), 128 MiB inputs, L2 hits of a re-read of the input after the
+ * call and a stream of 4x the L2 (scripts/softmax_l2_residue.py), in sectors:
+ * no release 153K; released the last 16 MiB 0-2,070, the last 32 or 64 MiB or
+ * all 66 (as after a flush); the first 16 or 64 MiB 153K (bench/NOTES-softmax.md
+ * v23). Each release costs L2 traffic, so the window is as short as that
+ * allows: at 2^26 elements, % of copy, L2's size -> 16 MiB, with the L2
+ * flushed by a write / by a read before each call (v26): bfloat16 forward
+ * 4096 columns 94.1 -> 95.0 / 101.0 -> 101.6, bfloat16 backward 4096 98.0 ->
+ * 98.4 / 102.9 -> 103.9, float16 backward 4096 98.7 -> 98.9 / 103.7 -> 103.7,
+ * the columns kernel's bfloat16 dim=1 forward and backward +0.2 to +0.6; the
+ * one-CTA plans at 32768 columns within 0.3. Releasing every row instead cost
+ * (v23, window = the L2's size -> all): 16-bit backward 4096 columns 99.0-99.2
+ * -> 97.2-97.6, bfloat16 forward 65536 92.2 -> 91.1. Test knob 20 sets the
+ * window in MiB, 21 = 1 puts it at the first units. */
 static void sm_release_window(int64_t units, int64_t unit_bytes, const oss_device_info *info, int64_t *lo,
                               int64_t *hi) {
-  int64_t window = info->l2_bytes;
+  int64_t window = info->l2_bytes / 3;
   if (oss_softmax_cuda_test_knobs[20] > 0) window = (int64_t)oss_softmax_cuda_test_knobs[20] << 20;
   const int64_t count = sm_cdiv(window, unit_bytes > 0 ? unit_bytes : 1);
   *lo = 0;
@@ -803,9 +807,12 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   A.keep = !P->keep || policy_knob == 1 ? 0 : policy_knob == 2 ? 2 : 1;
   A.release_lo = 0;
   A.release_hi = J->outer;
-  /* the warp tier releases every row: on the H100 that streams 0.2-0.3
-   * points of copy faster than the window (bfloat16 backward at 128 columns,
-   * 2^28 elements: 101.6-101.7 against 101.3 %; bench/NOTES-softmax.md v23) */
+  /* the warp tier releases every row: on the H100, after an L2 flush by a
+   * write (the benchmark's), that streams up to 0.5 points of copy faster
+   * than the window (bfloat16 forward at 128 columns, 2^26 elements: 94.6
+   * against 94.1 %; v23: 0.2-0.3 against the L2's size). After a flush by a
+   * read the window is 0.5-1.4 ahead at the same points (bench/NOTES-softmax.md
+   * v26): the choice follows the benchmark's protocol. */
   if (A.keep == 1 && (P->kind != SM_PLAN_WARP || oss_softmax_cuda_test_knobs[20] > 0))
     sm_release_window(J->outer, J->n * (int64_t)sizeof(T1) * (BWD ? 2 : 1), info, &A.release_lo, &A.release_hi);
   /* the kernels shift where they would divide by these (softmax_rows.cuh) */

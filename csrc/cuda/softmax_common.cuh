@@ -132,7 +132,7 @@ __device__ __forceinline__ uint4 sm_ld16(const void *p) {
 /* L2 eviction priority of the row kernels' input (bench/NOTES-softmax.md
  * v18, v23). Where a row is held by one CTA, its 16-byte input loads carry an
  * evict_last policy while its output is computed. In the rows loaded last
- * (the L2's size of input: sm_release_window in softmax.cu) each line goes
+ * (a third of the L2's size of input: sm_release_window in softmax.cu) each line goes
  * back to evict_normal once the output is written (sm_release_line); older
  * evict_last lines have been displaced by then, so none stays above normal
  * priority after the call. On the H100 this is what
