@@ -767,7 +767,9 @@ static size_t sm_test_occupancy_pad(const oss_device_info *info) {
  * call and a stream of 4x the L2 (scripts/softmax_l2_residue.py), in sectors:
  * no release 153K; released the last 16 MiB 0-2,070, the last 32 or 64 MiB or
  * all 66 (as after a flush); the first 16 or 64 MiB 153K (bench/NOTES-softmax.md
- * v23). Each release costs L2 traffic, so the window is as short as that
+ * v23); the last third of the L2 (this window) 8-80 at five points and 3,688
+ * (118 KB) at bfloat16 backward 4096 columns, the last 8 MiB 23K-33K (v26).
+ * Each release costs L2 traffic, so the window is as short as that
  * allows: at 2^26 elements, % of copy, L2's size -> 16 MiB, with the L2
  * flushed by a write / by a read before each call (v26): bfloat16 forward
  * 4096 columns 94.1 -> 95.0 / 101.0 -> 101.6, bfloat16 backward 4096 98.0 ->

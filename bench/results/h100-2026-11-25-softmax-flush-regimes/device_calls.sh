@@ -64,3 +64,30 @@ timeout 60 compute-sanitizer --tool memcheck python3 scripts/sanitize_smoke.py s
 echo "memcheck rc=$? $(( $(date +%s) - t0 )) s" >> $R
 tail -3 $OUT/memcheck.txt >> $R
 # call 5 (warm machine after call 4): TORCH_OSS_RESULTS=$OUT python3 bench/softmax.py --rounds 3
+#!/bin/bash
+# session aa call 6: L2 residue with the new window (a third of the L2), knob build of a02ccfd's kernels
+set -u
+export TORCH_OSS_RESULTS=$OUT PYTHONUNBUFFERED=1
+start=$(date +%s)
+TORCH_OSS_SOFTMAX_KNOBS=1 TORCH_OSS_HEAD_DIMS=64 TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 python3 -m pip install --no-build-isolation --no-deps -e . > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }
+echo "build $(( $(date +%s) - start )) s"; rm -f $OUT/build.log
+M=lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum
+P=bwd:bfloat16:4096,fwd:bfloat16:65536,bwd:bfloat16:32768,fwd:float32:4096,fwd:bfloat16:dim1,bwd:bfloat16:dim1
+timeout 300 ncu --profile-from-start off --cache-control none --replay-mode application --metrics $M python3 scripts/softmax_l2_residue.py --mib 128 --points $P --variants "17=2;base;20=8;20=1000000" > $OUT/residue_third_of_l2.txt 2>&1; echo "residue rc $?"
+python3 - $OUT/residue_third_of_l2.txt <<'PY'
+import sys, re
+t = open(sys.argv[1]).read().splitlines()
+hits = [l.split()[-1] for l in t if 'lookup_hit.sum' in l]
+pts, i = [], 0
+for l in t:
+    if re.match(r'^(fwd|bwd):', l): pts.append([l.split()[0], []])
+    elif re.match(r'^  [a-z0-9=,]+$', l) and pts: pts[-1][1].append(l.strip())
+for name, steps in pts:
+    nt = 1 if name.startswith('fwd') else 2
+    out = []
+    for s in steps:
+        out.append(f"{s} {'+'.join(hits[i:i+nt])}"); i += nt
+    print(name + ': ' + '; '.join(out))
+PY
+grep -iE "error|Traceback" $OUT/residue_third_of_l2.txt | head -5
+echo "t $(( $(date +%s) - start )) s"
