@@ -52,10 +52,16 @@ def bench_stats(fn, device, warmup_ms=25, rep_ms=100):
     the middle 80 % of the calls: CUDA events resolve ~0.5 us, so a median lands
     on one of those steps, and after an L2 flush single calls can fall into a
     fast and a slow group; the mean of many calls does neither."""
-    ts = sorted(call_times_ms(fn, device, warmup_ms, rep_ms))
+    ts = call_times_ms(fn, device, warmup_ms, rep_ms)
+    return statistics.median(ts), trimmed_mean(ts)
+
+
+def trimmed_mean(ts):
+    """The mean of the middle 80 % of ts."""
+    ts = sorted(ts)
     cut = len(ts) // 10
     mid = ts[cut:len(ts) - cut] or ts
-    return statistics.median(ts), sum(mid) / len(mid)
+    return sum(mid) / len(mid)
 
 
 def call_times_ms(fn, device, warmup_ms=25, rep_ms=100):
@@ -67,7 +73,7 @@ def call_times_ms(fn, device, warmup_ms=25, rep_ms=100):
 
             return list(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all"))
         except ImportError:
-            return _cuda_event_times(fn, warmup_ms, rep_ms)
+            return cuda_event_times_ms(fn, None, warmup_ms, rep_ms)
     fn()
     times = []
     deadline = time.perf_counter() + rep_ms / 1000
@@ -78,25 +84,31 @@ def call_times_ms(fn, device, warmup_ms=25, rep_ms=100):
     return times
 
 
-def _cuda_event_times(fn, warmup_ms, rep_ms):
-    fn()
-    torch.cuda.synchronize()
+def cuda_event_times_ms(fn, flush, warmup_ms=25, rep_ms=100):
+    """The time of each timed call of fn() in ms: CUDA events around the call
+    alone, after warm-up, with flush() (or nothing, for None) enqueued before
+    each call, as do_bench does with its 256 MB write."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
     fn()
+    start.record()
+    for _ in range(5):
+        fn()
     end.record()
     torch.cuda.synchronize()
-    once = max(start.elapsed_time(end), 1e-3)
+    once = max(start.elapsed_time(end) / 5, 1e-3)
     for _ in range(max(1, int(warmup_ms / once))):
         fn()
-    times = []
-    for _ in range(max(5, int(rep_ms / once))):
-        start.record()
+    n = max(20, int(rep_ms / once))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        if flush is not None:
+            flush()
+        starts[i].record()
         fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) for a, b in zip(starts, ends)]
 
 
 def copy_bandwidth_gbs(device, nbytes=None):

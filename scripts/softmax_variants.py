@@ -90,40 +90,6 @@ def point_shape(cols, numel):
 FLUSH_BYTES = 256 << 20
 
 
-def timed_calls_ms(fn, flush, warmup_ms=25, rep_ms=100):
-    """The time of each timed call of fn() in ms, CUDA events around the call
-    alone, `flush` (a callable, or None) run before each call, as do_bench
-    does with its 256 MB write."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()
-    start.record()
-    for _ in range(5):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    est = max(start.elapsed_time(end) / 5, 1e-3)
-    for _ in range(max(1, int(warmup_ms / est))):
-        fn()
-    n = max(20, int(rep_ms / est))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    for i in range(n):
-        if flush is not None:
-            flush()
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return [a.elapsed_time(b) for a, b in zip(starts, ends)]
-
-
-def trimmed_mean(ts):
-    ts = sorted(ts)
-    cut = len(ts) // 10
-    mid = ts[cut:len(ts) - cut] or ts
-    return sum(mid) / len(mid)
-
-
 def flush_modes(names):
     buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     buf.zero_()
@@ -211,7 +177,7 @@ def main():
                 if f is None:
                     times[(f, name)].append(common.bench_stats(fn, "cuda")[1])  # the trimmed mean
                 else:
-                    times[(f, name)].append(trimmed_mean(timed_calls_ms(fn, flushes[f])))
+                    times[(f, name)].append(common.trimmed_mean(common.cuda_event_times_ms(fn, flushes[f])))
         set_knobs({})
         print(f"\n{point} {tuple(shape)}, dim {dim}: % of copy, median of {args.rounds} rounds of trimmed means [min-max]; "
               f"compile's time / this one's")
