@@ -813,7 +813,7 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
    * write (the benchmark's), that streams up to 0.5 points of copy faster
    * than the window (bfloat16 forward at 128 columns, 2^26 elements: 94.6
    * against 94.1 %; v23: 0.2-0.3 against the L2's size). After a flush by a
-   * read the window is 0.5-1.4 ahead at the same points (bench/NOTES-softmax.md
+   * read the window is 0.35-1.4 ahead at those points (bench/NOTES-softmax.md
    * v26): the choice follows the benchmark's protocol. */
   if (A.keep == 1 && (P->kind != SM_PLAN_WARP || oss_softmax_cuda_test_knobs[20] > 0))
     sm_release_window(J->outer, J->n * (int64_t)sizeof(T1) * (BWD ? 2 : 1), info, &A.release_lo, &A.release_hi);
