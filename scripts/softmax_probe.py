@@ -50,7 +50,9 @@ def ints(text):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/libsoftmax_probe.so")
-    ap.add_argument("--bwd", default="1,3,6,15", help="backward variants (4096 columns)")
+    ap.add_argument("--bwd", default="1,3,6,15", help="backward variants (--bwd-cols columns)")
+    ap.add_argument("--bwd-cols", type=int, default=4096,
+                    help="the backward's columns: 4096 (variants 0-23) or 32768 (variants 40-46)")
     ap.add_argument("--fwd", default="11,14,17", help="forward variants (1024 columns)")
     ap.add_argument("--sizes", default="26,28", help="log2 of the elements per input")
     ap.add_argument("--rounds", type=int, default=1, help="rounds, alternating the order")
@@ -60,7 +62,7 @@ def main():
     torch._dynamo.config.recompile_limit = 1024
     compiled_fwd = torch.compile(lambda x: F.softmax(x, -1), dynamic=False)
     compiled_bwd = torch.compile(lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype), dynamic=False)
-    points = (("bwd", 4096, ints(args.bwd)), ("fwd", 1024, ints(args.fwd)))
+    points = (("bwd", args.bwd_cols, ints(args.bwd)), ("fwd", 1024, ints(args.fwd)))
     sizes = [26] if args.ncu else ints(args.sizes)
     copy_gbs = None if args.ncu else common.copy_bandwidth_gbs("cuda")
     if copy_gbs:

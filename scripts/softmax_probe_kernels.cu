@@ -22,7 +22,12 @@
  * backward 20 / 21 / 22 = 256 threads x 2 slots per row with 4 / 2 / 6 row
  * buffers and 3 / 4 / 2 CTAs per SM, 23 = 512 x 1 with 4 buffers; forward 30 /
  * 31 / 32 = 8 warps per tile of 8 rows with 4 / 2 / 6 buffers, 33 = 4 warps
- * with 4 buffers.
+ * with 4 buffers. Backward rows of 32768 columns (bench/NOTES-softmax.md v27,
+ * scripts/softmax_probe.py --bwd-cols 32768): 40 / 41 / 42 one pass, a
+ * 1024-thread CTA holding the row in registers (4 slots per thread), loads
+ * plain / evict_last / evict_first; two passes like Inductor's (pass 1
+ * evict_last, pass 2 evict_first): 43 1024 threads x 2 slots x 2 pieces
+ * (Inductor's shape), 44 1024 x 1 x 4, 45 1024 x 4 x 1, 46 512 x 2 x 4.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -173,6 +178,65 @@ __global__ void __launch_bounds__(T, MINB) bwd_twopass(const uint4 *y, const uin
   s = block_sum<T>(s, red);
   for (int i = 0; i < ITER; i++)
     dx[base + i * T] = grad8(ld_pol(y + base + i * T, pf), ld_pol(dy + base + i * T, pf), s);
+}
+
+/* backward, rows of T * K * ITER slots (v27: 32768 columns), a CTA per row.
+ * bwd_rows_onepass holds the row, K slots per thread, loads with
+ * POL (0 plain, 1 evict_first, 2 evict_last); bwd_rows_twopass reads it in
+ * ITER pieces of K slots per thread, pass 1 (evict_last) sums, pass 2
+ * reloads each piece (evict_first, mostly L2 hits) and writes dx, as
+ * Inductor's looped reduction does. */
+template <int POL> __device__ __forceinline__ uint4 ld_k(const uint4 *p) {
+  if (POL == 0) return *p;
+  return ld_pol(p, POL == 1 ? pol_first() : pol_last());
+}
+template <int T, int K, int POL>
+__global__ void __launch_bounds__(T, 1) bwd_rows_onepass(const uint4 *y, const uint4 *dy, uint4 *dx) {
+  __shared__ float red[32];
+  const int64_t row = (int64_t)blockIdx.x * (T * K);
+  const unsigned t = threadIdx.x;
+  uint4 a[K], b[K];
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    a[k] = ld_k<POL>(y + row + (t + k * T));
+    b[k] = ld_k<POL>(dy + row + (t + k * T));
+  }
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < K; k++) s += dot8(a[k], b[k]);
+  s = block_sum<T>(s, red);
+  uint4 *out = dx + row;
+#pragma unroll
+  for (int k = 0; k < K; k++) out[t + k * T] = grad8(a[k], b[k], s);
+}
+template <int T, int K, int ITER>
+__global__ void __launch_bounds__(T, 1) bwd_rows_twopass(const uint4 *y, const uint4 *dy, uint4 *dx) {
+  __shared__ float red[32];
+  const int64_t base = (int64_t)blockIdx.x * (T * K * ITER) + threadIdx.x;
+  float s = 0.f;
+#pragma unroll 1
+  for (int i = 0; i < ITER; i++) {
+    uint4 a[K], b[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+      a[k] = ld_k<2>(y + base + (i * K + k) * T);
+      b[k] = ld_k<2>(dy + base + (i * K + k) * T);
+    }
+#pragma unroll
+    for (int k = 0; k < K; k++) s += dot8(a[k], b[k]);
+  }
+  s = block_sum<T>(s, red);
+#pragma unroll 1
+  for (int i = 0; i < ITER; i++) {
+    uint4 a[K], b[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+      a[k] = ld_k<1>(y + base + (i * K + k) * T);
+      b[k] = ld_k<1>(dy + base + (i * K + k) * T);
+    }
+#pragma unroll
+    for (int k = 0; k < K; k++) dx[base + (i * K + k) * T] = grad8(a[k], b[k], s);
+  }
 }
 
 /* A warp's row of 32 * K bfloat16 slots (lane holds v[k] = slot lane + 32k):
@@ -432,6 +496,14 @@ extern "C" int probe_launch(int which, const void *a, const void *b, void *out, 
     case 31: launch_persistent(fwd_tma<8, 4, 2, 4>, 256, 2 * 16384, 4, rows / 8, st, A, O, rows); break;
     case 32: launch_persistent(fwd_tma<8, 4, 6, 2>, 256, 6 * 16384, 2, rows / 8, st, A, O, rows); break;
     case 33: launch_persistent(fwd_tma<4, 4, 4, 6>, 128, 4 * 8192, 6, rows / 4, st, A, O, rows); break;
+    /* backward rows of 4096 slots (32768 bfloat16 columns), a 1024-thread CTA per row */
+    case 40: bwd_rows_onepass<1024, 4, 0><<<rows, 1024, 0, st>>>(A, B, O); break;
+    case 41: bwd_rows_onepass<1024, 4, 2><<<rows, 1024, 0, st>>>(A, B, O); break;
+    case 42: bwd_rows_onepass<1024, 4, 1><<<rows, 1024, 0, st>>>(A, B, O); break;
+    case 43: bwd_rows_twopass<1024, 2, 2><<<rows, 1024, 0, st>>>(A, B, O); break;
+    case 44: bwd_rows_twopass<1024, 1, 4><<<rows, 1024, 0, st>>>(A, B, O); break;
+    case 45: bwd_rows_twopass<1024, 4, 1><<<rows, 1024, 0, st>>>(A, B, O); break;
+    case 46: bwd_rows_twopass<512, 2, 4><<<rows, 512, 0, st>>>(A, B, O); break;
     default: return -1;
   }
   return (int)cudaGetLastError();

@@ -35,3 +35,14 @@ echo "2^28 done $(( $(date +%s) - t0 )) s" >> $R
 timeout $(( 585 - ($(date +%s) - t0) )) python3 scripts/softmax_variants.py --points fwd:bfloat16:1024,fwd:float16:1024 \
   --variants "base;5=4" --flush clean,none --rounds 3 >> $R 2>&1
 echo "flush done $(( $(date +%s) - t0 )) s" >> $R
+#!/bin/bash
+# session ab call 3: minimal kernels for the bfloat16 backward at 32768 columns: one pass (row in registers) against two passes like Inductor's
+export TORCH_OSS_RESULTS=$OUT TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 TORCH_OSS_HEAD_DIMS=64 PYTHONUNBUFFERED=1
+R=$OUT/all.txt
+t0=$(date +%s)
+rm -rf build torch_oss/_C*.so csrc/cuda/generated
+python3 -m pip install -v --no-build-isolation --no-deps -e . > $OUT/build.log 2>&1 || { echo BUILD FAILED >> $R; tail -50 $OUT/build.log >> $R; exit 1; }
+mkdir -p build && nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -fPIC -shared scripts/softmax_probe_kernels.cu -o build/libsoftmax_probe.so >> $R 2>&1
+echo "build $(( $(date +%s) - t0 )) s" >> $R
+timeout $(( 585 - ($(date +%s) - t0) )) python3 scripts/softmax_probe.py --bwd 40,41,42,43,44,45,46 --bwd-cols 32768 --fwd "" --sizes 26,28 --rounds 2 >> $R 2>&1
+echo "probe done $(( $(date +%s) - t0 )) s" >> $R
