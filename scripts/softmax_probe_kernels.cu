@@ -209,6 +209,16 @@ __global__ void __launch_bounds__(T, 1) bwd_rows_onepass(const uint4 *y, const u
 #pragma unroll
   for (int k = 0; k < K; k++) out[t + k * T] = grad8(a[k], b[k], s);
 }
+/* piece i of a row for bwd_rows_twopass: K slots per thread of y and dy, loads with POL */
+template <int T, int K, int POL>
+__device__ __forceinline__ void ld_piece(const uint4 *y, const uint4 *dy, int64_t base, int i, uint4 (&a)[K],
+                                         uint4 (&b)[K]) {
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    a[k] = ld_k<POL>(y + base + (i * K + k) * T);
+    b[k] = ld_k<POL>(dy + base + (i * K + k) * T);
+  }
+}
 template <int T, int K, int ITER>
 __global__ void __launch_bounds__(T, 1) bwd_rows_twopass(const uint4 *y, const uint4 *dy, uint4 *dx) {
   __shared__ float red[32];
@@ -217,11 +227,7 @@ __global__ void __launch_bounds__(T, 1) bwd_rows_twopass(const uint4 *y, const u
 #pragma unroll 1
   for (int i = 0; i < ITER; i++) {
     uint4 a[K], b[K];
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-      a[k] = ld_k<2>(y + base + (i * K + k) * T);
-      b[k] = ld_k<2>(dy + base + (i * K + k) * T);
-    }
+    ld_piece<T, K, 2>(y, dy, base, i, a, b);
 #pragma unroll
     for (int k = 0; k < K; k++) s += dot8(a[k], b[k]);
   }
@@ -229,11 +235,7 @@ __global__ void __launch_bounds__(T, 1) bwd_rows_twopass(const uint4 *y, const u
 #pragma unroll 1
   for (int i = 0; i < ITER; i++) {
     uint4 a[K], b[K];
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-      a[k] = ld_k<1>(y + base + (i * K + k) * T);
-      b[k] = ld_k<1>(dy + base + (i * K + k) * T);
-    }
+    ld_piece<T, K, 1>(y, dy, base, i, a, b);
 #pragma unroll
     for (int k = 0; k < K; k++) dx[base + (i * K + k) * T] = grad8(a[k], b[k], s);
   }
