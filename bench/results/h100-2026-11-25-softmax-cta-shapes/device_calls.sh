@@ -46,3 +46,17 @@ mkdir -p build && nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xco
 echo "build $(( $(date +%s) - t0 )) s" >> $R
 timeout $(( 585 - ($(date +%s) - t0) )) python3 scripts/softmax_probe.py --bwd 40,41,42,43,44,45,46 --bwd-cols 32768 --fwd "" --sizes 26,28 --rounds 2 >> $R 2>&1
 echo "probe done $(( $(date +%s) - t0 )) s" >> $R
+#!/bin/bash
+# session ab call 4: persistent clusters at the 16-bit 1M forward with fewer clusters than fit (test knob 10: 7, 8, 14 clusters looping over rows)
+export TORCH_OSS_RESULTS=$OUT TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 TORCH_OSS_SOFTMAX_KNOBS=1 TORCH_OSS_HEAD_DIMS=64 PYTHONUNBUFFERED=1
+R=$OUT/all.txt
+t0=$(date +%s)
+rm -rf build torch_oss/_C*.so csrc/cuda/generated
+python3 -m pip install -v --no-build-isolation --no-deps -e . > $OUT/build.log 2>&1 || { echo BUILD FAILED >> $R; tail -50 $OUT/build.log >> $R; exit 1; }
+echo "build $(( $(date +%s) - t0 )) s" >> $R
+timeout 200 python3 scripts/softmax_variants.py --points fwd:bfloat16:1048576,fwd:float16:1048576 \
+  --variants "base;10=8;10=14;10=7;10=4" --rounds 5 --no-compile >> $R 2>&1
+echo "2^26 done $(( $(date +%s) - t0 )) s" >> $R
+timeout $(( 585 - ($(date +%s) - t0) )) python3 scripts/softmax_variants.py --size 28 --points fwd:bfloat16:1048576 \
+  --variants "base;10=8;10=14" --rounds 3 --no-compile >> $R 2>&1
+echo "2^28 done $(( $(date +%s) - t0 )) s" >> $R
