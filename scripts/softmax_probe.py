@@ -58,6 +58,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=1, help="rounds, alternating the order")
     ap.add_argument("--ncu", action="store_true", help="one launch of each at 2^26 between cudaProfilerStart/Stop")
     args = ap.parse_args()
+    wide = [v for v in ints(args.bwd) if v >= 40]
+    if args.bwd_cols not in (4096, 32768) or (wide and args.bwd_cols != 32768) or \
+            (len(wide) < len(ints(args.bwd)) and args.bwd_cols != 4096):
+        ap.error(f"--bwd-cols {args.bwd_cols} with --bwd {args.bwd}: variants 40-46 take 32768 columns, "
+                 "the others 4096 (the kernels have the row width built in)")
     probe = load(args.lib)
     torch._dynamo.config.recompile_limit = 1024
     compiled_fwd = torch.compile(lambda x: F.softmax(x, -1), dynamic=False)
