@@ -32,9 +32,16 @@ def close(name, got, ref, tol):
 def softmax_cases():
     torch.manual_seed(0)
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 2e-3)):
-        for rows, cols in ((3, 1), (5, 7), (64, 128), (33, 129), (9, 1000), (4, 4097), (3, 33000), (2, 262147),
-                           (20, 1048576 + 5), (1, 4 * 1048576 + 3)):
-            x = torch.randn(rows, cols + 1, device="cuda", dtype=dtype)[:, 1:] * 3  # misaligned rows
+        # misaligned rows; then aligned ones of the light one-row-per-CTA tier's widths
+        # (forward 128-512 slots, backward 1024)
+        cases = [(rows, cols, False) for rows, cols in ((3, 1), (5, 7), (64, 128), (33, 129), (9, 1000), (4, 4097),
+                                                        (3, 33000), (2, 262147), (20, 1048576 + 5),
+                                                        (1, 4 * 1048576 + 3))]
+        cases += [(5, cols, True) for cols in (512, 1024, 2048, 4096, 8192)]
+        for rows, cols, aligned in cases:
+            x = torch.randn(rows, cols + 1, device="cuda", dtype=dtype)[:, 1:] * 3
+            if aligned:
+                x = x.contiguous()
             for log in (False, True):
                 fn = torch_oss.log_softmax if log else torch_oss.softmax
                 y = fn(x, -1)
@@ -60,6 +67,9 @@ def softmax_cases():
         x = torch.randn(2, 300, 5, 7, device="cuda", dtype=dtype)
         close(f"cast {dtype}", torch_oss.softmax(x, 1, dtype=torch.float32), torch_oss.softmax(x.cpu().float(), 1),
               tol)
+        x = torch.randn(3, 2048, device="cuda", dtype=dtype)  # the light tier, output cast to float32
+        close(f"cast {dtype} rows", torch_oss.log_softmax(x, -1, dtype=torch.float32),
+              torch_oss.log_softmax(x.cpu().float(), -1), tol)
 
 
 def attention_cases(forward_only=False, kernels="all"):

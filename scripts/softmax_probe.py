@@ -3,11 +3,15 @@ torch.compile, in one process, timed the ways scripts/softmax_timing_harness.py
 times (do_bench; the kernels' own GPU time with the L2 flushed; without the
 flush), at 2^26 and 2^28 elements, with t = t0 + bytes / rate fitted per
 implementation. bfloat16 backward at 4096 columns and forward at 1024: the
-narrow-row points where torch.compile led (bench/NOTES-softmax.md v18).
+narrow-row points where torch.compile led (bench/NOTES-softmax.md v18); the
+backward at 32768 (--bwd-cols, v27); the forward at 4096 (--fwd-cols, v28),
+with bench/softmax.py's Triton fused softmax as a further peer where triton
+is importable.
 
     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -fPIC -shared \\
         scripts/softmax_probe_kernels.cu -o build/libsoftmax_probe.so
     python3 scripts/softmax_probe.py [--bwd 1,3,6,15] [--fwd 11,14,17] [--sizes 26,28] [--rounds 1]
+    python3 scripts/softmax_probe.py --bwd "" --fwd 54,55,56,57 --fwd-cols 4096
     ncu ... python3 scripts/softmax_probe.py --ncu     # one launch of each, for Nsight Compute
 """
 
@@ -53,7 +57,9 @@ def main():
     ap.add_argument("--bwd", default="1,3,6,15", help="backward variants (--bwd-cols columns)")
     ap.add_argument("--bwd-cols", type=int, default=4096,
                     help="the backward's columns: 4096 (variants 0-23) or 32768 (variants 40-46)")
-    ap.add_argument("--fwd", default="11,14,17", help="forward variants (1024 columns)")
+    ap.add_argument("--fwd", default="11,14,17", help="forward variants (--fwd-cols columns)")
+    ap.add_argument("--fwd-cols", type=int, default=1024,
+                    help="the forward's columns: 1024 (variants 10-17, 30-33, 50-53) or 4096 (54-59)")
     ap.add_argument("--sizes", default="26,28", help="log2 of the elements per input")
     ap.add_argument("--rounds", type=int, default=1, help="rounds, alternating the order")
     ap.add_argument("--ncu", action="store_true", help="one launch of each at 2^26 between cudaProfilerStart/Stop")
@@ -63,11 +69,18 @@ def main():
             (len(wide) < len(ints(args.bwd)) and args.bwd_cols != 4096):
         ap.error(f"--bwd-cols {args.bwd_cols} with --bwd {args.bwd}: variants 40-46 take 32768 columns, "
                  "the others 4096 (the kernels have the row width built in)")
+    fwd4096 = [v for v in ints(args.fwd) if 54 <= v <= 59]
+    if args.fwd_cols not in (1024, 4096) or (fwd4096 and args.fwd_cols != 4096) or \
+            (len(fwd4096) < len(ints(args.fwd)) and args.fwd_cols != 1024):
+        ap.error(f"--fwd-cols {args.fwd_cols} with --fwd {args.fwd}: variants 54-59 take 4096 columns, "
+                 "the others 1024 (the kernels have the row width built in)")
     probe = load(args.lib)
+    import softmax as bench_softmax  # bench/softmax.py, for its Triton peer
+    triton_fwd = bench_softmax.triton_softmax()
     torch._dynamo.config.recompile_limit = 1024
     compiled_fwd = torch.compile(lambda x: F.softmax(x, -1), dynamic=False)
     compiled_bwd = torch.compile(lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype), dynamic=False)
-    points = (("bwd", args.bwd_cols, ints(args.bwd)), ("fwd", 1024, ints(args.fwd)))
+    points = (("bwd", args.bwd_cols, ints(args.bwd)), ("fwd", args.fwd_cols, ints(args.fwd)))
     sizes = [26] if args.ncu else ints(args.sizes)
     copy_gbs = None if args.ncu else common.copy_bandwidth_gbs("cuda")
     if copy_gbs:
@@ -83,6 +96,8 @@ def main():
             out = torch.empty_like(x)
             if op == "fwd":
                 impls = {"torch_oss": lambda: torch_oss.softmax(x, -1), "compile": lambda: compiled_fwd(x)}
+                if triton_fwd is not None:
+                    impls["triton"] = lambda: triton_fwd(x)
                 impls.update({f"v{v}": (lambda v=v: probe(v, x, None, out, rows)) for v in variants})
                 ref = F.softmax(x.double(), -1)
                 nbytes = 2 * x.numel() * x.element_size()

@@ -28,6 +28,9 @@
  * plain / evict_last / evict_first; two passes like Inductor's (pass 1
  * evict_last, pass 2 evict_first): 43 1024 threads x 2 slots x 2 pieces
  * (Inductor's shape), 44 1024 x 1 x 4, 45 1024 x 4 x 1, 46 512 x 2 x 4.
+ * Forward, a CTA per row shaped like Triton's fused softmax (v28,
+ * scripts/softmax_probe.py --fwd-cols): 1024 columns 50-53, 4096 columns
+ * 54-59 (probe_launch lists the shapes).
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -309,6 +312,64 @@ __global__ void __launch_bounds__(W * 32, MINB) fwd_warp_row(const uint4 *x, uin
   }
 }
 
+/* forward, a CTA per row of T * S slots, shaped like Triton's fused softmax
+ * (bench/softmax.py's peer: one program per row, 1-2 slots per thread, small
+ * register footprint, so up to 16 CTAs per SM): thread t holds slots t + s*T.
+ * POL 0 plain loads; 2 loads evict_last and the lines set back to
+ * evict_normal after the stores (the library's keep policy). Two block
+ * reductions (max, then the sum of exp2), each through its own shared array. */
+template <int T> __device__ __forceinline__ float block_max(float v, float *red) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(~0u, v, o));
+  if (T == 32) return v;
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  if (l == 0) red[w] = v;
+  __syncthreads();
+  float m = l < T / 32 ? red[l] : -INFINITY;
+#pragma unroll
+  for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o));
+  return m;
+}
+template <int T, int S, int POL>
+__global__ void __launch_bounds__(T) fwd_cta_row(const uint4 *x, uint4 *y) {
+  __shared__ float red_m[32], red_d[32];
+  const int64_t base = (int64_t)blockIdx.x * (T * S) + threadIdx.x;
+  uint4 v[S];
+#pragma unroll
+  for (int s = 0; s < S; s++) v[s] = POL == 2 ? ld_pol(x + base + s * T, pol_last()) : x[base + s * T];
+  float m = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < S; s++) {
+    m = fmaxf(m, fmaxf(fmaxf(lo(v[s].x), hi(v[s].x)), fmaxf(lo(v[s].y), hi(v[s].y))));
+    m = fmaxf(m, fmaxf(fmaxf(lo(v[s].z), hi(v[s].z)), fmaxf(lo(v[s].w), hi(v[s].w))));
+  }
+  m = block_max<T>(m, red_m);
+  const float L2E = 1.4426950408889634f, c = -m * L2E;
+  float d = 0.f;
+#pragma unroll
+  for (int s = 0; s < S; s++) {
+    d += ex2(fmaf(lo(v[s].x), L2E, c)) + ex2(fmaf(hi(v[s].x), L2E, c)) + ex2(fmaf(lo(v[s].y), L2E, c)) +
+         ex2(fmaf(hi(v[s].y), L2E, c));
+    d += ex2(fmaf(lo(v[s].z), L2E, c)) + ex2(fmaf(hi(v[s].z), L2E, c)) + ex2(fmaf(lo(v[s].w), L2E, c)) +
+         ex2(fmaf(hi(v[s].w), L2E, c));
+  }
+  d = block_sum<T>(d, red_d);
+  const float c2 = c - __log2f(d);
+#pragma unroll
+  for (int s = 0; s < S; s++) {
+    uint4 o;
+    o.x = pack(ex2(fmaf(lo(v[s].x), L2E, c2)), ex2(fmaf(hi(v[s].x), L2E, c2)));
+    o.y = pack(ex2(fmaf(lo(v[s].y), L2E, c2)), ex2(fmaf(hi(v[s].y), L2E, c2)));
+    o.z = pack(ex2(fmaf(lo(v[s].z), L2E, c2)), ex2(fmaf(hi(v[s].z), L2E, c2)));
+    o.w = pack(ex2(fmaf(lo(v[s].w), L2E, c2)), ex2(fmaf(hi(v[s].w), L2E, c2)));
+    y[base + s * T] = o;
+  }
+  if (POL == 2 && (threadIdx.x & 7) == 0) {
+#pragma unroll
+    for (int s = 0; s < S; s++) demote(x + base + s * T);
+  }
+}
+
 // ---- persistent CTAs fed by bulk copies (TMA), several rows in flight ---------
 
 __device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -506,6 +567,19 @@ extern "C" int probe_launch(int which, const void *a, const void *b, void *out, 
     case 44: bwd_rows_twopass<1024, 1, 4><<<rows, 1024, 0, st>>>(A, B, O); break;
     case 45: bwd_rows_twopass<1024, 4, 1><<<rows, 1024, 0, st>>>(A, B, O); break;
     case 46: bwd_rows_twopass<512, 2, 4><<<rows, 512, 0, st>>>(A, B, O); break;
+    /* forward, a CTA per row like Triton's (fwd_cta_row): 1024 columns
+     * 50 / 51 = 128 threads x 1 slot plain / keep, 52 / 53 = 64 x 2; 4096
+     * columns 54 / 55 = 512 x 1, 56 / 57 = 256 x 2, 58 / 59 = 128 x 4 */
+    case 50: fwd_cta_row<128, 1, 0><<<rows, 128, 0, st>>>(A, O); break;
+    case 51: fwd_cta_row<128, 1, 2><<<rows, 128, 0, st>>>(A, O); break;
+    case 52: fwd_cta_row<64, 2, 0><<<rows, 64, 0, st>>>(A, O); break;
+    case 53: fwd_cta_row<64, 2, 2><<<rows, 64, 0, st>>>(A, O); break;
+    case 54: fwd_cta_row<512, 1, 0><<<rows, 512, 0, st>>>(A, O); break;
+    case 55: fwd_cta_row<512, 1, 2><<<rows, 512, 0, st>>>(A, O); break;
+    case 56: fwd_cta_row<256, 2, 0><<<rows, 256, 0, st>>>(A, O); break;
+    case 57: fwd_cta_row<256, 2, 2><<<rows, 256, 0, st>>>(A, O); break;
+    case 58: fwd_cta_row<128, 4, 0><<<rows, 128, 0, st>>>(A, O); break;
+    case 59: fwd_cta_row<128, 4, 2><<<rows, 128, 0, st>>>(A, O); break;
     default: return -1;
   }
   return (int)cudaGetLastError();

@@ -215,11 +215,13 @@ def test_backward_matches_float64(device, dtype, op_name, shape, dim):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("op_name", list(OPS))
-@pytest.mark.parametrize("n", [128, 1024, 4096])
+@pytest.mark.parametrize("n", [128, 1024, 2048, 4096, 8192])
 def test_rows_aligned_and_shifted(device, dtype, op_name, n):
     """The same widths with every row on a 16-byte boundary (the CUDA kernels'
-    aligned instantiation) and with every row one element off it (the general
-    one), forward and backward (x, y and dy all shifted)."""
+    aligned instantiation; at 1024-8192 the light one-row-per-CTA tier takes
+    some of them: float32 forward 1024 and 2048, backward 4096; bfloat16
+    forward 1024-4096, backward 8192) and with every row one element off it
+    (the general one), forward and backward (x, y and dy all shifted)."""
     ours_fn, torch_fn = OPS[op_name]
     backward = getattr(torch.ops.oss, f"{op_name}_backward")
     rows = 33
@@ -265,10 +267,14 @@ def precise_input_gradient(log, x, grad, dim):
     return torch.tensor(out, dtype=torch.float64).reshape(xs.shape).movedim(-1, dim)
 
 
-# (shape, dim) through each CUDA tier: rows in a warp, in one CTA, in a
-# cluster, split across CTAs; columns in one tile and split.
+# (shape, dim) through each CUDA tier: rows in a warp, in the light
+# one-row-per-CTA tier (1024 float32 / bfloat16 forward, 4096 float32
+# backward), in one CTA, in a cluster, split across CTAs; columns in one tile
+# and split.
 DOMINANT_SHAPES = [
     ((64, 100), -1),
+    ((16, 1024), -1),
+    ((4, 4096), -1),
     ((8, 5000), -1),
     ((4, 70001), -1),
     ((2, 300000), -1),

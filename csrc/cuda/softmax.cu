@@ -10,6 +10,10 @@
  *
  * Tiers, chosen here by shape and invisible to the caller:
  *   inner == 1 (rows), counted in 16-byte slots of the input (x or y):
+ *     aligned rows of        softmax_row_in_cta_kernel: a row per CTA of
+ *     128, 256 or 512 slots  64-512 threads x 2 register slots forward, 1024
+ *     forward, 1024 backward x 1 backward; at most 32 registers per thread,
+ *     (float statistics)     so 2048 threads per SM (sm_cta_row_threads)
  *     rows up to 4 KB        softmax_rows_in_warp_kernel: G = 1..32 lanes per
  *     (float64: under 4 KB)  row, 4 or 8 slots per lane (two instantiations)
  *     fits one CTA           softmax_row_chunks_kernel, SM_FULL, C = 1: up to
@@ -87,6 +91,9 @@
  * 1024-thread CTA of registers;
  * [20] the release window (sm_release_window) in MiB of input instead of
  * a third of the L2's size; [21] = 1: the window at the first rows, not the last;
+ * [22] the light one-row-per-CTA tier (softmax_row_in_cta_kernel): 1 off,
+ * 2 wherever it can hold the row, 3 the same with one slot per thread,
+ * 64 .. 1024 (a power of two) there with CTAs of that size; [23] = 1: that tier releases every row, not the window;
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test, and
  * the extension built with TORCH_OSS_SOFTMAX_KNOBS=1 for
@@ -94,10 +101,10 @@
  * state. */
 #ifdef OSS_SOFTMAX_TEST_KNOBS
 extern "C" {
-int oss_softmax_cuda_test_knobs[22];
+int oss_softmax_cuda_test_knobs[24];
 }
 #else
-static const int oss_softmax_cuda_test_knobs[22] = {0};
+static const int oss_softmax_cuda_test_knobs[24] = {0};
 #endif
 
 #ifdef OSS_SOFTMAX_TIMELINE
@@ -132,7 +139,8 @@ typedef struct sm_plan {
   size_t ws_bytes;
 } sm_plan;
 
-enum { SM_PLAN_WARP = 0, SM_PLAN_CHUNKS = 1, SM_PLAN_SPLIT = 2, SM_PLAN_COLS = 3, SM_PLAN_COLS_SPLIT = 4, SM_PLAN_SPREAD = 5 };
+enum { SM_PLAN_WARP = 0, SM_PLAN_CHUNKS = 1, SM_PLAN_SPLIT = 2, SM_PLAN_COLS = 3, SM_PLAN_COLS_SPLIT = 4, SM_PLAN_SPREAD = 5,
+       SM_PLAN_CTA_ROW = 6 };
 
 static const char *sm_dtype_name(oss_dtype t) {
   switch (t) {
@@ -358,6 +366,34 @@ template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel
   return softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK, false>;
 }
 
+/* The light one-row-per-CTA kernel (float statistics; NULL for float64,
+ * which never plans it). */
+template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel sm_cta_row_kernel_for(void) {
+  if constexpr (sizeof(Acc) == 4) return softmax_row_in_cta_kernel<BWD, T1, T2, Acc, SM_CTA_ROW_K>;
+  return NULL;
+}
+
+/* The CTA size with which the light one-row-per-CTA tier takes an aligned
+ * row of nslots slots by default; 0: it does not. H100, 2^26 elements, % of
+ * copy, five rounds each, the other tiers' plan -> this one
+ * (bench/NOTES-softmax.md v28):
+ *  - forward, two slots per thread, rows of 128-512 slots (the warp kernel's
+ *    8 slots per lane or a one-CTA chunk plan before): bfloat16 1024 columns
+ *    94.6 -> 95.9, 2048 95.0 -> 96.1, 4096 94.9 -> 95.5, float16 1024 95.1
+ *    -> 96.0, 4096 94.9 -> 96.0, float32 1024 98.5 -> 98.9. Rows of 1024
+ *    slots (bfloat16 8192) +0.15, 2048 (16384, 1024 threads) -1.8; one slot
+ *    per thread 65-81 % wherever tried (not understood: the minimal kernel
+ *    of that shape in scripts/softmax_probe_kernels.cu streams at 97).
+ *  - backward, one slot per thread of 1024: bfloat16 8192 columns 98.2 ->
+ *    99.3, float32 4096 100.6 -> 101.8 (two runs). bfloat16 1024 and 4096
+ *    tie, two slots per thread lose 1.2 at 4096.
+ * Rows of other sizes leave some threads one slot, unmeasured: they keep the
+ * other tiers. */
+static int64_t sm_cta_row_threads(bool bwd, int64_t nslots) {
+  if (bwd) return nslots == 1024 ? 1024 : 0;
+  return nslots == 128 || nslots == 256 || nslots == 512 ? nslots / SM_CTA_ROW_K : 0;
+}
+
 /* SM_SPREAD: the fewest CTAs of <= 512 threads and <= `soft` bytes of shared
  * memory (two per SM) that hold the row; false where fewer than two are
  * needed or the GPU cannot hold twice a row's CTAs at once (the tier needs
@@ -405,9 +441,34 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
   const int64_t rows_cap = oss_softmax_cuda_test_knobs[10];
   const int64_t split_ymax = rows_cap > 0 ? rows_cap : 65535;
 
+  const int force = oss_softmax_cuda_test_knobs[0];
+  /* the light tier: a row per CTA of T threads x <= SM_CTA_ROW_K register
+   * slots (sm_cta_row_threads; test knob 22 turns it off, or takes it
+   * wherever it fits with T = nslots / SM_CTA_ROW_K or nslots rounded up to
+   * a power of two, at least 64, or with the T it gives) */
+  const int light = oss_softmax_cuda_test_knobs[22];
+  const int64_t light_t = sm_cta_row_threads(BWD, nslots);
+  if (sizeof(Acc) == 4 && P->al && force == 0 && light != 1 && (light >= 2 || light_t > 0)) {
+    int64_t T = light >= 64 ? light
+                : light == 2 ? sm_pow2_ceil(sm_cdiv(nslots, SM_CTA_ROW_K))
+                : light == 3 ? sm_pow2_ceil(nslots)
+                             : light_t;
+    if (T < 64) T = 64;
+    if (T <= SM_CHUNK_THREADS && (T & (T - 1)) == 0 && nslots <= T * SM_CTA_ROW_K) {
+      P->kind = SM_PLAN_CTA_ROW;
+      P->keep = 1;
+      P->threads = (int)T;
+      P->K = (int)sm_cdiv(nslots, T);
+      int64_t ctas = J->outer < 0x7fffffff ? J->outer : 0x7fffffff;
+      if (rows_cap > 0 && rows_cap < ctas) ctas = rows_cap;
+      P->grid_x = (unsigned)ctas;
+      P->grid_y = 1;
+      return OSS_OK;
+    }
+  }
+
   /* warp tier: rows up to 4 KB (float64: under 4 KB); the light kernel
    * (half the slots per lane) for the narrowest rows (more warps resident) */
-  const int force = oss_softmax_cuda_test_knobs[0];
   /* (float32 rows of exactly 32 * WKMAX slots, 1024 columns forward and 512
    * backward, took the CTA tier until the L2 policy: with it the warp tier
    * streams the forward at 100.4 % of copy, the CTA tier's 64-thread CTAs at
@@ -815,15 +876,17 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
    * against 94.1 %; v23: 0.2-0.3 against the L2's size). After a flush by a
    * read the window is 0.35-1.4 ahead at those points (bench/NOTES-softmax.md
    * v26): the choice follows the benchmark's protocol. */
-  if (A.keep == 1 && (P->kind != SM_PLAN_WARP || oss_softmax_cuda_test_knobs[20] > 0))
+  const bool every_row = P->kind == SM_PLAN_WARP || (P->kind == SM_PLAN_CTA_ROW && oss_softmax_cuda_test_knobs[23] == 1);
+  if (A.keep == 1 && (!every_row || oss_softmax_cuda_test_knobs[20] > 0))
     sm_release_window(J->outer, J->n * (int64_t)sizeof(T1) * (BWD ? 2 : 1), info, &A.release_lo, &A.release_hi);
   /* the kernels shift where they would divide by these (softmax_rows.cuh) */
-  const bool pow2 = P->kind == SM_PLAN_WARP ? (P->G & (P->G - 1)) == 0
+  const bool pow2 = P->kind == SM_PLAN_WARP      ? (P->G & (P->G - 1)) == 0
+                    : P->kind == SM_PLAN_CTA_ROW ? (P->threads & (P->threads - 1)) == 0 && P->K <= SM_CTA_ROW_K
                                             : (P->threads & (P->threads - 1)) == 0 &&
                                                   (P->kind != SM_PLAN_CHUNKS || (P->C & (P->C - 1)) == 0);
   if (!pow2)
-    return oss_fail(OSS_ERROR_NOT_SUPPORTED, "softmax: internal plan error (threads=%d G=%d C=%d not powers of two)",
-                    P->threads, P->G, P->C);
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED, "softmax: internal plan error (threads=%d G=%d C=%d K=%d)",
+                    P->threads, P->G, P->C, P->K);
   A.K = P->K;
   A.G = P->G;
   A.C = P->C;
@@ -835,6 +898,13 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
     if (pad > 40 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(wk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pad));
     wk<<<P->grid_x, P->threads, pad, stream>>>(A);
     return oss_check_launch("softmax_rows_in_warp_kernel");
+  }
+  if (P->kind == SM_PLAN_CTA_ROW) {
+    const sm_row_kernel ck = sm_cta_row_kernel_for<BWD, T1, T2, Acc>();
+    if (ck == NULL) return oss_fail(OSS_ERROR_NOT_SUPPORTED, "softmax: internal plan error (light tier for float64)");
+    if (pad > 40 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(ck, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pad));
+    ck<<<P->grid_x, P->threads, pad, stream>>>(A);
+    return oss_check_launch("softmax_row_in_cta_kernel");
   }
   const sm_row_kernel kern = sm_chunks_kernel_for<BWD, T1, T2, Acc>(P->al);
   const dim3 grid(P->grid_x, P->grid_y, 1), block((unsigned)P->threads, 1, 1);
@@ -943,7 +1013,7 @@ static oss_status sm_run(const sm_job *J, sm_plan *P, void *ws, cudaStream_t str
 #ifdef OSS_SOFTMAX_TEST_KNOBS
   if (oss_softmax_cuda_test_knobs[7] & (BWD ? 2 : 1)) {
     oss_softmax_cuda_test_knobs[7] &= BWD ? ~2 : ~1;
-    static const char *kinds[] = {"warp", "chunks", "split", "cols", "cols-split", "spread"};
+    static const char *kinds[] = {"warp", "chunks", "split", "cols", "cols-split", "spread", "cta-row"};
     printf("plan %s: %s al=%d keep=%d km=%d threads=%d K=%d G=%d C=%d smem_slots=%d S=%lld TJ=%d chunk_n=%lld nchunks=%lld grid=%ux%u ws=%zu\n",
            BWD ? "bwd" : "fwd", kinds[P->kind], P->al, P->keep, P->km, P->threads, P->K, P->G, P->C, P->smem_slots,
            (long long)P->S, P->TJ, (long long)P->chunk_n, (long long)P->nchunks, P->grid_x, P->grid_y, P->ws_bytes);
@@ -952,6 +1022,9 @@ static oss_status sm_run(const sm_job *J, sm_plan *P, void *ws, cudaStream_t str
              sm_config_residency(sm_chunks_kernel_for<BWD, T1, T2, Acc>(P->al), P->kind == SM_PLAN_SPREAD ? 1 : P->C,
                                  P->threads, (size_t)P->smem_slots * 16 * (BWD ? 2 : 1), P->grid_y, stream),
              P->C > 1 && P->kind == SM_PLAN_CHUNKS ? "clusters on the GPU" : "CTAs per SM");
+    if (P->kind == SM_PLAN_CTA_ROW)
+      printf("plan %s: resident at once: %d CTAs per SM\n", BWD ? "bwd" : "fwd",
+             sm_config_residency(sm_cta_row_kernel_for<BWD, T1, T2, Acc>(), 1, P->threads, 0, 1, stream));
     if (P->kind == SM_PLAN_COLS || P->kind == SM_PLAN_COLS_SPLIT)
       printf("plan %s: resident at once: %d %s\n", BWD ? "bwd" : "fwd",
              sm_config_residency(sm_columns_kernel_for<BWD, T1, T2, Acc>(P->threads), P->C, P->threads,

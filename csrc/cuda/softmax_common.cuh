@@ -589,4 +589,55 @@ __device__ __forceinline__ sm_stat<Acc> sm_block_reduce(sm_stat<Acc> st, int TJ,
   }
 }
 
+/* Forward block reduction, max first (blockDim.x a multiple of 32, <= 1024;
+ * every thread gets the result; safe to call repeatedly): the CTA's max M of
+ * the threads' maxes, then one sum of their d' rescaled to M, each thread's
+ * exp taken before the sum. sm_block_reduce's merge tree puts an exp on every
+ * level of its dependency chain (ten levels for a CTA of several warps); the
+ * light tier's CTAs, which hold one or two slots per thread, lost 1-2 points
+ * of copy to it on the H100 (bench/NOTES-softmax.md v28; the warp and chunk
+ * kernels, whose threads hold more, did not gain from this one). d' stays
+ * exact for the maximal threads: they add their d' to the sum and 1 to a
+ * separate count, and the result is d' = sum + (count - 1), as sm_merge's
+ * equal maxes give. red: 3 x 32 entries of shared memory. */
+template <typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_block_reduce_max_first(sm_stat<Acc> st, Acc (*red)[32]) {
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, nw = blockDim.x >> 5;
+  Acc m = st.m, s, c;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) m = sm_max(m, __shfl_xor_sync(~0u, m, off));
+  if (nw > 1) {
+    if (lane == 0) red[0][warp] = m;
+    __syncthreads();
+    m = lane < nw ? red[0][lane] : (Acc)-INFINITY;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = sm_max(m, __shfl_xor_sync(~0u, m, off));
+  }
+  const bool top = st.m == m;
+  s = top ? st.d : (st.d + (Acc)1) * sm_exp<false>(st.m - sm_safe_max(m));
+  c = top ? (Acc)1 : (Acc)0;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    s += __shfl_xor_sync(~0u, s, off);
+    c += __shfl_xor_sync(~0u, c, off);
+  }
+  if (nw > 1) {
+    if (lane == 0) {
+      red[1][warp] = s;
+      red[2][warp] = c;
+    }
+    __syncthreads();
+    s = lane < nw ? red[1][lane] : (Acc)0;
+    c = lane < nw ? red[2][lane] : (Acc)0;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      s += __shfl_xor_sync(~0u, s, off);
+      c += __shfl_xor_sync(~0u, c, off);
+    }
+  }
+  sm_stat<Acc> r;
+  r.m = m;
+  r.d = s + (c - (Acc)1);
+  return r;
+}
+
 #endif /* OSS_SOFTMAX_COMMON_CUH */

@@ -2,7 +2,7 @@
  * softmax_rows.cuh - softmax / log_softmax forward and backward over
  * contiguous rows (inner == 1 in oss.h's [outer, n, inner] view).
  *
- * Both kernels hold their part of a row on chip, so each element is read
+ * The kernels hold their part of a row on chip, so each element is read
  * from global memory once and written once (the split tier re-reads):
  *
  * softmax_rows_in_warp_kernel: narrow rows (forward up to 32 * 8 slots: 1024
@@ -12,6 +12,11 @@
  *   registers as raw 16-byte values. KM = 4 or 8 (the 4-slot variant needs
  *   fewer registers, so more warps stay resident for the narrowest rows).
  *   Reduction: butterfly shuffles inside the group.
+ *
+ * softmax_row_in_cta_kernel: the light tier, aligned rows of up to 1024 x 2
+ *   slots (softmax.cu takes it at 128-512 slots forward, 1024 backward): a
+ *   row per CTA, thread t holds slots t and t + T in registers, one block
+ *   reduction (the forward's max first), at most 32 registers per thread.
  *
  * softmax_row_chunks_kernel: one CTA owns a chunk of S slots of a row: thread
  *   t holds slots t + k*T in registers (k < K <= sm_chunk_kreg) and, when the
@@ -53,10 +58,11 @@
  * slot ("edges") are handled by a short scalar loop that reads them again in
  * the output phase (from L1/L2): the hot path stays branch-free and small.
  *
- * Both kernels come in two instantiations: AL = true where the launch knows
- * every row starts a slot in every tensor and n is a whole number of slots
- * (no edges, no misaligned-tensor paths: less code and fewer instructions),
- * and the general one (AL = false). Where a row sits on one CTA (warp tier,
+ * The warp and chunk kernels come in two instantiations: AL = true where the
+ * launch knows every row starts a slot in every tensor and n is a whole
+ * number of slots (no edges, no misaligned-tensor paths: less code and fewer
+ * instructions), and the general one (AL = false); the light kernel exists
+ * aligned only (float statistics). Where a row sits on one CTA (warp tier, light tier,
  * one-CTA chunks) the input loads carry an L2 evict_last policy and, in the
  * last rows (those the L2 can still hold), each line goes back to
  * evict_normal once the row's output is written (keep, release_lo/hi;
@@ -72,10 +78,11 @@
  * merge (m, d') with sm_merge.
  *
  * Diagnostics: built with -DOSS_SOFTMAX_TIMELINE (the self-test's timeline
- * mode only), both kernels record each CTA's start, end and SM.
+ * mode only), the kernels record each CTA's start, end and SM.
  *
  * Limits: blockDim.x a power of two, 64 .. 1024 (chunk kernel; 64
- * registers per thread, 512 for float64) or 32 .. 128 (warp kernel); G and,
+ * registers per thread, 512 for float64; light kernel, 32 registers) or
+ * 32 .. 128 (warp kernel); G and,
  * in SM_FULL, C powers of two; 64-bit row offsets, 32-bit offsets inside a
  * chunk.
  */
@@ -109,7 +116,7 @@ typedef struct sm_row_args {
   void *finals;   /* workspace: [rows] merged statistics (SM_APPLY) */
 } sm_row_args;
 
-enum { SM_WARP_THREADS = 128, SM_CHUNK_THREADS = 1024 };
+enum { SM_WARP_THREADS = 128, SM_CHUNK_THREADS = 1024, SM_CTA_ROW_K = 2 };
 
 /* Register slots per thread: 128 bytes of raw data forward, 2 x 64 backward
  * (chunk kernel) or 2 x 64 (warp kernel); halved for float64, whose math
@@ -528,6 +535,62 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8             
 #pragma unroll
       for (int k = 0; k < KMAX; k++)
         if (k < nv) sm_release_slot<BWD>(R, g + k * G);
+    }
+  }
+  sm_timeline_end();
+}
+
+// ---- a row per CTA, registers only, a light footprint --------------------------
+
+/* Aligned rows (AL) of up to blockDim.x * KM slots: CTA r holds row r (a
+ * row-stride loop where fewer CTAs are launched), thread t slots t, t + T,
+ * ... in registers, one block reduction (the forward's max first:
+ * sm_block_reduce_max_first). Compiled for at most 32 registers
+ * per thread (the backward with an output of another size: 64, where 32
+ * spilled), so 2048 threads per SM stay resident: small CTAs (64-1024
+ * threads) that each live one row, the shape of Triton's fused softmax, which
+ * carries a tenth of the chunk kernel's code and so less fixed cost per call
+ * (bench/NOTES-softmax.md v28). KM = 2: forward 32 bytes of a row per thread,
+ * backward 32 of y and dy. */
+template <bool BWD, typename T1, typename T2, typename Acc, int KM>
+__global__ void __launch_bounds__(SM_CHUNK_THREADS, BWD && sizeof(T1) != sizeof(T2) ? 1 : 2)
+    softmax_row_in_cta_kernel(sm_row_args P) {
+  static_assert(sizeof(Acc) == 4, "float statistics only (float64 keeps the general kernels)");
+  __shared__ sm_stat<Acc> red[SM_CHUNK_THREADS / 32 + 1]; /* backward */
+  __shared__ Acc red_fwd[3][32];                           /* forward (max first) */
+  sm_timeline_start();
+  const int t = threadIdx.x, T = blockDim.x, lgT = __ffs(T) - 1; /* T a power of two (the launch checks) */
+  const unsigned long long pol = sm_l2_policy(P.keep != 0);
+  for (int64_t row = blockIdx.x; row < P.rows; row += gridDim.x) {
+    const sm_chunk<T1, T2> R = sm_chunk_setup<BWD, true, T1, T2>(P, row, 0, (int64_t)T * P.K);
+    const int nv = R.nfull > t ? min((R.nfull - t + T - 1) >> lgT, P.K) : 0;
+    sm_slot ra[KM], rb[KM];
+    sm_load_full_slots<BWD>(R, t, T, nv, ra, rb, pol);
+    sm_stat<Acc> st = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, nv, (uint4 *)0, (const uint4 *)0, 0, 0, 1, P.log);
+    const Acc m_thread = st.m;
+    if constexpr (BWD) st = sm_block_reduce<BWD>(st, 1, red);
+    else st = sm_block_reduce_max_first(st, red_fwd);
+#pragma unroll
+    for (int k = 0; k < KM; k++) {
+      sm_slot_fence(ra[k]);
+      if (BWD) sm_slot_fence(rb[k]);
+    }
+    Acc c0, c1;
+    sm_finish<BWD, sizeof(T2) == 2>(st, P.log, c0, c1);
+    if (!BWD && sm_can_cache<T1, Acc>() && !P.log) {
+      const Acc scale = sm_cache_scale(m_thread, st);
+#pragma unroll
+      for (int k = 0; k < KM; k++)
+        if (k < nv) sm_slot_output_cached(R, t + k * T, ra[k], scale);
+    } else {
+#pragma unroll
+      for (int k = 0; k < KM; k++)
+        if (k < nv) sm_slot_output<BWD>(R, t + k * T, ra[k], rb[k], P.log, c0, c1);
+    }
+    if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) {
+#pragma unroll
+      for (int k = 0; k < KM; k++)
+        if (k < nv) sm_release_slot<BWD>(R, t + k * T);
     }
   }
   sm_timeline_end();
