@@ -244,17 +244,18 @@ __global__ void __launch_bounds__(T, 1) bwd_rows_twopass(const uint4 *y, const u
   }
 }
 
-/* A warp's row of 32 * K bfloat16 slots (lane holds v[k] = slot lane + 32k):
- * softmax into out[k] (max, sum of exp2, output; butterfly shuffles) */
-template <int K> __device__ __forceinline__ void warp_row_softmax(const uint4 (&v)[K], uint4 (&out)[K]) {
+/* A row's softmax over a thread's K bfloat16 slots v[k] into out[k]: the
+ * thread's max, max_all (the row's: shuffles or a block reduction), the sum
+ * of exp2, sum_all, the outputs. */
+template <int K, typename MaxAll, typename SumAll>
+__device__ __forceinline__ void row_softmax(const uint4 (&v)[K], uint4 (&out)[K], MaxAll max_all, SumAll sum_all) {
   float m = -INFINITY;
 #pragma unroll
   for (int k = 0; k < K; k++) {
     m = fmaxf(m, fmaxf(fmaxf(lo(v[k].x), hi(v[k].x)), fmaxf(lo(v[k].y), hi(v[k].y))));
     m = fmaxf(m, fmaxf(fmaxf(lo(v[k].z), hi(v[k].z)), fmaxf(lo(v[k].w), hi(v[k].w))));
   }
-#pragma unroll
-  for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o));
+  m = max_all(m);
   const float L2E = 1.4426950408889634f, c = -m * L2E;
   float d = 0.f;
 #pragma unroll
@@ -264,8 +265,7 @@ template <int K> __device__ __forceinline__ void warp_row_softmax(const uint4 (&
     d += ex2(fmaf(lo(v[k].z), L2E, c)) + ex2(fmaf(hi(v[k].z), L2E, c)) + ex2(fmaf(lo(v[k].w), L2E, c)) +
          ex2(fmaf(hi(v[k].w), L2E, c));
   }
-#pragma unroll
-  for (int o = 16; o; o >>= 1) d += __shfl_xor_sync(~0u, d, o);
+  d = sum_all(d);
   const float c2 = c - __log2f(d);
 #pragma unroll
   for (int k = 0; k < K; k++) {
@@ -276,6 +276,22 @@ template <int K> __device__ __forceinline__ void warp_row_softmax(const uint4 (&
     o.w = pack(ex2(fmaf(lo(v[k].w), L2E, c2)), ex2(fmaf(hi(v[k].w), L2E, c2)));
     out[k] = o;
   }
+}
+
+/* A warp's row of 32 * K slots (lane holds v[k] = slot lane + 32k): butterfly shuffles */
+template <int K> __device__ __forceinline__ void warp_row_softmax(const uint4 (&v)[K], uint4 (&out)[K]) {
+  row_softmax<K>(
+      v, out,
+      [](float m) {
+#pragma unroll
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o));
+        return m;
+      },
+      [](float d) {
+#pragma unroll
+        for (int o = 16; o; o >>= 1) d += __shfl_xor_sync(~0u, d, o);
+        return d;
+      });
 }
 
 /* forward, a warp per row of 32 * K slots, W warps per CTA */
@@ -334,36 +350,13 @@ template <int T, int S, int POL>
 __global__ void __launch_bounds__(T) fwd_cta_row(const uint4 *x, uint4 *y) {
   __shared__ float red_m[32], red_d[32];
   const int64_t base = (int64_t)blockIdx.x * (T * S) + threadIdx.x;
-  uint4 v[S];
+  uint4 v[S], out[S];
 #pragma unroll
   for (int s = 0; s < S; s++) v[s] = POL == 2 ? ld_pol(x + base + s * T, pol_last()) : x[base + s * T];
-  float m = -INFINITY;
+  row_softmax<S>(
+      v, out, [&](float m) { return block_max<T>(m, red_m); }, [&](float d) { return block_sum<T>(d, red_d); });
 #pragma unroll
-  for (int s = 0; s < S; s++) {
-    m = fmaxf(m, fmaxf(fmaxf(lo(v[s].x), hi(v[s].x)), fmaxf(lo(v[s].y), hi(v[s].y))));
-    m = fmaxf(m, fmaxf(fmaxf(lo(v[s].z), hi(v[s].z)), fmaxf(lo(v[s].w), hi(v[s].w))));
-  }
-  m = block_max<T>(m, red_m);
-  const float L2E = 1.4426950408889634f, c = -m * L2E;
-  float d = 0.f;
-#pragma unroll
-  for (int s = 0; s < S; s++) {
-    d += ex2(fmaf(lo(v[s].x), L2E, c)) + ex2(fmaf(hi(v[s].x), L2E, c)) + ex2(fmaf(lo(v[s].y), L2E, c)) +
-         ex2(fmaf(hi(v[s].y), L2E, c));
-    d += ex2(fmaf(lo(v[s].z), L2E, c)) + ex2(fmaf(hi(v[s].z), L2E, c)) + ex2(fmaf(lo(v[s].w), L2E, c)) +
-         ex2(fmaf(hi(v[s].w), L2E, c));
-  }
-  d = block_sum<T>(d, red_d);
-  const float c2 = c - __log2f(d);
-#pragma unroll
-  for (int s = 0; s < S; s++) {
-    uint4 o;
-    o.x = pack(ex2(fmaf(lo(v[s].x), L2E, c2)), ex2(fmaf(hi(v[s].x), L2E, c2)));
-    o.y = pack(ex2(fmaf(lo(v[s].y), L2E, c2)), ex2(fmaf(hi(v[s].y), L2E, c2)));
-    o.z = pack(ex2(fmaf(lo(v[s].z), L2E, c2)), ex2(fmaf(hi(v[s].z), L2E, c2)));
-    o.w = pack(ex2(fmaf(lo(v[s].w), L2E, c2)), ex2(fmaf(hi(v[s].w), L2E, c2)));
-    y[base + s * T] = o;
-  }
+  for (int s = 0; s < S; s++) y[base + s * T] = out[s];
   if (POL == 2 && (threadIdx.x & 7) == 0) {
 #pragma unroll
     for (int s = 0; s < S; s++) demote(x + base + s * T);

@@ -444,6 +444,41 @@ __device__ __forceinline__ void sm_edges_output(const sm_chunk<T1, T2> &R, int f
   }
 }
 
+/* The output of a thread's register slots first, first + step, ... (nv of
+ * them) once st holds the row's statistics (the warp and light kernels):
+ * the constants of sm_finish (returned for the edges), then each slot's
+ * output; the cached float32 softmax (m_thread: the thread's own max, to
+ * which its exp values are relative) needs one multiply per element. */
+template <bool BWD, typename T1, typename T2, typename Acc, int KM>
+__device__ __forceinline__ void sm_output_registers(const sm_chunk<T1, T2> &R, sm_slot (&ra)[KM], sm_slot (&rb)[KM],
+                                                    int nv, int first, int step, sm_stat<Acc> st, Acc m_thread, int log,
+                                                    Acc &c0, Acc &c1) {
+#pragma unroll
+  for (int k = 0; k < KM; k++) {
+    sm_slot_fence(ra[k]);
+    if (BWD) sm_slot_fence(rb[k]);
+  }
+  sm_finish<BWD, sizeof(T2) == 2>(st, log, c0, c1);
+  if (!BWD && sm_can_cache<T1, Acc>() && !log) {
+    const Acc scale = sm_cache_scale(m_thread, st);
+#pragma unroll
+    for (int k = 0; k < KM; k++)
+      if (k < nv) sm_slot_output_cached(R, first + k * step, ra[k], scale);
+  } else {
+#pragma unroll
+    for (int k = 0; k < KM; k++)
+      if (k < nv) sm_slot_output<BWD>(R, first + k * step, ra[k], rb[k], log, c0, c1);
+  }
+}
+
+/* Releases the input lines of those register slots (sm_release_slot). */
+template <bool BWD, int KM, typename T1, typename T2>
+__device__ __forceinline__ void sm_release_registers(const sm_chunk<T1, T2> &R, int nv, int first, int step) {
+#pragma unroll
+  for (int k = 0; k < KM; k++)
+    if (k < nv) sm_release_slot<BWD>(R, first + k * step);
+}
+
 // ---- diagnostic timeline (self-test builds with -DOSS_SOFTMAX_TIMELINE) -----------
 
 __device__ __forceinline__ unsigned long long sm_globaltimer_ns() {
@@ -513,29 +548,10 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8             
     const Acc m_thread = st.m;
     sm_edges_accumulate<BWD>(R, g, G, st, P.log);
     st = sm_group_reduce<BWD>(st, G);
-#pragma unroll
-    for (int k = 0; k < KMAX; k++) {
-      sm_slot_fence(ra[k]);
-      if (BWD) sm_slot_fence(rb[k]);
-    }
     Acc c0, c1;
-    sm_finish<BWD, sizeof(T2) == 2>(st, P.log, c0, c1);
-    if (!BWD && sm_can_cache<T1, Acc>() && !P.log) {
-      const Acc scale = sm_cache_scale(m_thread, st);
-#pragma unroll
-      for (int k = 0; k < KMAX; k++)
-        if (k < nv) sm_slot_output_cached(R, g + k * G, ra[k], scale);
-    } else {
-#pragma unroll
-      for (int k = 0; k < KMAX; k++)
-        if (k < nv) sm_slot_output<BWD>(R, g + k * G, ra[k], rb[k], P.log, c0, c1);
-    }
+    sm_output_registers<BWD>(R, ra, rb, nv, g, G, st, m_thread, P.log, c0, c1);
     sm_edges_output<BWD>(R, g, G, P.log, c0, c1);
-    if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) {
-#pragma unroll
-      for (int k = 0; k < KMAX; k++)
-        if (k < nv) sm_release_slot<BWD>(R, g + k * G);
-    }
+    if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) sm_release_registers<BWD, KMAX>(R, nv, g, G);
   }
   sm_timeline_end();
 }
@@ -570,28 +586,9 @@ __global__ void __launch_bounds__(SM_CHUNK_THREADS, BWD && sizeof(T1) != sizeof(
     const Acc m_thread = st.m;
     if constexpr (BWD) st = sm_block_reduce<BWD>(st, 1, red);
     else st = sm_block_reduce_max_first(st, red_fwd);
-#pragma unroll
-    for (int k = 0; k < KM; k++) {
-      sm_slot_fence(ra[k]);
-      if (BWD) sm_slot_fence(rb[k]);
-    }
     Acc c0, c1;
-    sm_finish<BWD, sizeof(T2) == 2>(st, P.log, c0, c1);
-    if (!BWD && sm_can_cache<T1, Acc>() && !P.log) {
-      const Acc scale = sm_cache_scale(m_thread, st);
-#pragma unroll
-      for (int k = 0; k < KM; k++)
-        if (k < nv) sm_slot_output_cached(R, t + k * T, ra[k], scale);
-    } else {
-#pragma unroll
-      for (int k = 0; k < KM; k++)
-        if (k < nv) sm_slot_output<BWD>(R, t + k * T, ra[k], rb[k], P.log, c0, c1);
-    }
-    if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) {
-#pragma unroll
-      for (int k = 0; k < KM; k++)
-        if (k < nv) sm_release_slot<BWD>(R, t + k * T);
-    }
+    sm_output_registers<BWD>(R, ra, rb, nv, t, T, st, m_thread, P.log, c0, c1);
+    if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) sm_release_registers<BWD, KM>(R, nv, t, T);
   }
   sm_timeline_end();
 }
