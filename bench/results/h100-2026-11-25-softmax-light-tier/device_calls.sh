@@ -68,3 +68,18 @@ tail -3 $OUT/racecheck_selftest_race.txt >> $R
 #!/bin/bash
 # session ac call 5 (warm machine after call 4, the production build of c915d99)
 python3 -c "import torch_oss" && TORCH_OSS_RESULTS=$OUT timeout 280 python3 bench/softmax.py --rounds 3 > $OUT/bench_softmax_rounds3.log 2>&1
+#!/bin/bash
+# session ac call 6: after the output helpers were shared (warp and light kernels): build from scratch (head dim 64 only), the CUDA cases of test_softmax, memcheck on the softmax smoke grid, the refactored probe's results checked
+export TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 PYTHONUNBUFFERED=1 TORCH_OSS_HEAD_DIMS=64
+R=$OUT/all.txt
+t0=$(date +%s)
+TORCH_OSS_RESULTS=/tmp/gpu bash scripts/gpu_check.sh build > $OUT/build_stage.txt 2>&1
+echo "build stage rc=$? $(( $(date +%s) - t0 )) s" >> $R
+(mkdir -p build && nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -fPIC -shared scripts/softmax_probe_kernels.cu -o build/libsoftmax_probe.so > /tmp/probe_build.txt 2>&1) &
+timeout 200 python3 -m pytest -q -x tests/test_softmax.py -k cuda -p no:cacheprovider > $OUT/test_softmax_cuda.txt 2>&1
+echo "test_softmax rc=$? $(( $(date +%s) - t0 )) s" >> $R; tail -2 $OUT/test_softmax_cuda.txt >> $R
+timeout 60 compute-sanitizer --tool memcheck python3 scripts/sanitize_smoke.py softmax > $OUT/memcheck_softmax_smoke.txt 2>&1
+echo "memcheck rc=$? $(( $(date +%s) - t0 )) s" >> $R; tail -2 $OUT/memcheck_softmax_smoke.txt >> $R
+wait
+left=$(( 330 - ($(date +%s) - t0) )); [ $left -gt 15 ] && timeout $left python3 scripts/softmax_probe.py --bwd "" --fwd 55,57 --fwd-cols 4096 --sizes 26 --rounds 1 > $OUT/probe_check.txt 2>&1
+echo "probe rc=$? $(( $(date +%s) - t0 )) s" >> $R; grep relerr $OUT/probe_check.txt >> $R
