@@ -837,9 +837,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
       output_smem();
     }
     if (release && row >= P.release_lo && row < P.release_hi) {
-#pragma unroll
-      for (int k = 0; k < KREG; k++)
-        if (k < nv) sm_release_slot<BWD>(R, t + k * T);
+      sm_release_registers<BWD, KREG>(R, nv, t, T);
       for (int l = t; l < nsm; l += T) sm_release_slot<BWD>(R, nreg + l);
     }
   }
