@@ -12,8 +12,9 @@
  *   inner == 1 (rows), counted in 16-byte slots of the input (x or y):
  *     aligned rows of        softmax_row_in_cta_kernel: a row per CTA of
  *     128, 256 or 512 slots  64-512 threads x 2 register slots forward, 1024
- *     forward, 1024 backward x 1 backward; at most 32 registers per thread,
- *     (float statistics)     so 2048 threads per SM (sm_cta_row_threads)
+ *     forward (16-bit also   x 1 backward; at most 32 registers per thread,
+ *     1024), 1024 backward   so 2048 threads per SM (sm_cta_row_threads)
+ *     (float statistics)
  *     rows up to 4 KB        softmax_rows_in_warp_kernel: G = 1..32 lanes per
  *     (float64: under 4 KB)  row, 4 or 8 slots per lane (two instantiations)
  *     fits one CTA           softmax_row_chunks_kernel, SM_FULL, C = 1: up to
@@ -374,23 +375,29 @@ template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel
 }
 
 /* The CTA size with which the light one-row-per-CTA tier takes an aligned
- * row of nslots slots by default; 0: it does not. H100, 2^26 elements, % of
- * copy, five rounds each, the other tiers' plan -> this one
- * (bench/NOTES-softmax.md v28):
+ * row of nslots slots of es-byte input by default; 0: it does not. H100,
+ * 2^26 elements, % of copy, five rounds each, the other tiers' plan -> this
+ * one (bench/NOTES-softmax.md v28, v29):
  *  - forward, two slots per thread, rows of 128-512 slots (the warp kernel's
  *    8 slots per lane or a one-CTA chunk plan before): bfloat16 1024 columns
  *    94.6 -> 95.9, 2048 95.0 -> 96.1, 4096 94.9 -> 95.5, float16 1024 95.1
  *    -> 96.0, 4096 94.9 -> 96.0, float32 1024 98.5 -> 98.9. Rows of 1024
- *    slots (bfloat16 8192) +0.15, 2048 (16384, 1024 threads) -1.8; one slot
- *    per thread 65-81 % wherever tried (not understood: the minimal kernel
- *    of that shape in scripts/softmax_probe_kernels.cu streams at 97).
+ *    slots, 512 threads, since the per-row work was cut (v29): 16-bit 8192
+ *    columns 94.6 -> 95.3 (bfloat16; 2^28: 99.7 -> 100.3), float16 94.5 ->
+ *    95.1; float32 4096 ties (-0.2 at 2^26, +0.15 at 2^28), so it keeps the
+ *    chunk plan. 2048 slots (1024 threads) -1.8 (v28). One slot per thread
+ *    loses: bfloat16 512 columns 92.0 against the warp kernel's 95.5, and
+ *    the more threads per CTA the more (82.6 at 4096, 75.1 at 8192): every
+ *    thread's share of the row's fixed work (reduction, constants,
+ *    addresses) is then spread over only 8 elements.
  *  - backward, one slot per thread of 1024: bfloat16 8192 columns 98.2 ->
  *    99.3, float32 4096 100.6 -> 101.8 (two runs). bfloat16 1024 and 4096
  *    tie, two slots per thread lose 1.2 at 4096.
- * Rows of other sizes leave some threads one slot, unmeasured: they keep the
- * other tiers. */
-static int64_t sm_cta_row_threads(bool bwd, int64_t nslots) {
+ * Rows of other sizes leave some threads one slot: they keep the other
+ * tiers. */
+static int64_t sm_cta_row_threads(bool bwd, int64_t es, int64_t nslots) {
   if (bwd) return nslots == 1024 ? 1024 : 0;
+  if (nslots == 1024 && es == 2) return 512;
   return nslots == 128 || nslots == 256 || nslots == 512 ? nslots / SM_CTA_ROW_K : 0;
 }
 
@@ -447,7 +454,7 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
    * wherever it fits with T = nslots / SM_CTA_ROW_K or nslots rounded up to
    * a power of two, at least 64, or with the T it gives) */
   const int light = oss_softmax_cuda_test_knobs[22];
-  const int64_t light_t = sm_cta_row_threads(BWD, nslots);
+  const int64_t light_t = sm_cta_row_threads(BWD, es, nslots);
   if (sizeof(Acc) == 4 && P->al && force == 0 && light != 1 && (light >= 2 || light_t > 0)) {
     int64_t T = light >= 64 ? light
                 : light == 2 ? sm_pow2_ceil(sm_cdiv(nslots, SM_CTA_ROW_K))

@@ -334,6 +334,13 @@ __device__ __forceinline__ float sm_ex2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
+/* log2(x), hardware approximation (lg2.approx: absolute error about 2^-22;
+ * 0 and subnormals -> -inf, inf -> inf, NaN -> NaN). */
+__device__ __forceinline__ float sm_lg2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 /* Programmatic dependent launch (sm_90; no-ops elsewhere and in a kernel
  * launched without it): launch_dependents lets the next kernel on the stream,
  * launched with sm_launch_dependent (softmax.cu), start once every CTA of
@@ -486,8 +493,9 @@ template <bool BWD, typename Acc> __device__ __forceinline__ void sm_prime_d(sm_
 
 /* What the output phase needs, per row/column. Forward: c0 = ms and c1 =
  * log1p(d') = log(d) (log_softmax: y = (x - c0) - c1), else 1/d (softmax: y = exp(x - c0)
- * c1), or with FAST (16-bit output) -log2(d) (softmax: y = 2^((x - c0) log2(e)
- * + c1), one FADD, FFMA and MUFU). x - ms is computed first so that a large
+ * c1), or with FAST (16-bit output) -log2(d) by the hardware log2 (softmax:
+ * y = 2^((x - c0) log2(e) + c1), one FADD, FFMA and MUFU; the log2's error,
+ * some 2^-22, is far below 16-bit rounding). x - ms is computed first so that a large
  * |ms| is never rounded into a combined constant. Backward: c0 = the sum
  * rounded once and c1 what that rounding left out (0 when it is not finite). */
 template <bool BWD, bool FAST, typename Acc>
@@ -505,7 +513,7 @@ __device__ __forceinline__ void sm_finish(sm_stat<Acc> st, int log, Acc &c0, Acc
   } else {
     c0 = sm_safe_max(st.m);
     if (log) c1 = sm_log1p(st.d);
-    else if (FAST && sizeof(Acc) == 4) c1 = -(Acc)log2f((float)(st.d + (Acc)1));
+    else if (FAST && sizeof(Acc) == 4) c1 = -(Acc)sm_lg2((float)(st.d + (Acc)1)); /* 2^-22 against 16-bit rounding */
     else c1 = (Acc)1 / (st.d + (Acc)1);
   }
 }
@@ -589,54 +597,65 @@ __device__ __forceinline__ sm_stat<Acc> sm_block_reduce(sm_stat<Acc> st, int TJ,
   }
 }
 
-/* Forward block reduction, max first (blockDim.x a multiple of 32, <= 1024;
- * every thread gets the result; safe to call repeatedly): the CTA's max M of
- * the threads' maxes, then one sum of their d' rescaled to M, each thread's
- * exp taken before the sum. sm_block_reduce's merge tree puts an exp on every
- * level of its dependency chain (ten levels for a CTA of several warps); the
- * light tier's CTAs, which hold one or two slots per thread, lost 1-2 points
- * of copy to it on the H100 (bench/NOTES-softmax.md v28; the warp and chunk
- * kernels, whose threads hold more, did not gain from this one). d' stays
- * exact for the maximal threads: they add their d' to the sum and 1 to a
- * separate count, and the result is d' = sum + (count - 1), as sm_merge's
- * equal maxes give. red: 3 x 32 entries of shared memory. */
-template <typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_block_reduce_max_first(sm_stat<Acc> st, Acc (*red)[32]) {
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, nw = blockDim.x >> 5;
-  Acc m = st.m, s, c;
+/* Max / sum over the G lanes (a power of two <= 32) of each aligned lane
+ * group, every lane of the warp calling (G the same for all): butterfly
+ * shuffles, unrolled (a loop over a G known only at run time costs more
+ * than its shuffles); every lane of a group gets the same bits. */
+template <typename Acc> __device__ __forceinline__ Acc sm_group_max(Acc v, int G) {
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) m = sm_max(m, __shfl_xor_sync(~0u, m, off));
-  if (nw > 1) {
+  for (int off = 16; off > 0; off >>= 1)
+    if (off < G) v = sm_max(v, __shfl_xor_sync(~0u, v, off));
+  return v;
+}
+template <typename Acc> __device__ __forceinline__ Acc sm_group_sum(Acc v, int G) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1)
+    if (off < G) v += __shfl_xor_sync(~0u, v, off);
+  return v;
+}
+
+/* Forward reduction, max first, over the G lanes (a power of two <= 32) of
+ * each lane group or, BLOCK (G = 32), over the whole block (blockDim.x a
+ * power of two, 64 .. 1024; red: 3 x 32 entries of shared memory; safe to
+ * call repeatedly; each lane group of the second level reads all the warps'
+ * values). Every thread gets the result. The max M of the threads'
+ * maxes comes first (fmax shuffles), then one sum of the threads' d rescaled
+ * to M, each thread's exp taken before the sum: sm_group_reduce's merge tree
+ * puts an exp on every level of its dependency chain (ten levels for a CTA of
+ * several warps), and threads that hold a slot or two wait for that chain
+ * about as long as for their loads (the light tier lost 1-2 points of copy
+ * to it on the H100, bench/NOTES-softmax.md v28). softmax sums the plain
+ * d = d' + 1; log_softmax keeps d' exact for the maximal threads: they add
+ * their d' to the sum and 1 to a separate count, and the result is
+ * d' = sum + (count - 1), as sm_merge's equal maxes give. FAST (16-bit
+ * output): the rescale takes the hardware exp. */
+template <bool FAST, bool BLOCK, typename Acc>
+__device__ __forceinline__ sm_stat<Acc> sm_reduce_max_first(sm_stat<Acc> st, int G, int log, Acc (*red)[32]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const bool block = BLOCK && nw > 1;
+  Acc m = sm_group_max(st.m, G);
+  if (block) {
     if (lane == 0) red[0][warp] = m;
     __syncthreads();
-    m = lane < nw ? red[0][lane] : (Acc)-INFINITY;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) m = sm_max(m, __shfl_xor_sync(~0u, m, off));
+    m = sm_group_max(red[0][lane & (nw - 1)], nw);
   }
-  const bool top = st.m == m;
-  s = top ? st.d : (st.d + (Acc)1) * sm_exp<false>(st.m - sm_safe_max(m));
-  c = top ? (Acc)1 : (Acc)0;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    s += __shfl_xor_sync(~0u, s, off);
-    c += __shfl_xor_sync(~0u, c, off);
-  }
-  if (nw > 1) {
+  const Acc scale = sm_exp<FAST>(st.m - sm_safe_max(m));
+  const bool top = log && st.m == m;
+  Acc s = top ? st.d : (st.d + (Acc)1) * scale, c = top ? (Acc)1 : (Acc)0;
+  s = sm_group_sum(s, G);
+  if (log) c = sm_group_sum(c, G);
+  if (block) {
     if (lane == 0) {
       red[1][warp] = s;
-      red[2][warp] = c;
+      if (log) red[2][warp] = c;
     }
     __syncthreads();
-    s = lane < nw ? red[1][lane] : (Acc)0;
-    c = lane < nw ? red[2][lane] : (Acc)0;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      s += __shfl_xor_sync(~0u, s, off);
-      c += __shfl_xor_sync(~0u, c, off);
-    }
+    s = sm_group_sum(red[1][lane & (nw - 1)], nw);
+    if (log) c = sm_group_sum(red[2][lane & (nw - 1)], nw);
   }
   sm_stat<Acc> r;
   r.m = m;
-  r.d = s + (c - (Acc)1);
+  r.d = log ? s + (c - (Acc)1) : s - (Acc)1;
   return r;
 }
 

@@ -11,12 +11,14 @@
  *   at a time and lane g holds slots g, g+G, ... (K <= KM of them) in
  *   registers as raw 16-byte values. KM = 4 or 8 (the 4-slot variant needs
  *   fewer registers, so more warps stay resident for the narrowest rows).
- *   Reduction: butterfly shuffles inside the group.
+ *   Reduction: butterfly shuffles inside the group (forward max first,
+ *   sm_reduce_max_first).
  *
  * softmax_row_in_cta_kernel: the light tier, aligned rows of up to 1024 x 2
- *   slots (softmax.cu takes it at 128-512 slots forward, 1024 backward): a
- *   row per CTA, thread t holds slots t and t + T in registers, one block
- *   reduction (the forward's max first), at most 32 registers per thread.
+ *   slots (softmax.cu takes it at 128-512 slots forward, 16-bit also 1024,
+ *   and 1024 backward): a row per CTA, thread t holds slots t and t + T in
+ *   registers, one block reduction (the forward's max first), at most 32
+ *   registers per thread.
  *
  * softmax_row_chunks_kernel: one CTA owns a chunk of S slots of a row: thread
  *   t holds slots t + k*T in registers (k < K <= sm_chunk_kreg) and, when the
@@ -384,7 +386,7 @@ __device__ __forceinline__ sm_stat<Acc> sm_thread_stats(sm_slot (&ra)[KM], const
     Acc s = 0, top = 0;
     if (log) sm_thread_sumexp<FAST, true, T1>(ra, nv, sa, first, nsm, step, m, false, s, top);
     else sm_thread_sumexp<FAST, false, T1>(ra, nv, sa, first, nsm, step, m, sm_can_cache<T1, Acc>(), s, top);
-    st.d = sm_fold_d(st, m, sm_safe_max(m), s, top);
+    st.d = s + (top - (Acc)1); /* sm_fold_d from the empty state: the fold's maximal element supplies the 1 */
     st.m = m;
   }
   return st;
@@ -515,19 +517,20 @@ __device__ __forceinline__ void sm_timeline_end() {}
 
 // ---- narrow rows: G lanes per row --------------------------------------------
 
+/* The warp kernel and the light tier run their row loop with log a constant: each
+ * calls it with 0 or 1 (from P.log, the same for the whole launch), so each
+ * copy drops the other's branches and per-element selects. A thread of
+ * these kernels holds few slots, so what it does once per row (reduction,
+ * constants, addresses) is a large share of its instructions, which bound
+ * the narrowest rows (bench/NOTES-softmax.md v29). */
+
 /* KM: register slots per lane (a light variant with half of sm_warp_kmax
  * keeps more warps resident for the narrowest rows: 9 CTAs per SM forward;
  * backward 12 at 40 registers, 10 where the output's element size differs,
  * which spills at 40; the full kernels run 6). */
 template <bool BWD, typename T1, typename T2, typename Acc, int KM, bool AL>
-__global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8                 ? 4
-                                                   : KM == sm_warp_kmax<BWD, Acc>() ? 6
-                                                   : !BWD                           ? 9
-                                                   : sizeof(T1) == sizeof(T2)       ? 12
-                                                                                    : 10)
-    softmax_rows_in_warp_kernel(sm_row_args P) {
-  constexpr int KMAX = KM;
-  sm_timeline_start();
+__device__ __forceinline__ void sm_rows_in_warp(const sm_row_args &P, const int log) {
+  constexpr bool FAST = sizeof(T2) == 2;
   /* G is a power of two (the launch checks): shifts, not divisions, before
    * the first loads */
   const int lane = threadIdx.x & 31, G = P.G, lgG = __ffs(G) - 1, rpw = 32 >> lgG, g = lane & (G - 1),
@@ -542,17 +545,30 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8             
 
     const int nv = R.nfull > g ? min((R.nfull - g + G - 1) >> lgG, P.K) : 0;
 
-    sm_slot ra[KMAX], rb[KMAX];
+    sm_slot ra[KM], rb[KM];
     sm_load_full_slots<BWD>(R, g, G, nv, ra, rb, pol);
-    sm_stat<Acc> st = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, nv, (uint4 *)0, (const uint4 *)0, 0, 0, 1, P.log);
+    sm_stat<Acc> st = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, nv, (uint4 *)0, (const uint4 *)0, 0, 0, 1, log);
     const Acc m_thread = st.m;
-    sm_edges_accumulate<BWD>(R, g, G, st, P.log);
-    st = sm_group_reduce<BWD>(st, G);
+    sm_edges_accumulate<BWD>(R, g, G, st, log);
+    if constexpr (BWD) st = sm_group_reduce<BWD>(st, G);
+    else st = sm_reduce_max_first<FAST, false>(st, G, log, (Acc(*)[32])nullptr);
     Acc c0, c1;
-    sm_output_registers<BWD>(R, ra, rb, nv, g, G, st, m_thread, P.log, c0, c1);
-    sm_edges_output<BWD>(R, g, G, P.log, c0, c1);
-    if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) sm_release_registers<BWD, KMAX>(R, nv, g, G);
+    sm_output_registers<BWD>(R, ra, rb, nv, g, G, st, m_thread, log, c0, c1);
+    sm_edges_output<BWD>(R, g, G, log, c0, c1);
+    if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) sm_release_registers<BWD, KM>(R, nv, g, G);
   }
+}
+
+template <bool BWD, typename T1, typename T2, typename Acc, int KM, bool AL>
+__global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8                 ? 4
+                                                   : KM == sm_warp_kmax<BWD, Acc>() ? 6
+                                                   : !BWD                           ? 9
+                                                   : sizeof(T1) == sizeof(T2)       ? 12
+                                                                                    : 10)
+    softmax_rows_in_warp_kernel(sm_row_args P) {
+  sm_timeline_start();
+  if (P.log) sm_rows_in_warp<BWD, T1, T2, Acc, KM, AL>(P, 1);
+  else sm_rows_in_warp<BWD, T1, T2, Acc, KM, AL>(P, 0);
   sm_timeline_end();
 }
 
@@ -561,7 +577,7 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8             
 /* Aligned rows (AL) of up to blockDim.x * KM slots: CTA r holds row r (a
  * row-stride loop where fewer CTAs are launched), thread t slots t, t + T,
  * ... in registers, one block reduction (the forward's max first:
- * sm_block_reduce_max_first). Compiled for at most 32 registers
+ * sm_reduce_max_first). Compiled for at most 32 registers
  * per thread (the backward with an output of another size: 64, where 32
  * spilled), so 2048 threads per SM stay resident: small CTAs (64-1024
  * threads) that each live one row, the shape of Triton's fused softmax, which
@@ -569,27 +585,40 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8             
  * (bench/NOTES-softmax.md v28). KM = 2: forward 32 bytes of a row per thread,
  * backward 32 of y and dy. */
 template <bool BWD, typename T1, typename T2, typename Acc, int KM>
+__device__ __forceinline__ void sm_row_in_cta(const sm_row_args &P, const int log, sm_stat<Acc> *red,
+                                              Acc (*red_fwd)[32]) {
+  constexpr bool FAST = sizeof(T2) == 2;
+  const int t = threadIdx.x, T = blockDim.x;
+  /* the row is n / VEC <= T * KM whole slots (the launch checks), so the
+   * thread's slots t, t + T, ... are simply those below that */
+  const int nslots = (int)(P.n / sm_vec<T1>());
+  int nv = 0;
+#pragma unroll
+  for (int k = 0; k < KM; k++) nv += t + k * T < nslots;
+  const unsigned long long pol = sm_l2_policy(P.keep != 0);
+  for (int64_t row = blockIdx.x; row < P.rows; row += gridDim.x) {
+    const sm_chunk<T1, T2> R = sm_chunk_setup<BWD, true, T1, T2>(P, row, 0, (int64_t)T * P.K);
+    sm_slot ra[KM], rb[KM];
+    sm_load_full_slots<BWD>(R, t, T, nv, ra, rb, pol);
+    sm_stat<Acc> st = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, nv, (uint4 *)0, (const uint4 *)0, 0, 0, 1, log);
+    const Acc m_thread = st.m;
+    if constexpr (BWD) st = sm_block_reduce<BWD>(st, 1, red);
+    else st = sm_reduce_max_first<FAST, true>(st, 32, log, red_fwd);
+    Acc c0, c1;
+    sm_output_registers<BWD>(R, ra, rb, nv, t, T, st, m_thread, log, c0, c1);
+    if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) sm_release_registers<BWD, KM>(R, nv, t, T);
+  }
+}
+
+template <bool BWD, typename T1, typename T2, typename Acc, int KM>
 __global__ void __launch_bounds__(SM_CHUNK_THREADS, BWD && sizeof(T1) != sizeof(T2) ? 1 : 2)
     softmax_row_in_cta_kernel(sm_row_args P) {
   static_assert(sizeof(Acc) == 4, "float statistics only (float64 keeps the general kernels)");
   __shared__ sm_stat<Acc> red[SM_CHUNK_THREADS / 32 + 1]; /* backward */
   __shared__ Acc red_fwd[3][32];                           /* forward (max first) */
   sm_timeline_start();
-  const int t = threadIdx.x, T = blockDim.x, lgT = __ffs(T) - 1; /* T a power of two (the launch checks) */
-  const unsigned long long pol = sm_l2_policy(P.keep != 0);
-  for (int64_t row = blockIdx.x; row < P.rows; row += gridDim.x) {
-    const sm_chunk<T1, T2> R = sm_chunk_setup<BWD, true, T1, T2>(P, row, 0, (int64_t)T * P.K);
-    const int nv = R.nfull > t ? min((R.nfull - t + T - 1) >> lgT, P.K) : 0;
-    sm_slot ra[KM], rb[KM];
-    sm_load_full_slots<BWD>(R, t, T, nv, ra, rb, pol);
-    sm_stat<Acc> st = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, nv, (uint4 *)0, (const uint4 *)0, 0, 0, 1, P.log);
-    const Acc m_thread = st.m;
-    if constexpr (BWD) st = sm_block_reduce<BWD>(st, 1, red);
-    else st = sm_block_reduce_max_first(st, red_fwd);
-    Acc c0, c1;
-    sm_output_registers<BWD>(R, ra, rb, nv, t, T, st, m_thread, P.log, c0, c1);
-    if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) sm_release_registers<BWD, KM>(R, nv, t, T);
-  }
+  if (P.log) sm_row_in_cta<BWD, T1, T2, Acc, KM>(P, 1, red, red_fwd);
+  else sm_row_in_cta<BWD, T1, T2, Acc, KM>(P, 0, red, red_fwd);
   sm_timeline_end();
 }
 
