@@ -447,10 +447,29 @@ __device__ __forceinline__ void sm_edges_output(const sm_chunk<T1, T2> &R, int f
 }
 
 /* The output of a thread's register slots first, first + step, ... (nv of
- * them) once st holds the row's statistics (the warp and light kernels):
- * the constants of sm_finish (returned for the edges), then each slot's
- * output; the cached float32 softmax (m_thread: the thread's own max, to
- * which its exp values are relative) needs one multiply per element. */
+ * them), with st the row's statistics and c0, c1 from sm_finish: cached (the
+ * float32 softmax that kept exp(x - m_thread) in place of x, m_thread the
+ * thread's own max) one multiply per element, else from x (and dy). */
+template <bool BWD, typename T1, typename T2, typename Acc, int KM>
+__device__ __forceinline__ void sm_output_register_slots(const sm_chunk<T1, T2> &R, const sm_slot (&ra)[KM],
+                                                         const sm_slot (&rb)[KM], int nv, int first, int step,
+                                                         bool cached, Acc m_thread, sm_stat<Acc> st, int log, Acc c0,
+                                                         Acc c1) {
+  if (cached) {
+    const Acc scale = sm_cache_scale(m_thread, st);
+#pragma unroll
+    for (int k = 0; k < KM; k++)
+      if (k < nv) sm_slot_output_cached(R, first + k * step, ra[k], scale);
+  } else {
+#pragma unroll
+    for (int k = 0; k < KM; k++)
+      if (k < nv) sm_slot_output<BWD>(R, first + k * step, ra[k], rb[k], log, c0, c1);
+  }
+}
+
+/* The same once st holds the row's statistics, for the warp and light
+ * kernels: the slots' fences, the constants of sm_finish (returned for the
+ * edges), then the output. */
 template <bool BWD, typename T1, typename T2, typename Acc, int KM>
 __device__ __forceinline__ void sm_output_registers(const sm_chunk<T1, T2> &R, sm_slot (&ra)[KM], sm_slot (&rb)[KM],
                                                     int nv, int first, int step, sm_stat<Acc> st, Acc m_thread, int log,
@@ -461,16 +480,8 @@ __device__ __forceinline__ void sm_output_registers(const sm_chunk<T1, T2> &R, s
     if (BWD) sm_slot_fence(rb[k]);
   }
   sm_finish<BWD, sizeof(T2) == 2>(st, log, c0, c1);
-  if (!BWD && sm_can_cache<T1, Acc>() && !log) {
-    const Acc scale = sm_cache_scale(m_thread, st);
-#pragma unroll
-    for (int k = 0; k < KM; k++)
-      if (k < nv) sm_slot_output_cached(R, first + k * step, ra[k], scale);
-  } else {
-#pragma unroll
-    for (int k = 0; k < KM; k++)
-      if (k < nv) sm_slot_output<BWD>(R, first + k * step, ra[k], rb[k], log, c0, c1);
-  }
+  sm_output_register_slots<BWD>(R, ra, rb, nv, first, step, !BWD && sm_can_cache<T1, Acc>() && !log, m_thread, st,
+                                log, c0, c1);
 }
 
 /* Releases the input lines of those register slots (sm_release_slot). */
@@ -824,16 +835,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
     Acc c0, c1;
     sm_finish<BWD, sizeof(T2) == 2>(st, P.log, c0, c1);
     const auto output_registers = [&]() {
-      if (cached) {
-        const Acc scale = sm_cache_scale(m_reg, st);
-#pragma unroll
-        for (int k = 0; k < KREG; k++)
-          if (k < nv) sm_slot_output_cached(R, t + k * T, ra[k], scale);
-      } else {
-#pragma unroll
-        for (int k = 0; k < KREG; k++)
-          if (k < nv) sm_slot_output<BWD>(R, t + k * T, ra[k], rb[k], P.log, c0, c1);
-      }
+      sm_output_register_slots<BWD>(R, ra, rb, nv, t, T, cached, m_reg, st, P.log, c0, c1);
       sm_edges_output<BWD>(R, t, T, P.log, c0, c1);
     };
     const auto output_smem = [&]() {
