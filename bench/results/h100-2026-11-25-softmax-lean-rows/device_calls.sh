@@ -57,3 +57,17 @@ python3 -c "import torch_oss" && TORCH_OSS_RESULTS=$OUT timeout 280 python3 benc
 # ---- call 5 (same machine): the same again -> bench_softmax_rounds3_9e4c6ec_run2.log
 # ---- call 6 (same machine): knob build (head dim 64), then
 python3 scripts/softmax_variants.py --points bwd:bfloat16:4096,bwd:float16:4096,bwd:bfloat16:2048,bwd:bfloat16:32768 --variants "base;22=2;22=3" --rounds 5
+# ---- sbin/ad7.sh (call 7)
+#!/bin/bash
+# session ad call 7: the shared register-slot output (chunk kernel) - production build from scratch with head dim 64, the CUDA softmax cases of test_softmax and test_extremes, memcheck on the softmax smoke grid
+export TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 PYTHONUNBUFFERED=1 TORCH_OSS_HEAD_DIMS=64
+R=$OUT/all.txt
+t0=$(date +%s)
+TORCH_OSS_RESULTS=/tmp/gpu bash scripts/gpu_check.sh build > $OUT/build_stage.txt 2>&1
+echo "build stage rc=$? $(( $(date +%s) - t0 )) s" >> $R
+timeout 200 python3 -m pytest -q tests/test_softmax.py -k cuda -p no:cacheprovider > $OUT/test_softmax_cuda.txt 2>&1 &
+timeout 200 python3 -m pytest -q tests/test_extremes.py -k "cuda and softmax" -p no:cacheprovider > $OUT/test_extremes_softmax_cuda.txt 2>&1 &
+wait
+echo "tests $(( $(date +%s) - t0 )) s" >> $R; tail -1 $OUT/test_softmax_cuda.txt >> $R; tail -1 $OUT/test_extremes_softmax_cuda.txt >> $R
+timeout 70 compute-sanitizer --tool memcheck python3 scripts/sanitize_smoke.py softmax > $OUT/memcheck_softmax_smoke.txt 2>&1
+echo "memcheck rc=$? $(( $(date +%s) - t0 )) s" >> $R; tail -2 $OUT/memcheck_softmax_smoke.txt >> $R
