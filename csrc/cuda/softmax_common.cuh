@@ -21,7 +21,8 @@
  * elements' exp terms (exactly 1 each) apart from the others (sm_sum_split).
  * The row edges update the state online (sm_accumulate); data held on chip
  * (registers, shared memory, column tiles) is folded max-first; partials of threads, warps, CTAs, cluster ranks and
- * split chunks are combined with sm_merge. A max of -inf is replaced by 0 in
+ * split chunks are combined with sm_merge, or, in the warp and light kernels' forward,
+ * reduced max first (sm_reduce_max_first). A max of -inf is replaced by 0 in
  * every subtraction (ms below), so -inf - -inf never makes a NaN by itself;
  * the max ignores NaN (fmax) but a NaN element makes d' NaN, which NaN-s the
  * whole row as PyTorch does; a +inf element gives exp(inf - inf) = NaN,
