@@ -71,3 +71,6 @@ wait
 echo "tests $(( $(date +%s) - t0 )) s" >> $R; tail -1 $OUT/test_softmax_cuda.txt >> $R; tail -1 $OUT/test_extremes_softmax_cuda.txt >> $R
 timeout 70 compute-sanitizer --tool memcheck python3 scripts/sanitize_smoke.py softmax > $OUT/memcheck_softmax_smoke.txt 2>&1
 echo "memcheck rc=$? $(( $(date +%s) - t0 )) s" >> $R; tail -2 $OUT/memcheck_softmax_smoke.txt >> $R
+# ---- call 8: knob build (head dim 64) of 3f8a51a, then
+python3 scripts/softmax_variants.py --points fwd:float32:4096,fwd:float32:2048 --variants "base;11=4;11=2;22=2" --rounds 5
+python3 scripts/softmax_variants.py --size 28 --points fwd:float32:4096 --variants "base;11=4;11=2;22=2" --rounds 3
