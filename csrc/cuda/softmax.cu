@@ -14,7 +14,9 @@
  *     128, 256 or 512 slots  64-512 threads x 2 register slots forward, 1024
  *     forward (16-bit also   x 1 backward; at most 32 registers per thread,
  *     1024), 1024 backward   so 2048 threads per SM (sm_cta_row_threads)
- *     (float statistics)
+ *     (float statistics)     Also, at 64 registers, the one-CTA plans below
+ *                            that hold an aligned row in registers only at
+ *                            more than 2 slots per thread
  *     rows up to 4 KB        softmax_rows_in_warp_kernel: G = 1..32 lanes per
  *     (float64: under 4 KB)  row, 4 or 8 slots per lane (two instantiations)
  *     fits one CTA           softmax_row_chunks_kernel, SM_FULL, C = 1: up to
@@ -95,6 +97,9 @@
  * [22] the light one-row-per-CTA tier (softmax_row_in_cta_kernel): 1 off,
  * 2 wherever it can hold the row, 3 the same with one slot per thread,
  * 64 .. 1024 (a power of two) there with CTAs of that size; [23] = 1: that tier releases every row, not the window;
+ * [24] = 1: one-CTA plans of registers only with more than SM_CTA_ROW_K
+ * slots per thread run the chunk kernel, not the light kernel's
+ * instantiation at the chunk kernel's register budget;
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test, and
  * the extension built with TORCH_OSS_SOFTMAX_KNOBS=1 for
@@ -102,10 +107,10 @@
  * state. */
 #ifdef OSS_SOFTMAX_TEST_KNOBS
 extern "C" {
-int oss_softmax_cuda_test_knobs[24];
+int oss_softmax_cuda_test_knobs[25];
 }
 #else
-static const int oss_softmax_cuda_test_knobs[24] = {0};
+static const int oss_softmax_cuda_test_knobs[25] = {0};
 #endif
 
 #ifdef OSS_SOFTMAX_TIMELINE
@@ -367,10 +372,15 @@ template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel
   return softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK, false>;
 }
 
-/* The light one-row-per-CTA kernel (float statistics; NULL for float64,
- * which never plans it). */
-template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel sm_cta_row_kernel_for(void) {
-  if constexpr (sizeof(Acc) == 4) return softmax_row_in_cta_kernel<BWD, T1, T2, Acc, SM_CTA_ROW_K>;
+/* The light one-row-per-CTA kernel with km register slots per thread: the
+ * light footprint (SM_CTA_ROW_K slots, <= 32 registers) or the chunk
+ * kernel's register budget (sm_chunk_kreg slots, 64 registers). Float
+ * statistics only; NULL for float64, which never plans it. */
+template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel sm_cta_row_kernel_for(int km) {
+  if constexpr (sizeof(Acc) == 4) {
+    if (km <= SM_CTA_ROW_K) return softmax_row_in_cta_kernel<BWD, T1, T2, Acc, SM_CTA_ROW_K>;
+    return softmax_row_in_cta_kernel<BWD, T1, T2, Acc, sm_chunk_kreg<BWD, Acc>()>;
+  }
   return NULL;
 }
 
@@ -463,6 +473,7 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
     if (T < 64) T = 64;
     if (T <= SM_CHUNK_THREADS && (T & (T - 1)) == 0 && nslots <= T * SM_CTA_ROW_K) {
       P->kind = SM_PLAN_CTA_ROW;
+      P->km = SM_CTA_ROW_K;
       P->keep = 1;
       P->threads = (int)T;
       P->K = (int)sm_cdiv(nslots, T);
@@ -586,6 +597,25 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
           sm_config_residency(kern, C, (int)T, (size_t)bytes, 1, stream) < 1)
         continue;
       P->kind = SM_PLAN_CHUNKS;
+      /* a one-CTA plan of registers only (aligned, float statistics) runs
+       * the light kernel in the same shape, its instantiation with the
+       * chunk kernel's register budget: the same data path without the
+       * modes, the shared-memory part and the runtime log. H100, 2^26
+       * elements, % of copy, five rounds in two calls: 16-bit backward
+       * 32768 columns (1024 x 4) +0.22 to +0.29 (bfloat16 96.71 -> 97.00),
+       * float32 backward 16384 +0.26, bfloat16 24576 +0.19, float32 forward
+       * 8192 / 16384 (256 / 512 x 8) +0.36 / +0.31, 4096 (128 x 8) +0.30 and
+       * -0.05, 16-bit forward 32768 (512 x 8) +0.2 to +0.3; 2^28: bfloat16
+       * backward 32768 +0.12, float32 forward 4096 +0.18. At 2 slots per
+       * thread (backward rows of <= 512 slots) the light instantiation lost
+       * (bfloat16 backward 4096 -0.6 at 2^28, float32 2048 -0.4), so those
+       * keep the chunk kernel (bench/NOTES-softmax.md v30; test knob 24 = 1
+       * turns this off) */
+      if (C == 1 && smem_slots == 0 && K > SM_CTA_ROW_K && P->al && sizeof(Acc) == 4 && force == 0 &&
+          oss_softmax_cuda_test_knobs[24] != 1) {
+        P->kind = SM_PLAN_CTA_ROW;
+        P->km = KREG;
+      }
       /* backward clusters of 16 run the general kernel: aligned, float32
        * 262144 columns lost 1.7-1.8 points of copy (97.2-97.5 against
        * 99.0-99.2 % on the H100, 2^28 elements), while clusters of 8 tie or
@@ -888,7 +918,7 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
     sm_release_window(J->outer, J->n * (int64_t)sizeof(T1) * (BWD ? 2 : 1), info, &A.release_lo, &A.release_hi);
   /* the kernels shift where they would divide by these (softmax_rows.cuh) */
   const bool pow2 = P->kind == SM_PLAN_WARP      ? (P->G & (P->G - 1)) == 0
-                    : P->kind == SM_PLAN_CTA_ROW ? (P->threads & (P->threads - 1)) == 0 && P->K <= SM_CTA_ROW_K
+                    : P->kind == SM_PLAN_CTA_ROW ? (P->threads & (P->threads - 1)) == 0 && P->K <= P->km
                                             : (P->threads & (P->threads - 1)) == 0 &&
                                                   (P->kind != SM_PLAN_CHUNKS || (P->C & (P->C - 1)) == 0);
   if (!pow2)
@@ -907,7 +937,7 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
     return oss_check_launch("softmax_rows_in_warp_kernel");
   }
   if (P->kind == SM_PLAN_CTA_ROW) {
-    const sm_row_kernel ck = sm_cta_row_kernel_for<BWD, T1, T2, Acc>();
+    const sm_row_kernel ck = sm_cta_row_kernel_for<BWD, T1, T2, Acc>(P->km);
     if (ck == NULL) return oss_fail(OSS_ERROR_NOT_SUPPORTED, "softmax: internal plan error (light tier for float64)");
     if (pad > 40 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(ck, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pad));
     ck<<<P->grid_x, P->threads, pad, stream>>>(A);
@@ -1031,7 +1061,7 @@ static oss_status sm_run(const sm_job *J, sm_plan *P, void *ws, cudaStream_t str
              P->C > 1 && P->kind == SM_PLAN_CHUNKS ? "clusters on the GPU" : "CTAs per SM");
     if (P->kind == SM_PLAN_CTA_ROW)
       printf("plan %s: resident at once: %d CTAs per SM\n", BWD ? "bwd" : "fwd",
-             sm_config_residency(sm_cta_row_kernel_for<BWD, T1, T2, Acc>(), 1, P->threads, 0, 1, stream));
+             sm_config_residency(sm_cta_row_kernel_for<BWD, T1, T2, Acc>(P->km), 1, P->threads, 0, 1, stream));
     if (P->kind == SM_PLAN_COLS || P->kind == SM_PLAN_COLS_SPLIT)
       printf("plan %s: resident at once: %d %s\n", BWD ? "bwd" : "fwd",
              sm_config_residency(sm_columns_kernel_for<BWD, T1, T2, Acc>(P->threads), P->C, P->threads,

@@ -14,11 +14,15 @@
  *   Reduction: butterfly shuffles inside the group (forward max first,
  *   sm_reduce_max_first).
  *
- * softmax_row_in_cta_kernel: the light tier, aligned rows of up to 1024 x 2
- *   slots (softmax.cu takes it at 128-512 slots forward, 16-bit also 1024,
- *   and 1024 backward): a row per CTA, thread t holds slots t and t + T in
- *   registers, one block reduction (the forward's max first), at most 32
- *   registers per thread.
+ * softmax_row_in_cta_kernel: aligned rows of up to T x KM slots: a row per
+ *   CTA, thread t holds slots t, t + T, ... in registers, one block
+ *   reduction (the forward's max first), log a constant. Two
+ *   instantiations: the light tier, KM = 2 at most 32 registers per thread
+ *   (softmax.cu takes it at 128-512 slots forward, 16-bit also 1024, and
+ *   1024 backward), and KM = sm_chunk_kreg at 64, which runs the one-CTA
+ *   chunk plans that hold a row in registers only at more than 2 slots per
+ *   thread (no modes, no shared-memory part: a lighter path than the chunk
+ *   kernel's for the same shape).
  *
  * softmax_row_chunks_kernel: one CTA owns a chunk of S slots of a row: thread
  *   t holds slots t + k*T in registers (k < K <= sm_chunk_kreg) and, when the
@@ -83,7 +87,7 @@
  * mode only), the kernels record each CTA's start, end and SM.
  *
  * Limits: blockDim.x a power of two, 64 .. 1024 (chunk kernel; 64
- * registers per thread, 512 for float64; light kernel, 32 registers) or
+ * registers per thread, 512 for float64; row-in-CTA kernel, 32 or 64) or
  * 32 .. 128 (warp kernel); G and,
  * in SM_FULL, C powers of two; 64-bit row offsets, 32-bit offsets inside a
  * chunk.
@@ -588,13 +592,15 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8             
 /* Aligned rows (AL) of up to blockDim.x * KM slots: CTA r holds row r (a
  * row-stride loop where fewer CTAs are launched), thread t slots t, t + T,
  * ... in registers, one block reduction (the forward's max first:
- * sm_reduce_max_first). Compiled for at most 32 registers
- * per thread (the backward with an output of another size: 64, where 32
- * spilled), so 2048 threads per SM stay resident: small CTAs (64-1024
- * threads) that each live one row, the shape of Triton's fused softmax, which
- * carries a tenth of the chunk kernel's code and so less fixed cost per call
- * (bench/NOTES-softmax.md v28). KM = 2: forward 32 bytes of a row per thread,
- * backward 32 of y and dy. */
+ * sm_reduce_max_first). KM = SM_CTA_ROW_K (2) is compiled for at most 32
+ * registers per thread (the backward with an output of another size: 64,
+ * where 32 spilled), so 2048 threads per SM stay resident: small CTAs
+ * (64-1024 threads) that each live one row, the shape of Triton's fused
+ * softmax, which carries a tenth of the chunk kernel's code and so less
+ * fixed cost per call (bench/NOTES-softmax.md v28): forward 32 bytes of a
+ * row per thread, backward 32 of y and dy. KM = sm_chunk_kreg (8 forward,
+ * 4 backward) is compiled for 64, the chunk kernel's budget, and runs its
+ * register-only one-CTA shapes (v30). */
 template <bool BWD, typename T1, typename T2, typename Acc, int KM>
 __device__ __forceinline__ void sm_row_in_cta(const sm_row_args &P, const int log, sm_stat<Acc> *red,
                                               Acc (*red_fwd)[32]) {
@@ -622,7 +628,7 @@ __device__ __forceinline__ void sm_row_in_cta(const sm_row_args &P, const int lo
 }
 
 template <bool BWD, typename T1, typename T2, typename Acc, int KM>
-__global__ void __launch_bounds__(SM_CHUNK_THREADS, BWD && sizeof(T1) != sizeof(T2) ? 1 : 2)
+__global__ void __launch_bounds__(SM_CHUNK_THREADS, KM > SM_CTA_ROW_K || (BWD && sizeof(T1) != sizeof(T2)) ? 1 : 2)
     softmax_row_in_cta_kernel(sm_row_args P) {
   static_assert(sizeof(Acc) == 4, "float statistics only (float64 keeps the general kernels)");
   __shared__ sm_stat<Acc> red[SM_CHUNK_THREADS / 32 + 1]; /* backward */
