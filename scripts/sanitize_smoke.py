@@ -32,12 +32,13 @@ def close(name, got, ref, tol):
 def softmax_cases():
     torch.manual_seed(0)
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 2e-3)):
-        # misaligned rows; then aligned ones of the light one-row-per-CTA tier's widths
-        # (forward 128-512 slots, backward 1024)
+        # misaligned rows; then aligned ones of the one-row-per-CTA kernel's widths
+        # (light tier: forward 128-512 slots, backward 1024; at the chunk kernel's register
+        # budget: float32 4096-8192 columns, 16-bit 16384-32768)
         cases = [(rows, cols, False) for rows, cols in ((3, 1), (5, 7), (64, 128), (33, 129), (9, 1000), (4, 4097),
                                                         (3, 33000), (2, 262147), (20, 1048576 + 5),
                                                         (1, 4 * 1048576 + 3))]
-        cases += [(5, cols, True) for cols in (512, 1024, 2048, 4096, 8192)]
+        cases += [(5, cols, True) for cols in (512, 1024, 2048, 4096, 8192, 16384, 32768)]
         for rows, cols, aligned in cases:
             x = torch.randn(rows, cols + 1, device="cuda", dtype=dtype)[:, 1:] * 3
             if aligned:
