@@ -1119,19 +1119,28 @@ static oss_status sm_check_tensor(const char *op, const char *name, const oss_st
 }
 
 /* Fills J from the forward params; *empty = 1 when there is nothing to do. */
+/* The part of a job both directions share: the view's sizes and the log flag
+ * into *J (zeroed first); *empty when there is nothing to compute. */
+static oss_status sm_job_view(const char *op, int bwd, int log, int64_t outer, int64_t n, int64_t inner, sm_job *J,
+                              int *empty) {
+  if (outer < 0 || n < 0 || inner < 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: view [outer=%lld, n=%lld, inner=%lld] has a negative size", op,
+                    (long long)outer, (long long)n, (long long)inner);
+  memset(J, 0, sizeof *J);
+  J->bwd = bwd;
+  J->log = log ? 1 : 0;
+  J->outer = outer;
+  J->n = n;
+  J->inner = inner;
+  *empty = outer == 0 || n == 0 || inner == 0;
+  return OSS_OK;
+}
+
 static oss_status sm_job_forward(const oss_softmax_params *p, sm_job *J, int *empty) {
   const char *op = "oss_softmax_forward_cuda";
   if (p == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: params is NULL", op);
-  if (p->outer < 0 || p->n < 0 || p->inner < 0)
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: view [outer=%lld, n=%lld, inner=%lld] has a negative size", op,
-                    (long long)p->outer, (long long)p->n, (long long)p->inner);
-  memset(J, 0, sizeof *J);
-  J->bwd = 0;
-  J->log = p->log ? 1 : 0;
-  J->outer = p->outer;
-  J->n = p->n;
-  J->inner = p->inner;
-  *empty = p->outer == 0 || p->n == 0 || p->inner == 0;
+  oss_status s = sm_job_view(op, 0, p->log, p->outer, p->n, p->inner, J, empty);
+  if (s != OSS_OK) return s;
   if (!sm_is_float(p->x.dtype) || !sm_is_float(p->y.dtype) ||
       ((p->x.dtype == OSS_FLOAT64) != (p->y.dtype == OSS_FLOAT64)))
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
@@ -1139,7 +1148,7 @@ static oss_status sm_job_forward(const oss_softmax_params *p, sm_job *J, int *em
                     "in any combination, or both float64",
                     op, sm_dtype_name(p->x.dtype), sm_dtype_name(p->y.dtype));
   if (*empty) return OSS_OK;
-  oss_status s = sm_check_tensor(op, "x", &p->x, J);
+  s = sm_check_tensor(op, "x", &p->x, J);
   if (s == OSS_OK) s = sm_check_tensor(op, "y", &p->y, J);
   if (s != OSS_OK) return s;
   J->a = p->x.data;
@@ -1157,16 +1166,8 @@ static oss_status sm_job_forward(const oss_softmax_params *p, sm_job *J, int *em
 static oss_status sm_job_backward(const oss_softmax_backward_params *p, sm_job *J, int *empty) {
   const char *op = "oss_softmax_backward_cuda";
   if (p == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: params is NULL", op);
-  if (p->outer < 0 || p->n < 0 || p->inner < 0)
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: view [outer=%lld, n=%lld, inner=%lld] has a negative size", op,
-                    (long long)p->outer, (long long)p->n, (long long)p->inner);
-  memset(J, 0, sizeof *J);
-  J->bwd = 1;
-  J->log = p->log ? 1 : 0;
-  J->outer = p->outer;
-  J->n = p->n;
-  J->inner = p->inner;
-  *empty = p->outer == 0 || p->n == 0 || p->inner == 0;
+  oss_status s = sm_job_view(op, 1, p->log, p->outer, p->n, p->inner, J, empty);
+  if (s != OSS_OK) return s;
   if (!sm_is_float(p->y.dtype) || !sm_is_float(p->dy.dtype) || !sm_is_float(p->dx.dtype) ||
       ((p->y.dtype == OSS_FLOAT64) != (p->dx.dtype == OSS_FLOAT64)))
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
@@ -1177,7 +1178,7 @@ static oss_status sm_job_backward(const oss_softmax_backward_params *p, sm_job *
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: y.dtype=%s but dy.dtype=%s; they must match", op,
                     sm_dtype_name(p->y.dtype), sm_dtype_name(p->dy.dtype));
   if (*empty) return OSS_OK;
-  oss_status s = sm_check_tensor(op, "y", &p->y, J);
+  s = sm_check_tensor(op, "y", &p->y, J);
   if (s == OSS_OK) s = sm_check_tensor(op, "dy", &p->dy, J);
   if (s == OSS_OK) s = sm_check_tensor(op, "dx", &p->dx, J);
   if (s != OSS_OK) return s;
