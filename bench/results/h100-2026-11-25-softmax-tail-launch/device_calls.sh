@@ -35,3 +35,26 @@ grep -E "^tests/|FAILED|ERROR" $OUT/gpu_tests.txt | head -30 >> $R
 timeout $(( 590 - ($(date +%s) - t0) )) compute-sanitizer --tool memcheck python3 scripts/sanitize_smoke.py softmax > $OUT/memcheck_softmax_smoke.txt 2>&1
 echo "memcheck rc=$? $(( $(date +%s) - t0 )) s" >> $R
 tail -2 $OUT/memcheck_softmax_smoke.txt >> $R
+
+# sbin/af3.sh (call 3, on fd4b92b + window_normal_experiment.patch)
+#!/bin/bash
+# session af call 3: evict_normal loads in the release window instead of the release (test knob 17 = 3) - knob build, selftest quick with it, variants at 2^26 and 2^28, what the call leaves in the L2 (ncu)
+export TORCH_OSS_RESULTS=$OUT TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=14 TORCH_OSS_SOFTMAX_KNOBS=1 TORCH_OSS_HEAD_DIMS=64 PYTHONUNBUFFERED=1
+R=$OUT/all.txt
+t0=$(date +%s)
+(SELFTEST_KNOBS=17=3 timeout 120 ./sbin/sm quick > $OUT/selftest.txt 2>&1; echo "selftest quick (17=3) rc $? $(( $(date +%s) - t0 )) s" >> $OUT/selftest.txt) &
+SPID=$!
+rm -rf build torch_oss/_C*.so csrc/cuda/generated
+python3 -m pip install -v --no-build-isolation --no-deps -e . > /tmp/build.log 2>&1 || { echo BUILD FAILED >> $R; tail -50 /tmp/build.log >> $R; exit 1; }
+echo "build $(( $(date +%s) - t0 )) s" >> $R
+wait $SPID; tail -2 $OUT/selftest.txt >> $R
+timeout 200 python3 scripts/softmax_variants.py --points bwd:bfloat16:32768,bwd:float16:32768,bwd:bfloat16:4096,bwd:float16:4096,fwd:float32:4096,bwd:float32:16384,fwd:bfloat16:32768 \
+  --variants "base;17=3;17=2" --rounds 5 > $OUT/variants_2p26.txt 2>&1
+echo "variants 2^26 rc=$? $(( $(date +%s) - t0 )) s" >> $R
+timeout 150 python3 scripts/softmax_variants.py --points bwd:bfloat16:32768,fwd:float32:4096,bwd:float16:4096 --size 28 \
+  --variants "base;17=3;17=2" --rounds 3 > $OUT/variants_2p28.txt 2>&1
+echo "variants 2^28 rc=$? $(( $(date +%s) - t0 )) s" >> $R
+timeout $(( 590 - ($(date +%s) - t0) )) ncu --profile-from-start off --cache-control none --replay-mode application \
+  --metrics lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum \
+  python3 scripts/softmax_l2_residue.py --compile --points bwd:bfloat16:32768,fwd:float32:4096,bwd:float16:4096 --variants "17=1;base;17=2;17=3" > $OUT/l2_residue.txt 2>&1
+echo "ncu residue rc=$? $(( $(date +%s) - t0 )) s" >> $R
