@@ -58,3 +58,17 @@ timeout $(( 590 - ($(date +%s) - t0) )) ncu --profile-from-start off --cache-con
   --metrics lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum \
   python3 scripts/softmax_l2_residue.py --compile --points bwd:bfloat16:32768,fwd:float32:4096,bwd:float16:4096 --variants "17=1;base;17=2;17=3" > $OUT/l2_residue.txt 2>&1
 echo "ncu residue rc=$? $(( $(date +%s) - t0 )) s" >> $R
+
+# sbin/af4.sh (call 4, on e9fc3ff)
+#!/bin/bash
+# session af call 4: production build from scratch of the final tree (kernels as 421c6e0; host code fd4b92b), bench/softmax.py --rounds 3 twice
+export TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 PYTHONUNBUFFERED=1
+R=$OUT/all.txt
+t0=$(date +%s)
+TORCH_OSS_RESULTS=/tmp/gpu bash scripts/gpu_check.sh build > /tmp/build_stage.txt 2>&1
+echo "build stage rc=$? $(( $(date +%s) - t0 )) s" >> $R
+mkdir -p $OUT/run1 $OUT/run2
+TORCH_OSS_RESULTS=$OUT/run1 timeout 200 python3 bench/softmax.py --rounds 3 > $OUT/bench_run1.log 2>&1
+echo "bench 1 rc=$? $(( $(date +%s) - t0 )) s" >> $R
+TORCH_OSS_RESULTS=$OUT/run2 timeout $(( 590 - ($(date +%s) - t0) )) python3 bench/softmax.py --rounds 3 > $OUT/bench_run2.log 2>&1
+echo "bench 2 rc=$? $(( $(date +%s) - t0 )) s" >> $R
