@@ -1118,7 +1118,6 @@ static oss_status sm_check_tensor(const char *op, const char *name, const oss_st
   return OSS_OK;
 }
 
-/* Fills J from the forward params; *empty = 1 when there is nothing to do. */
 /* The part of a job both directions share: the view's sizes and the log flag
  * into *J (zeroed first); *empty when there is nothing to compute. */
 static oss_status sm_job_view(const char *op, int bwd, int log, int64_t outer, int64_t n, int64_t inner, sm_job *J,
@@ -1136,6 +1135,7 @@ static oss_status sm_job_view(const char *op, int bwd, int log, int64_t outer, i
   return OSS_OK;
 }
 
+/* Fills J from the forward params; *empty = 1 when there is nothing to do. */
 static oss_status sm_job_forward(const oss_softmax_params *p, sm_job *J, int *empty) {
   const char *op = "oss_softmax_forward_cuda";
   if (p == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: params is NULL", op);
