@@ -40,6 +40,7 @@ typedef struct oss_device_info {
   int max_smem_per_sm;
   int l2_bytes;
   int cc_major, cc_minor;
+  double dram_bytes_per_ns; /* the DRAM's peak bandwidth (0 where the driver does not say) */
 } oss_device_info;
 
 /* Fills info's attributes for device info->device from the driver. */
@@ -52,6 +53,13 @@ static inline oss_status oss_query_device_info(oss_device_info *info) {
   OSS_CUDA_TRY(cudaDeviceGetAttribute(&info->l2_bytes, cudaDevAttrL2CacheSize, info->device));
   OSS_CUDA_TRY(cudaDeviceGetAttribute(&info->cc_major, cudaDevAttrComputeCapabilityMajor, info->device));
   OSS_CUDA_TRY(cudaDeviceGetAttribute(&info->cc_minor, cudaDevAttrComputeCapabilityMinor, info->device));
+  int mem_khz = 0, bus_bits = 0; /* double data rate: 2 transfers per clock */
+  if (cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, info->device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, info->device) != cudaSuccess) {
+    cudaGetLastError();
+    mem_khz = bus_bits = 0;
+  }
+  info->dram_bytes_per_ns = 2.0 * mem_khz * 1e3 * (bus_bits / 8) * 1e-9;
   return OSS_OK;
 }
 

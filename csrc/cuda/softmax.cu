@@ -100,6 +100,8 @@
  * [24] = 1: one-CTA plans of registers only with more than SM_CTA_ROW_K
  * slots per thread run the chunk kernel, not the light kernel's
  * instantiation at the chunk kernel's register budget;
+ * [25] the first wave's ramp (sm_first_wave_ramp): -1 off, else its step in
+ * % of the computed one (0: 100);
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test, and
  * the extension built with TORCH_OSS_SOFTMAX_KNOBS=1 for
@@ -107,10 +109,10 @@
  * state. */
 #ifdef OSS_SOFTMAX_TEST_KNOBS
 extern "C" {
-int oss_softmax_cuda_test_knobs[25];
+int oss_softmax_cuda_test_knobs[26];
 }
 #else
-static const int oss_softmax_cuda_test_knobs[25] = {0};
+static const int oss_softmax_cuda_test_knobs[26] = {0};
 #endif
 
 #ifdef OSS_SOFTMAX_TIMELINE
@@ -889,6 +891,30 @@ static void sm_release_window(int64_t units, int64_t unit_bytes, const oss_devic
   else *lo = units - count;
 }
 
+/* The first wave's ramp, for the chunk kernel's rows (bench/NOTES-softmax.md
+ * v32). A launch's first wave of rows (one per CTA or cluster, as many as are
+ * resident at once: wave_rows) would start together, read together and write
+ * together, and the later waves inherit that lockstep: the DRAM sees reads,
+ * a pause, then writes, wave after wave. Instead row r < wave_rows starts r
+ * steps late, a step being the time the DRAM takes to stream one row's input
+ * (at 85 % of its peak, about what a copy reaches), so the first wave's rows
+ * start about as their inputs can arrive and their reads and writes
+ * interleave from then on. Only where the launch has more rows than one wave:
+ * a single wave has no later waves to gain from it. H100, 2^26 elements, % of
+ * copy, ramp off -> on (v32): the 16-bit forward at 1M columns (clusters of
+ * 16, 14 rows at once) 85.4-85.6 -> 88.0-88.1, bfloat16 262144 91.2 -> 92.3,
+ * float16 128256 91.2 -> 92.8, float32 262144 95.1 -> 96.0, backward bfloat16
+ * 262144 95.1 -> 96.2, float32 262144 96.0 -> 97.4; 70 % or 130 % of the step
+ * did no better. Test knob 25: -1 off, else the step in % of this one. */
+static void sm_first_wave_ramp(sm_row_args *A, int64_t wave_rows, int64_t row_in_bytes, const oss_device_info *info) {
+  const int scale = oss_softmax_cuda_test_knobs[25] == 0 ? 100 : oss_softmax_cuda_test_knobs[25];
+  if (scale < 0 || info->dram_bytes_per_ns <= 0 || wave_rows < 2 || A->rows <= wave_rows) return;
+  const double step = (double)row_in_bytes / (0.85 * info->dram_bytes_per_ns) * scale / 100;
+  if (step < 1) return;
+  A->ramp_ns = step > 100000 ? 100000 : (int)step;
+  A->ramp_rows = wave_rows;
+}
+
 template <bool BWD, typename T1, typename T2, typename Acc>
 static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const oss_device_info *info,
                               cudaStream_t stream) {
@@ -930,6 +956,7 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   A.S = P->S;
   A.smem_slots = P->smem_slots;
   const size_t pad = sm_test_occupancy_pad(info);
+  const int64_t row_in_bytes = J->n * (int64_t)sizeof(T1) * (BWD ? 2 : 1);
   if (P->kind == SM_PLAN_WARP) {
     const sm_row_kernel wk = sm_warp_kernel_for<BWD, T1, T2, Acc>(P->al, P->km);
     if (pad > 40 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(wk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pad));
@@ -952,6 +979,8 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   if (smem > 40 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   if (P->kind == SM_PLAN_CHUNKS) {
     A.mode = SM_FULL;
+    const int resident = sm_config_residency(kern, P->C, P->threads, smem, P->grid_y, stream);
+    sm_first_wave_ramp(&A, P->C > 1 ? resident : (int64_t)resident * info->sm_count, row_in_bytes, info);
     if (P->C == 1) {
       kern<<<grid, block, smem, stream>>>(A);
       return oss_check_launch("softmax_row_chunks_kernel");

@@ -120,6 +120,8 @@ typedef struct sm_row_args {
   void *partials; /* workspace: [rows][C] statistics (SM_STATS, SM_SPREAD) */
   unsigned *counters; /* workspace, zeroed by the launch (SM_SPREAD): [0] the ticket, [1 + row] arrivals */
   void *finals;   /* workspace: [rows] merged statistics (SM_APPLY) */
+  int ramp_ns;      /* chunk kernel, SM_FULL: the first wave's ramp (sm_first_wave_ramp in softmax.cu): */
+  int64_t ramp_rows; /* row r < ramp_rows starts r * ramp_ns late (sm_ramp_wait); 0: no ramp */
 } sm_row_args;
 
 enum { SM_WARP_THREADS = 128, SM_CHUNK_THREADS = 1024, SM_CTA_ROW_K = 2 };
@@ -496,13 +498,21 @@ __device__ __forceinline__ void sm_release_registers(const sm_chunk<T1, T2> &R, 
     if (k < nv) sm_release_slot<BWD>(R, first + k * step);
 }
 
-// ---- diagnostic timeline (self-test builds with -DOSS_SOFTMAX_TIMELINE) -----------
-
 __device__ __forceinline__ unsigned long long sm_globaltimer_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
   return t;
 }
+
+/* The first wave's ramp (sm_first_wave_ramp in softmax.cu): row r of the
+ * first wave waits r * P.ramp_ns before its first load. */
+__device__ __forceinline__ void sm_ramp_wait(const sm_row_args &P, int64_t r) {
+  if (r >= P.ramp_rows) return;
+  const unsigned long long wait = (unsigned long long)r * (unsigned)P.ramp_ns, t0 = sm_globaltimer_ns();
+  while (sm_globaltimer_ns() - t0 < wait) __nanosleep(64);
+}
+
+// ---- diagnostic timeline (self-test builds with -DOSS_SOFTMAX_TIMELINE) -----------
 
 #ifdef OSS_SOFTMAX_TIMELINE
 /* Per CTA (linear index, the first SM_TIMELINE_CTAS): [start ns, end ns, SM].
@@ -737,6 +747,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
     chunk_x = blockIdx.x & (P.C - 1);
     r0 = blockIdx.x >> lgC;
     rstep = gridDim.x >> lgC;
+    sm_ramp_wait(P, r0);
   }
   if (P.mode == SM_SPREAD) {
     if (t == 0) ticket = atomicAdd(P.counters, 1u);

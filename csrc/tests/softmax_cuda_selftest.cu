@@ -62,7 +62,7 @@
 #include "oss.h"
 
 /* Planner knobs of softmax.cu, for tests and tuning only (see there). */
-enum { SM_TEST_KNOBS = 25 };
+enum { SM_TEST_KNOBS = 26 };
 extern "C" int oss_softmax_cuda_test_knobs[SM_TEST_KNOBS];
 
 #define CK(call)                                                                                  \
