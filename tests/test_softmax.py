@@ -442,3 +442,27 @@ def test_more_rows_than_a_grid_dimension_holds(device, dtype):
     ref_dx = ref * (g - (ref * g).sum(-1, keepdim=True))
     peer_dx = torch._softmax_backward_data(dy, F.softmax(x, -1), -1, dtype)
     assert_tolerance(f"softmax_backward {dtype} 70001x{cols}", dx, ref_dx, peer_dx, SOFTMAX_ATOL[dtype])
+
+
+@pytest.mark.parametrize("device", [cuda_param("cuda")])
+@pytest.mark.parametrize("dtype,shape", [
+    (torch.bfloat16, (300, 131079)),   # clusters of a few CTAs, ~62 rows at once on an H100
+    (torch.float32, (64, 262147)),     # clusters of 16, ~14 rows at once
+    (torch.float16, (600, 65543)),     # one CTA per row with a shared-memory part, ~264 at once
+])
+def test_rows_beyond_the_first_wave(device, dtype, shape):
+    """More rows than the chunk kernel holds at once, so the launch ramps its
+    first wave (each of its rows starts a little later than the one before;
+    sm_first_wave_ramp) and later rows reuse the freed CTAs: forward and
+    backward of every row against float64. Odd widths, so the rows are also
+    misaligned."""
+    x = awkward_randn(shape, dtype, device)
+    dy = torch.randn_like(x)
+    y = torch_oss.softmax(x, -1)
+    ref = F.softmax(x.double(), -1)
+    assert_tolerance(f"softmax {dtype} {shape}", y, ref, F.softmax(x, -1), SOFTMAX_ATOL[dtype])
+    dx = torch.ops.oss.softmax_backward(dy, y, -1, dtype)
+    g = dy.double()
+    ref_dx = ref * (g - (ref * g).sum(-1, keepdim=True))
+    peer_dx = torch._softmax_backward_data(dy, F.softmax(x, -1), -1, dtype)
+    assert_tolerance(f"softmax_backward {dtype} {shape}", dx, ref_dx, peer_dx, SOFTMAX_ATOL[dtype])
