@@ -95,3 +95,21 @@ timeout 150 python3 -m pytest -q tests/test_softmax.py -k "beyond_the_first_wave
 echo "test rc=$? $(( $(date +%s) - t0 )) s" >> $R
 tail -3 $OUT/test_first_wave.txt >> $R
 wait $SPID; tail -3 $OUT/racecheck_selftest_race.txt >> $R
+### sbin/ag6.sh
+#!/bin/bash
+# session ag call 10: the first wave's ramp in the one-row-per-CTA kernel (experiment: knob 26 = step in %) - knob build, selftest quick with it, variants at 2^26 and 2^28
+export TORCH_OSS_RESULTS=$OUT TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=14 TORCH_OSS_SOFTMAX_KNOBS=1 TORCH_OSS_HEAD_DIMS=64 PYTHONUNBUFFERED=1
+R=$OUT/all.txt
+t0=$(date +%s)
+(SELFTEST_KNOBS=26=60 timeout 60 ./sbin/sm quick > $OUT/selftest.txt 2>&1; echo "selftest quick (26=60) rc $? $(( $(date +%s) - t0 )) s" >> $OUT/selftest.txt) &
+SPID=$!
+rm -rf build torch_oss/_C*.so csrc/cuda/generated
+python3 -m pip install -v --no-build-isolation --no-deps -e . > /tmp/build.log 2>&1 || { echo BUILD FAILED >> $R; tail -50 /tmp/build.log >> $R; exit 1; }
+echo "build $(( $(date +%s) - t0 )) s" >> $R
+wait $SPID; grep -E "rc |fail|FAIL" $OUT/selftest.txt | head -5 >> $R
+timeout 250 python3 scripts/softmax_variants.py --points bwd:bfloat16:32768,bwd:float16:32768,fwd:float32:4096,bwd:bfloat16:4096,bwd:float16:4096,fwd:bfloat16:32768,bwd:float32:16384,fwd:float16:8192 \
+  --variants "base;26=40;26=60;26=80" --rounds 5 > $OUT/variants_cta_row_2p26.txt 2>&1
+echo "variants 2^26 rc=$? $(( $(date +%s) - t0 )) s" >> $R
+timeout $(( 560 - ($(date +%s) - t0) )) python3 scripts/softmax_variants.py --points bwd:bfloat16:32768,bwd:float16:32768 --size 28 \
+  --variants "base;26=60" --rounds 3 > $OUT/variants_cta_row_2p28.txt 2>&1
+echo "variants 2^28 rc=$? $(( $(date +%s) - t0 )) s" >> $R
