@@ -101,7 +101,7 @@
  * slots per thread run the chunk kernel, not the light kernel's
  * instantiation at the chunk kernel's register budget;
  * [25] the first wave's ramp (sm_first_wave_ramp): -1 off, else its step in
- * % of the computed one (0: 100);
+ * % of the computed one (0: the kernel's own, 100 % or 40 %);
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test, and
  * the extension built with TORCH_OSS_SOFTMAX_KNOBS=1 for
@@ -891,8 +891,8 @@ static void sm_release_window(int64_t units, int64_t unit_bytes, const oss_devic
   else *lo = units - count;
 }
 
-/* The first wave's ramp, for the chunk kernel's rows (bench/NOTES-softmax.md
- * v32). A launch's first wave of rows (one per CTA or cluster, as many as are
+/* The first wave's ramp, for the chunk kernel's rows and the one-row-per-CTA
+ * kernel's chunk-budget rows (bench/NOTES-softmax.md v32). A launch's first wave of rows (one per CTA or cluster, as many as are
  * resident at once: wave_rows) would start together, read together and write
  * together, and the later waves inherit that lockstep: the DRAM sees reads,
  * a pause, then writes, wave after wave. Instead row r < wave_rows starts r
@@ -905,9 +905,15 @@ static void sm_release_window(int64_t units, int64_t unit_bytes, const oss_devic
  * 16, 14 rows at once) 85.4-85.6 -> 88.0-88.1, bfloat16 262144 91.2 -> 92.3,
  * float16 128256 91.2 -> 92.8, float32 262144 95.1 -> 96.0, backward bfloat16
  * 262144 95.1 -> 96.2, float32 262144 96.0 -> 97.4; 70 % or 130 % of the step
- * did no better. Test knob 25: -1 off, else the step in % of this one. */
-static void sm_first_wave_ramp(sm_row_args *A, int64_t wave_rows, int64_t row_in_bytes, const oss_device_info *info) {
-  const int scale = oss_softmax_cuda_test_knobs[25] == 0 ? 100 : oss_softmax_cuda_test_knobs[25];
+ * did no better. The one-row-per-CTA kernel's rows (a CTA per SM or a few)
+ * take 40 % of the step (`percent`): 16-bit backward 32768 columns 97.0 ->
+ * 97.6-97.7, float32 forward 4096 98.4 -> 98.8, backward 16384 100.0 -> 100.3;
+ * 60 % and 80 % gained less, and its light instantiation (two slots per
+ * thread) lost 0.2 at the 16-bit forward 8192, so it has none. Test knob 25:
+ * -1 off, else the step in % of the computed one, for both kernels. */
+static void sm_first_wave_ramp(sm_row_args *A, int64_t wave_rows, int64_t row_in_bytes, const oss_device_info *info,
+                               int percent) {
+  const int scale = oss_softmax_cuda_test_knobs[25] == 0 ? percent : oss_softmax_cuda_test_knobs[25];
   if (scale < 0 || info->dram_bytes_per_ns <= 0 || wave_rows < 2 || A->rows <= wave_rows) return;
   const double step = (double)row_in_bytes / (0.85 * info->dram_bytes_per_ns) * scale / 100;
   if (step < 1) return;
@@ -967,6 +973,9 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
     const sm_row_kernel ck = sm_cta_row_kernel_for<BWD, T1, T2, Acc>(P->km);
     if (ck == NULL) return oss_fail(OSS_ERROR_NOT_SUPPORTED, "softmax: internal plan error (light tier for float64)");
     if (pad > 40 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(ck, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pad));
+    if (P->km > SM_CTA_ROW_K) /* the kernel's light instantiation has no ramp */
+      sm_first_wave_ramp(&A, (int64_t)sm_config_residency(ck, 1, P->threads, pad, 1, stream) * info->sm_count,
+                         row_in_bytes, info, 40);
     ck<<<P->grid_x, P->threads, pad, stream>>>(A);
     return oss_check_launch("softmax_row_in_cta_kernel");
   }
@@ -980,7 +989,7 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   if (P->kind == SM_PLAN_CHUNKS) {
     A.mode = SM_FULL;
     const int resident = sm_config_residency(kern, P->C, P->threads, smem, P->grid_y, stream);
-    sm_first_wave_ramp(&A, P->C > 1 ? resident : (int64_t)resident * info->sm_count, row_in_bytes, info);
+    sm_first_wave_ramp(&A, P->C > 1 ? resident : (int64_t)resident * info->sm_count, row_in_bytes, info, 100);
     if (P->C == 1) {
       kern<<<grid, block, smem, stream>>>(A);
       return oss_check_launch("softmax_row_chunks_kernel");

@@ -120,7 +120,7 @@ typedef struct sm_row_args {
   void *partials; /* workspace: [rows][C] statistics (SM_STATS, SM_SPREAD) */
   unsigned *counters; /* workspace, zeroed by the launch (SM_SPREAD): [0] the ticket, [1 + row] arrivals */
   void *finals;   /* workspace: [rows] merged statistics (SM_APPLY) */
-  int ramp_ns;      /* chunk kernel, SM_FULL: the first wave's ramp (sm_first_wave_ramp in softmax.cu): */
+  int ramp_ns;      /* chunk kernel (SM_FULL), row-in-CTA kernel: the first wave's ramp (sm_first_wave_ramp): */
   int64_t ramp_rows; /* row r < ramp_rows starts r * ramp_ns late (sm_ramp_wait); 0: no ramp */
 } sm_row_args;
 
@@ -623,6 +623,7 @@ __device__ __forceinline__ void sm_row_in_cta(const sm_row_args &P, const int lo
 #pragma unroll
   for (int k = 0; k < KM; k++) nv += t + k * T < nslots;
   const unsigned long long pol = sm_l2_policy(P.keep != 0);
+  if constexpr (KM > SM_CTA_ROW_K) sm_ramp_wait(P, blockIdx.x);
   for (int64_t row = blockIdx.x; row < P.rows; row += gridDim.x) {
     const sm_chunk<T1, T2> R = sm_chunk_setup<BWD, true, T1, T2>(P, row, 0, (int64_t)T * P.K);
     sm_slot ra[KM], rb[KM];
