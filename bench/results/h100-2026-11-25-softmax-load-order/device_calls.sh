@@ -113,3 +113,22 @@ echo "variants 2^26 rc=$? $(( $(date +%s) - t0 )) s" >> $R
 timeout $(( 560 - ($(date +%s) - t0) )) python3 scripts/softmax_variants.py --points bwd:bfloat16:32768,bwd:float16:32768 --size 28 \
   --variants "base;26=60" --rounds 3 > $OUT/variants_cta_row_2p28.txt 2>&1
 echo "variants 2^28 rc=$? $(( $(date +%s) - t0 )) s" >> $R
+### sbin/ag7.sh
+#!/bin/bash
+# session ag call 11: the ramp in the one-row-per-CTA kernel's chunk-budget rows at 40 % of the step (working tree on 21bfd56) - build from scratch (head dim 64: the softmax code is the production one), self-test check, the CUDA cases of the softmax tests, bench/softmax.py --rounds 3
+export TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 TORCH_OSS_HEAD_DIMS=64 PYTHONUNBUFFERED=1
+R=$OUT/all.txt
+t0=$(date +%s)
+(timeout 170 ./sbin/sm check > $OUT/selftest_check.txt 2>&1; echo "selftest check rc $? $(( $(date +%s) - t0 )) s" >> $OUT/selftest_check.txt) &
+SPID=$!
+rm -rf build torch_oss/_C*.so csrc/cuda/generated
+python3 -m pip install -v --no-build-isolation --no-deps -e . > /tmp/build.log 2>&1 || { echo BUILD FAILED >> $R; tail -50 /tmp/build.log >> $R; exit 1; }
+echo "build $(( $(date +%s) - t0 )) s" >> $R
+wait $SPID; tail -2 $OUT/selftest_check.txt >> $R
+TESTS="tests/test_softmax.py tests/test_extremes.py tests/test_errors.py tests/test_concurrency.py" \
+  PYTEST_ARGS="-k cuda" TEST_JOBS=4 FILE_TIMEOUT=150 TORCH_OSS_RESULTS=/tmp/gpu timeout 160 bash scripts/gpu_check.sh test > $OUT/gpu_tests.txt 2>&1
+echo "tests rc=$? $(( $(date +%s) - t0 )) s" >> $R
+grep -E "^tests/|FAILED|ERROR" $OUT/gpu_tests.txt | head -20 >> $R
+mkdir -p $OUT/run1
+TORCH_OSS_RESULTS=$OUT/run1 timeout 200 python3 bench/softmax.py --rounds 3 > $OUT/bench_run1.log 2>&1
+echo "bench rc=$? $(( $(date +%s) - t0 )) s" >> $R
