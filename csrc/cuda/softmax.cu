@@ -892,9 +892,10 @@ static void sm_release_window(int64_t units, int64_t unit_bytes, const oss_devic
 }
 
 /* The first wave's ramp, for the chunk kernel's rows and the one-row-per-CTA
- * kernel's chunk-budget rows (bench/NOTES-softmax.md v32). A launch's first wave of rows (one per CTA or cluster, as many as are
- * resident at once: wave_rows) would start together, read together and write
- * together, and the later waves inherit that lockstep: the DRAM sees reads,
+ * kernel's chunk-budget rows (bench/NOTES-softmax.md v32). A launch's first
+ * wave of rows (one per CTA or cluster, as many as are resident at once:
+ * wave_rows) would start together, read together and write together, and the
+ * later waves inherit that lockstep: the DRAM sees reads,
  * a pause, then writes, wave after wave. Instead row r < wave_rows starts r
  * steps late, a step being the time the DRAM takes to stream one row's input
  * (at 85 % of its peak, about what a copy reaches), so the first wave's rows
