@@ -425,6 +425,22 @@ def test_split_tier_replays_in_a_cuda_graph(device):
     assert_tolerance("split tier backward in a CUDA graph", captured[1], ref_dx, peer_dx, SOFTMAX_ATOL[torch.float32])
 
 
+def check_last_dim_softmax_rows(shape, dtype, device):
+    """softmax over the last dim of fresh awkward input of `shape`, and its
+    backward from our y, each row against float64 (the tolerance rule, with
+    PyTorch's own result as the peer)."""
+    x = awkward_randn(shape, dtype, device)
+    dy = torch.randn_like(x)
+    y = torch_oss.softmax(x, -1)
+    ref = F.softmax(x.double(), -1)
+    assert_tolerance(f"softmax {dtype} {shape}", y, ref, F.softmax(x, -1), SOFTMAX_ATOL[dtype])
+    dx = torch.ops.oss.softmax_backward(dy, y, -1, dtype)
+    g = dy.double()
+    ref_dx = ref * (g - (ref * g).sum(-1, keepdim=True))
+    peer_dx = torch._softmax_backward_data(dy, F.softmax(x, -1), -1, dtype)
+    assert_tolerance(f"softmax_backward {dtype} {shape}", dx, ref_dx, peer_dx, SOFTMAX_ATOL[dtype])
+
+
 @pytest.mark.parametrize("device", [cuda_param("cuda")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_more_rows_than_a_grid_dimension_holds(device, dtype):
@@ -432,16 +448,7 @@ def test_more_rows_than_a_grid_dimension_holds(device, dtype):
     GPU, more rows than a CUDA grid's y dimension holds (65,535), forward and
     backward, against float64 over every row."""
     cols = 1100 if dtype == torch.float32 else 2100
-    x = awkward_randn((70001, cols), dtype, device)
-    dy = torch.randn_like(x)
-    y = torch_oss.softmax(x, -1)
-    ref = F.softmax(x.double(), -1)
-    assert_tolerance(f"softmax {dtype} 70001x{cols}", y, ref, F.softmax(x, -1), SOFTMAX_ATOL[dtype])
-    dx = torch.ops.oss.softmax_backward(dy, y, -1, dtype)
-    g = dy.double()
-    ref_dx = ref * (g - (ref * g).sum(-1, keepdim=True))
-    peer_dx = torch._softmax_backward_data(dy, F.softmax(x, -1), -1, dtype)
-    assert_tolerance(f"softmax_backward {dtype} 70001x{cols}", dx, ref_dx, peer_dx, SOFTMAX_ATOL[dtype])
+    check_last_dim_softmax_rows((70001, cols), dtype, device)
 
 
 @pytest.mark.parametrize("device", [cuda_param("cuda")])
@@ -456,13 +463,4 @@ def test_rows_beyond_the_first_wave(device, dtype, shape):
     sm_first_wave_ramp) and later rows reuse the freed CTAs: forward and
     backward of every row against float64. Odd widths, so the rows are also
     misaligned."""
-    x = awkward_randn(shape, dtype, device)
-    dy = torch.randn_like(x)
-    y = torch_oss.softmax(x, -1)
-    ref = F.softmax(x.double(), -1)
-    assert_tolerance(f"softmax {dtype} {shape}", y, ref, F.softmax(x, -1), SOFTMAX_ATOL[dtype])
-    dx = torch.ops.oss.softmax_backward(dy, y, -1, dtype)
-    g = dy.double()
-    ref_dx = ref * (g - (ref * g).sum(-1, keepdim=True))
-    peer_dx = torch._softmax_backward_data(dy, F.softmax(x, -1), -1, dtype)
-    assert_tolerance(f"softmax_backward {dtype} {shape}", dx, ref_dx, peer_dx, SOFTMAX_ATOL[dtype])
+    check_last_dim_softmax_rows(shape, dtype, device)
