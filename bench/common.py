@@ -21,6 +21,10 @@ def results_dir():
 
 
 def git_commit():
+    """The tree's commit (+dirty); TORCH_OSS_COMMIT overrides it, for copies of a
+    working tree whose git metadata is not the tree's own (the device machine's)."""
+    if os.environ.get("TORCH_OSS_COMMIT"):
+        return os.environ["TORCH_OSS_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
