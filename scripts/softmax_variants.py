@@ -21,6 +21,11 @@ the same run, the spread (min-max) over the rounds, and torch.compile's time
 over the variant's. Every variant's result is checked against float64 before
 it is timed, and its plan is printed.
 
+--kernel-time adds, per round, the median of the kernels' own durations over
+--kernel-calls calls under torch.profiler (CUPTI timestamps, nanoseconds;
+bench/common.kernel_times_us), with the same 256 MB write before each call:
+a second table that events' 0.5 us steps do not blur.
+
 --flush times each implementation under several ways of emptying the L2
 before each call, to see what the flush itself costs a call: "dirty" (a
 256 MB write, do_bench's: the L2 is left full of dirty lines, written back
@@ -111,11 +116,16 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--flush", default=None,
                     help="comma-separated L2 flushes before each call (dirty, clean, none); default: do_bench's")
+    ap.add_argument("--kernel-time", action="store_true",
+                    help="also the kernels' own durations under torch.profiler (median per round)")
+    ap.add_argument("--kernel-calls", type=int, default=100, help="profiled calls per round for --kernel-time")
     ap.add_argument("--same-traffic", action="store_true",
                     help="also time an element-wise op moving the point's bytes (a copy; an add for backward)")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.kernel_calls < 1:
+        ap.error(f"--kernel-calls must be at least 1, got {args.kernel_calls}")
     points = parse_points(ap, args.points)
     flushes = flush_modes(args.flush.split(",")) if args.flush else None
     knobs = knob_array()
@@ -133,6 +143,7 @@ def main():
             knobs[i] = values.get(i, 0)
 
     records = []
+    dirty = flush_modes(["dirty"])["dirty"] if args.kernel_time else None  # the profiled calls' flush
     for op, dname, cols in points:
         point = f"{op}:{dname}:{cols}"
         dtype = DTYPES[dname]
@@ -170,6 +181,7 @@ def main():
         # (flush, implementation) pairs; flush None: do_bench's timing
         keys = [(f, name) for f in (flushes or [None]) for name in impls]
         times = {key: [] for key in keys}
+        kernel_us = {name: [] for name in impls}
         for rnd in range(args.rounds):
             for f, name in (keys if rnd % 2 == 0 else keys[::-1]):
                 values, fn = impls[name]
@@ -178,6 +190,8 @@ def main():
                     times[(f, name)].append(common.bench_stats(fn, "cuda")[1])  # the trimmed mean
                 else:
                     times[(f, name)].append(common.trimmed_mean(common.cuda_event_times_ms(fn, flushes[f])))
+                if args.kernel_time and f == keys[0][0]:
+                    kernel_us[name].append(statistics.median(common.kernel_times_us(fn, dirty, args.kernel_calls)[0]))
         set_knobs({})
         print(f"\n{point} {tuple(shape)}, dim {dim}: % of copy, median of {args.rounds} rounds of trimmed means [min-max]; "
               f"compile's time / this one's")
@@ -189,6 +203,16 @@ def main():
             print(f"  {label:36} {pct[0]:6.2f} [{pct[1]:6.2f}-{pct[2]:6.2f}]  {med * 1e3:8.2f} us  {vs}", flush=True)
             records.append(dict(point=point, shape=list(shape), dim=dim, impl=name, flush=f or "do_bench",
                                 knobs=impls[name][0], ms_rounds=ts, ms=med, pct_copy=pct[0]))
+        if args.kernel_time:
+            print(f"{point}: the kernels' own time (profiler, {args.kernel_calls} calls after a 256 MB write), "
+                  f"median of {args.rounds} rounds' medians [min-max]; compile's time / this one's")
+            for name, ks in kernel_us.items():
+                med = statistics.median(ks)
+                vs = f"{statistics.median(kernel_us['compile']) / med:.4f}x" if "compile" in kernel_us else "-"
+                print(f"  {name:36} {med:9.3f} us [{min(ks):9.3f}-{max(ks):9.3f}]  "
+                      f"{100 * nbytes / med / 1e3 / copy_gbs:6.2f} % of copy  {vs}", flush=True)
+                records.append(dict(point=point, shape=list(shape), dim=dim, impl=name, flush="kernel_time",
+                                    knobs=impls[name][0], us_rounds=ks, us=med))
         del x, y, dy, ref, eager, sink
     common.write_json("softmax_variants", dict(env=env, copy_gbs=copy_gbs, size=args.size, rounds=args.rounds,
                                                records=records))
