@@ -116,3 +116,14 @@ echo "build $(( $(date +%s) - t0 )) s" >> $R
 timeout $(( 560 - ($(date +%s) - t0) )) python3 scripts/softmax_variants.py --points fwd:bfloat16:128,fwd:float16:128,bwd:bfloat16:4096 \
   --variants "base;17=1;17=2;20=1;20=1,21=1" --rounds 5 --kernel-time --same-traffic > $OUT/variants_policy_kernel_time_2p26.txt 2>&1
 echo "variants 2^26 rc=$? $(( $(date +%s) - t0 )) s" >> $R
+# ---- sbin/ah8.sh
+#!/bin/bash
+# session ah call 10: scripts/softmax_kernel_durations.py in its committed form (helpers in bench/common.py) - production build from scratch (head dim 64) of 9d44da1
+export TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 TORCH_OSS_HEAD_DIMS=64 PYTHONUNBUFFERED=1 TORCH_OSS_COMMIT="9d44da1"
+R=$OUT/all.txt
+t0=$(date +%s)
+rm -rf build torch_oss/_C*.so csrc/cuda/generated
+python3 -m pip install -v --no-build-isolation --no-deps -e . > /tmp/build.log 2>&1 || { echo BUILD FAILED >> $R; tail -50 /tmp/build.log >> $R; exit 1; }
+echo "build $(( $(date +%s) - t0 )) s" >> $R
+timeout 120 python3 scripts/softmax_kernel_durations.py --points fwd:bfloat16:128,bwd:bfloat16:4096 --calls 100 --rounds 2 > $OUT/kernel_durations_9d44da1_2p26.txt 2>&1
+echo "durations rc=$? $(( $(date +%s) - t0 )) s" >> $R
