@@ -43,12 +43,22 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--size", type=int, default=26, help="2^size elements per input")
     args = ap.parse_args()
+    if not 7 <= args.size <= 32:
+        ap.error(f"--size must be 7..32 (2^size elements per input), got {args.size}")
+    if args.calls < 1 or args.rounds < 1:
+        ap.error(f"--calls and --rounds must be at least 1, got {args.calls} and {args.rounds}")
+    points = [p.split(":") for p in args.points.split(",")]
+    for p in points:
+        if (len(p) != 3 or p[0] not in ("fwd", "bwd") or p[1] not in DTYPES or not p[2].isdigit()
+                or not 1 <= int(p[2]) <= 1 << args.size):
+            ap.error(f"--points: {':'.join(p)!r} is not OP:DTYPE:COLS (OP fwd or bwd, DTYPE one of {list(DTYPES)}, "
+                     f"COLS 1..2^size = {1 << args.size})")
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}; 2^{args.size} elements per input, "
           f"{args.rounds} rounds of: CUDA events over 100 ms of calls, then {args.calls} calls under the profiler; "
           "a 256 MB write before each call")
-    for point in args.points.split(","):
-        op, dname, cols = point.split(":")
+    for op, dname, cols in points:
+        point = f"{op}:{dname}:{cols}"
         dtype, cols = DTYPES[dname], int(cols)
         rows = (1 << args.size) // cols
         x = torch.randn(rows, cols, device="cuda", dtype=dtype) * 3
