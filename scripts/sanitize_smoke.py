@@ -39,6 +39,8 @@ def softmax_cases():
                                                         (3, 33000), (2, 262147), (20, 1048576 + 5),
                                                         (1, 4 * 1048576 + 3))]
         cases += [(5, cols, True) for cols in (512, 1024, 2048, 4096, 8192, 16384, 32768)]
+        # aligned narrow rows: the warp tier's forward with several rows per lane
+        cases += [(37, cols, True) for cols in (8, 24, 64, 128)]
         for rows, cols, aligned in cases:
             x = torch.randn(rows, cols + 1, device="cuda", dtype=dtype)[:, 1:] * 3
             if aligned:

@@ -1,23 +1,27 @@
 """Minimal kernels (scripts/softmax_probe_kernels.cu) against torch_oss and
-torch.compile, in one process, timed the ways scripts/softmax_timing_harness.py
-times (do_bench; the kernels' own GPU time with the L2 flushed; without the
-flush), at 2^26 and 2^28 elements, with t = t0 + bytes / rate fitted per
-implementation. bfloat16 backward at 4096 columns and forward at 1024: the
-narrow-row points where torch.compile led (bench/NOTES-softmax.md v18); the
-backward at 32768 (--bwd-cols, v27); the forward at 4096 (--fwd-cols, v28),
-with bench/softmax.py's Triton fused softmax as a further peer where triton
-is importable.
+torch.compile, in one process, timed three ways (do_bench; the kernels' own
+GPU time from the profiler's CUPTI records, the median of --calls calls, with
+the L2 flushed by a 256 MB write before each call and without), at 2^26 and
+2^28 elements, with t = t0 + bytes / rate fitted per implementation.
+bfloat16 backward at 4096 columns and forward at 1024: the narrow-row points
+where torch.compile led (bench/NOTES-softmax.md v18); the backward at 32768
+(--bwd-cols, v27); the forward at 4096 (--fwd-cols, v28) and at 128 (v34,
+with a plain copy of the same bytes), with bench/softmax.py's Triton fused
+softmax as a further peer where triton is importable. The script stops at a
+result further from float64 than a bfloat16 output allows.
 
     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -fPIC -shared \\
         scripts/softmax_probe_kernels.cu -o build/libsoftmax_probe.so
     python3 scripts/softmax_probe.py [--bwd 1,3,6,15] [--fwd 11,14,17] [--sizes 26,28] [--rounds 1]
     python3 scripts/softmax_probe.py --bwd "" --fwd 54,55,56,57 --fwd-cols 4096
+    python3 scripts/softmax_probe.py --bwd "" --fwd 60,61,62,63,64,65 --fwd-cols 128 --calls 100 --rounds 3
     ncu ... python3 scripts/softmax_probe.py --ncu     # one launch of each, for Nsight Compute
 """
 
 import argparse
 import ctypes
 import os
+import statistics
 import sys
 
 import torch
@@ -59,9 +63,11 @@ def main():
                     help="the backward's columns: 4096 (variants 0-23) or 32768 (variants 40-46)")
     ap.add_argument("--fwd", default="11,14,17", help="forward variants (--fwd-cols columns)")
     ap.add_argument("--fwd-cols", type=int, default=1024,
-                    help="the forward's columns: 1024 (variants 10-17, 30-33, 50-53) or 4096 (54-59)")
+                    help="the forward's columns: 1024 (variants 10-17, 30-33, 50-53), 4096 (54-59) or 128 (60-69)")
     ap.add_argument("--sizes", default="26,28", help="log2 of the elements per input")
     ap.add_argument("--rounds", type=int, default=1, help="rounds, alternating the order")
+    ap.add_argument("--calls", type=int, default=7,
+                    help="calls per round for the kernels' own time (CUPTI records, median of the calls)")
     ap.add_argument("--ncu", action="store_true", help="one launch of each at 2^26 between cudaProfilerStart/Stop")
     args = ap.parse_args()
     wide = [v for v in ints(args.bwd) if v >= 40]
@@ -69,11 +75,12 @@ def main():
             (len(wide) < len(ints(args.bwd)) and args.bwd_cols != 4096):
         ap.error(f"--bwd-cols {args.bwd_cols} with --bwd {args.bwd}: variants 40-46 take 32768 columns, "
                  "the others 4096 (the kernels have the row width built in)")
-    fwd4096 = [v for v in ints(args.fwd) if 54 <= v <= 59]
-    if args.fwd_cols not in (1024, 4096) or (fwd4096 and args.fwd_cols != 4096) or \
-            (len(fwd4096) < len(ints(args.fwd)) and args.fwd_cols != 1024):
-        ap.error(f"--fwd-cols {args.fwd_cols} with --fwd {args.fwd}: variants 54-59 take 4096 columns, "
-                 "the others 1024 (the kernels have the row width built in)")
+    fwd_cols = {v: 4096 if 54 <= v <= 59 else 128 if 60 <= v <= 69 else 1024 for v in ints(args.fwd)}
+    if args.fwd_cols not in (128, 1024, 4096) or any(c != args.fwd_cols for c in fwd_cols.values()):
+        ap.error(f"--fwd-cols {args.fwd_cols} with --fwd {args.fwd}: variants 54-59 take 4096 columns, 60-69 "
+                 "128, the others 1024 (the kernels have the row width built in)")
+    if args.calls < 1:
+        ap.error(f"--calls must be at least 1, got {args.calls}")
     probe = load(args.lib)
     import softmax as bench_softmax  # bench/softmax.py, for its Triton peer
     triton_fwd = bench_softmax.triton_softmax()
@@ -83,9 +90,18 @@ def main():
     points = (("bwd", args.bwd_cols, ints(args.bwd)), ("fwd", args.fwd_cols, ints(args.fwd)))
     sizes = [26] if args.ncu else ints(args.sizes)
     copy_gbs = None if args.ncu else common.copy_bandwidth_gbs("cuda")
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+    def kernel_ms(fn, flushed):
+        """Median over --calls calls of the kernels' own time (CUPTI), after a
+        256 MB write each (flushed) or back to back."""
+        us, _ = common.kernel_times_us(fn, flush.zero_ if flushed else (lambda: None), args.calls)
+        return statistics.median(us) / 1000
+
     if copy_gbs:
         print(f"{torch.cuda.get_device_name(0)}, copy {copy_gbs:.0f} GB/s; % of copy: do_bench, kernels (L2 "
-              f"flushed), kernels (not flushed); the kernels' flushed time in us; max relative error against float64")
+              f"flushed), kernels (not flushed), the kernels' own time the median of {args.calls} calls; the "
+              "kernels' flushed time in us; max relative error against float64")
     for op, cols, variants in points:
         fits = {}
         for log2 in sizes:
@@ -95,7 +111,8 @@ def main():
             dy = torch.randn_like(x)
             out = torch.empty_like(x)
             if op == "fwd":
-                impls = {"torch_oss": lambda: torch_oss.softmax(x, -1), "compile": lambda: compiled_fwd(x)}
+                impls = {"torch_oss": lambda: torch_oss.softmax(x, -1), "compile": lambda: compiled_fwd(x),
+                         "copy": lambda: out.copy_(x)}
                 if triton_fwd is not None:
                     impls["triton"] = lambda: triton_fwd(x)
                 impls.update({f"v{v}": (lambda v=v: probe(v, x, None, out, rows)) for v in variants})
@@ -121,7 +138,9 @@ def main():
             for rnd in range(args.rounds):
                 for name, fn in (order if rnd % 2 == 0 else order[::-1]):
                     err = ((fn().double() - ref).abs() / (ref.abs() + 1e-3)).max().item()
-                    ms = (common.bench(fn, "cuda"), harness.kernel_ms(fn, True), harness.kernel_ms(fn, False))
+                    if name != "copy" and not err < 0.05:  # bfloat16 output: 2^-8 relative, plus ex2.approx
+                        raise RuntimeError(f"{name} {op}:bf16:{cols} 2^{log2}: relative error {err:.2e}")
+                    ms = (common.bench(fn, "cuda"), kernel_ms(fn, True), kernel_ms(fn, False))
                     for timing, t in zip(("do_bench", "kernels", "noflush"), ms):
                         fits.setdefault((name, timing), []).append((nbytes, t))
                     pct = [100 * nbytes / t / 1e6 / copy_gbs for t in ms]

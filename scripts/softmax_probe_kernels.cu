@@ -30,7 +30,9 @@
  * (Inductor's shape), 44 1024 x 1 x 4, 45 1024 x 4 x 1, 46 512 x 2 x 4.
  * Forward, a CTA per row shaped like Triton's fused softmax (v28,
  * scripts/softmax_probe.py --fwd-cols): 1024 columns 50-53, 4096 columns
- * 54-59 (probe_launch lists the shapes).
+ * 54-59 (probe_launch lists the shapes). Forward at 128 columns, the
+ * library's warp-tier layout against Inductor's (v34, --fwd-cols 128):
+ * 60-69 (fwd_narrow; probe_launch lists the shapes).
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -497,6 +499,83 @@ __global__ void __launch_bounds__(W * 32, MINB) fwd_tma(const uint4 *x, uint4 *y
   }
 }
 
+/* forward, rows of 16 slots (128 bfloat16 columns): G lanes per row, KS =
+ * 16 / G slots of a row per lane, R rows per lane, so a warp covers
+ * RPW = R * 32 / G rows. Lane (sub = lane / G, g = lane % G) holds, for r <
+ * R, slots g + G * s (s < KS) of the warp's row r * (32 / G) + sub. R = 1 is
+ * the library's warp-tier layout (each load instruction of a warp touches 64
+ * bytes of each of 8 rows, at G = 4); KS = 1 makes each load instruction
+ * cover 32 / G whole rows, 512 contiguous bytes (Inductor's layout: 16 lanes
+ * per row). POL 0 plain loads; 2 loads evict_last and the lines set back to
+ * evict_normal after the row's stores (the library's keep policy). The
+ * kernel is compiled for PER_SM CTAs per SM and the launch pads shared
+ * memory to hold it there (fwd_narrow_launch), as the library's launch
+ * bounds and residency do. */
+template <int T, int G, int R, int POL, int PER_SM>
+__global__ void __launch_bounds__(T, PER_SM) fwd_narrow(const uint4 *x, uint4 *y) {
+  constexpr int KS = 16 / G, RPW = R * (32 / G);
+  const int lane = threadIdx.x & 31, g = lane % G, sub = lane / G;
+  const int64_t row0 = ((int64_t)blockIdx.x * (T / 32) + threadIdx.x / 32) * RPW + sub;
+  const uint64_t p = POL == 2 ? pol_last() : 0;
+  uint4 v[R][KS];
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int s = 0; s < KS; s++) {
+      const uint4 *src = x + (row0 + r * (32 / G)) * 16 + g + G * s;
+      v[r][s] = POL == 2 ? ld_pol(src, p) : *src;
+    }
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    const int64_t row = row0 + r * (32 / G);
+    uint4 out[KS];
+    row_softmax<KS>(
+        v[r], out,
+        [](float m) {
+#pragma unroll
+          for (int o = G / 2; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o));
+          return m;
+        },
+        [](float d) {
+#pragma unroll
+          for (int o = G / 2; o; o >>= 1) d += __shfl_xor_sync(~0u, d, o);
+          return d;
+        });
+#pragma unroll
+    for (int s = 0; s < KS; s++) y[row * 16 + g + G * s] = out[s];
+    if (POL == 2)
+#pragma unroll
+      for (int s = 0; s < KS; s++)
+        if ((g + G * s) % 8 == 0) demote(x + row * 16 + g + G * s);
+  }
+}
+
+/* Launches fwd_narrow with PER_SM CTAs per SM at most (the smallest
+ * dynamic shared-memory pad that brings the occupancy calculator's figure
+ * down to it); rows must fill whole CTAs. Returns -2 where they do not and
+ * -3 where the kernel cannot reach PER_SM at all. */
+template <int T, int G, int R, int POL, int PER_SM>
+static int fwd_narrow_launch(const uint4 *x, uint4 *y, long long rows, cudaStream_t st) {
+  constexpr long long rows_per_cta = (long long)T / 32 * R * (32 / G);
+  if (rows % rows_per_cta) return -2;
+  static int pad = -1;
+  if (pad < 0) {
+    cudaFuncSetAttribute(fwd_narrow<T, G, R, POL, PER_SM>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+    for (int bytes = 0; bytes <= 200 * 1024; bytes += 256) {
+      int n = 0;
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fwd_narrow<T, G, R, POL, PER_SM>, T, bytes);
+      if (n <= PER_SM) {
+        if (n < PER_SM) return -3;
+        pad = bytes;
+        break;
+      }
+    }
+    if (pad < 0) return -3;
+  }
+  fwd_narrow<T, G, R, POL, PER_SM><<<(unsigned)(rows / rows_per_cta), T, pad, st>>>(x, y);
+  return 0;
+}
+
 static int sm_count() {
   static int n = 0;
   if (!n) {
@@ -573,7 +652,34 @@ extern "C" int probe_launch(int which, const void *a, const void *b, void *out, 
     case 57: fwd_cta_row<256, 2, 2><<<rows, 256, 0, st>>>(A, O); break;
     case 58: fwd_cta_row<128, 4, 0><<<rows, 128, 0, st>>>(A, O); break;
     case 59: fwd_cta_row<128, 4, 2><<<rows, 128, 0, st>>>(A, O); break;
-    default: return -1;
+    default: {
+      /* forward, 128 columns (fwd_narrow): 60 / 61 the library's warp-tier
+       * layout (4 lanes x 4 slots per row, 128 threads, 32 rows per CTA, 9
+       * CTAs per SM) plain / keep; 62 / 63 the same CTAs with 16 lanes per
+       * row (each load instruction 512 contiguous bytes); 64 / 65 Inductor's
+       * shape (64 threads, 16 lanes per row, 2 rows per lane, 8 rows per
+       * CTA, 32 CTAs per SM); keep: 66 the library's layout in 64-thread
+       * CTAs (18 per SM: the same warps per SM), 67 Inductor's shape at 18
+       * per SM (the library's warps per SM), 68 Inductor's layout in
+       * 128-thread CTAs (16 rows each, 16 per SM: Inductor's warps per SM),
+       * 69 8 lanes x 2 slots per row, 2 rows per lane (each load instruction
+       * whole 128-byte lines of 4 rows), 9 per SM */
+      int rc;
+      switch (which) {
+        case 60: rc = fwd_narrow_launch<128, 4, 1, 0, 9>(A, O, rows, st); break;
+        case 61: rc = fwd_narrow_launch<128, 4, 1, 2, 9>(A, O, rows, st); break;
+        case 62: rc = fwd_narrow_launch<128, 16, 4, 0, 9>(A, O, rows, st); break;
+        case 63: rc = fwd_narrow_launch<128, 16, 4, 2, 9>(A, O, rows, st); break;
+        case 64: rc = fwd_narrow_launch<64, 16, 2, 0, 32>(A, O, rows, st); break;
+        case 65: rc = fwd_narrow_launch<64, 16, 2, 2, 32>(A, O, rows, st); break;
+        case 66: rc = fwd_narrow_launch<64, 4, 1, 2, 18>(A, O, rows, st); break;
+        case 67: rc = fwd_narrow_launch<64, 16, 2, 2, 18>(A, O, rows, st); break;
+        case 68: rc = fwd_narrow_launch<128, 16, 2, 2, 16>(A, O, rows, st); break;
+        case 69: rc = fwd_narrow_launch<128, 8, 2, 2, 9>(A, O, rows, st); break;
+        default: return -1;
+      }
+      if (rc) return rc;
+    }
   }
   return (int)cudaGetLastError();
 }

@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import common  # noqa: E402
 from softmax import DTYPES, check  # noqa: E402
 
-NKNOBS = 26  # csrc/cuda/softmax.cu: oss_softmax_cuda_test_knobs
+NKNOBS = 27  # csrc/cuda/softmax.cu: oss_softmax_cuda_test_knobs
 
 
 def knob_array():

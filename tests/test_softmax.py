@@ -215,10 +215,11 @@ def test_backward_matches_float64(device, dtype, op_name, shape, dim):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("op_name", list(OPS))
-@pytest.mark.parametrize("n", [128, 1024, 2048, 4096, 8192])
+@pytest.mark.parametrize("n", [16, 32, 64, 128, 1024, 2048, 4096, 8192])
 def test_rows_aligned_and_shifted(device, dtype, op_name, n):
     """The same widths with every row on a 16-byte boundary (the CUDA kernels'
-    aligned instantiation; at 1024-8192 the light one-row-per-CTA tier takes
+    aligned instantiation; at 16-64 columns, and bfloat16 at 128, the warp
+    tier's forward holds several rows per lane; at 1024-8192 the light one-row-per-CTA tier takes
     some of them: float32 forward 1024 and 2048, backward 4096; bfloat16
     forward 1024-4096, backward 8192) and with every row one element off it
     (the general one), forward and backward (x, y and dy all shifted)."""

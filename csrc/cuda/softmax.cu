@@ -102,6 +102,10 @@
  * instantiation at the chunk kernel's register budget;
  * [25] the first wave's ramp (sm_first_wave_ramp): -1 off, else its step in
  * % of the computed one (0: the kernel's own, 100 % or 40 %);
+ * [26] = 1: the warp tier's aligned forward rows of at most 16 slots keep a
+ * row per lane group (K slots each), never slots of several rows per lane;
+ * 2 .. 16 (a power of two): every such row takes several rows per lane,
+ * with at most that many lanes per row;
  * [7] bit 0 / bit 1: print the next forward / backward plan (then cleared).
  * They exist only in builds with -DOSS_SOFTMAX_TEST_KNOBS (the self-test, and
  * the extension built with TORCH_OSS_SOFTMAX_KNOBS=1 for
@@ -109,10 +113,10 @@
  * state. */
 #ifdef OSS_SOFTMAX_TEST_KNOBS
 extern "C" {
-int oss_softmax_cuda_test_knobs[26];
+int oss_softmax_cuda_test_knobs[27];
 }
 #else
-static const int oss_softmax_cuda_test_knobs[26] = {0};
+static const int oss_softmax_cuda_test_knobs[27] = {0};
 #endif
 
 #ifdef OSS_SOFTMAX_TIMELINE
@@ -141,6 +145,7 @@ typedef struct sm_plan {
   int kind; /* SM_PLAN_* */
   int threads, K, G, C, smem_slots, TJ, ph, vec_a, vec_b, vec_out, km;
   int al; /* rows: the kernels' aligned instantiation (sm_rows_aligned) */
+  int rl; /* warp tier: rows per lane (softmax_rows_in_warp_kernel's RL) */
   int keep; /* the input loads carry the L2 evict_last policy (sm_l2_policy in softmax_common.cuh) */
   int64_t S, chunk_n, nchunks;
   unsigned grid_x, grid_y;
@@ -362,16 +367,21 @@ template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel
  * those loads unpredicated it still trailed by 0.1-0.4 points, v19). The
  * backward's light kernel exists aligned only: general, it spills at its 40
  * registers. */
-template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel sm_warp_kernel_for(int al, int km) {
+template <bool BWD, typename T1, typename T2, typename Acc>
+static sm_row_kernel sm_warp_kernel_for(int al, int km, int rl) {
   constexpr int WK = sm_warp_kmax<BWD, Acc>(), WL = WK / 2;
   if constexpr (sizeof(Acc) == 4) {
-    if (al && km <= WL) return softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WL, true>;
+    if constexpr (!BWD) {
+      if (al && rl == WL) return softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WL, true, WL>;
+      if (al && rl == WL / 2) return softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WL, true, WL / 2>;
+    }
+    if (al && km <= WL) return softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WL, true, 1>;
     if constexpr (!BWD)
-      if (al) return softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK, true>;
+      if (al) return softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK, true, 1>;
   }
   if constexpr (!BWD)
-    if (km <= WL) return softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WL, false>;
-  return softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK, false>;
+    if (km <= WL) return softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WL, false, 1>;
+  return softmax_rows_in_warp_kernel<BWD, T1, T2, Acc, WK, false, 1>;
 }
 
 /* The light one-row-per-CTA kernel with km register slots per thread: the
@@ -511,7 +521,30 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
     P->G = (int)G;
     P->K = (int)sm_cdiv(nslots, G);
     P->km = (int)(P->K <= WKMAX / 2 && (!BWD || light_bwd) ? WKMAX / 2 : WKMAX);
+    P->rl = 1;
     if (BWD && P->km == WKMAX) P->al = 0; /* the general instantiation (sm_warp_kernel_for) */
+    /* aligned forward rows of a power-of-two number of slots up to 16, or of
+     * at most 4: G = the row's slots rounded up to a power of two, at most
+     * 8, and K = 1 or 2 slots of each of WKMAX / 2 / K rows per lane
+     * (softmax_rows_in_warp_kernel's RL), so each load instruction covers
+     * whole 128-byte lines of consecutive rows, not 16-64 bytes of each of
+     * 32 / G rows. H100, 2^26 elements, kernel time (bench/NOTES-softmax.md
+     * v34): 16-bit forward 128 columns 91.4 -> 91.0 us, 64 columns 103.5 ->
+     * 91.6, 32 columns 137.4 -> 91.6, 24 columns 120.9 -> 96.7; at 16
+     * lanes per row the 16-slot rows lost (91.5 us), and 6-slot rows (8
+     * lanes, 2 idle) 95.3 -> 98.0, 12-slot ones tied (91.3 -> 90.7) */
+    const int lanes_knob = oss_softmax_cuda_test_knobs[26];
+    const bool lanes_forced = lanes_knob >= 2 && lanes_knob <= 16 && (lanes_knob & (lanes_knob - 1)) == 0;
+    const int64_t lanes = lanes_forced ? lanes_knob : 8;
+    if (!BWD && es != 8 && P->al && nslots <= 16 && (nslots <= 4 || (nslots & (nslots - 1)) == 0 || lanes_forced) &&
+        P->km == WKMAX / 2 && oss_softmax_cuda_test_knobs[5] == 0 && lanes_knob != 1) {
+      const int64_t rg = sm_pow2_ceil(nslots) < lanes ? sm_pow2_ceil(nslots) : lanes, rk = sm_cdiv(nslots, rg);
+      if (rk <= WKMAX / 4) {
+        P->G = (int)rg;
+        P->K = (int)rk;
+        P->rl = (int)(WKMAX / 2 / rk);
+      }
+    }
     P->threads = SM_WARP_THREADS;
     if (oss_softmax_cuda_test_knobs[15] == 32 || oss_softmax_cuda_test_knobs[15] == 64) P->threads = oss_softmax_cuda_test_knobs[15];
     /* one CTA per group of rows, as many CTAs as that takes: a grid capped at
@@ -519,7 +552,7 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
      * 2^28 elements on the H100 (bf16 backward 128 columns 100.2 against
      * 100.9 %, float32 forward 128 98.6 against 100.6; v21). The kernel
      * still loops (test knob 10 caps the grid). */
-    const int64_t rows_per_cta = P->threads / 32 * (32 / G);
+    const int64_t rows_per_cta = P->threads / 32 * (32 / P->G) * P->rl;
     const int64_t blocks = sm_cdiv(J->outer, rows_per_cta);
     int64_t cap = 0x7fffffff;
     if (oss_softmax_cuda_test_knobs[10] > 0) cap = oss_softmax_cuda_test_knobs[10];
@@ -965,7 +998,7 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   const size_t pad = sm_test_occupancy_pad(info);
   const int64_t row_in_bytes = J->n * (int64_t)sizeof(T1) * (BWD ? 2 : 1);
   if (P->kind == SM_PLAN_WARP) {
-    const sm_row_kernel wk = sm_warp_kernel_for<BWD, T1, T2, Acc>(P->al, P->km);
+    const sm_row_kernel wk = sm_warp_kernel_for<BWD, T1, T2, Acc>(P->al, P->km, P->rl);
     if (pad > 40 * 1024) OSS_CUDA_TRY(cudaFuncSetAttribute(wk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pad));
     wk<<<P->grid_x, P->threads, pad, stream>>>(A);
     return oss_check_launch("softmax_rows_in_warp_kernel");
@@ -1090,8 +1123,8 @@ static oss_status sm_run(const sm_job *J, sm_plan *P, void *ws, cudaStream_t str
   if (oss_softmax_cuda_test_knobs[7] & (BWD ? 2 : 1)) {
     oss_softmax_cuda_test_knobs[7] &= BWD ? ~2 : ~1;
     static const char *kinds[] = {"warp", "chunks", "split", "cols", "cols-split", "spread", "cta-row"};
-    printf("plan %s: %s al=%d keep=%d km=%d threads=%d K=%d G=%d C=%d smem_slots=%d S=%lld TJ=%d chunk_n=%lld nchunks=%lld grid=%ux%u ws=%zu\n",
-           BWD ? "bwd" : "fwd", kinds[P->kind], P->al, P->keep, P->km, P->threads, P->K, P->G, P->C, P->smem_slots,
+    printf("plan %s: %s al=%d keep=%d km=%d rl=%d threads=%d K=%d G=%d C=%d smem_slots=%d S=%lld TJ=%d chunk_n=%lld nchunks=%lld grid=%ux%u ws=%zu\n",
+           BWD ? "bwd" : "fwd", kinds[P->kind], P->al, P->keep, P->km, P->rl, P->threads, P->K, P->G, P->C, P->smem_slots,
            (long long)P->S, P->TJ, (long long)P->chunk_n, (long long)P->nchunks, P->grid_x, P->grid_y, P->ws_bytes);
     if (P->kind == SM_PLAN_CHUNKS || P->kind == SM_PLAN_SPREAD)
       printf("plan %s: resident at once: %d %s\n", BWD ? "bwd" : "fwd",

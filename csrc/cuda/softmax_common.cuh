@@ -599,65 +599,84 @@ __device__ __forceinline__ sm_stat<Acc> sm_block_reduce(sm_stat<Acc> st, int TJ,
 }
 
 /* Max / sum over the G lanes (a power of two <= 32) of each aligned lane
- * group, every lane of the warp calling (G the same for all): butterfly
- * shuffles, unrolled (a loop over a G known only at run time costs more
- * than its shuffles); every lane of a group gets the same bits. */
-template <typename Acc> __device__ __forceinline__ Acc sm_group_max(Acc v, int G) {
+ * group, of N values at once, every lane of the warp calling (G the same for
+ * all): butterfly shuffles, unrolled (a loop over a G known only at run time
+ * costs more than its shuffles), the N values' shuffles of one step under
+ * one branch, so independent rows' chains interleave; every lane of a group
+ * gets the same bits. */
+template <int N, typename Acc> __device__ __forceinline__ void sm_group_max(Acc (&v)[N], int G) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1)
-    if (off < G) v = sm_max(v, __shfl_xor_sync(~0u, v, off));
-  return v;
+    if (off < G)
+#pragma unroll
+      for (int i = 0; i < N; i++) v[i] = sm_max(v[i], __shfl_xor_sync(~0u, v[i], off));
 }
-template <typename Acc> __device__ __forceinline__ Acc sm_group_sum(Acc v, int G) {
+template <int N, typename Acc> __device__ __forceinline__ void sm_group_sum(Acc (&v)[N], int G) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1)
-    if (off < G) v += __shfl_xor_sync(~0u, v, off);
-  return v;
+    if (off < G)
+#pragma unroll
+      for (int i = 0; i < N; i++) v[i] += __shfl_xor_sync(~0u, v[i], off);
 }
 
-/* Forward reduction, max first, over the G lanes (a power of two <= 32) of
- * each lane group or, BLOCK (G = 32), over the whole block (blockDim.x a
+/* Forward reduction, max first, of N rows' states at once (a lane's rows of
+ * the warp kernel) over the G lanes (a power of two <= 32) of each lane
+ * group or, BLOCK (G = 32, N = 1), over the whole block (blockDim.x a
  * power of two, 64 .. 1024; red: 3 x 32 entries of shared memory; safe to
  * call repeatedly; each lane group of the second level reads all the warps'
- * values). Every thread gets the result. The max M of the threads'
- * maxes comes first (fmax shuffles), then one sum of the threads' d rescaled
- * to M, each thread's exp taken before the sum: sm_group_reduce's merge tree
- * puts an exp on every level of its dependency chain (ten levels for a CTA of
- * several warps), and threads that hold a slot or two wait for that chain
- * about as long as for their loads (the light tier lost 1-2 points of copy
- * to it on the H100, bench/NOTES-softmax.md v28). softmax sums the plain
- * d = d' + 1; log_softmax keeps d' exact for the maximal threads: they add
- * their d' to the sum and 1 to a separate count, and the result is
- * d' = sum + (count - 1), as sm_merge's equal maxes give. FAST (16-bit
- * output): the rescale takes the hardware exp. */
-template <bool FAST, bool BLOCK, typename Acc>
-__device__ __forceinline__ sm_stat<Acc> sm_reduce_max_first(sm_stat<Acc> st, int G, int log, Acc (*red)[32]) {
+ * values). Every thread gets the results, in place. The max M of the
+ * threads' maxes comes first (fmax shuffles), then one sum of the threads' d
+ * rescaled to M, each thread's exp taken before the sum: sm_group_reduce's
+ * merge tree puts an exp on every level of its dependency chain (ten levels
+ * for a CTA of several warps), and threads that hold a slot or two wait for
+ * that chain about as long as for their loads (the light tier lost 1-2
+ * points of copy to it on the H100, bench/NOTES-softmax.md v28). softmax
+ * sums the plain d = d' + 1; log_softmax keeps d' exact for the maximal
+ * threads: they add their d' to the sum and 1 to a separate count, and the
+ * result is d' = sum + (count - 1), as sm_merge's equal maxes give. FAST
+ * (16-bit output): the rescale takes the hardware exp. */
+template <bool FAST, bool BLOCK, int N, typename Acc>
+__device__ __forceinline__ void sm_reduce_max_first(sm_stat<Acc> (&st)[N], int G, int log, Acc (*red)[32]) {
+  static_assert(!BLOCK || N == 1, "a block reduction takes one row");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const bool block = BLOCK && nw > 1;
-  Acc m = sm_group_max(st.m, G);
+  Acc m[N], s[N], c[N];
+#pragma unroll
+  for (int i = 0; i < N; i++) m[i] = st[i].m;
+  sm_group_max(m, G);
   if (block) {
-    if (lane == 0) red[0][warp] = m;
+    if (lane == 0) red[0][warp] = m[0];
     __syncthreads();
-    m = sm_group_max(red[0][lane & (nw - 1)], nw);
+    m[0] = red[0][lane & (nw - 1)];
+    sm_group_max(m, nw);
   }
-  const Acc scale = sm_exp<FAST>(st.m - sm_safe_max(m));
-  const bool top = log && st.m == m;
-  Acc s = top ? st.d : (st.d + (Acc)1) * scale, c = top ? (Acc)1 : (Acc)0;
-  s = sm_group_sum(s, G);
-  if (log) c = sm_group_sum(c, G);
+#pragma unroll
+  for (int i = 0; i < N; i++) {
+    const Acc scale = sm_exp<FAST>(st[i].m - sm_safe_max(m[i]));
+    const bool top = log && st[i].m == m[i];
+    s[i] = top ? st[i].d : (st[i].d + (Acc)1) * scale;
+    c[i] = top ? (Acc)1 : (Acc)0;
+  }
+  sm_group_sum(s, G);
+  if (log) sm_group_sum(c, G);
   if (block) {
     if (lane == 0) {
-      red[1][warp] = s;
-      if (log) red[2][warp] = c;
+      red[1][warp] = s[0];
+      if (log) red[2][warp] = c[0];
     }
     __syncthreads();
-    s = sm_group_sum(red[1][lane & (nw - 1)], nw);
-    if (log) c = sm_group_sum(red[2][lane & (nw - 1)], nw);
+    s[0] = red[1][lane & (nw - 1)];
+    sm_group_sum(s, nw);
+    if (log) {
+      c[0] = red[2][lane & (nw - 1)];
+      sm_group_sum(c, nw);
+    }
   }
-  sm_stat<Acc> r;
-  r.m = m;
-  r.d = log ? s + (c - (Acc)1) : s - (Acc)1;
-  return r;
+#pragma unroll
+  for (int i = 0; i < N; i++) {
+    st[i].m = m[i];
+    st[i].d = log ? s[i] + (c[i] - (Acc)1) : s[i] - (Acc)1;
+  }
 }
 
 #endif /* OSS_SOFTMAX_COMMON_CUH */

@@ -11,6 +11,10 @@
  *   at a time and lane g holds slots g, g+G, ... (K <= KM of them) in
  *   registers as raw 16-byte values. KM = 4 or 8 (the 4-slot variant needs
  *   fewer registers, so more warps stay resident for the narrowest rows).
+ *   Aligned forward rows of at most 16 slots take RL = KM rows per lane
+ *   instead, one slot of each (G = the row's slots rounded up to a power of
+ *   two): each load instruction of a warp then covers 512 contiguous bytes
+ *   of whole rows, not part of every row of the warp.
  *   Reduction: butterfly shuffles inside the group (forward max first,
  *   sm_reduce_max_first).
  *
@@ -552,10 +556,18 @@ __device__ __forceinline__ void sm_timeline_end() {}
 /* KM: register slots per lane (a light variant with half of sm_warp_kmax
  * keeps more warps resident for the narrowest rows: 9 CTAs per SM forward;
  * backward 12 at 40 registers, 10 where the output's element size differs,
- * which spills at 40; the full kernels run 6). */
-template <bool BWD, typename T1, typename T2, typename Acc, int KM, bool AL>
+ * which spills at 40; the full kernels run 6). RL: rows per lane (RL > 1
+ * only aligned, one slot of each row per lane: KM / RL slots of a row, K
+ * = 1); the warp's 32 / G * RL rows of an iteration are RL groups of 32 / G
+ * consecutive rows, and group r's slots are loaded by one instruction, which
+ * so covers 32 whole slots of consecutive rows, 512 contiguous bytes (with
+ * RL = 1 and G < 8 an instruction touches part of each of 32 / G rows: 64
+ * bytes each at G = 4, the 16-bit forward at 128 columns). */
+template <bool BWD, typename T1, typename T2, typename Acc, int KM, bool AL, int RL>
 __device__ __forceinline__ void sm_rows_in_warp(const sm_row_args &P, const int log) {
+  static_assert(RL == 1 || (AL && KM % RL == 0), "rows per lane: aligned rows, whole slots per row");
   constexpr bool FAST = sizeof(T2) == 2;
+  constexpr int KR = KM / RL; /* register slots of one row */
   /* G is a power of two (the launch checks): shifts, not divisions, before
    * the first loads */
   const int lane = threadIdx.x & 31, G = P.G, lgG = __ffs(G) - 1, rpw = 32 >> lgG, g = lane & (G - 1),
@@ -563,28 +575,54 @@ __device__ __forceinline__ void sm_rows_in_warp(const sm_row_args &P, const int 
   const int64_t warp0 = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int64_t wstride = (int64_t)gridDim.x * (blockDim.x >> 5);
   const unsigned long long pol = sm_l2_policy(P.keep != 0);
-  for (int64_t base = warp0 * rpw; base < P.rows; base += wstride * rpw) {
-    const int64_t row = base + sub;
-    sm_chunk<T1, T2> R = sm_chunk_setup<BWD, AL, T1, T2>(P, row < P.rows ? row : base, 0, (int64_t)G * P.K);
-    if (row >= P.rows) R.nfull = R.ne = 0;
-
-    const int nv = R.nfull > g ? min((R.nfull - g + G - 1) >> lgG, P.K) : 0;
-
-    sm_slot ra[KM], rb[KM];
-    sm_load_full_slots<BWD>(R, g, G, nv, ra, rb, pol);
-    sm_stat<Acc> st = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, nv, (uint4 *)0, (const uint4 *)0, 0, 0, 1, log);
-    const Acc m_thread = st.m;
-    sm_edges_accumulate<BWD>(R, g, G, st, log);
-    if constexpr (BWD) st = sm_group_reduce<BWD>(st, G);
-    else st = sm_reduce_max_first<FAST, false>(st, G, log, (Acc(*)[32])nullptr);
-    Acc c0, c1;
-    sm_output_registers<BWD>(R, ra, rb, nv, g, G, st, m_thread, log, c0, c1);
-    sm_edges_output<BWD>(R, g, G, log, c0, c1);
-    if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) sm_release_registers<BWD, KM>(R, nv, g, G);
+  /* row r of the lane's rows in this iteration, its slots and edges (for RL >
+   * 1, aligned rows, recomputed where needed rather than held through the
+   * reductions: a few integer instructions against registers that spilled) */
+  auto chunk = [&](int64_t base, int r) {
+    const int64_t row = base + r * rpw + sub;
+    sm_chunk<T1, T2> c = sm_chunk_setup<BWD, AL, T1, T2>(P, row < P.rows ? row : base, 0, (int64_t)G * P.K);
+    if (row >= P.rows) c.nfull = c.ne = 0;
+    return c;
+  };
+  for (int64_t base = warp0 * rpw * RL; base < P.rows; base += wstride * rpw * RL) {
+    sm_chunk<T1, T2> R[RL];
+    int nv[RL];
+    sm_slot ra[RL][KR], rb[RL][KR];
+#pragma unroll
+    for (int r = 0; r < RL; r++) {
+      R[r] = chunk(base, r);
+      nv[r] = R[r].nfull > g ? min((R[r].nfull - g + G - 1) >> lgG, P.K) : 0;
+      sm_load_full_slots<BWD>(R[r], g, G, nv[r], ra[r], rb[r], pol);
+    }
+    /* each row's statistics, then the reductions of all RL rows at once
+     * (their shuffle chains interleave), then each row's output */
+    sm_stat<Acc> st[RL];
+    Acc m_thread[RL];
+#pragma unroll
+    for (int r = 0; r < RL; r++) {
+      st[r] = sm_thread_stats<BWD, T1, T2, Acc>(ra[r], rb[r], nv[r], (uint4 *)0, (const uint4 *)0, 0, 0, 1, log);
+      m_thread[r] = st[r].m;
+      sm_edges_accumulate<BWD>(RL == 1 ? R[0] : R[r], g, G, st[r], log);
+    }
+    if constexpr (BWD) {
+#pragma unroll
+      for (int r = 0; r < RL; r++) st[r] = sm_group_reduce<BWD>(st[r], G);
+    } else {
+      sm_reduce_max_first<FAST, false>(st, G, log, (Acc(*)[32])nullptr);
+    }
+#pragma unroll
+    for (int r = 0; r < RL; r++) {
+      const sm_chunk<T1, T2> Rr = RL == 1 ? R[0] : chunk(base, r);
+      Acc c0, c1;
+      sm_output_registers<BWD>(Rr, ra[r], rb[r], nv[r], g, G, st[r], m_thread[r], log, c0, c1);
+      sm_edges_output<BWD>(Rr, g, G, log, c0, c1);
+      const int64_t row = base + r * rpw + sub;
+      if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) sm_release_registers<BWD, KR>(Rr, nv[r], g, G);
+    }
   }
 }
 
-template <bool BWD, typename T1, typename T2, typename Acc, int KM, bool AL>
+template <bool BWD, typename T1, typename T2, typename Acc, int KM, bool AL, int RL>
 __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8                 ? 4
                                                    : KM == sm_warp_kmax<BWD, Acc>() ? 6
                                                    : !BWD                           ? 9
@@ -592,8 +630,8 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8             
                                                                                     : 10)
     softmax_rows_in_warp_kernel(sm_row_args P) {
   sm_timeline_start();
-  if (P.log) sm_rows_in_warp<BWD, T1, T2, Acc, KM, AL>(P, 1);
-  else sm_rows_in_warp<BWD, T1, T2, Acc, KM, AL>(P, 0);
+  if (P.log) sm_rows_in_warp<BWD, T1, T2, Acc, KM, AL, RL>(P, 1);
+  else sm_rows_in_warp<BWD, T1, T2, Acc, KM, AL, RL>(P, 0);
   sm_timeline_end();
 }
 
@@ -631,7 +669,11 @@ __device__ __forceinline__ void sm_row_in_cta(const sm_row_args &P, const int lo
     sm_stat<Acc> st = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, nv, (uint4 *)0, (const uint4 *)0, 0, 0, 1, log);
     const Acc m_thread = st.m;
     if constexpr (BWD) st = sm_block_reduce<BWD>(st, 1, red);
-    else st = sm_reduce_max_first<FAST, true>(st, 32, log, red_fwd);
+    else {
+      sm_stat<Acc> one[1] = {st};
+      sm_reduce_max_first<FAST, true>(one, 32, log, red_fwd);
+      st = one[0];
+    }
     Acc c0, c1;
     sm_output_registers<BWD>(R, ra, rb, nv, t, T, st, m_thread, log, c0, c1);
     if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) sm_release_registers<BWD, KM>(R, nv, t, T);

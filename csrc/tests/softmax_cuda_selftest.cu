@@ -62,7 +62,7 @@
 #include "oss.h"
 
 /* Planner knobs of softmax.cu, for tests and tuning only (see there). */
-enum { SM_TEST_KNOBS = 26 };
+enum { SM_TEST_KNOBS = 27 };
 extern "C" int oss_softmax_cuda_test_knobs[SM_TEST_KNOBS];
 
 #define CK(call)                                                                                  \
@@ -541,6 +541,24 @@ static void suite_rows(int quick) {
           const int64_t n = combo_widths[wi];
           check(bwd, (a + o + bwd) & 1, rows_for(n, budget / 4), n, 1, k3[a], k3[o], (a + wi) % 3, o, (o + 1) % 2, wi, 0, 0);
         }
+  /* aligned forward rows of at most 16 slots (the warp tier's rows per
+   * lane): every dtype combination, 1 to 16 slots, rows ending inside a
+   * warp's group, contiguous and strided rows; then (knob 26) every such
+   * row with rows per lane, at most 8 lanes per row (K = 2 with lanes of
+   * one slot at 12 and 15 slots) and 16 (idle lanes) */
+  static const int64_t narrow_widths[] = {8, 24, 64, 96, 120, 128};
+  static const int lanes_knob[] = {0, 8, 16};
+  for (int li = 0; li < 3; li++) {
+    oss_softmax_cuda_test_knobs[26] = lanes_knob[li];
+    for (int wi = 0; wi < 6; wi++)
+      for (int a = 0; a < 3; a++)
+        for (int o = 0; o < 3; o++) {
+          if ((quick || li > 0) && (a + o + wi + li) % 3) continue;
+          const int64_t n = narrow_widths[wi] / (k3[a] == OSS_FLOAT32 ? 2 : 1);
+          check(0, (a + o + wi) & 1, 1000 + 37 * wi, n, 1, k3[a], k3[o], 0, 0, 0, 8 * (wi & 1), 0, 0);
+        }
+  }
+  oss_softmax_cuda_test_knobs[26] = 0;
   static const int64_t f64_widths[] = {1, 7, 128, 255, 1000, 5000, 70001};
   for (int wi = 0; wi < 7; wi++)
     for (int bwd = 0; bwd < 2; bwd++)
