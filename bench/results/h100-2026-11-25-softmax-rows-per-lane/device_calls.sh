@@ -91,3 +91,17 @@ rm -f $OUT/run2/*.png
 timeout $(( 585 - ($(date +%s) - t0) )) python3 scripts/softmax_kernel_durations.py --points fwd:bfloat16:128,fwd:float16:128,fwd:bfloat16:64,fwd:float16:32,bwd:bfloat16:4096,bwd:float16:4096,fwd:float32:4096 --calls 100 --rounds 2 > $OUT/kernel_durations_ba6adf5_2p26.txt 2>&1
 echo "durations rc=$? $(( $(date +%s) - t0 )) s" >> $R
 
+### call 6: sbin/ai6.sh
+#!/bin/bash
+# session ai call 6: the 16-bit backward at 4096 columns (512 slots), chunk kernel (base) against the light one-row-per-CTA tier at 512 x 1 (22=512), 256 x 2 (22=256) and 128 x 4 (22=128), by kernel time - knob build of f35a77d
+export TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 TORCH_OSS_HEAD_DIMS=64 PYTHONUNBUFFERED=1 TORCH_OSS_COMMIT="f35a77d"
+R=$OUT/all.txt
+t0=$(date +%s)
+rm -rf build torch_oss/_C*.so csrc/cuda/generated
+TORCH_OSS_SOFTMAX_KNOBS=1 python3 -m pip install -v --no-build-isolation --no-deps -e . > /tmp/build.log 2>&1 || { echo BUILD FAILED >> $R; tail -50 /tmp/build.log >> $R; exit 1; }
+echo "build $(( $(date +%s) - t0 )) s" >> $R
+timeout 200 python3 scripts/softmax_variants.py --points bwd:bfloat16:4096,bwd:float16:4096 --variants "base;22=512;22=256;22=128" --rounds 5 --kernel-time --kernel-calls 100 > $OUT/variants_bwd4096_2p26.txt 2>&1
+echo "variants 2^26 rc=$? $(( $(date +%s) - t0 )) s" >> $R
+timeout $(( 400 - ($(date +%s) - t0) )) python3 scripts/softmax_variants.py --points bwd:bfloat16:4096,bwd:float16:4096 --variants "base;22=512;22=256" --rounds 3 --size 28 --kernel-time --kernel-calls 40 > $OUT/variants_bwd4096_2p28.txt 2>&1
+echo "variants 2^28 rc=$? $(( $(date +%s) - t0 )) s" >> $R
+
