@@ -562,7 +562,11 @@ __device__ __forceinline__ void sm_timeline_end() {}
  * consecutive rows, and group r's slots are loaded by one instruction, which
  * so covers 32 whole slots of consecutive rows, 512 contiguous bytes (with
  * RL = 1 and G < 8 an instruction touches part of each of 32 / G rows: 64
- * bytes each at G = 4, the 16-bit forward at 128 columns). */
+ * bytes each at G = 4, the 16-bit forward at 128 columns). At the light
+ * kernel's 56 registers RL = 4 spills 24-68 bytes per thread (the four rows'
+ * state through the reductions; RL = 2 does not), measured no slower than a
+ * version without the spill that reduced the rows one after another
+ * (bench/NOTES-softmax.md v34). */
 template <bool BWD, typename T1, typename T2, typename Acc, int KM, bool AL, int RL>
 __device__ __forceinline__ void sm_rows_in_warp(const sm_row_args &P, const int log) {
   static_assert(RL == 1 || (AL && KM % RL == 0), "rows per lane: aligned rows, whole slots per row");
