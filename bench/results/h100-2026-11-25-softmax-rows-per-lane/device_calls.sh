@@ -105,3 +105,17 @@ echo "variants 2^26 rc=$? $(( $(date +%s) - t0 )) s" >> $R
 timeout $(( 400 - ($(date +%s) - t0) )) python3 scripts/softmax_variants.py --points bwd:bfloat16:4096,bwd:float16:4096 --variants "base;22=512;22=256" --rounds 3 --size 28 --kernel-time --kernel-calls 40 > $OUT/variants_bwd4096_2p28.txt 2>&1
 echo "variants 2^28 rc=$? $(( $(date +%s) - t0 )) s" >> $R
 
+### call 7: sbin/ai7.sh
+#!/bin/bash
+# session ai call 7: the 16-bit backward at 4096 columns, the chunk kernel's shapes: base (256 x 2) against 512 x 1 (11=1) and 128 x 4 (11=4), and the first wave's ramp off (25=-1), by kernel time - knob build of 486643e
+export TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 TORCH_OSS_HEAD_DIMS=64 PYTHONUNBUFFERED=1 TORCH_OSS_COMMIT="486643e"
+R=$OUT/all.txt
+t0=$(date +%s)
+rm -rf build torch_oss/_C*.so csrc/cuda/generated
+TORCH_OSS_SOFTMAX_KNOBS=1 python3 -m pip install -v --no-build-isolation --no-deps -e . > /tmp/build.log 2>&1 || { echo BUILD FAILED >> $R; tail -50 /tmp/build.log >> $R; exit 1; }
+echo "build $(( $(date +%s) - t0 )) s" >> $R
+timeout 150 python3 scripts/softmax_variants.py --points bwd:bfloat16:4096,bwd:float16:4096 --variants "base;11=1;11=4;25=-1" --rounds 5 --kernel-time --kernel-calls 100 > $OUT/variants_bwd4096_shapes_2p26.txt 2>&1
+echo "variants 2^26 rc=$? $(( $(date +%s) - t0 )) s" >> $R
+timeout $(( 330 - ($(date +%s) - t0) )) python3 scripts/softmax_variants.py --points bwd:bfloat16:4096 --variants "base;11=1;11=4" --rounds 3 --size 28 --kernel-time --kernel-calls 40 > $OUT/variants_bwd4096_shapes_2p28.txt 2>&1
+echo "variants 2^28 rc=$? $(( $(date +%s) - t0 )) s" >> $R
+
