@@ -11,10 +11,11 @@
  *   at a time and lane g holds slots g, g+G, ... (K <= KM of them) in
  *   registers as raw 16-byte values. KM = 4 or 8 (the 4-slot variant needs
  *   fewer registers, so more warps stay resident for the narrowest rows).
- *   Aligned forward rows of at most 16 slots take RL = KM rows per lane
- *   instead, one slot of each (G = the row's slots rounded up to a power of
- *   two): each load instruction of a warp then covers 512 contiguous bytes
- *   of whole rows, not part of every row of the warp.
+ *   Aligned forward rows of 1, 2, 3, 4, 8 or 16 slots take RL = 2 or 4 rows
+ *   per lane instead, K = 1 or 2 slots of each (G = the row's slots rounded
+ *   up to a power of two, at most 8; the rule is softmax.cu's): each load
+ *   instruction of a warp then covers whole 128-byte lines of consecutive
+ *   rows, not part of each row of the warp.
  *   Reduction: butterfly shuffles inside the group (forward max first,
  *   sm_reduce_max_first).
  *
@@ -557,12 +558,12 @@ __device__ __forceinline__ void sm_timeline_end() {}
  * keeps more warps resident for the narrowest rows: 9 CTAs per SM forward;
  * backward 12 at 40 registers, 10 where the output's element size differs,
  * which spills at 40; the full kernels run 6). RL: rows per lane (RL > 1
- * only aligned, one slot of each row per lane: KM / RL slots of a row, K
- * = 1); the warp's 32 / G * RL rows of an iteration are RL groups of 32 / G
- * consecutive rows, and group r's slots are loaded by one instruction, which
- * so covers 32 whole slots of consecutive rows, 512 contiguous bytes (with
- * RL = 1 and G < 8 an instruction touches part of each of 32 / G rows: 64
- * bytes each at G = 4, the 16-bit forward at 128 columns). At the light
+ * only aligned; K <= KM / RL slots of each row per lane); the warp's 32 / G
+ * * RL rows of an iteration are RL groups of 32 / G consecutive rows, and
+ * group r's k-th slots are loaded by one instruction, which so covers G
+ * consecutive slots (whole lines at G = 8) of each of 32 / G consecutive
+ * rows (with RL = 1 and G < 8 an instruction touches part of each of 32 / G
+ * rows: 64 bytes each at G = 4, the 16-bit forward at 128 columns). At the light
  * kernel's 56 registers RL = 4 spills 24-68 bytes per thread (the four rows'
  * state through the reductions; RL = 2 does not), measured no slower than a
  * version without the spill that reduced the rows one after another
@@ -606,7 +607,7 @@ __device__ __forceinline__ void sm_rows_in_warp(const sm_row_args &P, const int 
     for (int r = 0; r < RL; r++) {
       st[r] = sm_thread_stats<BWD, T1, T2, Acc>(ra[r], rb[r], nv[r], (uint4 *)0, (const uint4 *)0, 0, 0, 1, log);
       m_thread[r] = st[r].m;
-      sm_edges_accumulate<BWD>(RL == 1 ? R[0] : R[r], g, G, st[r], log);
+      sm_edges_accumulate<BWD>(R[r], g, G, st[r], log);
     }
     if constexpr (BWD) {
 #pragma unroll
