@@ -27,13 +27,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
-import torch_oss
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "bench"))
-import common  # noqa: E402
-import softmax_timing_harness as harness  # noqa: E402
 
 
 def load(path):
@@ -56,6 +52,14 @@ def ints(text):
 
 
 def main():
+    # torch_oss and the bench helpers are imported here, not at the top, so
+    # that scripts/softmax_ncu_peers.py can take load() and ints() on a
+    # machine where the extension is not built
+    import common
+    import softmax_timing_harness as harness
+
+    import torch_oss
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/libsoftmax_probe.so")
     ap.add_argument("--bwd", default="1,3,6,15", help="backward variants (--bwd-cols columns)")
