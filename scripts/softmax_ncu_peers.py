@@ -5,8 +5,8 @@ It needs torch and the probe library but not torch_oss, so it runs on a
 machine where the extension is not built; the library's own kernels at the
 same point come from the self-test's `fixed` mode under the same ncu flags
 (bench/NOTES-softmax.md v35). Every result is checked against float64 before
-the profiled launches; a result further off than a bfloat16 output allows
-stops the script.
+the profiled launches (each then runs once more to warm up, once profiled); a
+result further off than a bfloat16 output allows stops the script.
 
     ncu --profile-from-start off --target-processes all --section ... \\
         python3 scripts/softmax_ncu_peers.py --lib sbin/libsoftmax_probe.so --bwd 0,6,15
@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from softmax_probe import ints, load
+from softmax_probe import ints, load, profile_once
 
 BWD_4096 = set(range(10)) | {15, 20, 21, 22, 23}  # softmax_probe_kernels.cu's probe_launch
 
@@ -56,12 +56,7 @@ def main():
         print(f"{name}: max relative error {err:.1e} against float64")
         if not err < 2e-2:
             sys.exit(f"softmax_ncu_peers.py: {name} is off by {err:.1e}")
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for fn in impls.values():
-        fn()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    profile_once(list(impls.values()))
     print("profiled:", ", ".join(impls))
 
 

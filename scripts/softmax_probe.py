@@ -47,14 +47,27 @@ def load(path):
     return launch
 
 
+def profile_once(fns):
+    """Each call once to warm up, then once more between cudaProfilerStart and
+    cudaProfilerStop (for ncu --profile-from-start off)."""
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def ints(text):
     return [int(v) for v in text.split(",") if v]
 
 
 def main():
-    # torch_oss and the bench helpers are imported here, not at the top, so
-    # that scripts/softmax_ncu_peers.py can take load() and ints() on a
-    # machine where the extension is not built
+    # torch_oss and the bench helpers are imported here, not at the top, so that
+    # scripts/softmax_ncu_peers.py can take load(), ints() and profile_once() on
+    # a machine where the extension is not built
     import common
     import softmax_timing_harness as harness
 
@@ -129,14 +142,7 @@ def main():
                 ref = torch._softmax_backward_data(dy.double(), y.double(), -1, torch.float64)
                 nbytes = 3 * x.numel() * x.element_size()
             if args.ncu:
-                for fn in impls.values():
-                    fn()
-                torch.cuda.synchronize()
-                torch.cuda.cudart().cudaProfilerStart()
-                for fn in impls.values():
-                    fn()
-                torch.cuda.synchronize()
-                torch.cuda.cudart().cudaProfilerStop()
+                profile_once(impls.values())
                 continue
             order = list(impls.items())
             for rnd in range(args.rounds):
