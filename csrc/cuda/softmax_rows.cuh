@@ -563,8 +563,8 @@ __device__ __forceinline__ void sm_timeline_end() {}
  * group r's k-th slots are loaded by one instruction, which so covers G
  * consecutive slots (whole lines at G = 8) of each of 32 / G consecutive
  * rows (with RL = 1 and G < 8 an instruction touches part of each of 32 / G
- * rows: 64 bytes each at G = 4, the 16-bit forward at 128 columns). At the light
- * kernel's 56 registers RL = 4 spills 24-68 bytes per thread (the four rows'
+ * rows: 64 bytes each at G = 4, the 16-bit forward at 128 columns). At the
+ * light kernel's 56 registers RL = 4 spills 24-68 bytes per thread (the four rows'
  * state through the reductions; RL = 2 does not), measured no slower than a
  * version without the spill that reduced the rows one after another
  * (bench/NOTES-softmax.md v34). */
