@@ -11,12 +11,14 @@
  * Tiers, chosen here by shape and invisible to the caller:
  *   inner == 1 (rows), counted in 16-byte slots of the input (x or y):
  *     aligned rows of        softmax_row_in_cta_kernel: a row per CTA of
- *     128, 256 or 512 slots  64-512 threads x 2 register slots forward, 1024
- *     forward (16-bit also   x 1 backward; at most 32 registers per thread,
- *     1024), 1024 backward   so 2048 threads per SM (sm_cta_row_threads)
- *     (float statistics)     Also, at 64 registers, the one-CTA plans below
- *                            that hold an aligned row in registers only at
- *                            more than 2 slots per thread
+ *     128, 256 or 512 slots  64-512 threads x 2 register slots (backward
+ *     forward (16-bit also   128-512 x 2, 16-bit 128 slots 128 x 1); at
+ *     1024), 256-1024        most 32 registers per thread, so 2048 threads
+ *     backward (16-bit also  per SM (sm_cta_row_threads). Also the one-CTA
+ *     128) (float stats)     plans below that hold an aligned row in
+ *                            registers only: at more than 2 slots per
+ *                            thread at 64 registers, backward at <= 2 slots
+ *                            in the light footprint
  *     rows up to 4 KB        softmax_rows_in_warp_kernel: G = 1..32 lanes per
  *     (float64: under 4 KB)  row, 4 or 8 slots per lane (two instantiations)
  *     fits one CTA           softmax_row_chunks_kernel, SM_FULL, C = 1: up to
@@ -98,8 +100,8 @@
  * 2 wherever it can hold the row, 3 the same with one slot per thread,
  * 64 .. 1024 (a power of two) there with CTAs of that size; [23] = 1: that tier releases every row, not the window;
  * [24] = 1: one-CTA plans of registers only with more than SM_CTA_ROW_K
- * slots per thread run the chunk kernel, not the light kernel's
- * instantiation at the chunk kernel's register budget;
+ * slots per thread (backward: any) run the chunk kernel, not the light
+ * kernel;
  * [25] the first wave's ramp (sm_first_wave_ramp): -1 off, else its step in
  * % of the computed one (0: the kernel's own, 100 % or 40 %);
  * [26] = 1: the warp tier's aligned forward rows of at most 16 slots keep a
@@ -412,13 +414,19 @@ template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel
  *    the more threads per CTA the more (82.6 at 4096, 75.1 at 8192): every
  *    thread's share of the row's fixed work (reduction, constants,
  *    addresses) is then spread over only 8 elements.
- *  - backward, one slot per thread of 1024: bfloat16 8192 columns 98.2 ->
- *    99.3, float32 4096 100.6 -> 101.8 (two runs). bfloat16 1024 and 4096
- *    tie, two slots per thread lose 1.2 at 4096.
- * Rows of other sizes leave some threads one slot: they keep the other
- * tiers. */
+ *  - backward (v36, since its block sum is one barrier and plain shuffles
+ *    for 16-bit outputs): two slots per thread at 256-1024 slots, one at
+ *    16-bit 128 slots. H200, 2^27 elements, self-test fixed mode, % of
+ *    copy, the plan before (chunk kernel at 2 slots, warp kernel, light
+ *    1024 x 1) -> this one: bfloat16 2048 columns 87.0 -> 100.8, 4096 87.0
+ *    -> 101.0 (512 x 1: 98.5), float32 1024 86.9 -> 103.6, 2048 86.9 ->
+ *    103.4, 4096 95.1 -> 103.2 (1024 x 1: 88.9, its compensated cross-warp
+ *    sum on every warp), bfloat16 1024 97.6 -> 101.1.
+ * Forward rows of other sizes leave some threads one slot: they keep the
+ * other tiers (the backward's chunk plans of registers only at <= 2 slots
+ * per thread run this kernel too, sm_plan_rows). */
 static int64_t sm_cta_row_threads(bool bwd, int64_t es, int64_t nslots) {
-  if (bwd) return nslots == 1024 ? 1024 : 0;
+  if (bwd) return nslots == 256 || nslots == 512 || nslots == 1024 ? nslots / 2 : nslots == 128 && es == 2 ? 128 : 0;
   if (nslots == 1024 && es == 2) return 512;
   return nslots == 128 || nslots == 256 || nslots == 512 ? nslots / SM_CTA_ROW_K : 0;
 }
@@ -645,13 +653,15 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
        * -0.05, 16-bit forward 32768 (512 x 8) +0.2 to +0.3; 2^28: bfloat16
        * backward 32768 +0.12, float32 forward 4096 +0.18. At 2 slots per
        * thread (backward rows of <= 512 slots) the light instantiation lost
-       * (bfloat16 backward 4096 -0.6 at 2^28, float32 2048 -0.4), so those
-       * keep the chunk kernel (bench/NOTES-softmax.md v30; test knob 24 = 1
-       * turns this off) */
-      if (C == 1 && smem_slots == 0 && K > SM_CTA_ROW_K && P->al && sizeof(Acc) == 4 && force == 0 &&
+       * (bfloat16 backward 4096 -0.6 at 2^28, float32 2048 -0.4; v30), but
+       * since the backward's block sum is lean it wins by 14-17 % on the
+       * H200 (sm_cta_row_threads, v36), so backward plans of <= 2 slots per
+       * thread run its light footprint (the forward's keep the chunk
+       * kernel; test knob 24 = 1 turns all of this off) */
+      if (C == 1 && smem_slots == 0 && (K > SM_CTA_ROW_K || BWD) && P->al && sizeof(Acc) == 4 && force == 0 &&
           oss_softmax_cuda_test_knobs[24] != 1) {
         P->kind = SM_PLAN_CTA_ROW;
-        P->km = KREG;
+        P->km = K > SM_CTA_ROW_K ? KREG : SM_CTA_ROW_K;
       }
       /* backward clusters of 16 run the general kernel: aligned, float32
        * 262144 columns lost 1.7-1.8 points of copy (97.2-97.5 against

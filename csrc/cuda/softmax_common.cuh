@@ -561,6 +561,41 @@ template <bool BWD, typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_gro
   return st;
 }
 
+/* Backward sums (hi = st.d, lo = st.m) over the G lanes (a power of two <=
+ * 32) of each aligned lane group, every lane of the warp calling: COMP
+ * merges with sm_merge (TwoSum; a loop, which holds fewer registers), else
+ * plain adds of hi, unrolled (lo stays 0: a
+ * 16-bit output rounds far above a float sum's error; the merge's 8
+ * instructions a step against 2 were much of what a thread of the narrow
+ * backward issued per row, bench/NOTES-softmax.md v35). Both are symmetric
+ * in their operands, so every lane of a group gets the same bits. */
+template <bool COMP, typename Acc> __device__ __forceinline__ void sm_bwd_group_sum(sm_stat<Acc> &st, int G) {
+  if constexpr (COMP) {
+    for (int off = G >> 1; off > 0; off >>= 1) st = sm_merge<true>(st, sm_shfl_xor(st, off));
+  } else {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+      if (off < G) st.d += __shfl_xor_sync(~0u, st.d, off);
+  }
+}
+
+/* The backward sum over the block (blockDim.x a power of two, 32 .. 1024):
+ * each warp's sum goes to red[parity], one barrier, then every warp sums
+ * the nw warps' values itself (each gets the same bits), so there is no
+ * second barrier and no broadcast. A caller that loops over rows alternates
+ * parity: a warp reaches the next row's barrier only after every warp has
+ * read this row's entries, so it never overwrites entries still being read. */
+template <bool COMP, typename Acc>
+__device__ __forceinline__ sm_stat<Acc> sm_block_sum(sm_stat<Acc> st, sm_stat<Acc> (*red)[32], int parity) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  sm_bwd_group_sum<COMP>(st, 32);
+  if (lane == 0) red[parity][warp] = st;
+  __syncthreads();
+  st = red[parity][lane & (nw - 1)];
+  sm_bwd_group_sum<COMP>(st, nw);
+  return st;
+}
+
 /* Block reduction over "thread rows": thread t = ti * TJ + tj (TJ a power of
  * two dividing blockDim.x, blockDim.x a multiple of 32). Every thread gets the
  * merge over ti of the partials of its column tj. TJ == 1 is a plain block

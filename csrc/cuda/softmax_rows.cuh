@@ -21,13 +21,15 @@
  *
  * softmax_row_in_cta_kernel: aligned rows of up to T x KM slots: a row per
  *   CTA, thread t holds slots t, t + T, ... in registers, one block
- *   reduction (the forward's max first), log a constant. Two
- *   instantiations: the light tier, KM = 2 at most 32 registers per thread
- *   (softmax.cu takes it at 128-512 slots forward, 16-bit also 1024, and
- *   1024 backward), and KM = sm_chunk_kreg at 64, which runs the one-CTA
- *   chunk plans that hold a row in registers only at more than 2 slots per
- *   thread (no modes, no shared-memory part: a lighter path than the chunk
- *   kernel's for the same shape).
+ *   reduction (the forward's max first; the backward's sm_block_sum, one
+ *   barrier), log a constant. Two instantiations: the light tier, KM = 2 at
+ *   most 32 registers per thread (softmax.cu takes it at 128-512 slots
+ *   forward, 16-bit also 1024, 256-1024 slots backward, 16-bit also 128, and
+ *   for the backward's one-CTA register plans of <= 2 slots per thread), and
+ *   KM = sm_chunk_kreg at 64, which runs the one-CTA chunk plans that hold a
+ *   row in registers only at more than 2 slots per thread (no modes, no
+ *   shared-memory part: a lighter path than the chunk kernel's for the same
+ *   shape).
  *
  * softmax_row_chunks_kernel: one CTA owns a chunk of S slots of a row: thread
  *   t holds slots t + k*T in registers (k < K <= sm_chunk_kreg) and, when the
@@ -611,7 +613,7 @@ __device__ __forceinline__ void sm_rows_in_warp(const sm_row_args &P, const int 
     }
     if constexpr (BWD) {
 #pragma unroll
-      for (int r = 0; r < RL; r++) st[r] = sm_group_reduce<BWD>(st[r], G);
+      for (int r = 0; r < RL; r++) sm_bwd_group_sum<sm_compensated<FAST, Acc>()>(st[r], G);
     } else {
       sm_reduce_max_first<FAST, false>(st, G, log, (Acc(*)[32])nullptr);
     }
@@ -645,7 +647,8 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8             
 /* Aligned rows (AL) of up to blockDim.x * KM slots: CTA r holds row r (a
  * row-stride loop where fewer CTAs are launched), thread t slots t, t + T,
  * ... in registers, one block reduction (the forward's max first:
- * sm_reduce_max_first). KM = SM_CTA_ROW_K (2) is compiled for at most 32
+ * sm_reduce_max_first; the backward's sm_block_sum, its shared buffer
+ * alternating per row). KM = SM_CTA_ROW_K (2) is compiled for at most 32
  * registers per thread (the backward with an output of another size: 64,
  * where 32 spilled), so 2048 threads per SM stay resident: small CTAs
  * (64-1024 threads) that each live one row, the shape of Triton's fused
@@ -655,7 +658,7 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8             
  * 4 backward) is compiled for 64, the chunk kernel's budget, and runs its
  * register-only one-CTA shapes (v30). */
 template <bool BWD, typename T1, typename T2, typename Acc, int KM>
-__device__ __forceinline__ void sm_row_in_cta(const sm_row_args &P, const int log, sm_stat<Acc> *red,
+__device__ __forceinline__ void sm_row_in_cta(const sm_row_args &P, const int log, sm_stat<Acc> (*red)[32],
                                               Acc (*red_fwd)[32]) {
   constexpr bool FAST = sizeof(T2) == 2;
   const int t = threadIdx.x, T = blockDim.x;
@@ -667,14 +670,17 @@ __device__ __forceinline__ void sm_row_in_cta(const sm_row_args &P, const int lo
   for (int k = 0; k < KM; k++) nv += t + k * T < nslots;
   const unsigned long long pol = sm_l2_policy(P.keep != 0);
   if constexpr (KM > SM_CTA_ROW_K) sm_ramp_wait(P, blockIdx.x);
+  int parity = 0; /* backward: sm_block_sum's buffer */
   for (int64_t row = blockIdx.x; row < P.rows; row += gridDim.x) {
     const sm_chunk<T1, T2> R = sm_chunk_setup<BWD, true, T1, T2>(P, row, 0, (int64_t)T * P.K);
     sm_slot ra[KM], rb[KM];
     sm_load_full_slots<BWD>(R, t, T, nv, ra, rb, pol);
     sm_stat<Acc> st = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, nv, (uint4 *)0, (const uint4 *)0, 0, 0, 1, log);
     const Acc m_thread = st.m;
-    if constexpr (BWD) st = sm_block_reduce<BWD>(st, 1, red);
-    else {
+    if constexpr (BWD) {
+      st = sm_block_sum<sm_compensated<FAST, Acc>()>(st, red, parity);
+      parity ^= 1;
+    } else {
       sm_stat<Acc> one[1] = {st};
       sm_reduce_max_first<FAST, true>(one, 32, log, red_fwd);
       st = one[0];
@@ -689,7 +695,7 @@ template <bool BWD, typename T1, typename T2, typename Acc, int KM>
 __global__ void __launch_bounds__(SM_CHUNK_THREADS, KM > SM_CTA_ROW_K || (BWD && sizeof(T1) != sizeof(T2)) ? 1 : 2)
     softmax_row_in_cta_kernel(sm_row_args P) {
   static_assert(sizeof(Acc) == 4, "float statistics only (float64 keeps the general kernels)");
-  __shared__ sm_stat<Acc> red[SM_CHUNK_THREADS / 32 + 1]; /* backward */
+  __shared__ sm_stat<Acc> red[2][32];                      /* backward (sm_block_sum) */
   __shared__ Acc red_fwd[3][32];                           /* forward (max first) */
   sm_timeline_start();
   if (P.log) sm_row_in_cta<BWD, T1, T2, Acc, KM>(P, 1, red, red_fwd);

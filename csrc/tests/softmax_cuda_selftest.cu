@@ -577,6 +577,25 @@ static void suite_rows(int quick) {
     }
   }
   oss_softmax_cuda_test_knobs[19] = 0;
+  /* the light one-row-per-CTA tier wherever it holds the row (test knob 22
+   * = 2: two slots per thread, 3: one slot, 256: CTAs of 256 threads), every
+   * dtype, the grid also capped at 5 CTAs (knob 10) so each CTA loops over
+   * rows: the backward's block sum alternates its shared buffer per row */
+  static const int64_t light_widths[] = {64, 256, 1000, 2048, 4096, 8192};
+  static const int light_knob[] = {2, 3, 256};
+  for (int li = 0; li < 3; li++)
+    for (int cap = 0; cap < 2; cap++) {
+      oss_softmax_cuda_test_knobs[22] = light_knob[li];
+      oss_softmax_cuda_test_knobs[10] = cap ? 5 : 0;
+      for (int wi = 0; wi < 6; wi++)
+        for (int a = 0; a < 3; a++)
+          for (int bwd = 0; bwd < 2; bwd++) {
+            if (quick && (wi + a + li + cap) % 3) continue;
+            const int o = (a + wi * bwd) % 3; /* the backward also with another output type */
+            check(bwd, (wi + a + cap) & 1, 17 + 4 * wi, light_widths[wi], 1, k3[a], k3[o], 0, 0, 0, 0, 0, 0);
+          }
+    }
+  oss_softmax_cuda_test_knobs[22] = oss_softmax_cuda_test_knobs[10] = 0;
   suite_release_window();
   /* more rows than a grid's y dimension holds (65,535): one CTA per row of the
    * chunk tier, every row in grid.x (aligned, then misaligned rows) */
