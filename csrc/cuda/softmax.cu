@@ -12,10 +12,10 @@
  *   inner == 1 (rows), counted in 16-byte slots of the input (x or y):
  *     aligned rows of        softmax_row_in_cta_kernel: a row per CTA of
  *     128, 256 or 512 slots  64-512 threads x 2 register slots (backward
- *     forward (16-bit also   128-512 x 2, 16-bit 128 slots 128 x 1); at
- *     1024), 256-1024        most 32 registers per thread, so 2048 threads
- *     backward (16-bit also  per SM (sm_cta_row_threads). Also the one-CTA
- *     128) (float stats)     plans below that hold an aligned row in
+ *     forward (16-bit also   128-512 x 2, 64-128 slots x 1); at most 32
+ *     1024), 64-1024         registers per thread, so 2048 threads per SM
+ *     backward               (sm_cta_row_threads). Also the one-CTA
+ *     (float statistics)     plans below that hold an aligned row in
  *                            registers only: at more than 2 slots per
  *                            thread at 64 registers, backward at <= 2 slots
  *                            in the light footprint
@@ -416,17 +416,19 @@ template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel
  *    addresses) is then spread over only 8 elements.
  *  - backward (v36, since its block sum is one barrier and plain shuffles
  *    for 16-bit outputs): two slots per thread at 256-1024 slots, one at
- *    16-bit 128 slots. H200, 2^27 elements, self-test fixed mode, % of
- *    copy, the plan before (chunk kernel at 2 slots, warp kernel, light
- *    1024 x 1) -> this one: bfloat16 2048 columns 87.0 -> 100.8, 4096 87.0
- *    -> 101.0 (512 x 1: 98.5), float32 1024 86.9 -> 103.6, 2048 86.9 ->
- *    103.4, 4096 95.1 -> 103.2 (1024 x 1: 88.9, its compensated cross-warp
- *    sum on every warp), bfloat16 1024 97.6 -> 101.1.
+ *    64 and 128. H200, 2^27 elements, self-test fixed mode, % of copy, the
+ *    plan before (chunk kernel at 2 slots, warp kernel, light 1024 x 1) ->
+ *    this one: bfloat16 2048 columns 87.0 -> 100.8, 4096 87.0 -> 101.0
+ *    (512 x 1: 98.5), 8192 82.0 -> 99.9 (1024 x 1: 92.5), float32 1024
+ *    86.9 -> 103.6, 2048 86.9 -> 103.4, 4096 95.1 -> 103.2 (1024 x 1: 88.9,
+ *    its compensated cross-warp sum on every warp); one slot: bfloat16
+ *    1024 97.6 -> 101.1, float16 97.1 -> 100.6, 16-bit 512 96.9-97.1 ->
+ *    100.2-100.4, float32 512 99.0 -> 101.0, 256 98.9 -> 102.1.
  * Forward rows of other sizes leave some threads one slot: they keep the
  * other tiers (the backward's chunk plans of registers only at <= 2 slots
  * per thread run this kernel too, sm_plan_rows). */
 static int64_t sm_cta_row_threads(bool bwd, int64_t es, int64_t nslots) {
-  if (bwd) return nslots == 256 || nslots == 512 || nslots == 1024 ? nslots / 2 : nslots == 128 && es == 2 ? 128 : 0;
+  if (bwd) return nslots == 256 || nslots == 512 || nslots == 1024 ? nslots / 2 : nslots == 64 || nslots == 128 ? nslots : 0;
   if (nslots == 1024 && es == 2) return 512;
   return nslots == 128 || nslots == 256 || nslots == 512 ? nslots / SM_CTA_ROW_K : 0;
 }

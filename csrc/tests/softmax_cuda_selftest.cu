@@ -1534,9 +1534,13 @@ static void suite_quick(void) {
 static void suite_race(void) {
   for (int bwd = 0; bwd < 2; bwd++) {
     check(bwd, 0, 3, 100, 1, OSS_FLOAT32, OSS_FLOAT32, 1, 0, 0, 1, 0, 0);       /* warp */
-    /* the light one-row-per-CTA tier (aligned rows: forward 128-512 slots, backward 1024) */
+    /* the light one-row-per-CTA tier (aligned rows: forward 128-512 slots, backward 64-1024) */
     check(bwd, 1, 3, bwd ? 8192 : 2048, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
     check(bwd, 0, 3, bwd ? 4096 : 1024, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);
+    oss_softmax_cuda_test_knobs[10] = 2; /* several rows per CTA: the backward's alternating block-sum buffer */
+    check(bwd, 0, 7, 4096, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
+    check(bwd, 1, 7, 8192, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);
+    oss_softmax_cuda_test_knobs[10] = 0;
     check(bwd, 1, 3, 3000, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);    /* one CTA, registers */
     check(bwd, 0, 3, 40000, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);     /* one CTA + shared memory */
     if (bwd) check(1, 1, 3, 30000, 1, OSS_FLOAT16, OSS_FLOAT16, 0, 0, 0, 0, 0, 0); /* 1024 threads, registers */
