@@ -418,11 +418,11 @@ template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel
  *    for 16-bit outputs): two slots per thread at 256-1024 slots, one at
  *    64 and 128. H200, 2^27 elements, self-test fixed mode, % of copy, the
  *    plan before (chunk kernel at 2 slots, warp kernel, light 1024 x 1) ->
- *    this one: bfloat16 2048 columns 87.0 -> 100.8, 4096 87.0 -> 101.0
+ *    this one: bfloat16 2048 columns 87.0 -> 100.8, 4096 86.9 -> 101.0
  *    (512 x 1: 98.5), 8192 82.0 -> 99.9 (1024 x 1: 92.5), float32 1024
  *    86.9 -> 103.6, 2048 86.9 -> 103.4, 4096 95.1 -> 103.2 (1024 x 1: 88.9,
  *    its compensated cross-warp sum on every warp); one slot: bfloat16
- *    1024 97.6 -> 101.1, float16 97.1 -> 100.6, 16-bit 512 96.9-97.1 ->
+ *    1024 97.5 -> 101.1, float16 97.1 -> 100.6, 16-bit 512 96.9-97.1 ->
  *    100.2-100.4, float32 512 99.0 -> 101.0, 256 98.9 -> 102.1.
  * Forward rows of other sizes leave some threads one slot: they keep the
  * other tiers (the backward's chunk plans of registers only at <= 2 slots
