@@ -13,12 +13,13 @@
  *     aligned rows of        softmax_row_in_cta_kernel: a row per CTA of
  *     128, 256 or 512 slots  64-512 threads x 2 register slots (backward
  *     forward (16-bit also   128-512 x 2, 64-128 slots x 1); at most 32
- *     1024), 64-1024         registers per thread, so 2048 threads per SM
- *     backward               (sm_cta_row_threads). Also the one-CTA
- *     (float statistics)     plans below that hold an aligned row in
- *                            registers only: at more than 2 slots per
- *                            thread at 64 registers, backward at <= 2 slots
- *                            in the light footprint
+ *     1024), 1024 backward   registers per thread, so 2048 threads per SM
+ *     (64-512 where memory   (sm_cta_row_threads). Also the one-CTA
+ *     is fast per SM, e.g.   plans below that hold an aligned row in
+ *     the H200; float        registers only: at more than 2 slots per
+ *     statistics)            thread at 64 registers, backward at <= 2 slots
+ *                            in the light footprint (on the H100 not where
+ *                            they fill the CTA)
  *     rows up to 4 KB        softmax_rows_in_warp_kernel: G = 1..32 lanes per
  *     (float64: under 4 KB)  row, 4 or 8 slots per lane (two instantiations)
  *     fits one CTA           softmax_row_chunks_kernel, SM_FULL, C = 1: up to
@@ -398,6 +399,17 @@ template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel
   return NULL;
 }
 
+/* Whether the GPU's DRAM feeds each SM fast enough that a narrow row's
+ * kernel is bound by the instructions it issues rather than by memory: an
+ * H200 (6144-bit HBM3e at 3201 MHz, 4.9 TB/s over 132 SMs, 37 bytes per ns
+ * per SM), not an H100 SXM (3.35 TB/s, 25) or an A100 (19). The
+ * backward's narrow-row plans differ by it (sm_cta_row_threads; measured on
+ * those two GPUs only, bench/NOTES-softmax.md v36); unknown bandwidth
+ * counts as slow. */
+static bool sm_fast_memory_per_sm(const oss_device_info *info) {
+  return info->sm_count > 0 && info->dram_bytes_per_ns >= 30.0 * info->sm_count;
+}
+
 /* The CTA size with which the light one-row-per-CTA tier takes an aligned
  * row of nslots slots of es-byte input by default; 0: it does not. H100,
  * 2^26 elements, % of copy, five rounds each, the other tiers' plan -> this
@@ -424,11 +436,22 @@ template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel
  *    its compensated cross-warp sum on every warp); one slot: bfloat16
  *    1024 97.5 -> 101.1, float16 97.1 -> 100.6, 16-bit 512 96.9-97.1 ->
  *    100.2-100.4, float32 512 99.0 -> 101.0, 256 98.9 -> 102.1.
+ *    On the H100 (the same A/B at 2^26 and 2^27) the narrower rows lose a
+ *    little: 2 slots per thread at 256 and 512 slots 0.3-1.5 points against
+ *    the chunk kernel (bfloat16 4096 99.4 -> 98.2 at 2^26), one slot at 64
+ *    and 128 0.2-0.6 against the warp kernel, while 1024 slots gain
+ *    (bfloat16 8192 98.4-98.9 -> 100.1 at 2^27; float32 4096 loses 1.0).
+ *    So rows of 64-512 slots take it only where the memory is fast for the
+ *    SMs' issue rate (sm_fast_memory_per_sm: the H200, not the H100).
  * Forward rows of other sizes leave some threads one slot: they keep the
  * other tiers (the backward's chunk plans of registers only at <= 2 slots
  * per thread run this kernel too, sm_plan_rows). */
-static int64_t sm_cta_row_threads(bool bwd, int64_t es, int64_t nslots) {
-  if (bwd) return nslots == 256 || nslots == 512 || nslots == 1024 ? nslots / 2 : nslots == 64 || nslots == 128 ? nslots : 0;
+static int64_t sm_cta_row_threads(bool bwd, int64_t es, int64_t nslots, bool fast_memory) {
+  if (bwd) {
+    if (nslots == 1024) return 512;
+    if (!fast_memory) return 0;
+    return nslots == 256 || nslots == 512 ? nslots / 2 : nslots == 64 || nslots == 128 ? nslots : 0;
+  }
   if (nslots == 1024 && es == 2) return 512;
   return nslots == 128 || nslots == 256 || nslots == 512 ? nslots / SM_CTA_ROW_K : 0;
 }
@@ -486,7 +509,8 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
    * wherever it fits with T = nslots / SM_CTA_ROW_K or nslots rounded up to
    * a power of two, at least 64, or with the T it gives) */
   const int light = oss_softmax_cuda_test_knobs[22];
-  const int64_t light_t = sm_cta_row_threads(BWD, es, nslots);
+  const bool fast_memory = sm_fast_memory_per_sm(info);
+  const int64_t light_t = sm_cta_row_threads(BWD, es, nslots, fast_memory);
   if (sizeof(Acc) == 4 && P->al && force == 0 && light != 1 && (light >= 2 || light_t > 0)) {
     int64_t T = light >= 64 ? light
                 : light == 2 ? sm_pow2_ceil(sm_cdiv(nslots, SM_CTA_ROW_K))
@@ -657,11 +681,17 @@ static oss_status sm_plan_rows(const sm_job *J, const oss_device_info *info, cud
        * thread (backward rows of <= 512 slots) the light instantiation lost
        * (bfloat16 backward 4096 -0.6 at 2^28, float32 2048 -0.4; v30), but
        * since the backward's block sum is lean it wins by 14-17 % on the
-       * H200 (sm_cta_row_threads, v36), so backward plans of <= 2 slots per
-       * thread run its light footprint (the forward's keep the chunk
-       * kernel; test knob 24 = 1 turns all of this off) */
-      if (C == 1 && smem_slots == 0 && (K > SM_CTA_ROW_K || BWD) && P->al && sizeof(Acc) == 4 && force == 0 &&
-          oss_softmax_cuda_test_knobs[24] != 1) {
+       * H200 (sm_cta_row_threads, v36), and on both GPUs where the CTA's
+       * slots are not all filled (H100, 2^27: bfloat16 3000 columns, 375
+       * slots on 256 x 2, 89.8 -> 99.8-100.0 % of copy; float32 1500 90.3
+       * -> 101.2-101.4; H200 69.9 -> 100.1 and 102.4), so backward plans of
+       * <= 2 slots per thread run its light footprint, except full ones
+       * where the memory is slow for the SMs (sm_fast_memory_per_sm: on the
+       * H100 those keep the chunk kernel, 0.3-1.5 points ahead). The
+       * forward's keep the chunk kernel; test knob 24 = 1 turns all of this
+       * off */
+      if (C == 1 && smem_slots == 0 && (K > SM_CTA_ROW_K || (BWD && (fast_memory || T * K != nslots))) && P->al &&
+          sizeof(Acc) == 4 && force == 0 && oss_softmax_cuda_test_knobs[24] != 1) {
         P->kind = SM_PLAN_CTA_ROW;
         P->km = K > SM_CTA_ROW_K ? KREG : SM_CTA_ROW_K;
       }

@@ -24,8 +24,9 @@
  *   reduction (the forward's max first; the backward's sm_block_sum, one
  *   barrier), log a constant. Two instantiations: the light tier, KM = 2 at
  *   most 32 registers per thread (softmax.cu takes it at 128-512 slots
- *   forward, 16-bit also 1024, 64-1024 slots backward, and
- *   for the backward's one-CTA register plans of <= 2 slots per thread), and
+ *   forward, 16-bit also 1024, 1024 slots backward, 64-512 too where the
+ *   memory is fast per SM, and for most of the backward's one-CTA register
+ *   plans of <= 2 slots per thread), and
  *   KM = sm_chunk_kreg at 64, which runs the one-CTA chunk plans that hold a
  *   row in registers only at more than 2 slots per thread (no modes, no
  *   shared-memory part: a lighter path than the chunk kernel's for the same
