@@ -85,3 +85,51 @@ export TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 TORCH_OSS_HEAD_DIMS=64; t0=$(date +
 
 ### call 5: the command as sent (same warm machine and build)
 export PYTHONUNBUFFERED=1 TORCH_OSS_COMMIT=456cf7c; t0=$(date +%s); mkdir -p $OUT/run2; TORCH_OSS_RESULTS=$OUT/run2 timeout 200 python3 bench/softmax.py --rounds 3 > $OUT/bench_run2.log 2>&1; echo "bench rc=$? $(( $(date +%s) - t0 )) s"; timeout $(( 330 - ($(date +%s) - t0) )) python3 scripts/softmax_kernel_durations.py --points bwd:bfloat16:4096,bwd:float16:4096,bwd:float32:1024,bwd:float32:4096,bwd:bfloat16:128,bwd:bfloat16:8192 --calls 50 --rounds 2 > $OUT/kernel_durations_2p26.txt 2>&1; echo "durations rc=$? $(( $(date +%s) - t0 )) s"
+
+### call 6 (H100): sbin/ak6.sh
+#!/bin/bash
+# session ak call 6 (H100): the self-test's fixed mode at 2^26 and 2^27, sbin/sm_old (3eda713) against
+# sbin/sm (456cf7c), interleaved twice, at the backward points whose plan changed (no extension build).
+export PYTHONUNBUFFERED=1
+R=$OUT/all.txt
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv >> $R
+PTS="bwd:bf16:4096 bwd:f16:4096 bwd:f32:1024 bwd:f32:2048 bwd:f32:4096 bwd:bf16:2048 bwd:bf16:1024 bwd:f16:1024 bwd:bf16:512 bwd:f32:512 bwd:f32:256 bwd:bf16:8192 bwd:bf16:3000 bwd:f32:1500 bwd:bf16:128 bwd:f32:128 bwd:bf16:32768 fwd:bf16:4096"
+for pass in 1 2; do
+  FIXED_SIZES=26,27 timeout 100 ./sbin/sm_old fixed $PTS > $OUT/fixed_old_$pass.txt 2>&1
+  echo "old pass $pass rc=$? $(( $(date +%s) - t0 )) s" >> $R
+  FIXED_SIZES=26,27 timeout 100 ./sbin/sm fixed $PTS > $OUT/fixed_new_$pass.txt 2>&1
+  echo "new pass $pass rc=$? $(( $(date +%s) - t0 )) s" >> $R
+done
+
+### calls 7 and 8 (both H100; call 8 asked for an H200 and was given the warm H100): sbin/ak7.sh, call 8 with PTS="bwd:bf16:4096 bwd:f32:1024 bwd:bf16:1024 bwd:bf16:512 bwd:bf16:8192 bwd:bf16:3000" QUICK_S=100
+#!/bin/bash
+# session ak calls 7 (H100) and 8 (H200): the memory-keyed backward plans (sm_fast_memory_per_sm) - the
+# self-test's fixed mode at 2^26 and 2^27, sbin/sm_old (3eda713) against sbin/sm (the tree after 6fdf2b0),
+# interleaved twice, with each new plan printed; then the self-test's quick check.
+export PYTHONUNBUFFERED=1
+R=$OUT/all.txt
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv >> $R
+PTS=${PTS:-"bwd:bf16:4096 bwd:f16:4096 bwd:f32:1024 bwd:f32:2048 bwd:f32:4096 bwd:bf16:2048 bwd:bf16:1024 bwd:bf16:512 bwd:f32:512 bwd:bf16:8192 bwd:bf16:3000 bwd:f32:1500"}
+for pass in 1 2; do
+  FIXED_SIZES=26,27 timeout 100 ./sbin/sm_old fixed $PTS > $OUT/fixed_old_$pass.txt 2>&1
+  echo "old pass $pass rc=$? $(( $(date +%s) - t0 )) s" >> $R
+  FIXED_SIZES=26,27 timeout 100 ./sbin/sm fixed $PTS > $OUT/fixed_new_$pass.txt 2>&1
+  echo "new pass $pass rc=$? $(( $(date +%s) - t0 )) s" >> $R
+done
+grep "^plan bwd: [a-z]" $OUT/fixed_new_1.txt | cut -c1-60 >> $R
+timeout ${QUICK_S:-150} ./sbin/sm quick > $OUT/quick.txt 2>&1
+echo "quick rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 $OUT/quick.txt)" >> $R
+grep -m5 "^FAIL" $OUT/quick.txt >> $R
+
+### sbin/summ.py (the summaries: % of copy per pass, new / old)
+import os,re,collections,sys
+out=sys.argv[1]; d=collections.defaultdict(list)
+for f in sorted(os.listdir(out)):
+    if not f.startswith('fixed_'): continue
+    tag=f.split('_')[1]
+    for line in open(os.path.join(out,f)):
+        m=re.match(r'fixed (\S+)\s+2\^(\d+):\s+([\d.]+) us\s+([\d.]+)%',line)
+        if m and m.group(1)!='copy': d[(m.group(1),m.group(2))].append((tag,float(m.group(3)),float(m.group(4))))
+for k in d: print(k[0],k[1],' '.join(f"{t}:{p:.1f}" for t,us,p in d[k]))
