@@ -564,11 +564,11 @@ template <bool BWD, typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_gro
 /* Backward sums (hi = st.d, lo = st.m) over the G lanes (a power of two <=
  * 32) of each aligned lane group, every lane of the warp calling: COMP
  * merges with sm_merge (TwoSum; a loop, which holds fewer registers), else
- * plain adds of hi, unrolled (lo stays 0: a
- * 16-bit output rounds far above a float sum's error; the merge's 8
- * instructions a step against 2 were much of what a thread of the narrow
- * backward issued per row, bench/NOTES-softmax.md v35). Both are symmetric
- * in their operands, so every lane of a group gets the same bits. */
+ * plain adds of hi, unrolled (lo stays 0: a 16-bit output rounds far above
+ * a float sum's error; the merge's 8 instructions a step against 2 were
+ * much of what a thread of the narrow backward issued per row,
+ * bench/NOTES-softmax.md v35). Both are symmetric in their operands, so
+ * every lane of a group gets the same bits. */
 template <bool COMP, typename Acc> __device__ __forceinline__ void sm_bwd_group_sum(sm_stat<Acc> &st, int G) {
   if constexpr (COMP) {
     for (int off = G >> 1; off > 0; off >>= 1) st = sm_merge<true>(st, sm_shfl_xor(st, off));

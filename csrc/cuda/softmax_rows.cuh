@@ -26,11 +26,10 @@
  *   most 32 registers per thread (softmax.cu takes it at 128-512 slots
  *   forward, 16-bit also 1024, 1024 slots backward, 64-512 too where the
  *   memory is fast per SM, and for most of the backward's one-CTA register
- *   plans of <= 2 slots per thread), and
- *   KM = sm_chunk_kreg at 64, which runs the one-CTA chunk plans that hold a
- *   row in registers only at more than 2 slots per thread (no modes, no
- *   shared-memory part: a lighter path than the chunk kernel's for the same
- *   shape).
+ *   plans of <= 2 slots per thread), and KM = sm_chunk_kreg at 64, which
+ *   runs the one-CTA chunk plans that hold a row in registers only at more
+ *   than 2 slots per thread (no modes, no shared-memory part: a lighter
+ *   path than the chunk kernel's for the same shape).
  *
  * softmax_row_chunks_kernel: one CTA owns a chunk of S slots of a row: thread
  *   t holds slots t + k*T in registers (k < K <= sm_chunk_kreg) and, when the
