@@ -197,6 +197,24 @@ __device__ __forceinline__ sm_chunk<T1, T2> sm_chunk_setup(const sm_row_args &P,
   return R;
 }
 
+/* An aligned chunk's pointers moved to its full slot m, and made opaque to
+ * the compiler, so that slot m + k * step of each tensor is that pointer
+ * plus k * step slots. Without it, the light kernel (held to 32 registers)
+ * recomputed row x stride for each slot and tensor, 7 instructions per
+ * address. */
+template <typename T1, typename T2>
+__device__ __forceinline__ sm_chunk<T1, T2> sm_chunk_at_slot(sm_chunk<T1, T2> R, int m) {
+  constexpr int VEC = sm_vec<T1>();
+  unsigned long long a = (unsigned long long)(R.a0 + R.f0 + m * VEC), b = (unsigned long long)(R.b0 + R.f0 + m * VEC),
+                     o = (unsigned long long)(R.out0 + R.f0 + m * VEC);
+  asm("" : "+l"(a), "+l"(b), "+l"(o));
+  R.a0 = (const T1 *)a;
+  R.b0 = (const T1 *)b;
+  R.out0 = (T2 *)o;
+  R.f0 = 0;
+  return R;
+}
+
 template <typename T1, typename T2> __device__ __forceinline__ int sm_edge_index(const sm_chunk<T1, T2> &R, int e) {
   return e < R.hlen ? R.lo + e : R.tstart + (e - R.hlen);
 }
@@ -505,6 +523,19 @@ __device__ __forceinline__ void sm_release_registers(const sm_chunk<T1, T2> &R, 
     if (k < nv) sm_release_slot<BWD>(R, first + k * step);
 }
 
+/* The same for an aligned row, its pointers formed anew (from the strides in
+ * bytes, unlike sm_chunk_setup): where the loads went through
+ * sm_chunk_at_slot, the compiler would otherwise hold their pointers through
+ * the row, spilled, for this branch that only the release window takes. */
+template <bool BWD, int KM, typename T1, typename T2>
+__device__ __forceinline__ void sm_release_aligned_row(const sm_row_args &P, int64_t row, int nv, int first,
+                                                       int step) {
+  sm_chunk<T1, T2> R{};
+  R.a0 = (const T1 *)((const char *)P.a + row * (P.so_a * (int64_t)sizeof(T1)));
+  R.b0 = BWD ? (const T1 *)((const char *)P.b + row * (P.so_b * (int64_t)sizeof(T1))) : R.a0;
+  sm_release_registers<BWD, KM>(R, nv, first, step);
+}
+
 __device__ __forceinline__ unsigned long long sm_globaltimer_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
@@ -591,6 +622,9 @@ __device__ __forceinline__ void sm_rows_in_warp(const sm_row_args &P, const int 
     if (row >= P.rows) c.nfull = c.ne = 0;
     return c;
   };
+  /* aligned rows (no edges): the row from the lane's first slot, so that
+   * slot k is that pointer plus k * G (sm_chunk_at_slot) */
+  auto at_lane = [&](const sm_chunk<T1, T2> &c) { return AL ? sm_chunk_at_slot(c, g) : c; };
   for (int64_t base = warp0 * rpw * RL; base < P.rows; base += wstride * rpw * RL) {
     sm_chunk<T1, T2> R[RL];
     int nv[RL];
@@ -599,7 +633,7 @@ __device__ __forceinline__ void sm_rows_in_warp(const sm_row_args &P, const int 
     for (int r = 0; r < RL; r++) {
       R[r] = chunk(base, r);
       nv[r] = R[r].nfull > g ? min((R[r].nfull - g + G - 1) >> lgG, P.K) : 0;
-      sm_load_full_slots<BWD>(R[r], g, G, nv[r], ra[r], rb[r], pol);
+      sm_load_full_slots<BWD>(at_lane(R[r]), AL ? 0 : g, G, nv[r], ra[r], rb[r], pol);
     }
     /* each row's statistics, then the reductions of all RL rows at once
      * (their shuffle chains interleave), then each row's output */
@@ -621,10 +655,13 @@ __device__ __forceinline__ void sm_rows_in_warp(const sm_row_args &P, const int 
     for (int r = 0; r < RL; r++) {
       const sm_chunk<T1, T2> Rr = RL == 1 ? R[0] : chunk(base, r);
       Acc c0, c1;
-      sm_output_registers<BWD>(Rr, ra[r], rb[r], nv[r], g, G, st[r], m_thread[r], log, c0, c1);
+      sm_output_registers<BWD>(at_lane(Rr), ra[r], rb[r], nv[r], AL ? 0 : g, G, st[r], m_thread[r], log, c0, c1);
       sm_edges_output<BWD>(Rr, g, G, log, c0, c1);
       const int64_t row = base + r * rpw + sub;
-      if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) sm_release_registers<BWD, KR>(Rr, nv[r], g, G);
+      if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) {
+        if constexpr (AL) sm_release_aligned_row<BWD, KR, T1, T2>(P, row, nv[r], g, G);
+        else sm_release_registers<BWD, KR>(Rr, nv[r], g, G);
+      }
     }
   }
 }
@@ -672,9 +709,10 @@ __device__ __forceinline__ void sm_row_in_cta(const sm_row_args &P, const int lo
   if constexpr (KM > SM_CTA_ROW_K) sm_ramp_wait(P, blockIdx.x);
   int parity = 0; /* backward: sm_block_sum's buffer */
   for (int64_t row = blockIdx.x; row < P.rows; row += gridDim.x) {
-    const sm_chunk<T1, T2> R = sm_chunk_setup<BWD, true, T1, T2>(P, row, 0, (int64_t)T * P.K);
+    /* the row from the thread's first slot: slot k is R's plus k * T */
+    const sm_chunk<T1, T2> R = sm_chunk_at_slot(sm_chunk_setup<BWD, true, T1, T2>(P, row, 0, (int64_t)T * P.K), t);
     sm_slot ra[KM], rb[KM];
-    sm_load_full_slots<BWD>(R, t, T, nv, ra, rb, pol);
+    sm_load_full_slots<BWD>(R, 0, T, nv, ra, rb, pol);
     sm_stat<Acc> st = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, nv, (uint4 *)0, (const uint4 *)0, 0, 0, 1, log);
     const Acc m_thread = st.m;
     if constexpr (BWD) {
@@ -686,8 +724,8 @@ __device__ __forceinline__ void sm_row_in_cta(const sm_row_args &P, const int lo
       st = one[0];
     }
     Acc c0, c1;
-    sm_output_registers<BWD>(R, ra, rb, nv, t, T, st, m_thread, log, c0, c1);
-    if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) sm_release_registers<BWD, KM>(R, nv, t, T);
+    sm_output_registers<BWD>(R, ra, rb, nv, 0, T, st, m_thread, log, c0, c1);
+    if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) sm_release_aligned_row<BWD, KM, T1, T2>(P, row, nv, t, T);
   }
 }
 
