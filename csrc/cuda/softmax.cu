@@ -440,15 +440,17 @@ static bool sm_fast_memory_per_sm(const oss_device_info *info) {
  *    little: 2 slots per thread at 256 and 512 slots 0.3-1.5 points against
  *    the chunk kernel (bfloat16 4096 99.4 -> 98.2 at 2^26), one slot at 64
  *    and 128 0.2-0.6 against the warp kernel, while 1024 slots gain
- *    (bfloat16 8192 98.4-98.9 -> 100.1 at 2^27; float32 4096 loses 1.0).
- *    So rows of 64-512 slots take it only where the memory is fast for the
- *    SMs' issue rate (sm_fast_memory_per_sm: the H200, not the H100).
+ *    (bfloat16 8192 98.4-98.9 -> 100.1 at 2^27), except for float32, where
+ *    1024 x 1 stays ahead of 512 x 2 (4096 columns, 2^27: 102.4 against
+ *    101.1; 256 x 4 101.7; v37). So rows of 64-512 slots, and float32 rows of
+ *    1024 at 2 slots per thread, take it only where the memory is fast for
+ *    the SMs' issue rate (sm_fast_memory_per_sm: the H200, not the H100).
  * Forward rows of other sizes leave some threads one slot: they keep the
  * other tiers (the backward's chunk plans of registers only at <= 2 slots
  * per thread run this kernel too, sm_plan_rows). */
 static int64_t sm_cta_row_threads(bool bwd, int64_t es, int64_t nslots, bool fast_memory) {
   if (bwd) {
-    if (nslots == 1024) return 512;
+    if (nslots == 1024) return es == 2 || fast_memory ? 512 : 1024;
     if (!fast_memory) return 0;
     return nslots == 256 || nslots == 512 ? nslots / 2 : nslots == 64 || nslots == 128 ? nslots : 0;
   }
