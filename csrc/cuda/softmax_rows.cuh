@@ -199,9 +199,15 @@ __device__ __forceinline__ sm_chunk<T1, T2> sm_chunk_setup(const sm_row_args &P,
 
 /* An aligned chunk's pointers moved to its full slot m, and made opaque to
  * the compiler, so that slot m + k * step of each tensor is that pointer
- * plus k * step slots. Without it, the light kernel (held to 32 registers)
- * recomputed row x stride for each slot and tensor, 7 instructions per
- * address. */
+ * plus k * step slots. Without it the compiler recomputes row x stride for
+ * each slot and tensor, 7 instructions per address. The forward of the warp
+ * and light kernels uses it: 5-19 % fewer instructions per row (sm_90a
+ * SASS), and on the H200 +0.4 to +1.5 points of copy (float16 512 columns
+ * 96.6 -> 98.1 %, bfloat16 8192 94.8 -> 95.9), on the H100 0 to +0.5. The
+ * backward issued 4-18 % fewer instructions with it too, yet on the H200 it
+ * lost 0.4-6.7 points (bfloat16 128 columns 97.9 -> 91.2, 1024 101.1 ->
+ * 95.3) and on the H100 up to 0.6 (float32 4096 columns 101.7 -> 101.1),
+ * so it does not (bench/NOTES-softmax.md v37). */
 template <typename T1, typename T2>
 __device__ __forceinline__ sm_chunk<T1, T2> sm_chunk_at_slot(sm_chunk<T1, T2> R, int m) {
   constexpr int VEC = sm_vec<T1>();
@@ -622,9 +628,10 @@ __device__ __forceinline__ void sm_rows_in_warp(const sm_row_args &P, const int 
     if (row >= P.rows) c.nfull = c.ne = 0;
     return c;
   };
-  /* aligned rows (no edges): the row from the lane's first slot, so that
-   * slot k is that pointer plus k * G (sm_chunk_at_slot) */
-  auto at_lane = [&](const sm_chunk<T1, T2> &c) { return AL ? sm_chunk_at_slot(c, g) : c; };
+  /* aligned forward rows (no edges): the row from the lane's first slot, so
+   * that slot k is that pointer plus k * G (sm_chunk_at_slot; the backward
+   * lost with it) */
+  constexpr bool AT = AL && !BWD;
   for (int64_t base = warp0 * rpw * RL; base < P.rows; base += wstride * rpw * RL) {
     sm_chunk<T1, T2> R[RL];
     int nv[RL];
@@ -633,7 +640,8 @@ __device__ __forceinline__ void sm_rows_in_warp(const sm_row_args &P, const int 
     for (int r = 0; r < RL; r++) {
       R[r] = chunk(base, r);
       nv[r] = R[r].nfull > g ? min((R[r].nfull - g + G - 1) >> lgG, P.K) : 0;
-      sm_load_full_slots<BWD>(at_lane(R[r]), AL ? 0 : g, G, nv[r], ra[r], rb[r], pol);
+      if constexpr (AT) sm_load_full_slots<BWD>(sm_chunk_at_slot(R[r], g), 0, G, nv[r], ra[r], rb[r], pol);
+      else sm_load_full_slots<BWD>(R[r], g, G, nv[r], ra[r], rb[r], pol);
     }
     /* each row's statistics, then the reductions of all RL rows at once
      * (their shuffle chains interleave), then each row's output */
@@ -655,11 +663,13 @@ __device__ __forceinline__ void sm_rows_in_warp(const sm_row_args &P, const int 
     for (int r = 0; r < RL; r++) {
       const sm_chunk<T1, T2> Rr = RL == 1 ? R[0] : chunk(base, r);
       Acc c0, c1;
-      sm_output_registers<BWD>(at_lane(Rr), ra[r], rb[r], nv[r], AL ? 0 : g, G, st[r], m_thread[r], log, c0, c1);
+      if constexpr (AT)
+        sm_output_registers<BWD>(sm_chunk_at_slot(Rr, g), ra[r], rb[r], nv[r], 0, G, st[r], m_thread[r], log, c0, c1);
+      else sm_output_registers<BWD>(Rr, ra[r], rb[r], nv[r], g, G, st[r], m_thread[r], log, c0, c1);
       sm_edges_output<BWD>(Rr, g, G, log, c0, c1);
       const int64_t row = base + r * rpw + sub;
       if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) {
-        if constexpr (AL) sm_release_aligned_row<BWD, KR, T1, T2>(P, row, nv[r], g, G);
+        if constexpr (AT) sm_release_aligned_row<BWD, KR, T1, T2>(P, row, nv[r], g, G);
         else sm_release_registers<BWD, KR>(Rr, nv[r], g, G);
       }
     }
@@ -708,11 +718,15 @@ __device__ __forceinline__ void sm_row_in_cta(const sm_row_args &P, const int lo
   const unsigned long long pol = sm_l2_policy(P.keep != 0);
   if constexpr (KM > SM_CTA_ROW_K) sm_ramp_wait(P, blockIdx.x);
   int parity = 0; /* backward: sm_block_sum's buffer */
+  /* forward: the row from the thread's first slot, so that slot k is R's
+   * plus k * T (sm_chunk_at_slot; the backward lost with it) */
+  constexpr bool AT = !BWD;
+  const int first = AT ? 0 : t;
   for (int64_t row = blockIdx.x; row < P.rows; row += gridDim.x) {
-    /* the row from the thread's first slot: slot k is R's plus k * T */
-    const sm_chunk<T1, T2> R = sm_chunk_at_slot(sm_chunk_setup<BWD, true, T1, T2>(P, row, 0, (int64_t)T * P.K), t);
+    const sm_chunk<T1, T2> R0 = sm_chunk_setup<BWD, true, T1, T2>(P, row, 0, (int64_t)T * P.K);
+    const sm_chunk<T1, T2> R = AT ? sm_chunk_at_slot(R0, t) : R0;
     sm_slot ra[KM], rb[KM];
-    sm_load_full_slots<BWD>(R, 0, T, nv, ra, rb, pol);
+    sm_load_full_slots<BWD>(R, first, T, nv, ra, rb, pol);
     sm_stat<Acc> st = sm_thread_stats<BWD, T1, T2, Acc>(ra, rb, nv, (uint4 *)0, (const uint4 *)0, 0, 0, 1, log);
     const Acc m_thread = st.m;
     if constexpr (BWD) {
@@ -724,8 +738,11 @@ __device__ __forceinline__ void sm_row_in_cta(const sm_row_args &P, const int lo
       st = one[0];
     }
     Acc c0, c1;
-    sm_output_registers<BWD>(R, ra, rb, nv, 0, T, st, m_thread, log, c0, c1);
-    if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) sm_release_aligned_row<BWD, KM, T1, T2>(P, row, nv, t, T);
+    sm_output_registers<BWD>(R, ra, rb, nv, first, T, st, m_thread, log, c0, c1);
+    if (P.keep == 1 && row >= P.release_lo && row < P.release_hi) {
+      if constexpr (AT) sm_release_aligned_row<BWD, KM, T1, T2>(P, row, nv, t, T);
+      else sm_release_registers<BWD, KM>(R0, nv, t, T);
+    }
   }
 }
 
