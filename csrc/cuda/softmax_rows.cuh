@@ -207,7 +207,11 @@ __device__ __forceinline__ sm_chunk<T1, T2> sm_chunk_setup(const sm_row_args &P,
  * backward issued 4-18 % fewer instructions with it too, yet on the H200 it
  * lost 0.4-6.7 points (bfloat16 128 columns 97.9 -> 91.2, 1024 101.1 ->
  * 95.3) and on the H100 up to 0.6 (float32 4096 columns 101.7 -> 101.1),
- * so it does not (bench/NOTES-softmax.md v37). */
+ * so it does not: by Nsight Compute on the H200, ptxas spilled one or two
+ * more registers per thread there, and in CTAs that live one row each
+ * thread's local store is L2 write traffic beside the stream (the warp
+ * kernel at 128 columns: 0 -> 1,048,576 spill requests, 191 -> 206 us;
+ * bench/NOTES-softmax.md v37). */
 template <typename T1, typename T2>
 __device__ __forceinline__ sm_chunk<T1, T2> sm_chunk_at_slot(sm_chunk<T1, T2> R, int m) {
   constexpr int VEC = sm_vec<T1>();
@@ -628,10 +632,11 @@ __device__ __forceinline__ void sm_rows_in_warp(const sm_row_args &P, const int 
     if (row >= P.rows) c.nfull = c.ne = 0;
     return c;
   };
-  /* aligned forward rows (no edges): the row from the lane's first slot, so
-   * that slot k is that pointer plus k * G (sm_chunk_at_slot; the backward
-   * lost with it) */
-  constexpr bool AT = AL && !BWD;
+  /* aligned forward rows (no edges), one row per lane: the row from the
+   * lane's first slot, so that slot k is that pointer plus k * G
+   * (sm_chunk_at_slot; the backward lost with it, and with several rows per
+   * lane it spilled 16-40 bytes more per thread) */
+  constexpr bool AT = AL && !BWD && RL == 1;
   for (int64_t base = warp0 * rpw * RL; base < P.rows; base += wstride * rpw * RL) {
     sm_chunk<T1, T2> R[RL];
     int nv[RL];
@@ -712,9 +717,6 @@ __device__ __forceinline__ void sm_row_in_cta(const sm_row_args &P, const int lo
   /* the row is n / VEC <= T * KM whole slots (the launch checks), so the
    * thread's slots t, t + T, ... are simply those below that */
   const int nslots = (int)(P.n / sm_vec<T1>());
-  int nv = 0;
-#pragma unroll
-  for (int k = 0; k < KM; k++) nv += t + k * T < nslots;
   const unsigned long long pol = sm_l2_policy(P.keep != 0);
   if constexpr (KM > SM_CTA_ROW_K) sm_ramp_wait(P, blockIdx.x);
   int parity = 0; /* backward: sm_block_sum's buffer */
@@ -723,6 +725,12 @@ __device__ __forceinline__ void sm_row_in_cta(const sm_row_args &P, const int lo
   constexpr bool AT = !BWD;
   const int first = AT ? 0 : t;
   for (int64_t row = blockIdx.x; row < P.rows; row += gridDim.x) {
+    /* the thread's slot count, per row: held across rows, ptxas spilled it
+     * (one local store per thread, which a CTA that lives one row pays in
+     * L2 traffic; bench/NOTES-softmax.md v37) */
+    int nv = 0;
+#pragma unroll
+    for (int k = 0; k < KM; k++) nv += t + k * T < nslots;
     const sm_chunk<T1, T2> R0 = sm_chunk_setup<BWD, true, T1, T2>(P, row, 0, (int64_t)T * P.K);
     const sm_chunk<T1, T2> R = AT ? sm_chunk_at_slot(R0, t) : R0;
     sm_slot ra[KM], rb[KM];
