@@ -107,3 +107,48 @@ for tk in "tests/test_softmax.py:cuda" "tests/test_errors.py:cuda" "tests/test_p
   grep -E "^(FAILED|ERROR)" /tmp/t.txt | head -5 >> $R
 done
 
+
+### call 4: sbin/al4.sh
+#!/bin/bash
+# session al call 4 (H200): why the backward slowed with per-thread row pointers (v37). Nsight Compute on
+# one launch of the bfloat16 backward at 1024 columns (light 128 x 1) and 128 columns (warp kernel), 2^27
+# elements, sbin/sm_base (852be5e, the kept backward) against sbin/sm_all (62901c1, the pointers in the backward).
+R=$OUT/all.txt
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv >> $R
+for pt in bwd:bf16:1024 bwd:bf16:128; do
+  for b in sm_base sm_all; do
+    FIXED_SIZES=27 timeout 60 ncu --clock-control none -k regex:"softmax_row_in_cta|softmax_rows_in_warp" --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis \
+      --metrics smsp__inst_executed.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum \
+      ./sbin/$b fixed $pt > $OUT/ncu_${pt//:/_}_$b.txt 2>&1
+    echo "$pt $b rc=$? $(( $(date +%s) - t0 )) s" >> $R
+  done
+done
+
+### call 5: sbin/al5.sh (default PTS)
+#!/bin/bash
+# session al calls 5 (H200) and 6 (H100): the light kernel without its spilled slot count (nv per row;
+# the 16-bit backward's 8-byte stack gone) and the warp forward's row pointers at one row per lane only.
+# Fixed-mode A/B, sbin/sm_base (852be5e) against sbin/sm, interleaved twice at 2^26 and 2^27; then the
+# light tier's checks: race mode (its light cases), quick with the light tier forced (knob 22 = 2).
+R=$OUT/all.txt
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv >> $R
+PTS=${PTS:-"bwd:bf16:4096 bwd:f16:4096 bwd:bf16:1024 bwd:bf16:512 bwd:bf16:3000 bwd:bf16:8192 bwd:f32:4096 bwd:bf16:128 fwd:f16:512 fwd:bf16:4096 fwd:bf16:8192 fwd:bf16:64"}
+for pass in 1 2; do
+  FIXED_SIZES=26,27 timeout 60 ./sbin/sm_base fixed $PTS > $OUT/fixed_base_$pass.txt 2>&1
+  FIXED_SIZES=26,27 timeout 60 ./sbin/sm fixed $PTS > $OUT/fixed_new_$pass.txt 2>&1
+done
+echo "fixed done $(( $(date +%s) - t0 )) s" >> $R
+python3 sbin/summ.py $OUT > $OUT/summary.txt 2>&1
+for f in $OUT/fixed_*_?.txt; do echo "== $(basename $f)"; cat $f; done > $OUT/fixed_raw.txt; rm -f $OUT/fixed_*_?.txt
+timeout 60 ./sbin/sm race > /tmp/race.txt 2>&1
+echo "race rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 /tmp/race.txt)" >> $R
+SELFTEST_KNOBS="22=3" timeout 60 ./sbin/sm race > /tmp/race3.txt 2>&1
+echo "race 22=3 rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 /tmp/race3.txt)" >> $R
+SELFTEST_KNOBS="22=2" timeout ${QUICK_S:-80} ./sbin/sm quick > /tmp/quick.txt 2>&1
+echo "quick 22=2 rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 /tmp/quick.txt)" >> $R
+grep -m5 "^FAIL" /tmp/race.txt /tmp/race3.txt /tmp/quick.txt >> $R
+
+### calls 6 and 7: see call6_7_h200_checks.txt
