@@ -465,3 +465,40 @@ def test_rows_beyond_the_first_wave(device, dtype, shape):
     backward of every row against float64. Odd widths, so the rows are also
     misaligned."""
     check_last_dim_softmax_rows(shape, dtype, device)
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc")
+def test_one_row_per_cta_kernels_do_not_spill(tmp_path):
+    """The light one-row-per-CTA kernel (every instantiation the planner
+    launches) and the warp kernel's aligned backward live one row (or a few)
+    per CTA, so a register that ptxas spills costs each thread a local store
+    that goes to the L2 beside the stream: one spilled value cost the
+    bfloat16 backward 7-8 % of its time on an H200 (bench/NOTES-softmax.md
+    v37). Compiles them for sm_90a with ptxas -v and requires a zero stack
+    frame (needs nvcc, not a GPU)."""
+    import pathlib
+    import re
+    import subprocess
+
+    csrc = pathlib.Path(__file__).resolve().parents[1] / "csrc"
+    types = ("float", "__half", "__nv_bfloat16")
+    lines = ['#include "cuda/softmax_rows.cuh"']
+    for t1, t2 in itertools.product(types, types):
+        for bwd, km in ((0, 2), (0, 8), (1, 2), (1, 4)):
+            lines.append(f"template __global__ void softmax_row_in_cta_kernel<{'true' if bwd else 'false'}, "
+                         f"{t1}, {t2}, float, {km}>(sm_row_args);")
+        lines.append(f"template __global__ void softmax_rows_in_warp_kernel<true, {t1}, {t2}, float, 2, true, 1>"
+                     "(sm_row_args);")
+    src = tmp_path / "one_row_kernels.cu"
+    src.write_text("\n".join(lines) + "\n")
+    cmd = ["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-DOSS_WITH_CUDA",  # setup.py's flags
+           "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__",
+           "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "--expt-relaxed-constexpr", "-lineinfo", "-Xptxas", "-v",
+           f"-I{csrc}", "-cubin", str(src), "-o", str(tmp_path / "k.cubin")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = done.stdout + done.stderr
+    frames = re.findall(r"Function properties for (\S+)\s+(\d+) bytes stack frame", report)
+    assert len(frames) == 9 * 5, f"expected 45 kernels in ptxas's report, found {len(frames)}"
+    spilled = [f"{name}: {size} bytes" for name, size in frames if int(size) != 0]
+    assert not spilled, "stack frames:\n" + "\n".join(spilled)
