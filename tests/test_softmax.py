@@ -470,8 +470,8 @@ def test_rows_beyond_the_first_wave(device, dtype, shape):
 @pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc")
 def test_one_row_per_cta_kernels_do_not_spill(tmp_path):
     """The light one-row-per-CTA kernel (every instantiation the planner
-    launches) and the warp kernel's aligned backward live one row (or a few)
-    per CTA, so a register that ptxas spills costs each thread a local store
+    launches), the warp kernel's aligned backward and its light aligned
+    forward (one, two or four rows per lane) live one row (or a few) per CTA, so a register that ptxas spills costs each thread a local store
     that goes to the L2 beside the stream: one spilled value cost the
     bfloat16 backward 7-8 % of its time on an H200 (bench/NOTES-softmax.md
     v37). Compiles them for sm_90a with ptxas -v and requires a zero stack
@@ -489,6 +489,9 @@ def test_one_row_per_cta_kernels_do_not_spill(tmp_path):
                          f"{t1}, {t2}, float, {km}>(sm_row_args);")
         lines.append(f"template __global__ void softmax_rows_in_warp_kernel<true, {t1}, {t2}, float, 2, true, 1>"
                      "(sm_row_args);")
+        for rl in (1, 2, 4):  # the aligned light forward, one to four rows per lane
+            lines.append(f"template __global__ void softmax_rows_in_warp_kernel<false, {t1}, {t2}, float, 4, true, {rl}>"
+                         "(sm_row_args);")
     src = tmp_path / "one_row_kernels.cu"
     src.write_text("\n".join(lines) + "\n")
     cmd = ["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-DOSS_WITH_CUDA",  # setup.py's flags
@@ -499,6 +502,6 @@ def test_one_row_per_cta_kernels_do_not_spill(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = done.stdout + done.stderr
     frames = re.findall(r"Function properties for (\S+)\s+(\d+) bytes stack frame", report)
-    assert len(frames) == 9 * 5, f"expected 45 kernels in ptxas's report, found {len(frames)}"
+    assert len(frames) == 9 * 8, f"expected 72 kernels in ptxas's report, found {len(frames)}"
     spilled = [f"{name}: {size} bytes" for name, size in frames if int(size) != 0]
     assert not spilled, "stack frames:\n" + "\n".join(spilled)

@@ -571,7 +571,7 @@ template <bool BWD, typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_gro
  * every lane of a group gets the same bits. */
 template <bool COMP, typename Acc> __device__ __forceinline__ void sm_bwd_group_sum(sm_stat<Acc> &st, int G) {
   if constexpr (COMP) {
-    for (int off = G >> 1; off > 0; off >>= 1) st = sm_merge<true>(st, sm_shfl_xor(st, off));
+    st = sm_group_reduce<true>(st, G);
   } else {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1)

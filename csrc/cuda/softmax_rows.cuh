@@ -607,10 +607,8 @@ __device__ __forceinline__ void sm_timeline_end() {}
  * consecutive slots (whole lines at G = 8) of each of 32 / G consecutive
  * rows (with RL = 1 and G < 8 an instruction touches part of each of 32 / G
  * rows: 64 bytes each at G = 4, the 16-bit forward at 128 columns). At the
- * light kernel's 56 registers RL = 4 spills 24-68 bytes per thread (the four rows'
- * state through the reductions; RL = 2 does not), measured no slower than a
- * version without the spill that reduced the rows one after another
- * (bench/NOTES-softmax.md v34). */
+ * light kernel's 56 registers RL = 4 holds four rows' state through the
+ * reductions with no stack (tests/test_softmax.py checks). */
 template <bool BWD, typename T1, typename T2, typename Acc, int KM, bool AL, int RL>
 __device__ __forceinline__ void sm_rows_in_warp(const sm_row_args &P, const int log) {
   static_assert(RL == 1 || (AL && KM % RL == 0), "rows per lane: aligned rows, whole slots per row");
@@ -625,10 +623,17 @@ __device__ __forceinline__ void sm_rows_in_warp(const sm_row_args &P, const int 
   const unsigned long long pol = sm_l2_policy(P.keep != 0);
   /* row r of the lane's rows in this iteration, its slots and edges (for RL >
    * 1, aligned rows, recomputed where needed rather than held through the
-   * reductions: a few integer instructions against registers that spilled) */
+   * reductions: a few integer instructions against registers that spilled).
+   * A row past the last gets no slots, so its pointers are never used; for
+   * RL > 1 they are formed from the row itself, not from a row clamped into
+   * range: ptxas held the four clamped rows' high words through the
+   * reductions and spilled them (16-24 bytes per thread; a CTA lives one
+   * iteration, so that is L2 write traffic, bench/NOTES-softmax.md v38). At
+   * RL = 1 the clamp stays: there dropping it made the float32 backward
+   * spill instead. */
   auto chunk = [&](int64_t base, int r) {
     const int64_t row = base + r * rpw + sub;
-    sm_chunk<T1, T2> c = sm_chunk_setup<BWD, AL, T1, T2>(P, row < P.rows ? row : base, 0, (int64_t)G * P.K);
+    sm_chunk<T1, T2> c = sm_chunk_setup<BWD, AL, T1, T2>(P, RL > 1 || row < P.rows ? row : base, 0, (int64_t)G * P.K);
     if (row >= P.rows) c.nfull = c.ne = 0;
     return c;
   };
