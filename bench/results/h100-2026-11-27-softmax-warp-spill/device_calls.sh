@@ -99,3 +99,43 @@ done
 # torch.cuda.profiler.start(); f(dy, y); torch.cuda.synchronize(); torch.cuda.profiler.stop()
 # ---- call 5 (H100): the command
 export TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 TORCH_OSS_HEAD_DIMS=64 PYTHONUNBUFFERED=1 TORCH_OSS_COMMIT=6bb0efa; R=$OUT/all.txt; t0=$(date +%s); nvidia-smi --query-gpu=name --format=csv >> $R; rm -rf build torch_oss/_C*.so csrc/cuda/generated; ( python3 -m pip install --no-build-isolation --no-deps -e . > /tmp/b.log 2>&1; echo $? > /tmp/b.rc ) & SELFTEST_KNOBS="22=2" timeout 120 ./sbin/sm_new quick > /tmp/q.txt 2>&1; echo "quick 22=2 rc=$? ..." >> $R; wait; echo "build rc=$(cat /tmp/b.rc) ..." >> $R; mkdir -p $OUT/run2; TORCH_OSS_RESULTS=$OUT/run2 timeout 220 python3 bench/softmax.py --rounds 3 > $OUT/bench_run2.log 2>&1; echo "bench rc=$? ..." >> $R
+# ---- call 6 (H200): sbin/am6.sh (sbin/sm_exp built from branch exp/warp-bwd-static-lanes)
+#!/bin/bash
+# session am call 6 (H200), experiment on branch exp/warp-bwd-static-lanes: the warp kernel's aligned light
+# backward with the lanes per row fixed at compile time (8, 16, 32) for full rows (G x 2 slots), sbin/sm_exp,
+# against sbin/sm_new (6bb0efa), fixed mode interleaved twice at 2^26 and 2^27; then sm_exp quick and race.
+R=$OUT/all.txt; t0=$(date +%s)
+nvidia-smi --query-gpu=name --format=csv >> $R
+PTS="bwd:bf16:128 bwd:f16:128 bwd:f32:128 bwd:bf16:256 bwd:f32:64 bwd:bf16:64 bwd:bf16:200"
+for pass in 1 2; do
+  FIXED_SIZES=26,27 timeout 60 ./sbin/sm_new fixed $PTS > $OUT/fixed_base_$pass.txt 2>&1
+  FIXED_SIZES=26,27 timeout 60 ./sbin/sm_exp fixed $PTS > $OUT/fixed_new_$pass.txt 2>&1
+done
+echo "fixed done $(( $(date +%s) - t0 )) s" >> $R
+python3 sbin/summ.py $OUT > $OUT/summary.txt 2>&1
+for f in $OUT/fixed_*_?.txt; do echo "== $(basename $f)"; cat $f; done > $OUT/fixed_raw.txt; rm -f $OUT/fixed_*_?.txt
+timeout 70 ./sbin/sm_exp quick > /tmp/q.txt 2>&1; echo "quick rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 /tmp/q.txt)" >> $R
+timeout 40 ./sbin/sm_exp race > /tmp/r.txt 2>&1; echo "race rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 /tmp/r.txt)" >> $R
+grep -m5 "^FAIL" /tmp/q.txt /tmp/r.txt >> $R
+# ---- call 7 (H200, warm): the command
+R=$OUT/all.txt; PTS="bwd:bf16:128 bwd:bf16:128:17=1 bwd:bf16:128:17=2 bwd:f32:128 bwd:f32:128:17=1 bwd:bf16:4096 bwd:bf16:4096:17=1 bwd:bf16:4096:17=2"; for pass in 1 2; do FIXED_SIZES=26,27 timeout 60 ./sbin/sm_new fixed $PTS > $OUT/fixed_new_$pass.txt 2>&1; done; python3 sbin/summ.py $OUT > $OUT/summary.txt 2>&1; (raw files concatenated into fixed_raw.txt)
+# ---- call 8 (H200, warm): the command
+PTS=""; for p in bwd:bf16:128 bwd:f16:128 bwd:f32:128 bwd:bf16:256 bwd:f32:64 fwd:bf16:128 fwd:bf16:512 fwd:f32:128 fwd:bf16:64; do PTS="$PTS $p $p:20=20 $p:17=2"; done; for pass in 1 2; do FIXED_SIZES=26,27 timeout 60 ./sbin/sm_new fixed $PTS > $OUT/fixed_new_$pass.txt 2>&1; done; python3 sbin/summ.py $OUT > $OUT/summary.txt 2>&1
+# ---- call 9 (refused: the device time was spent): sbin/am9.sh, the A/B and checks of branch exp/h200-warp-window
+#!/bin/bash
+# session am call 9 (H200): the warp tier's 16-bit rows take the release window where memory is fast per SM
+# (sbin/sm_win) against every row (sbin/sm_new, 6bb0efa); fixed mode interleaved twice at 2^26 and 2^27; then
+# sm_win quick and race.
+R=$OUT/all.txt; t0=$(date +%s)
+nvidia-smi --query-gpu=name --format=csv >> $R
+PTS="bwd:bf16:128 bwd:f16:128 bwd:bf16:256 bwd:f16:64 fwd:bf16:64 fwd:bf16:128 fwd:f16:128 fwd:bf16:512 fwd:f16:512 fwd:bf16:32 bwd:f32:128 fwd:f32:128"
+for pass in 1 2; do
+  FIXED_SIZES=26,27 timeout 60 ./sbin/sm_new fixed $PTS > $OUT/fixed_base_$pass.txt 2>&1
+  FIXED_SIZES=26,27 timeout 60 ./sbin/sm_win fixed $PTS > $OUT/fixed_new_$pass.txt 2>&1
+done
+echo "fixed done $(( $(date +%s) - t0 )) s" >> $R
+python3 sbin/summ.py $OUT > $OUT/summary.txt 2>&1
+for f in $OUT/fixed_*_?.txt; do echo "== $(basename $f)"; cat $f; done > $OUT/fixed_raw.txt; rm -f $OUT/fixed_*_?.txt
+timeout 70 ./sbin/sm_win quick > /tmp/q.txt 2>&1; echo "quick rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 /tmp/q.txt)" >> $R
+timeout 40 ./sbin/sm_win race > /tmp/r.txt 2>&1; echo "race rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 /tmp/r.txt)" >> $R
+grep -m5 "^FAIL" /tmp/q.txt /tmp/r.txt >> $R
