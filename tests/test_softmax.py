@@ -471,11 +471,13 @@ def test_rows_beyond_the_first_wave(device, dtype, shape):
 def test_one_row_per_cta_kernels_do_not_spill(tmp_path):
     """The light one-row-per-CTA kernel (every instantiation the planner
     launches), the warp kernel's aligned backward and its light aligned
-    forward (one, two or four rows per lane) live one row (or a few) per CTA, so a register that ptxas spills costs each thread a local store
+    forward (one, two or four rows per lane) live one row (or a few) per
+    CTA, so a register that ptxas spills costs each thread a local store
     that goes to the L2 beside the stream: one spilled value cost the
-    bfloat16 backward 7-8 % of its time on an H200 (bench/NOTES-softmax.md
-    v37). Compiles them for sm_90a with ptxas -v and requires a zero stack
-    frame (needs nvcc, not a GPU)."""
+    bfloat16 backward 7-8 % of its time on an H200, four rows per lane's
+    spill the 16-bit forward 5 points (bench/NOTES-softmax.md v37-v38).
+    Compiles them for sm_90a with ptxas -v and requires a zero stack frame
+    (needs nvcc, not a GPU)."""
     import pathlib
     import re
     import subprocess

@@ -633,7 +633,7 @@ __device__ __forceinline__ void sm_rows_in_warp(const sm_row_args &P, const int 
    * spill instead. */
   auto chunk = [&](int64_t base, int r) {
     const int64_t row = base + r * rpw + sub;
-    sm_chunk<T1, T2> c = sm_chunk_setup<BWD, AL, T1, T2>(P, RL > 1 || row < P.rows ? row : base, 0, (int64_t)G * P.K);
+    sm_chunk<T1, T2> c = sm_chunk_setup<BWD, AL, T1, T2>(P, (RL > 1 || row < P.rows) ? row : base, 0, (int64_t)G * P.K);
     if (row >= P.rows) c.nfull = c.ne = 0;
     return c;
   };
