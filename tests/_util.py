@@ -285,3 +285,20 @@ def lse_peer(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=Fa
                 pass
     return attention_reference(q.detach(), k.detach(), v.detach(), attn_mask, is_causal, scale, enable_gqa, alignment,
                                compute_dtype=torch.float32)[1]
+
+
+def ptxas_report(source, tmp_path, *include_dirs):
+    """ptxas -v's messages for `source` (CUDA text) compiled for sm_90a with
+    setup.py's flags (needs nvcc, not a GPU): the register and stack report
+    of every kernel it instantiates, and ptxas's performance warnings."""
+    import subprocess
+
+    src = tmp_path / "ptxas_probe.cu"
+    src.write_text(source)
+    cmd = ["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-DOSS_WITH_CUDA",
+           "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__",
+           "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "--expt-relaxed-constexpr", "-lineinfo", "-Xptxas", "-v",
+           *(f"-I{d}" for d in include_dirs), "-cubin", str(src), "-o", str(tmp_path / "ptxas_probe.cubin")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout + done.stderr

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _util import (ATTENTION_ATOL, BUILD, CUDA_OK, DEVICES, FLOAT_DTYPES, assert_tolerance, attention_reference,
-                   cuda_param, lse_peer, sdpa_peer)
+                   cuda_param, lse_peer, ptxas_report, sdpa_peer)
 
 import torch_oss
 
@@ -643,22 +643,13 @@ def test_generated_wgmma_wrappers_are_current():
     assert (root / "wgmma_ops.cuh").read_text() == gen.render(), "run python csrc/cuda/generate_wgmma.py"
 
 
-def ptxas_report(include_dir, tmp_path):
+def sm90_ptxas_report(include_dir, tmp_path):
     """ptxas's messages for the Hopper forward and backward kernels (bf16, head
     dims 64 and 128) compiled for sm_90a with the build's flags."""
-    import subprocess
-
-    src = tmp_path / "sm90_kernels.cu"
-    src.write_text('#include "attention_fwd_sm90.cuh"\n#include "attention_bwd_sm90.cuh"\n' + "".join(
+    source = '#include "attention_fwd_sm90.cuh"\n#include "attention_bwd_sm90.cuh"\n' + "".join(
         f"template oss_status oss_attn_{d}_sm90_launch<__nv_bfloat16, {hd}>(const oss_attn_args *, cudaStream_t, "
-        f"const oss_device_info *);\n" for d in ("fwd", "bwd") for hd in (64, 128)))
-    cmd = ["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-DOSS_WITH_CUDA",
-           "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__",
-           "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "--expt-relaxed-constexpr", "-Xptxas", "-v",
-           f"-I{include_dir}", f"-I{include_dir}/cuda", "-c", str(src), "-o", str(tmp_path / "k.o")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout + done.stderr
+        f"const oss_device_info *);\n" for d in ("fwd", "bwd") for hd in (64, 128))
+    return ptxas_report(source, tmp_path, include_dir, include_dir / "cuda")
 
 
 @pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc")
@@ -672,7 +663,7 @@ def test_wgmma_kernels_are_not_serialised(tmp_path):
     requires no such message (needs nvcc, not a GPU)."""
     import pathlib
 
-    report = ptxas_report(pathlib.Path(__file__).resolve().parents[1] / "csrc", tmp_path)
+    report = sm90_ptxas_report(pathlib.Path(__file__).resolve().parents[1] / "csrc", tmp_path)
     lost = [line for line in report.splitlines() if "Potential Performance Loss" in line or "serialized" in line]
     assert not lost, "\n".join(lost)
 

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import DEVICES, FLOAT_DTYPES, SOFTMAX_ATOL, assert_tolerance, awkward_randn, cuda_param
+from _util import DEVICES, FLOAT_DTYPES, SOFTMAX_ATOL, assert_tolerance, awkward_randn, cuda_param, ptxas_report
 
 import torch_oss
 
@@ -480,7 +480,6 @@ def test_one_row_per_cta_kernels_do_not_spill(tmp_path):
     (needs nvcc, not a GPU)."""
     import pathlib
     import re
-    import subprocess
 
     csrc = pathlib.Path(__file__).resolve().parents[1] / "csrc"
     types = ("float", "__half", "__nv_bfloat16")
@@ -494,15 +493,7 @@ def test_one_row_per_cta_kernels_do_not_spill(tmp_path):
         for rl in (1, 2, 4):  # the aligned light forward, one to four rows per lane
             lines.append(f"template __global__ void softmax_rows_in_warp_kernel<false, {t1}, {t2}, float, 4, true, {rl}>"
                          "(sm_row_args);")
-    src = tmp_path / "one_row_kernels.cu"
-    src.write_text("\n".join(lines) + "\n")
-    cmd = ["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-DOSS_WITH_CUDA",  # setup.py's flags
-           "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__",
-           "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "--expt-relaxed-constexpr", "-lineinfo", "-Xptxas", "-v",
-           f"-I{csrc}", "-cubin", str(src), "-o", str(tmp_path / "k.cubin")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = done.stdout + done.stderr
+    report = ptxas_report("\n".join(lines) + "\n", tmp_path, csrc)
     frames = re.findall(r"Function properties for (\S+)\s+(\d+) bytes stack frame", report)
     assert len(frames) == 9 * 8, f"expected 72 kernels in ptxas's report, found {len(frames)}"
     spilled = [f"{name}: {size} bytes" for name, size in frames if int(size) != 0]
