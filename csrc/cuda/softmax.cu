@@ -1025,13 +1025,12 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
    * against 94.1 %; v23: 0.2-0.3 against the L2's size). After a flush by a
    * read the window is 0.35-1.4 ahead at those points (bench/NOTES-softmax.md
    * v26): the choice follows the benchmark's protocol. Where memory is fast
-   * per SM (the H200) the release requests of every row cost the 16-bit rows
-   * 0.5-9.6 points of copy against the window (backward 128 columns 97.8 ->
-   * 101.4 % at 2^27, 256 columns 88.75 -> 98.35 at 2^26; forward 64 columns
-   * 84.8 -> 93.45 at 2^26; v38), so they take the window there; float32 rows
-   * keep every row (at 2^26 the window lost 6-9 points in some passes). */
-  const bool warp_every_row = sizeof(T1) != 2 || !sm_fast_memory_per_sm(info);
-  const bool every_row = (P->kind == SM_PLAN_WARP && warp_every_row) ||
+   * per SM (the H200) the release requests of every row cost the narrow rows
+   * 0.5-9.6 points of copy against the window (16-bit backward 128 columns
+   * 97.8 -> 101.4 % at 2^27, 256 columns 88.75 -> 98.35 at 2^26; forward 64
+   * columns 84.8 -> 93.45 at 2^26, v38; float32 backward 128 columns 97.0 ->
+   * 100.75 at 2^26 by do_bench's protocol, v39), so they take the window there. */
+  const bool every_row = (P->kind == SM_PLAN_WARP && !sm_fast_memory_per_sm(info)) ||
                          (P->kind == SM_PLAN_CTA_ROW && oss_softmax_cuda_test_knobs[23] == 1);
   if (A.keep == 1 && (!every_row || oss_softmax_cuda_test_knobs[20] > 0))
     sm_release_window(J->outer, J->n * (int64_t)sizeof(T1) * (BWD ? 2 : 1), info, &A.release_lo, &A.release_hi);
