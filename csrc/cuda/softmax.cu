@@ -403,9 +403,10 @@ template <bool BWD, typename T1, typename T2, typename Acc> static sm_row_kernel
  * kernel is bound by the instructions it issues rather than by memory: an
  * H200 (6144-bit HBM3e at 3201 MHz, 4.9 TB/s over 132 SMs, 37 bytes per ns
  * per SM), not an H100 SXM (3.35 TB/s, 25) or an A100 (19). The
- * backward's narrow-row plans differ by it (sm_cta_row_threads; measured on
- * those two GPUs only, bench/NOTES-softmax.md v36); unknown bandwidth
- * counts as slow. */
+ * backward's narrow-row plans (sm_cta_row_threads, bench/NOTES-softmax.md
+ * v36) and the rows the warp tier releases from the L2 (sm_run_rows, v39)
+ * differ by it; measured on those two GPUs only; unknown bandwidth counts
+ * as slow. */
 static bool sm_fast_memory_per_sm(const oss_device_info *info) {
   return info->sm_count > 0 && info->dram_bytes_per_ns >= 30.0 * info->sm_count;
 }
