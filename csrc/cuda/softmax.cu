@@ -1020,7 +1020,7 @@ static oss_status sm_run_rows(const sm_job *J, const sm_plan *P, void *ws, const
   A.keep = !P->keep || policy_knob == 1 ? 0 : policy_knob == 2 ? 2 : 1;
   A.release_lo = 0;
   A.release_hi = J->outer;
-  /* the warp tier releases every row: on the H100, after an L2 flush by a
+  /* on the H100 the warp tier releases every row: after an L2 flush by a
    * write (the benchmark's), that streams up to 0.5 points of copy faster
    * than the window (bfloat16 forward at 128 columns, 2^26 elements: 94.6
    * against 94.1 %; v23: 0.2-0.3 against the L2's size). After a flush by a
