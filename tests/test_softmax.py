@@ -498,3 +498,29 @@ def test_one_row_per_cta_kernels_do_not_spill(tmp_path):
     assert len(frames) == 9 * 8, f"expected 72 kernels in ptxas's report, found {len(frames)}"
     spilled = [f"{name}: {size} bytes" for name, size in frames if int(size) != 0]
     assert not spilled, "stack frames:\n" + "\n".join(spilled)
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc")
+def test_columns_kernel_does_not_spill(tmp_path):
+    """The columns kernel (softmax over a dim other than the last), forward
+    and backward, every input/output dtype pair, at both CTA sizes: a zero
+    stack frame in ptxas -v for sm_90a. At 512 threads ptxas held it to 64
+    registers and the backward from a 16-bit y to a float32 dx spilled 4
+    bytes a thread until that instantiation was compiled for one CTA per SM
+    (sm_col_min_ctas, softmax_columns.cuh). Needs nvcc, not a GPU."""
+    import pathlib
+    import re
+
+    csrc = pathlib.Path(__file__).resolve().parents[1] / "csrc"
+    types = ("float", "__half", "__nv_bfloat16")
+    lines = ['#include "cuda/softmax_columns.cuh"']
+    for t1, t2 in itertools.product(types, types):
+        for bwd in ("false", "true"):
+            for threads in (256, 512):
+                lines.append(f"template __global__ void softmax_columns_kernel<{bwd}, {t1}, {t2}, float, {threads}>"
+                             "(sm_col_args);")
+    report = ptxas_report("\n".join(lines) + "\n", tmp_path, csrc)
+    frames = re.findall(r"Function properties for (\S+)\s+(\d+) bytes stack frame", report)
+    assert len(frames) == 9 * 2 * 2, f"expected 36 kernels in ptxas's report, found {len(frames)}"
+    spilled = [f"{name}: {size} bytes" for name, size in frames if int(size) != 0]
+    assert not spilled, "stack frames:\n" + "\n".join(spilled)

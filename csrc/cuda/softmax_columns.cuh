@@ -153,8 +153,19 @@ __device__ __forceinline__ sm_stat<Acc> sm_column_stats(T1 *xa, const T1 *xb, in
   return st;
 }
 
+/* The CTAs per SM the columns kernel is compiled for (its register budget):
+ * ptxas holds a 512-thread CTA to 64 registers unless told it is alone on
+ * its SM, which a 512-thread CTA is (sm_col_threads gives that size only to
+ * tiles that leave no room for a second one). Only the backward from a
+ * 16-bit y to a wider dx spills at 64 (4 bytes a thread) and gets the
+ * budget of one CTA (86-91 registers); the other instantiations keep the
+ * code they were measured with. */
+template <bool BWD, typename T1, typename T2, int T> constexpr int sm_col_min_ctas() {
+  return T == SM_COL_THREADS_WIDE && BWD && sizeof(T1) < sizeof(T2) ? 1 : 0;
+}
+
 template <bool BWD, typename T1, typename T2, typename Acc, int T>
-__global__ void __launch_bounds__(T) softmax_columns_kernel(sm_col_args P) {
+__global__ void __launch_bounds__(T, sm_col_min_ctas<BWD, T1, T2, T>()) softmax_columns_kernel(sm_col_args P) {
   constexpr int VEC = sm_vec<T1>();
   constexpr bool FAST = sizeof(T2) == 2;
   /* tile of a, then tile of b: [chunk_n][TJ / VEC] slots each; with C > 1

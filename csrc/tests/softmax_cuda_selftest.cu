@@ -6,6 +6,8 @@
  *                    forward and backward, softmax and log_softmax, special
  *                    values, error paths; float64 CPU reference
  *   selftest quick   a reduced check (for compute-sanitizer memcheck)
+ *   selftest columns check's column suites only (with SELFTEST_KNOBS="8=512":
+ *                    every columns case on 512-thread CTAs where it can)
  *   selftest race    a few small cases per tier (for compute-sanitizer racecheck)
  *   selftest bench   timing table: % of a 1 GiB device-to-device copy
  *                    measured in the same run (bytes read + written)
@@ -1606,6 +1608,9 @@ int main(int argc, char **argv) {
     suite_forced(0);
     printf("-- several rows per CTA\n"), fflush(stdout);
     suite_rows_per_cta();
+  } else if (strcmp(mode, "columns") == 0) {
+    suite_columns(0);
+    suite_column_clusters(0);
   } else if (strcmp(mode, "quick") == 0) {
     suite_errors();
     suite_quick();
@@ -1634,7 +1639,7 @@ int main(int argc, char **argv) {
     timeline(argc - 2, argv + 2);
 #endif
   } else {
-    fprintf(stderr, "usage: %s [check|quick|race|bench|bench_dim1|sweep|sweep_cols|waves|profile|bwd_data|fixed|timeline]\n", argv[0]);
+    fprintf(stderr, "usage: %s [check|columns|quick|race|bench|bench_dim1|sweep|sweep_cols|waves|profile|bwd_data|fixed|timeline]\n", argv[0]);
     return 2;
   }
   printf("\n%s: %d checks, %d failed\n", mode, g_cases, g_failures);
