@@ -158,7 +158,7 @@ __device__ __forceinline__ sm_stat<Acc> sm_column_stats(T1 *xa, const T1 *xb, in
  * its SM, which a 512-thread CTA is (sm_col_threads gives that size only to
  * tiles that leave no room for a second one). Only the backward from a
  * 16-bit y to a wider dx spills at 64 (4 bytes a thread) and gets the
- * budget of one CTA (86-91 registers); the other instantiations keep the
+ * budget of one CTA (86-88 registers); the other instantiations keep the
  * code they were measured with. */
 template <bool BWD, typename T1, typename T2, int T> constexpr int sm_col_min_ctas() {
   return T == SM_COL_THREADS_WIDE && BWD && sizeof(T1) < sizeof(T2) ? 1 : 0;
