@@ -467,6 +467,25 @@ def test_rows_beyond_the_first_wave(device, dtype, shape):
     check_last_dim_softmax_rows(shape, dtype, device)
 
 
+KERNEL_TYPES = ("float", "__half", "__nv_bfloat16")  # the CUDA element types of float32, float16, bfloat16
+
+
+def assert_no_stack_frames(header, instantiations, tmp_path):
+    """Compiles the explicit `instantiations` of kernels from csrc/`header`
+    for sm_90a with setup.py's flags (ptxas -v) and requires one report per
+    instantiation, each with a zero stack frame (needs nvcc, not a GPU)."""
+    import pathlib
+    import re
+
+    csrc = pathlib.Path(__file__).resolve().parents[1] / "csrc"
+    report = ptxas_report("\n".join([f'#include "{header}"', *instantiations]) + "\n", tmp_path, csrc)
+    frames = re.findall(r"Function properties for (\S+)\s+(\d+) bytes stack frame", report)
+    assert len(frames) == len(instantiations), \
+        f"expected {len(instantiations)} kernels in ptxas's report, found {len(frames)}"
+    spilled = [f"{name}: {size} bytes" for name, size in frames if int(size) != 0]
+    assert not spilled, "stack frames:\n" + "\n".join(spilled)
+
+
 @pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc")
 def test_one_row_per_cta_kernels_do_not_spill(tmp_path):
     """The light one-row-per-CTA kernel (every instantiation the planner
@@ -476,15 +495,9 @@ def test_one_row_per_cta_kernels_do_not_spill(tmp_path):
     that goes to the L2 beside the stream: one spilled value cost the
     bfloat16 backward 7-8 % of its time on an H200, four rows per lane's
     spill the 16-bit forward 5 points (bench/NOTES-softmax.md v37-v38).
-    Compiles them for sm_90a with ptxas -v and requires a zero stack frame
-    (needs nvcc, not a GPU)."""
-    import pathlib
-    import re
-
-    csrc = pathlib.Path(__file__).resolve().parents[1] / "csrc"
-    types = ("float", "__half", "__nv_bfloat16")
-    lines = ['#include "cuda/softmax_rows.cuh"']
-    for t1, t2 in itertools.product(types, types):
+    All 72 must compile with a zero stack frame."""
+    lines = []
+    for t1, t2 in itertools.product(KERNEL_TYPES, KERNEL_TYPES):
         for bwd, km in ((0, 2), (0, 8), (1, 2), (1, 4)):
             lines.append(f"template __global__ void softmax_row_in_cta_kernel<{'true' if bwd else 'false'}, "
                          f"{t1}, {t2}, float, {km}>(sm_row_args);")
@@ -493,34 +506,20 @@ def test_one_row_per_cta_kernels_do_not_spill(tmp_path):
         for rl in (1, 2, 4):  # the aligned light forward, one to four rows per lane
             lines.append(f"template __global__ void softmax_rows_in_warp_kernel<false, {t1}, {t2}, float, 4, true, {rl}>"
                          "(sm_row_args);")
-    report = ptxas_report("\n".join(lines) + "\n", tmp_path, csrc)
-    frames = re.findall(r"Function properties for (\S+)\s+(\d+) bytes stack frame", report)
-    assert len(frames) == 9 * 8, f"expected 72 kernels in ptxas's report, found {len(frames)}"
-    spilled = [f"{name}: {size} bytes" for name, size in frames if int(size) != 0]
-    assert not spilled, "stack frames:\n" + "\n".join(spilled)
+    assert len(lines) == 9 * 8
+    assert_no_stack_frames("cuda/softmax_rows.cuh", lines, tmp_path)
 
 
 @pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc")
 def test_columns_kernel_does_not_spill(tmp_path):
     """The columns kernel (softmax over a dim other than the last), forward
-    and backward, every input/output dtype pair, at both CTA sizes: a zero
-    stack frame in ptxas -v for sm_90a. At 512 threads ptxas held it to 64
-    registers and the backward from a 16-bit y to a float32 dx spilled 4
-    bytes a thread until that instantiation was compiled for one CTA per SM
-    (sm_col_min_ctas, softmax_columns.cuh). Needs nvcc, not a GPU."""
-    import pathlib
-    import re
-
-    csrc = pathlib.Path(__file__).resolve().parents[1] / "csrc"
-    types = ("float", "__half", "__nv_bfloat16")
-    lines = ['#include "cuda/softmax_columns.cuh"']
-    for t1, t2 in itertools.product(types, types):
-        for bwd in ("false", "true"):
-            for threads in (256, 512):
-                lines.append(f"template __global__ void softmax_columns_kernel<{bwd}, {t1}, {t2}, float, {threads}>"
-                             "(sm_col_args);")
-    report = ptxas_report("\n".join(lines) + "\n", tmp_path, csrc)
-    frames = re.findall(r"Function properties for (\S+)\s+(\d+) bytes stack frame", report)
-    assert len(frames) == 9 * 2 * 2, f"expected 36 kernels in ptxas's report, found {len(frames)}"
-    spilled = [f"{name}: {size} bytes" for name, size in frames if int(size) != 0]
-    assert not spilled, "stack frames:\n" + "\n".join(spilled)
+    and backward, every input/output dtype pair, at both CTA sizes: all 36
+    with a zero stack frame. At 512 threads ptxas held it to 64 registers
+    and the backward from a 16-bit y to a float32 dx spilled 4 bytes a
+    thread until that instantiation was compiled for one CTA per SM
+    (sm_col_min_ctas, softmax_columns.cuh)."""
+    lines = [f"template __global__ void softmax_columns_kernel<{bwd}, {t1}, {t2}, float, {threads}>(sm_col_args);"
+             for t1, t2 in itertools.product(KERNEL_TYPES, KERNEL_TYPES) for bwd in ("false", "true")
+             for threads in (256, 512)]
+    assert len(lines) == 9 * 2 * 2
+    assert_no_stack_frames("cuda/softmax_columns.cuh", lines, tmp_path)
