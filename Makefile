@@ -26,4 +26,4 @@ gpu-check:
 	bash scripts/gpu_check.sh
 
 clean:
-	rm -rf build *.egg-info torch_oss/_C*.so csrc/cuda/generated results
+	rm -rf build *.egg-info torch_oss/_C*.so csrc/cuda/attention/generated results

@@ -80,7 +80,7 @@ def head_dims():
 
 
 def load_generator():
-    path = os.path.join(CSRC, "cuda", "generate_attention_kernels.py")
+    path = os.path.join(CSRC, "cuda", "attention", "generate_attention_kernels.py")
     spec = importlib.util.spec_from_file_location("generate_attention_kernels", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -144,12 +144,18 @@ def make_extension():
     dims = head_dims()
     # The Hopper (wgmma) forward needs the arch-specific sm_90a target.
     sm90 = any(a.strip().lower().split("+")[0] == "9.0a" for a in archs.replace(" ", ";").split(";"))
-    generated = load_generator().generate(dims, os.path.join(CSRC, "cuda", "generated"), sm90=sm90)
     cuda_dir = os.path.join(CSRC, "cuda")
-    cu_sources = sorted(os.path.join(cuda_dir, f) for f in os.listdir(cuda_dir) if f.endswith(".cu"))
+    generated_dir = os.path.join(cuda_dir, "attention", "generated")
+    generated = load_generator().generate(dims, generated_dir, sm90=sm90)
+    cu_sources, cuda_headers = [], []
+    for folder, subfolders, files in os.walk(cuda_dir):
+        subfolders[:] = sorted(d for d in subfolders if os.path.join(folder, d) != generated_dir)
+        cu_sources += [os.path.join(folder, f) for f in sorted(files) if f.endswith(".cu")]
+        cuda_headers += [os.path.join(folder, f) for f in sorted(files) if f.endswith(".cuh")]
     log(f"CUDA build: archs={archs} attention head dims={dims} hopper forward={sm90} ({len(cu_sources) + len(generated)} .cu files)")
     nvcc_flags = [
         "-DOSS_WITH_CUDA",
+        f"-I{CSRC}",  # every include is written relative to csrc/
         # torch disables the half operators for its own reasons; the kernels use them.
         "-U__CUDA_NO_HALF_OPERATORS__",
         "-U__CUDA_NO_HALF_CONVERSIONS__",
@@ -168,7 +174,7 @@ def make_extension():
         sources + cu_sources + generated,
         extra_compile_args={"cxx": cxx_flags + ["-DOSS_WITH_CUDA"], "nvcc": nvcc_flags},
         extra_link_args=link_flags,
-        depends=depends + [os.path.join(cuda_dir, f) for f in os.listdir(cuda_dir) if f.endswith(".cuh")],
+        depends=depends + cuda_headers,
     )
     ext.c_sources = c_sources
     return ext

@@ -35,7 +35,7 @@ for s in $STAGES; do
   case $s in
   build)
     stage build
-    rm -rf build torch_oss/_C*.so csrc/cuda/generated
+    rm -rf build torch_oss/_C*.so csrc/cuda/attention/generated
     start=$(date +%s)
     if python3 -m pip install -v --no-build-isolation --no-deps -e . >"$RESULTS/build.log" 2>&1; then
       record build ok
@@ -105,7 +105,7 @@ for s in $STAGES; do
     # special values and error paths, against a CPU reference
     stage selftest
     mkdir -p build
-    if nvcc -std=c++17 -O3 -DOSS_SOFTMAX_TEST_KNOBS -arch=native -I csrc csrc/common.c csrc/cuda/softmax.cu \
+    if nvcc -std=c++17 -O3 -DOSS_SOFTMAX_TEST_KNOBS -arch=native -I csrc csrc/common.c csrc/cuda/softmax/softmax.cu \
          csrc/tests/softmax_cuda_selftest.cu -o build/softmax_selftest >"$RESULTS/selftest_build.log" 2>&1 &&
        timeout ${STAGE_TIMEOUT:-900} build/softmax_selftest check >"$RESULTS/softmax_selftest.log" 2>&1; then
       record selftest ok

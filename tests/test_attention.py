@@ -632,24 +632,24 @@ def test_compile_reduce_overhead_next_to_other_ops(device):
 
 
 def test_generated_wgmma_wrappers_are_current():
-    """csrc/cuda/wgmma_ops.cuh is checked in; it must be what its generator writes."""
+    """csrc/cuda/attention/sm90/wgmma_ops.cuh is checked in; it must be what its generator writes."""
     import importlib.util
     import pathlib
 
-    root = pathlib.Path(__file__).resolve().parents[1] / "csrc" / "cuda"
+    root = pathlib.Path(__file__).resolve().parents[1] / "csrc" / "cuda" / "attention" / "sm90"
     spec = importlib.util.spec_from_file_location("generate_wgmma", root / "generate_wgmma.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
-    assert (root / "wgmma_ops.cuh").read_text() == gen.render(), "run python csrc/cuda/generate_wgmma.py"
+    assert (root / "wgmma_ops.cuh").read_text() == gen.render(), "run python csrc/cuda/attention/sm90/generate_wgmma.py"
 
 
 def sm90_ptxas_report(include_dir, tmp_path):
     """ptxas's messages for the Hopper forward and backward kernels (bf16, head
     dims 64 and 128) compiled for sm_90a with the build's flags."""
-    source = '#include "attention_fwd_sm90.cuh"\n#include "attention_bwd_sm90.cuh"\n' + "".join(
+    source = '#include "cuda/attention/sm90/attention_fwd_sm90.cuh"\n#include "cuda/attention/sm90/attention_bwd_sm90.cuh"\n' + "".join(
         f"template oss_status oss_attn_{d}_sm90_launch<__nv_bfloat16, {hd}>(const oss_attn_args *, cudaStream_t, "
         f"const oss_device_info *);\n" for d in ("fwd", "bwd") for hd in (64, 128))
-    return ptxas_report(source, tmp_path, include_dir, include_dir / "cuda")
+    return ptxas_report(source, tmp_path, include_dir)
 
 
 @pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc")

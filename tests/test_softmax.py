@@ -507,7 +507,7 @@ def test_one_row_per_cta_kernels_do_not_spill(tmp_path):
             lines.append(f"template __global__ void softmax_rows_in_warp_kernel<false, {t1}, {t2}, float, 4, true, {rl}>"
                          "(sm_row_args);")
     assert len(lines) == 9 * 8
-    assert_no_stack_frames("cuda/softmax_rows.cuh", lines, tmp_path)
+    assert_no_stack_frames("cuda/softmax/softmax_rows.cuh", lines, tmp_path)
 
 
 @pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc")
@@ -522,4 +522,4 @@ def test_columns_kernel_does_not_spill(tmp_path):
              for t1, t2 in itertools.product(KERNEL_TYPES, KERNEL_TYPES) for bwd in ("false", "true")
              for threads in (256, 512)]
     assert len(lines) == 9 * 2 * 2
-    assert_no_stack_frames("cuda/softmax_columns.cuh", lines, tmp_path)
+    assert_no_stack_frames("cuda/softmax/softmax_columns.cuh", lines, tmp_path)

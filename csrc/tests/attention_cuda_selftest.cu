@@ -40,10 +40,10 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/attention_common.cuh"
+#include "cuda/attention/attention_common.cuh"
 #ifdef OSS_SELFTEST_TUNE
-#include "cuda/attention_bwd.cuh"
-#include "cuda/attention_fwd.cuh"
+#include "cuda/attention/mma/attention_bwd.cuh"
+#include "cuda/attention/mma/attention_fwd.cuh"
 #endif
 
 #define CK(call)                                                                                 \

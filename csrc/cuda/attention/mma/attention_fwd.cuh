@@ -28,7 +28,7 @@
 #ifndef OSS_ATTENTION_FWD_CUH
 #define OSS_ATTENTION_FWD_CUH
 
-#include "attention_mma.cuh"
+#include "cuda/attention/mma/attention_mma.cuh"
 
 /* ---- per-tile steps shared by the mma.sync kernel here and the wgmma kernel
  * (attention_fwd_sm90.cuh). Scores and output are C fragments: s[mt][n][e] is

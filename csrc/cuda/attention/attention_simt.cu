@@ -38,7 +38,7 @@
 #include <limits.h>
 #include <math.h>
 
-#include "attention_common.cuh"
+#include "cuda/attention/attention_common.cuh"
 
 #define OSS_SIMT_R 4       /* rows per warp */
 #define OSS_SIMT_ROWS 16   /* rows per CTA */

@@ -10,8 +10,8 @@
 #ifndef OSS_ATTENTION_SM90_CUH
 #define OSS_ATTENTION_SM90_CUH
 
-#include "attention_mma.cuh"
-#include "wgmma_ops.cuh"
+#include "cuda/attention/mma/attention_mma.cuh"
+#include "cuda/attention/sm90/wgmma_ops.cuh"
 
 /* Shared-memory matrix descriptor of a 128-byte-swizzled operand (PTX ISA,
  * "matrix descriptor"): start address, leading and stride byte offsets, all in

@@ -37,8 +37,8 @@
 #ifndef OSS_ATTENTION_BWD_SM90_CUH
 #define OSS_ATTENTION_BWD_SM90_CUH
 
-#include "attention_bwd.cuh"
-#include "attention_sm90.cuh"
+#include "cuda/attention/mma/attention_bwd.cuh"
+#include "cuda/attention/sm90/attention_sm90.cuh"
 
 template <int HD> struct oss_attn_bwd_sm90_cfg {
   static constexpr int BC = 128;             /* keys per CTA (two warpgroups of 64) */

@@ -24,7 +24,7 @@
 
 #include <type_traits>
 
-#include "attention_common.cuh"
+#include "cuda/attention/attention_common.cuh"
 
 /* Head dim rounded up to the mma k-step, and the smem pitch for KD columns. */
 __host__ __device__ constexpr int oss_attn_kd(int hd) { return (hd + 15) / 16 * 16; }

@@ -60,8 +60,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "softmax_columns.cuh"
-#include "softmax_rows.cuh"
+#include "cuda/softmax/softmax_columns.cuh"
+#include "cuda/softmax/softmax_rows.cuh"
 
 // ---- test knobs ------------------------------------------------------------------
 

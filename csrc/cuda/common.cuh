@@ -13,7 +13,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "../oss_internal.h"
+#include "oss_internal.h"
 
 /* Returns from the enclosing function with OSS_ERROR_CUDA when `call` fails. */
 #define OSS_CUDA_TRY(call)                                                                  \

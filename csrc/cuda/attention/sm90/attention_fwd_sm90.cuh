@@ -29,8 +29,8 @@
 #ifndef OSS_ATTENTION_FWD_SM90_CUH
 #define OSS_ATTENTION_FWD_SM90_CUH
 
-#include "attention_fwd.cuh"
-#include "attention_sm90.cuh"
+#include "cuda/attention/mma/attention_fwd.cuh"
+#include "cuda/attention/sm90/attention_sm90.cuh"
 
 template <int HD> struct oss_attn_fwd_sm90_cfg {
   static constexpr int NWG = 2;  /* consumer warpgroups: 128 query rows per CTA */

@@ -104,7 +104,7 @@
 
 #include <cooperative_groups.h>
 
-#include "softmax_common.cuh"
+#include "cuda/softmax/softmax_common.cuh"
 
 // ---- arguments ----------------------------------------------------------------
 

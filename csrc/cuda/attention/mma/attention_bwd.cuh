@@ -52,7 +52,7 @@
 #ifndef OSS_ATTENTION_BWD_CUH
 #define OSS_ATTENTION_BWD_CUH
 
-#include "attention_mma.cuh"
+#include "cuda/attention/mma/attention_mma.cuh"
 
 template <int HD> struct oss_attn_bwd_cfg {
   /* dK/dV kernel */

@@ -38,7 +38,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "cuda_common.cuh"
+#include "cuda/common.cuh"
 
 // ---- constants -------------------------------------------------------------
 

@@ -13,7 +13,7 @@
 #ifndef OSS_ATTENTION_COMMON_CUH
 #define OSS_ATTENTION_COMMON_CUH
 
-#include "cuda_common.cuh"
+#include "cuda/common.cuh"
 
 #define OSS_LOG2E 1.4426950408889634
 #define OSS_LN2 0.6931471805599453

@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attention_common.cuh"
+#include "cuda/attention/attention_common.cuh"
 
 static size_t oss_attn_elem_size(oss_dtype t) {
   switch (t) {
