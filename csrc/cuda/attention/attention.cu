@@ -7,7 +7,8 @@
  * dim (generate_attention_kernels.py -> generated/attention_dispatch.cu): the
  * smallest compiled head dim >= max(D, Dv) is used, the extra columns being
  * zero padding in shared memory. Each table entry has a slot per forward
- * kernel family (mma.sync for sm_80+; wgmma for sm_90a, head dims 64 and 128);
+ * kernel family (mma.sync for sm_80+; wgmma for sm_90a: forward at head dims 64, 128
+ * and 256, backward at 64 and 128);
  * the selection takes the most specific family compiled for the device.
  *
  * Forward, tensor cores: with params->out_residual, the epilogue also writes
@@ -66,15 +67,22 @@ static const oss_attn_kernel_entry *oss_attn_find(oss_dtype dtype, int64_t need,
   return best;
 }
 
+/* Whether environment variable `name` is set to `value`, read once per
+ * process (the first call) rather than on every op call. */
+static bool oss_attn_env_is(const char *name, const char *value) {
+  const char *v = getenv(name);
+  return v != NULL && strcmp(v, value) == 0;
+}
+
 /* Kernel family for the device: the Hopper (wgmma) kernel on sm_90 where it is
- * compiled for the head dim, else mma.sync. The environment variable `force`
- * (TORCH_OSS_ATTENTION_FORWARD / TORCH_OSS_ATTENTION_BACKWARD) set to "mma",
- * read at each call, forces mma.sync, so that kernel stays testable and
- * comparable on Hopper. */
+ * compiled for the head dim, else mma.sync. TORCH_OSS_ATTENTION_FORWARD /
+ * TORCH_OSS_ATTENTION_BACKWARD set to "mma" force mma.sync, so that kernel
+ * stays testable and comparable on Hopper. */
 static oss_attn_launch_fn oss_attn_select(const oss_attn_launch_fn fns[OSS_ATTN_FAMILIES],
-                                          const oss_device_info *dev, const char *force) {
-  const char *v = getenv(force);
-  const int mma_only = v != NULL && strcmp(v, "mma") == 0;
+                                          const oss_device_info *dev, bool backward) {
+  static const bool forward_mma_only = oss_attn_env_is("TORCH_OSS_ATTENTION_FORWARD", "mma");
+  static const bool backward_mma_only = oss_attn_env_is("TORCH_OSS_ATTENTION_BACKWARD", "mma");
+  const bool mma_only = backward ? backward_mma_only : forward_mma_only;
   if (!mma_only && dev->cc_major == 9 && dev->cc_minor == 0 && fns[OSS_ATTN_SM90] != NULL)
     return fns[OSS_ATTN_SM90];
   return fns[OSS_ATTN_MMA];
@@ -224,7 +232,7 @@ oss_status oss_attn_forward_with(const oss_attention_params *p, void *workspace,
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
                     "attention: no forward kernel compiled for head dim %lld (compiled head dims: %s)",
                     (long long)need, oss_attention_cuda_head_dims_list());
-  return (override_fn ? override_fn : oss_attn_select(e->fwd, &dev, "TORCH_OSS_ATTENTION_FORWARD"))(&a, stream,
+  return (override_fn ? override_fn : oss_attn_select(e->fwd, &dev, false))(&a, stream,
                                                                                                      &dev);
 }
 
@@ -275,11 +283,11 @@ static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params
 }
 
 /* dQ's centring in the tensor-core backward (attention_bwd.cuh) is on unless
- * TORCH_OSS_ATTENTION_DQ_CENTRING is "0" (read at each call; for measuring
- * what it costs and what it fixes). */
-static int oss_attn_dq_centring_on(void) {
-  const char *v = getenv("TORCH_OSS_ATTENTION_DQ_CENTRING");
-  return !(v != NULL && strcmp(v, "0") == 0);
+ * TORCH_OSS_ATTENTION_DQ_CENTRING is "0" (for measuring what it costs and
+ * what it fixes). */
+static bool oss_attn_dq_centring_on(void) {
+  static const bool off = oss_attn_env_is("TORCH_OSS_ATTENTION_DQ_CENTRING", "0");
+  return !off;
 }
 
 size_t oss_attention_backward_workspace_size_cuda(const oss_attention_backward_params *bp) {
@@ -371,7 +379,7 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   }
   st = oss_attn_bwd_means(&a, p->dtype, stream);
   if (st != OSS_OK) return st;
-  st = (override_fn ? override_fn : oss_attn_select(e->bwd, &dev, "TORCH_OSS_ATTENTION_BACKWARD"))(&a, stream,
+  st = (override_fn ? override_fn : oss_attn_select(e->bwd, &dev, true))(&a, stream,
                                                                                                   &dev);
   if (st != OSS_OK) return st;
   if (a.dq_acc != NULL && nq > 0) return oss_attn_bwd_dq_convert(&a, p->dtype, stream);

@@ -4,7 +4,7 @@
 One file per (head dim, dtype, kernel) so that a parallel build compiles them
 side by side, and attention_dispatch.cu with the lookup table that
 attention.cu searches (a slot per kernel family, forward and backward:
-mma.sync for every head dim, and Hopper's wgmma kernels for SM90_HEAD_DIMS when
+mma.sync for every head dim, and Hopper's wgmma kernels for the SM90_* head dims when
 the build targets sm_90a) plus oss_attention_cuda_head_dims_list(),
 oss_attention_cuda_hopper_head_dims_list() and
 oss_attention_cuda_max_head_dim().
@@ -25,8 +25,9 @@ DEFAULT_HEAD_DIMS = [32, 40, 64, 80, 96, 112, 128, 160, 192, 256]
 BACKWARD_HEAD_DIMS = None
 
 # Head dims of the Hopper (wgmma, sm_90a) forward and backward; others run the
-# mma.sync kernels.
-SM90_HEAD_DIMS = [64, 128]
+# mma.sync kernels (the backward's register plan is written for 64 and 128).
+SM90_FORWARD_HEAD_DIMS = [64, 128, 256]
+SM90_BACKWARD_HEAD_DIMS = [64, 128]
 
 DTYPES = [("fp16", "__half", "OSS_FLOAT16"), ("bf16", "__nv_bfloat16", "OSS_BFLOAT16")]
 
@@ -94,7 +95,8 @@ def generate(head_dims, out_dir, sm90=False):
     bwd_dims = _backward_dims(dims)
     os.makedirs(out_dir, exist_ok=True)
     paths = []
-    sm90_dims = [d for d in dims if d in SM90_HEAD_DIMS] if sm90 else []
+    sm90_dims = [d for d in dims if d in SM90_FORWARD_HEAD_DIMS] if sm90 else []
+    sm90_bwd_dims = [d for d in bwd_dims if d in SM90_BACKWARD_HEAD_DIMS] if sm90 else []
     for hd in dims:
         for tag, ctype, _ in DTYPES:
             paths.append(_launcher(os.path.join(out_dir, f"attention_fwd_hd{hd}_{tag}.cu"), "mma/attention_fwd.cuh",
@@ -106,7 +108,7 @@ def generate(head_dims, out_dir, sm90=False):
             if hd in bwd_dims:
                 paths.append(_launcher(os.path.join(out_dir, f"attention_bwd_hd{hd}_{tag}.cu"), "mma/attention_bwd.cuh",
                                        _bwd_name(hd, tag), f"oss_attn_bwd_mma_launch<{ctype}, {hd}>"))
-                if hd in sm90_dims:
+                if hd in sm90_bwd_dims:
                     paths.append(_launcher(os.path.join(out_dir, f"attention_bwd_sm90_hd{hd}_{tag}.cu"),
                                            "sm90/attention_bwd_sm90.cuh", _bwd_sm90_name(hd, tag),
                                            f"oss_attn_bwd_sm90_launch<{ctype}, {hd}>"))
@@ -122,7 +124,7 @@ def generate(head_dims, out_dir, sm90=False):
                 declare(_sm90_name(hd, tag))
             if hd in bwd_dims:
                 declare(_bwd_name(hd, tag))
-                if hd in sm90_dims:
+                if hd in sm90_bwd_dims:
                     declare(_bwd_sm90_name(hd, tag))
     lines.append("\n/* {head_dim, dtype, {mma.sync forward, Hopper wgmma forward},\n"
                  " *  {mma.sync backward, Hopper wgmma backward}} */\n")
@@ -132,7 +134,7 @@ def generate(head_dims, out_dir, sm90=False):
         for tag, _, enum in DTYPES:
             bwd = _bwd_name(hd, tag) if hd in bwd_dims else "NULL"
             hopper = _sm90_name(hd, tag) if hd in sm90_dims else "NULL"
-            bwd_hopper = _bwd_sm90_name(hd, tag) if hd in bwd_dims and hd in sm90_dims else "NULL"
+            bwd_hopper = _bwd_sm90_name(hd, tag) if hd in sm90_bwd_dims else "NULL"
             lines.append(f"    {{{hd}, {enum}, {{{_fwd_name(hd, tag)}, {hopper}}}, {{{bwd}, {bwd_hopper}}}}},\n")
             n += 1
     if n == 0:

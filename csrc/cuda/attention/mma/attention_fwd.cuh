@@ -39,11 +39,13 @@
  * scores and c = scale log2(e) (folded into the row max and exp2's FFMA);
  * tiles that need the element mask (mask tensor, key bound, causal diagonal,
  * or a negative scale, where max and scaling do not commute) are scaled and
- * masked here, and c = 1. */
-template <typename T, int MT, int NT>
+ * masked here, and c = 1. MASK_TENSOR = false: a kernel built for calls
+ * without a mask tensor (a.mask_kind is none), which then needs no registers
+ * for reading one. */
+template <typename T, int MT, int NT, bool MASK_TENSOR = true>
 __device__ __forceinline__ float oss_attn_fwd_mask_scores(float (&s)[MT][NT][4], const oss_attn_args &a,
                                                           int64_t mbase, int r0, int j0, int lane) {
-  const bool need_mask = a.mask_kind != OSS_MASK_NONE || a.scale_log2 < 0.f || j0 + NT * 8 > a.lk ||
+  const bool need_mask = (MASK_TENSOR && a.mask_kind != OSS_MASK_NONE) || a.scale_log2 < 0.f || j0 + NT * 8 > a.lk ||
                          (a.causal && (int64_t)(j0 + NT * 8 - 1) > (int64_t)r0 + a.causal_off);
   if (!need_mask) return a.scale_log2;
 #pragma unroll
@@ -52,7 +54,8 @@ __device__ __forceinline__ float oss_attn_fwd_mask_scores(float (&s)[MT][NT][4],
     for (int n = 0; n < NT; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++) s[mt][n][e] *= a.scale_log2;
-  oss_attn_mask_tile<T, false, MT, NT>(s, a, mbase, r0, j0, lane);
+  if (MASK_TENSOR) oss_attn_mask_tile<T, false, MT, NT>(s, a, mbase, r0, j0, lane);
+  else oss_attn_mask_frag<void, false, MT, NT>(s, a, mbase, r0, j0, lane);
   return 1.f;
 }
 

@@ -365,24 +365,25 @@ __device__ __forceinline__ void oss_store_pair(T *row, int c, int ncols, float v
   }
 }
 
-/* The block of BR query rows a query-major CTA owns (grid: oss_attn_grid over
- * query blocks x batch * query heads): batch b, query head h and its kv head
- * hk, rows i0 .. i0 + rows - 1, and the ntiles key tiles of BC that some of
- * them can see (causal: up to the diagonal). Causal grids run the heaviest
- * (last) query blocks first. False for the padding CTAs past batch * heads. */
+/* Query block `block` of (batch, query head) bh: batch b, query head h and
+ * its kv head hk, rows i0 .. i0 + rows - 1, and the ntiles key tiles of BC
+ * that some of them can see (causal: up to the diagonal). Causal blocks are
+ * numbered heaviest (last rows) first. oss_attn_query_block_of: the block a
+ * query-major CTA owns (grid: oss_attn_grid over query blocks x batch * query
+ * heads); false for the padding CTAs past batch * heads. */
 typedef struct oss_attn_query_block {
   int64_t bh;
   int b, h, hk, i0, rows, ntiles;
 } oss_attn_query_block;
 
 template <int BR, int BC>
-__device__ __forceinline__ bool oss_attn_query_block_of(const oss_attn_args &a, oss_attn_query_block *q) {
-  q->bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
-  if (q->bh >= (int64_t)a.batch * a.hq) return false;
+__device__ __forceinline__ void oss_attn_query_block_at(const oss_attn_args &a, int64_t bh, int block,
+                                                        oss_attn_query_block *q) {
+  q->bh = bh;
   q->b = (int)(q->bh / a.hq);
   q->h = (int)(q->bh % a.hq);
   q->hk = q->h / a.group;
-  const int qb = a.causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  const int qb = a.causal ? (a.lq + BR - 1) / BR - 1 - block : block;
   q->i0 = qb * BR;
   q->rows = min(BR, a.lq - q->i0);
   int n_end = a.lk; /* keys [0, n_end) can be visible to some row of the block */
@@ -391,6 +392,13 @@ __device__ __forceinline__ bool oss_attn_query_block_of(const oss_attn_args &a, 
     n_end = (int)(lim < 0 ? 0 : (lim < a.lk ? lim : a.lk));
   }
   q->ntiles = (n_end + BC - 1) / BC;
+}
+
+template <int BR, int BC>
+__device__ __forceinline__ bool oss_attn_query_block_of(const oss_attn_args &a, oss_attn_query_block *q) {
+  const int64_t bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
+  if (bh >= (int64_t)a.batch * a.hq) return false;
+  oss_attn_query_block_at<BR, BC>(a, bh, (int)blockIdx.x, q);
   return true;
 }
 

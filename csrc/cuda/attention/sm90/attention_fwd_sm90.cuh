@@ -1,189 +1,409 @@
 /*
  * attention_fwd_sm90.cuh - the attention forward on Hopper's warpgroup tensor
- * cores (wgmma, sm_90a; float16 and bfloat16, head dims 64 and 128): the same
- * result as attention_fwd.cuh (out = softmax(scale Q K^T + mask) V, lse per
- * query row), computed with m64nNk16 wgmma instead of warp-level mma.sync.
+ * cores (wgmma, sm_90a; float16 and bfloat16, head dims 64, 128 and 256): the
+ * same result as attention_fwd.cuh (out = softmax(scale Q K^T + mask) V, lse
+ * per query row), computed with m64nNk16 wgmma and bulk tensor copies.
  *
- * One CTA owns BR = 64 NWG query rows of one (batch, query head) and streams
- * the keys of its kv head (h / group) in tiles of BC, warp-specialised:
- *   - a producer warpgroup (few registers, setmaxnreg) copies Q, then K_j and
- *     V_j into stage j % 2 with 16-byte cp.async, in the 128-byte-swizzled
- *     layout wgmma reads (oss_load_tile's SW128); each copy completes on the
- *     stage's "full" mbarrier, and a stage is refilled only after every
- *     consumer thread arrived on its "empty" mbarrier.
- *   - NWG consumer warpgroups (more registers); warpgroup w owns query rows
- *     [64w, 64w + 64) of the tile, warp k of it rows 16k .. 16k + 15 (the wgmma
- *     accumulator layout). Per tile: wait K_j, S = Q K_j^T (wgmma, A = Q and
- *     B = K from shared memory, K-major), release K_j; mask and online softmax
- *     in registers (shared with the mma.sync kernel), P packed to 16-bit A
- *     fragments; wait V_j, O += P V_j (A = P from registers, B = V MN-major),
- *     release V_j. No CTA-wide barrier after setup, so the two warpgroups
- *     drift apart and one's softmax overlaps the other's products.
- *   - causal: key tiles past the diagonal are not loaded, and a warpgroup
- *     whose rows see none of a tile skips its products.
- * Limits: head dims (D and Dv) up to HD, zero padded; HD a multiple of 64
- * (64 and 128 are compiled: S and O accumulators of 256 need more registers);
+ * Persistent: one CTA per SM takes work blocks blockIdx.x, + gridDim.x, ...
+ * (a block: BR = 128 query rows of one (batch, query head); the blocks of one
+ * head are consecutive, heaviest first when causal), so one block's epilogue
+ * runs while the next block's Q and K/V already load. A block streams the
+ * keys of its kv head (h / group) in tiles of BC, warp-specialised:
+ *   - a producer warpgroup gives its registers away (setmaxnreg) and one of
+ *     its threads issues the bulk tensor copies (TMA): Q once, then K_j and
+ *     V_j into stage j % STAGES, each tile as 64-column boxes landing in the
+ *     128-byte-swizzled layout wgmma reads; K and V of a stage complete on
+ *     their own "full" mbarriers (S can start before V lands), and a stage is
+ *     refilled once every consumer warp arrived on its "empty" mbarrier.
+ *   - two consumer warpgroups; warpgroup w owns query rows [64w, 64w + 64) of
+ *     the tile, warp k of it rows 16k .. 16k + 15 (the wgmma accumulator
+ *     layout, the mma.sync C layout, so masking and the output code are shared
+ *     with the mma.sync kernel). Per key tile j, inside one warpgroup:
+ *       issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} (both asynchronous),
+ *       wait for S_j, mask and exponentiate it (row max m, sum l), wait for
+ *       the P V product, rescale O by exp2(m_old - m_new), pack P_j to 16 bits
+ *     so the softmax of tile j runs while the tensor cores finish P_{j-1} V.
+ *     With PINGPONG the two warpgroups also take turns issuing their products
+ *     (named barriers), so one's softmax runs under the other's products.
+ *   - a mask tensor is read element-wise from global memory by the variant
+ *     built for it (MASK_TENSOR); the variant without holds fewer registers.
+ *   - every tile up to the causal diagonal is computed by both warpgroups
+ *     (a tile a warpgroup cannot see is masked to zero weight): a wgmma under
+ *     a branch would make ptxas serialise them all.
+ * Limits: head dims (D and Dv) up to HD, zero padded by the copy engine; HD a
+ * multiple of 64; q, k and v with 16-byte aligned base and strides (the
+ * tensor maps' rule; the launcher sends other inputs to the mma.sync kernel);
  * built only for sm_90a (the launcher is in the dispatch table only when the
  * build includes that target; elsewhere the kernel body traps).
  */
 #ifndef OSS_ATTENTION_FWD_SM90_CUH
 #define OSS_ATTENTION_FWD_SM90_CUH
 
+#include <cuda.h>
+
 #include "cuda/attention/mma/attention_fwd.cuh"
 #include "cuda/attention/sm90/attention_sm90.cuh"
 
+/* Tiles per head dim. Registers bound them: a consumer thread holds O (HD / 2
+ * floats), S (BC / 2 floats) and P (BC / 4 words); shared memory holds Q and
+ * STAGES stages of K and V. Head dim 256 takes 64-key tiles so that O, S and P
+ * fit in the consumers' 240 registers. */
 template <int HD> struct oss_attn_fwd_sm90_cfg {
-  static constexpr int NWG = 2;  /* consumer warpgroups: 128 query rows per CTA */
-  static constexpr int BC = 128; /* keys per tile */
+  static constexpr int BR = 128; /* query rows per CTA: two consumer warpgroups */
+  static constexpr int BC = HD <= 128 ? 128 : 64;
+  static constexpr int STAGES = 2;
+  static constexpr bool PINGPONG = HD <= 128;
 };
 
 /* Registers per thread after setmaxnreg. A CTA keeps the registers it was
- * launched with (the 168 per thread that ptxas allots for 384 threads), so the
+ * launched with (168 per thread for 384 threads at one CTA per SM), so the
  * producer's and consumers' budgets must fit in them, or the consumers' request
  * waits forever. */
-enum { OSS_SM90_PRODUCER_REGS = 72, OSS_SM90_CONSUMER_REGS = 216, OSS_SM90_LAUNCH_REGS = 168 };
+enum { OSS_SM90_PRODUCER_REGS = 24, OSS_SM90_CONSUMER_REGS = 240, OSS_SM90_LAUNCH_REGS = 168 };
 static_assert(128 * OSS_SM90_PRODUCER_REGS + 256 * OSS_SM90_CONSUMER_REGS <= 384 * OSS_SM90_LAUNCH_REGS,
               "register budgets exceed the CTA's launch allocation");
 
-template <int HD, int BR, int BC> __host__ __device__ constexpr size_t oss_attn_fwd_sm90_smem_bytes() {
-  return (size_t)(BR + 4 * BC) * HD * 2 + 1024; /* + room to align the tiles to 1024 bytes */
+/* The tensor maps of q, k and v: 4-D (head dim, length, heads, batch) with the
+ * tensors' strides, boxes of 64 columns by BR (q) or BC (k, v) rows. */
+typedef struct oss_attn_sm90_maps {
+  CUtensorMap q, k, v;
+} oss_attn_sm90_maps;
+
+template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size_t oss_attn_fwd_sm90_smem_bytes() {
+  return (size_t)(BR + 2 * STAGES * BC) * HD * 2 + 1024; /* + room to align the tiles to 1024 bytes */
 }
 
-/* Mask, online softmax and packing of P into A fragments for one tile. */
+/* Softmax of one tile, first half (S landed, the previous P V may still run):
+ * scale and mask were applied by oss_attn_fwd_mask_scores (c its factor); the
+ * new row max m, alpha = exp2(m_old - m_new) per row, P = exp2(c s - m) in
+ * place of s, and l = alpha l + rowsum(P). Rows g and g + 8 of the warp's 16;
+ * a row's 4 owners are one quad. */
+template <int NT>
+__device__ __forceinline__ void oss_sm90_softmax_exp(float (&s)[NT][4], float (&m)[2], float (&l)[2],
+                                                     float (&alpha)[2], float c) {
+#pragma unroll
+  for (int hi = 0; hi < 2; hi++) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[n][2 * hi], s[n][2 * hi + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[hi], mx * c);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new; /* fully masked so far: p = 0 */
+    alpha[hi] = oss_ex2(m[hi] - m_use);
+    m[hi] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+      s[n][2 * hi] = oss_ex2(fmaf(s[n][2 * hi], c, -m_use));
+      s[n][2 * hi + 1] = oss_ex2(fmaf(s[n][2 * hi + 1], c, -m_use));
+      sum += s[n][2 * hi] + s[n][2 * hi + 1];
+    }
+    l[hi] = l[hi] * alpha[hi] + sum;
+  }
+}
+
+/* Second half (the previous P V completed, so O and P's registers are free):
+ * O *= alpha, P packed to T as the A fragments of P V (pa[kk] holds n-tiles
+ * 2kk and 2kk + 1), and lr = alpha lr + the row sum of the rounded P, which
+ * out is normalised by (see oss_attn_online_softmax). */
 template <typename T, int NT, int NO>
-__device__ __forceinline__ void oss_attn_sm90_softmax(float (&s)[1][NT][4], float (&o)[1][NO][4], float (&m)[1][2],
-                                                      float (&l)[1][2], float (&lr)[1][2],
-                                                      uint32_t (&pa)[1][NT / 2][4],
-                                                      const oss_attn_args &a, int64_t mbase, int r0, int j0,
-                                                      int lane) {
-  const float c = oss_attn_fwd_mask_scores<T, 1, NT>(s, a, mbase, r0, j0, lane);
-  oss_attn_online_softmax<T, 1, NT, NO>(s, o, m, l, lr, c, pa);
+__device__ __forceinline__ void oss_sm90_softmax_pack(const float (&s)[NT][4], float (&o)[NO][4], float (&lr)[2],
+                                                      const float (&alpha)[2], uint32_t (&pa)[NT / 2][4]) {
+#pragma unroll
+  for (int hi = 0; hi < 2; hi++) {
+    float sum_rounded = 0.f;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+      const uint32_t packed = oss_mma_op<T>::pack(s[n][2 * hi], s[n][2 * hi + 1]);
+      pa[n / 2][2 * (n & 1) + hi] = packed;
+      const float2 rounded = oss_mma_op<T>::unpack(packed);
+      sum_rounded += rounded.x + rounded.y;
+    }
+    lr[hi] = lr[hi] * alpha[hi] + sum_rounded;
+#pragma unroll
+    for (int n = 0; n < NO; n++) {
+      o[n][2 * hi] *= alpha[hi];
+      o[n][2 * hi + 1] *= alpha[hi];
+    }
+  }
 }
 
-template <typename T, int HD, int BC, int NWG>
-__global__ void __launch_bounds__(NWG * 128 + 128, 1) oss_attn_fwd_sm90_kernel(const oss_attn_args a) {
+template <typename T, int HD, int BC, int STAGES, bool PINGPONG, bool MASK_TENSOR>
+__global__ void __launch_bounds__(384, 1)
+    oss_attn_fwd_sm90_kernel(const __grid_constant__ oss_attn_args a, const __grid_constant__ oss_attn_sm90_maps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BR = 64 * NWG, NT = BC / 8, NO = HD / 8, NCONSUMER = NWG * 128;
-  static_assert(HD % 64 == 0 && BC % 16 == 0, "head dim a multiple of 64, key tile of 16");
-  static_assert(NWG == 2, "the register budgets assume two consumer warpgroups");
+  constexpr int BR = 128, NT = BC / 8, NO = HD / 8, NCB = HD / 64, NWARPS = 8;
+  constexpr uint32_t Q_BYTES = BR * HD * 2, KV_BYTES = BC * HD * 2;
+  static_assert(HD % 64 == 0 && BC % 16 == 0 && BC <= 256, "head dim a multiple of 64, key tile of 16");
 
   extern __shared__ __align__(1024) unsigned char oss_sm90_smem[];
   T *sQ = reinterpret_cast<T *>(oss_sm90_smem + ((1024u - (oss_smem_u32(oss_sm90_smem) & 1023u)) & 1023u));
   T *sK = sQ + BR * HD;
-  T *sV = sK + 2 * BC * HD;
+  T *sV = sK + STAGES * BC * HD;
 
-  /* barriers: full[stage] (the producer's copies landed), empty[stage] (every
-   * consumer thread is done reading it), for K (0, 1) and V (2, 3) */
-  __shared__ __align__(8) uint64_t full_bar[4], empty_bar[4];
+  /* q_full: Q landed; q_empty: every consumer warp issued its last Q K^T of
+   * the block; k_full / v_full[stage]: that stage's tile landed (one producer
+   * arrival plus the copy's bytes); k_empty / v_empty[stage]: every consumer
+   * warp is done reading it. Phases count on across work blocks. */
+  __shared__ __align__(8) uint64_t q_full, q_empty, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-  oss_attn_query_block qblk;
-  if (!oss_attn_query_block_of<BR, BC>(a, &qblk)) return;
-  const int64_t bh = qblk.bh;
-  const int b = qblk.b, h = qblk.h, hk = qblk.hk, i0 = qblk.i0, rows = qblk.rows, ntiles = qblk.ntiles;
+  /* persistent: the CTA takes work blocks blockIdx.x, + gridDim.x, ...; the
+   * blocks of one (batch, head) are consecutive, so the CTAs running at one
+   * time share few heads' K and V in L2 */
+  const int nqb = (a.lq + BR - 1) / BR;
+  const int nwork = nqb * a.batch * a.hq; /* the launcher checks that it fits */
 
   if (tid == 0) {
-    for (int i = 0; i < 4; i++) {
-      oss_mbar_init(&full_bar[i], 128);        /* the producer warpgroup's threads (cp.async arrivals) */
-      oss_mbar_init(&empty_bar[i], NCONSUMER); /* every consumer thread */
+    oss_mbar_init(&q_full, 1);
+    oss_mbar_init(&q_empty, NWARPS);
+    for (int i = 0; i < STAGES; i++) {
+      oss_mbar_init(&k_full[i], 1);
+      oss_mbar_init(&v_full[i], 1);
+      oss_mbar_init(&k_empty[i], NWARPS);
+      oss_mbar_init(&v_empty[i], NWARPS);
     }
+    oss_fence_mbar_init();
   }
   __syncthreads(); /* the only CTA-wide barrier */
 
-  if (wg == NWG) {
-    /* producer warpgroup (few registers): Q with K_0, then K_j and V_j into stage j % 2 once the
-     * consumers released its previous use (tile j - 2) */
-    const T *gQ = (const T *)a.q + b * a.q_s[0] + h * a.q_s[1] + (int64_t)i0 * a.q_s[2];
-    const T *gK = (const T *)a.k + b * a.k_s[0] + hk * a.k_s[1];
-    const T *gV = (const T *)a.v + b * a.v_s[0] + hk * a.v_s[1];
-    const bool vq = a.vec & OSS_ATTN_VEC_Q, vk = a.vec & OSS_ATTN_VEC_K, vv = a.vec & OSS_ATTN_VEC_V;
-    const int ptid = tid - NCONSUMER;
+  if (wg == 2) {
+    /* producer warpgroup: one thread issues every copy */
     oss_setmaxnreg_dec<OSS_SM90_PRODUCER_REGS>();
-    if (ntiles > 0) oss_load_tile<T, BR, HD, 64, 128, true>(sQ, gQ, a.q_s[2], rows, a.d, vq, ptid);
+    if (tid == 256) {
+      oss_tma_prefetch_map(&maps.q);
+      oss_tma_prefetch_map(&maps.k);
+      oss_tma_prefetch_map(&maps.v);
+      int blocks = 0, tiles = 0; /* Q and K/V uses so far */
 #pragma unroll 1
-    for (int j = 0; j < ntiles; j++) {
-      const int st = j & 1, use = j >> 1, j0 = j * BC;
-      if (use > 0) oss_mbar_wait(&empty_bar[st], (use - 1) & 1);
-      oss_load_tile<T, BC, HD, 64, 128, true>(sK + st * BC * HD, gK + (int64_t)j0 * a.k_s[2], a.k_s[2],
-                                              min(BC, a.lk - j0), a.d, vk, ptid);
-      oss_fence_proxy_async(); /* the element-load path's plain stores */
-      oss_cp_async_arrive(&full_bar[st]);
-      if (use > 0) oss_mbar_wait(&empty_bar[2 + st], (use - 1) & 1);
-      oss_load_tile<T, BC, HD, 64, 128, true>(sV + st * BC * HD, gV + (int64_t)j0 * a.v_s[2], a.v_s[2],
-                                              min(BC, a.lk - j0), a.dv, vv, ptid);
-      oss_fence_proxy_async();
-      oss_cp_async_arrive(&full_bar[2 + st]);
+      for (int w = blockIdx.x; w < nwork; w += gridDim.x) {
+        oss_attn_query_block qb;
+        oss_attn_query_block_at<BR, BC>(a, w / nqb, w % nqb, &qb);
+        if (qb.ntiles == 0) continue;
+        if (blocks > 0) oss_mbar_wait(&q_empty, (blocks - 1) & 1);
+        oss_mbar_arrive_expect_tx(&q_full, Q_BYTES);
+#pragma unroll
+        for (int cb = 0; cb < NCB; cb++)
+          oss_tma_load_4d(oss_smem_u32(sQ + cb * BR * 64), &maps.q, &q_full, cb * 64, qb.i0, qb.h, qb.b);
+        blocks++;
+#pragma unroll 1
+        for (int j = 0; j < qb.ntiles; j++, tiles++) {
+          const int st = tiles % STAGES, use = tiles / STAGES, j0 = j * BC;
+          if (use > 0) oss_mbar_wait(&k_empty[st], (use - 1) & 1);
+          oss_mbar_arrive_expect_tx(&k_full[st], KV_BYTES);
+#pragma unroll
+          for (int cb = 0; cb < NCB; cb++)
+            oss_tma_load_4d(oss_smem_u32(sK + st * BC * HD + cb * BC * 64), &maps.k, &k_full[st], cb * 64, j0, qb.hk,
+                            qb.b);
+          if (use > 0) oss_mbar_wait(&v_empty[st], (use - 1) & 1);
+          oss_mbar_arrive_expect_tx(&v_full[st], KV_BYTES);
+#pragma unroll
+          for (int cb = 0; cb < NCB; cb++)
+            oss_tma_load_4d(oss_smem_u32(sV + st * BC * HD + cb * BC * 64), &maps.v, &v_full[st], cb * 64, j0, qb.hk,
+                            qb.b);
+        }
+      }
     }
-    oss_cp_async_wait<0>();
   } else {
-  /* consumer warpgroups */
-  oss_setmaxnreg_inc<OSS_SM90_CONSUMER_REGS>();
-  const int wrow = wg * 64 + (warp & 3) * 16; /* this warp's first row in the tile */
-  const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
-  float o[1][NO][4], s[1][NT][4];
-  float m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.f, 0.f}}, lr[1][2] = {{0.f, 0.f}};
+    /* consumer warpgroups */
+    oss_setmaxnreg_inc<OSS_SM90_CONSUMER_REGS>();
+    const int wrow = wg * 64 + (warp & 3) * 16; /* this warp's first row in the tile */
+    const uint32_t sQa = oss_smem_u32(sQ) + wg * 64 * 128; /* this warpgroup's 64 rows */
+    /* ping-pong: a warpgroup issues its products after syncing on its own
+     * barrier, then arrives on the other's. Both take the same turns; the
+     * second warpgroup arrives once more at the start, so the first goes
+     * first, and the first syncs once more at the end to take that arrival */
+    const int my_bar = 1 + wg, other_bar = 2 - wg;
+    if (PINGPONG && wg == 1) oss_named_arrive(other_bar, 256);
+    int blocks = 0, tiles = 0;
+#pragma unroll 1
+    for (int w = blockIdx.x; w < nwork; w += gridDim.x) {
+      oss_attn_query_block qb;
+      oss_attn_query_block_at<BR, BC>(a, w / nqb, w % nqb, &qb);
+      const int i0 = qb.i0, ntiles = qb.ntiles;
+      const int64_t mbase = MASK_TENSOR ? oss_attn_mask_base(a, qb.b, qb.h) : 0;
+      /* [1]: the one 16-row m-tile of a warp, as the shared mma.sync helpers count them */
+      float o[1][NO][4], s[1][NT][4];
+      float m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.f, 0.f}}, lr[1][2] = {{0.f, 0.f}}, alpha[2];
+      uint32_t pa[NT / 2][4];
 #pragma unroll
-  for (int n = 0; n < NO; n++) o[0][n][0] = o[0][n][1] = o[0][n][2] = o[0][n][3] = 0.f;
-#pragma unroll
-  for (int n = 0; n < NT; n++) s[0][n][0] = s[0][n][1] = s[0][n][2] = s[0][n][3] = 0.f;
-  const uint32_t sQa = oss_smem_u32(sQ) + wg * 64 * 128; /* this warpgroup's 64 rows */
-  uint32_t pa[1][BC / 16][4];
+      for (int n = 0; n < NO; n++) o[0][n][0] = o[0][n][1] = o[0][n][2] = o[0][n][3] = 0.f;
+
+      if (ntiles > 0) {
+        oss_mbar_wait(&q_full, blocks & 1);
+        /* tile 0: S_0 alone */
+        int st = tiles % STAGES;
+        oss_mbar_wait(&k_full[st], (tiles / STAGES) & 1);
+        if (PINGPONG) oss_named_sync(my_bar, 256);
+        oss_wgmma_fence_operand<NT>(s[0]);
+        oss_wgmma_fence();
+        oss_attn_sm90_qk<T, HD, BR, BC>(s[0], sQa, oss_smem_u32(sK + st * BC * HD));
+        oss_wgmma_commit();
+        if (PINGPONG) oss_named_arrive(other_bar, 256);
+        oss_wgmma_wait<0>();
+        oss_wgmma_fence_operand<NT>(s[0]);
+        __syncwarp();
+        if (lane == 0) {
+          oss_mbar_arrive(&k_empty[st]);
+          if (ntiles == 1) oss_mbar_arrive(&q_empty);
+        }
+        float c = oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, 0, lane);
+        oss_sm90_softmax_exp<NT>(s[0], m[0], l[0], alpha, c);
+        oss_sm90_softmax_pack<T, NT, NO>(s[0], o[0], lr[0], alpha, pa);
 
 #pragma unroll 1
-  for (int j = 0; j < ntiles; j++) {
-    const int st = j & 1, par = (j >> 1) & 1, j0 = j * BC;
-    /* keys of this tile visible to some row of this warpgroup (uniform over it) */
-    const bool live = !a.causal || (int64_t)j0 <= (int64_t)(i0 + wg * 64 + 63) + a.causal_off;
-    oss_mbar_wait(&full_bar[st], par); /* K_j (and Q) landed */
-    oss_fence_proxy_async();
-    if (live) {
-      oss_wgmma_fence_operand<NT>(s[0]);
-      oss_wgmma_fence();
-      oss_attn_sm90_qk<T, HD, BR, BC>(s[0], sQa, oss_smem_u32(sK + st * BC * HD));
-      oss_wgmma_commit();
-      oss_wgmma_wait<0>();
-      oss_wgmma_fence_operand<NT>(s[0]);
-    }
-    oss_mbar_arrive(&empty_bar[st]);
-    if (live) oss_attn_sm90_softmax<T, NT, NO>(s, o, m, l, lr, pa, a, mbase, i0 + wrow, j0, lane);
-    oss_mbar_wait(&full_bar[2 + st], par); /* V_j landed */
-    oss_fence_proxy_async();
-    if (live) {
-      oss_wgmma_fence_operand<NO>(o[0]);
-      oss_wgmma_fence();
-      oss_attn_sm90_pv<T, HD, BC>(o[0], pa[0], oss_smem_u32(sV + st * BC * HD));
-      oss_wgmma_commit();
-      oss_wgmma_wait<0>();
-      oss_wgmma_fence_operand<NO>(o[0]);
-    }
-    oss_mbar_arrive(&empty_bar[2 + st]);
-  }
+        for (int j = 1; j < ntiles; j++) {
+          const int pst = st, pphase = ((tiles + j - 1) / STAGES) & 1, j0 = j * BC;
+          st = (tiles + j) % STAGES;
+          oss_mbar_wait(&k_full[st], ((tiles + j) / STAGES) & 1);
+          if (PINGPONG) oss_named_sync(my_bar, 256);
+          oss_wgmma_fence_operand<NT>(s[0]);
+          oss_wgmma_fence();
+          oss_attn_sm90_qk<T, HD, BR, BC>(s[0], sQa, oss_smem_u32(sK + st * BC * HD));
+          oss_wgmma_commit();
+          oss_mbar_wait(&v_full[pst], pphase);
+          oss_wgmma_fence_operand<NO>(o[0]);
+          oss_wgmma_fence();
+          oss_attn_sm90_pv<T, HD, BC>(o[0], pa, oss_smem_u32(sV + pst * BC * HD));
+          oss_wgmma_commit();
+          if (PINGPONG) oss_named_arrive(other_bar, 256);
+          oss_wgmma_wait<1>(); /* S_j done, P_{j-1} V_{j-1} may still run */
+          oss_wgmma_fence_operand<NT>(s[0]);
+          __syncwarp();
+          if (lane == 0) {
+            oss_mbar_arrive(&k_empty[st]);
+            if (j == ntiles - 1) oss_mbar_arrive(&q_empty);
+          }
+          c = oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, j0, lane);
+          oss_sm90_softmax_exp<NT>(s[0], m[0], l[0], alpha, c);
+          oss_wgmma_wait<0>();
+          oss_wgmma_fence_operand<NO>(o[0]);
+          oss_wgmma_fence_operand<NT / 2>(pa);
+          __syncwarp();
+          if (lane == 0) oss_mbar_arrive(&v_empty[pst]);
+          oss_sm90_softmax_pack<T, NT, NO>(s[0], o[0], lr[0], alpha, pa);
+        }
 
-  oss_attn_fwd_write<T, 1, NO>(a, o, m, l, lr, b, h, bh, i0 + wrow, lane);
+        /* the last tile's P V */
+        oss_mbar_wait(&v_full[st], ((tiles + ntiles - 1) / STAGES) & 1);
+        if (PINGPONG) oss_named_sync(my_bar, 256);
+        oss_wgmma_fence_operand<NO>(o[0]);
+        oss_wgmma_fence();
+        oss_attn_sm90_pv<T, HD, BC>(o[0], pa, oss_smem_u32(sV + st * BC * HD));
+        oss_wgmma_commit();
+        if (PINGPONG) oss_named_arrive(other_bar, 256);
+        oss_wgmma_wait<0>();
+        oss_wgmma_fence_operand<NO>(o[0]);
+        oss_wgmma_fence_operand<NT / 2>(pa);
+        __syncwarp();
+        if (lane == 0) oss_mbar_arrive(&v_empty[st]);
+        blocks++;
+        tiles += ntiles;
+      }
+      /* the epilogue runs while the producer already loads the next block */
+      oss_attn_fwd_write<T, 1, NO>(a, o, m, l, lr, qb.b, qb.h, qb.bh, i0 + wrow, lane);
+    }
+    if (PINGPONG && wg == 0) oss_named_sync(my_bar, 256);
   }
 #else
   __trap(); /* not built for sm_90a: never in the dispatch table */
 #endif
 }
 
+/* ---- host: tensor maps and launch ------------------------------------------ */
+
+typedef CUresult (*oss_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                        const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
+                                        CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                        CUtensorMapFloatOOBfill);
+
+/* The driver's cuTensorMapEncodeTiled, found once per process (the runtime
+ * hands out driver entry points, so the library need not link libcuda). */
+static inline oss_encode_tiled_fn oss_encode_tiled(void) {
+  static oss_encode_tiled_fn fn = NULL;
+  static int looked = 0;
+  if (!looked) {
+    void *p = NULL;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      p = NULL;
+    cudaGetLastError();
+    fn = (oss_encode_tiled_fn)p;
+    looked = 1;
+  }
+  return fn;
+}
+
+template <typename T> struct oss_tma_dtype;
+template <> struct oss_tma_dtype<__half> {
+  static constexpr CUtensorMapDataType value = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+};
+template <> struct oss_tma_dtype<__nv_bfloat16> {
+  static constexpr CUtensorMapDataType value = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+};
+
+/* Tensor map of a (batch, heads, len, cols) tensor whose rows are contiguous,
+ * strides s (elements) of batch, heads and len; boxes of 64 columns by
+ * box_rows rows, 128-byte swizzle. Returns 0 when the copy engine cannot
+ * address it (16-byte rule on the base and strides). */
+template <typename T>
+static inline int oss_attn_sm90_map(CUtensorMap *map, const void *base, int64_t batch, int64_t heads, int64_t len,
+                                    int64_t cols, const int64_t s[3], int box_rows) {
+  oss_encode_tiled_fn encode = oss_encode_tiled();
+  if (encode == NULL || ((uintptr_t)base) % 16 != 0) return 0;
+  const cuuint64_t dims[4] = {(cuuint64_t)cols, (cuuint64_t)len, (cuuint64_t)heads, (cuuint64_t)batch};
+  const int64_t want[3] = {s[2], s[1], s[0]};
+  cuuint64_t strides[3];
+  int64_t prev = cols * 2;
+  for (int i = 0; i < 3; i++) {
+    /* a dimension of size 1 is never stepped along: any legal stride will do */
+    const int64_t st = dims[i + 1] == 1 ? (prev + 15) / 16 * 16 : want[i] * 2;
+    if (st <= 0 || st % 16 != 0 || st >= ((int64_t)1 << 40)) return 0;
+    strides[i] = (cuuint64_t)st;
+    prev = st * (int64_t)dims[i + 1];
+  }
+  const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, elem_strides[4] = {1, 1, 1, 1};
+  return encode(map, oss_tma_dtype<T>::value, 4, const_cast<void *>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <typename T, int HD>
 oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   typedef oss_attn_fwd_sm90_cfg<HD> C;
-  constexpr int BR = 64 * C::NWG;
-  void (*kernel)(const oss_attn_args) = oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::NWG>;
+  /* a kernel without the registers for reading a mask tensor where there is
+   * none; the one that reads it has no registers left for ping-pong */
+  void (*kernel)(const oss_attn_args, const oss_attn_sm90_maps) =
+      a->mask_kind != OSS_MASK_NONE ? oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>
+                                    : oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>;
   /* The budgets of setmaxnreg hold only if the kernel launches with the
    * registers assumed above; a compiler that allots fewer would make the
    * consumers wait forever, so then the mma.sync kernel runs instead. */
-  static int launch_regs = -1;
-  if (launch_regs < 0) {
+  static int launch_regs[2] = {-1, -1};
+  int &regs = launch_regs[a->mask_kind != OSS_MASK_NONE];
+  if (regs < 0) {
     cudaFuncAttributes attr;
     OSS_CUDA_TRY(cudaFuncGetAttributes(&attr, kernel));
-    launch_regs = attr.numRegs;
+    regs = attr.numRegs;
   }
-  if (launch_regs < OSS_SM90_LAUNCH_REGS) return oss_attn_fwd_mma_launch<T, HD>(a, stream, dev);
-  return oss_attn_launch(kernel, "attention forward (wgmma)", HD, oss_attn_fwd_sm90_smem_bytes<HD, BR, C::BC>(),
-                         oss_attn_grid((a->lq + BR - 1) / BR, (int64_t)a->batch * a->hq), C::NWG * 128 + 128, a,
-                         stream, dev);
+  const int64_t nwork = (int64_t)((a->lq + C::BR - 1) / C::BR) * a->batch * a->hq;
+  oss_attn_sm90_maps maps;
+  if (regs < OSS_SM90_LAUNCH_REGS || a->lk == 0 || nwork > INT_MAX ||
+      !oss_attn_sm90_map<T>(&maps.q, a->q, a->batch, a->hq, a->lq, a->d, a->q_s, C::BR) ||
+      !oss_attn_sm90_map<T>(&maps.k, a->k, a->batch, a->hkv, a->lk, a->d, a->k_s, C::BC) ||
+      !oss_attn_sm90_map<T>(&maps.v, a->v, a->batch, a->hkv, a->lk, a->dv, a->v_s, C::BC))
+    return oss_attn_fwd_mma_launch<T, HD>(a, stream, dev);
+  const size_t smem = oss_attn_fwd_sm90_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
+  if (smem > (size_t)dev->max_smem_per_block_optin) return oss_attn_fwd_mma_launch<T, HD>(a, stream, dev);
+  OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  /* persistent: one CTA per SM (the registers allow no second), or fewer
+   * where there are fewer work blocks */
+  const unsigned grid = (unsigned)(nwork < dev->sm_count ? nwork : dev->sm_count);
+  kernel<<<grid, 384, smem, stream>>>(*a, maps);
+  return oss_check_launch("attention forward (wgmma)");
 }
 
 #endif /* OSS_ATTENTION_FWD_SM90_CUH */

@@ -1,8 +1,10 @@
 /*
  * attention_sm90.cuh - building blocks of the Hopper (sm_90a) attention
  * kernels (attention_fwd_sm90.cuh, attention_bwd_sm90.cuh): wgmma shared-memory
- * descriptors for 128-byte-swizzled tiles (oss_load_tile's SW128 layout),
- * wgmma fences, commits and waits, proxy fences, mbarriers, setmaxnreg, and the
+ * descriptors for 128-byte-swizzled tiles (oss_load_tile's SW128 layout, which
+ * is also the bulk tensor copy's 128-byte swizzle of 64-column boxes), wgmma
+ * fences, commits and waits, proxy fences, mbarriers, bulk tensor copies,
+ * named barriers, setmaxnreg, and the
  * two tile products every kernel issues (S = A B^T from shared memory,
  * O += P V with P in registers). Compiled only for sm_90a (uses sit inside
  * __CUDA_ARCH_FEAT_SM90_ALL).
@@ -19,6 +21,16 @@
 __device__ __forceinline__ uint64_t oss_wgmma_desc(uint32_t addr, uint32_t lead_bytes, uint32_t stride_bytes) {
   return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lead_bytes & 0x3FFFF) >> 4) << 16) |
          ((uint64_t)((stride_bytes & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+
+/* The same descriptor, formed where it is used: the compiler may not hoist it
+ * (or the per-k-step descriptors derived from it by adding offsets, which
+ * stay inside the 14-bit address field) out of a loop, where each would hold
+ * two registers for the whole loop. */
+__device__ __forceinline__ uint64_t oss_wgmma_desc_here(uint32_t addr, uint32_t lead_bytes, uint32_t stride_bytes) {
+  uint32_t here;
+  asm volatile("mov.b32 %0, %1;\n" : "=r"(here) : "r"(addr));
+  return oss_wgmma_desc(here, lead_bytes, stride_bytes);
 }
 
 __device__ __forceinline__ void oss_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -71,6 +83,41 @@ __device__ __forceinline__ void oss_mbar_wait(uint64_t *bar, int parity) {
                : "memory");
 }
 
+/* Arrives on bar and adds `bytes` to the transaction count its phase waits
+ * for (the bytes the copy engine will deliver to it). */
+__device__ __forceinline__ void oss_mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(oss_smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+/* Makes initialised mbarriers visible to the copy engine (async proxy). */
+__device__ __forceinline__ void oss_fence_mbar_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+/* Bulk tensor copy (PTX ISA, "cp.async.bulk.tensor"): the box of the 4-D
+ * tensor map at coordinates {c0, c1, c2, c3} (innermost first) lands in shared
+ * memory at dst in the map's swizzled layout, out-of-bounds elements as zeros,
+ * and completes its bytes on bar. map is a kernel parameter (__grid_constant__). */
+__device__ __forceinline__ void oss_tma_load_4d(uint32_t dst, const void *map, uint64_t *bar, int c0, int c1, int c2,
+                                                int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+               "%3, %4, %5}], [%6];\n" ::"r"(dst),
+               "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(oss_smem_u32(bar))
+               : "memory");
+}
+__device__ __forceinline__ void oss_tma_prefetch_map(const void *map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+
+/* Named barriers (ids 1..15; 0 is __syncthreads): sync waits until `count`
+ * threads reached the barrier, counting those that only arrive. */
+__device__ __forceinline__ void oss_named_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void oss_named_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 /* Register budget per thread of the executing warpgroup (sm_90a): the
  * producer gives registers back, the consumers take them. */
 template <int N> __device__ __forceinline__ void oss_setmaxnreg_dec() {
@@ -89,6 +136,15 @@ template <int N> __device__ __forceinline__ void oss_wgmma_fence_operand(float (
 #pragma unroll
     for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[n][e])::"memory");
 }
+/* The same for A fragments in registers: an RS wgmma reads them
+ * asynchronously, so they must stay in their registers, unchanged, until the
+ * wgmma.wait that completes it (fence after that wait). */
+template <int N> __device__ __forceinline__ void oss_wgmma_fence_operand(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) asm volatile("" : "+r"(a[n][e])::"memory");
+}
 
 /* Issues S = A B^T for one warpgroup (64 rows of A x NB rows of B, summed over
  * HD columns; no commit), both operands K-major 128-byte-swizzled tiles of HD
@@ -98,11 +154,11 @@ template <int N> __device__ __forceinline__ void oss_wgmma_fence_operand(float (
  * dP^T = V dO^T. */
 template <typename T, int HD, int MA, int NB>
 __device__ __forceinline__ void oss_attn_sm90_qk(float (&s)[NB / 8][4], uint32_t sAa, uint32_t sBa) {
+  const uint64_t da = oss_wgmma_desc_here(sAa, 16, 1024), db = oss_wgmma_desc_here(sBa, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < HD / 16; kk++)
-    oss_wgmma<T, NB>::template ss<0, 0>(s, oss_wgmma_desc(sAa + (kk >> 2) * (MA * 128) + (kk & 3) * 32, 16, 1024),
-                                        oss_wgmma_desc(sBa + (kk >> 2) * (NB * 128) + (kk & 3) * 32, 16, 1024),
-                                        kk > 0);
+    oss_wgmma<T, NB>::template ss<0, 0>(s, da + (((kk >> 2) * (MA * 128) + (kk & 3) * 32) >> 4),
+                                        db + (((kk >> 2) * (NB * 128) + (kk & 3) * 32) >> 4), kk > 0);
 }
 
 /* Issues O += P V for one warpgroup (no commit): A = P from registers (one
@@ -113,9 +169,9 @@ __device__ __forceinline__ void oss_attn_sm90_qk(float (&s)[NB / 8][4], uint32_t
 template <typename T, int HD, int KR>
 __device__ __forceinline__ void oss_attn_sm90_pv(float (&o)[HD / 8][4], const uint32_t (&pa)[KR / 16][4],
                                                  uint32_t sVa) {
+  const uint64_t dv = oss_wgmma_desc_here(sVa, KR * 128, 1024);
 #pragma unroll
-  for (int kk = 0; kk < KR / 16; kk++)
-    oss_wgmma<T, HD>::template rs<1>(o, pa[kk], oss_wgmma_desc(sVa + kk * 16 * 128, KR * 128, 1024), 1);
+  for (int kk = 0; kk < KR / 16; kk++) oss_wgmma<T, HD>::template rs<1>(o, pa[kk], dv + ((kk * 16 * 128) >> 4), 1);
 }
 
 #endif /* OSS_ATTENTION_SM90_CUH */
