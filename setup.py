@@ -1,6 +1,16 @@
 """Build torch_oss._C against the installed torch.
 
-    pip install --no-build-isolation -e .
+    make build        (what `make test` and `make bench` run first), which is
+    python3 setup.py build_ext --inplace     the extension, next to the Python package
+    TORCH_OSS_NO_EXTENSION=1 pip install --no-build-isolation --no-deps -e .
+                      once: makes `import torch_oss` find this tree from anywhere
+
+The build is incremental: objects and ninja's dependency records stay under
+build/, and the extension is rebuilt only when a file it is built from (any
+source or header under csrc/, this file, the kernel generators) or the build
+configuration (the knobs below, the torch and CUDA versions) changed; then
+ninja recompiles only what that change touches. `pip install
+--no-build-isolation -e .` on its own also works (it builds the extension too).
 
 Knobs (environment variables):
   TORCH_CUDA_ARCH_LIST  CUDA archs, e.g. "9.0a" or "8.0;9.0a". Default: the visible
@@ -11,11 +21,13 @@ Knobs (environment variables):
   TORCH_OSS_DEBUG=1     -O0 -g host code, -lineinfo device code, assertions on.
   TORCH_OSS_SANITIZE    host-code sanitizers, e.g. "address,undefined": the C11 kernels
                         and the registration layer are built with -fsanitize=... (run
-                        with the sanitizer runtime preloaded; see docs/reliability.md).
+                        with the sanitizer runtime preloaded; see docs/testing.md).
   MAX_JOBS              parallel compile jobs (ninja and the C compile step).
-  TORCH_OSS_SOFTMAX_KNOBS=1  builds the CUDA softmax planner with its test knobs
-                        (csrc/cuda/softmax.cu; all zero = the normal plans), for
-                        scripts/softmax_variants.py. Not for normal use.
+  TORCH_OSS_SOFTMAX_KNOBS=1  debug only: builds the CUDA softmax planner with its
+                        test knobs (all zero = the normal plans), to compare plans
+                        from Python. Not for normal use.
+  TORCH_OSS_NO_EXTENSION=1  package metadata only, no extension (the Makefile's
+                        editable install, after build_ext --inplace built it).
 """
 
 import importlib.util
@@ -87,10 +99,71 @@ def load_generator():
     return module
 
 
+def write_if_changed(path, text):
+    """Writes text to path unless the file already holds it, so its mtime
+    changes only when its content does."""
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return path
+    except OSError:
+        pass
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def build_config_stamp(lines):
+    """build/config.txt: the build configuration, rewritten only when it
+    changes. The extension depends on it, so a changed knob rebuilds it."""
+    return write_if_changed(os.path.join(ROOT, "build", "config.txt"), "\n".join(lines) + "\n")
+
+
+def tree_files(*suffixes):
+    """Every file under csrc/ with one of these suffixes (generated sources excluded)."""
+    generated = os.path.join(CSRC, "cuda", "attention", "generated")
+    out = []
+    for folder, subfolders, files in os.walk(CSRC):
+        subfolders[:] = sorted(d for d in subfolders if os.path.join(folder, d) != generated)
+        out += [os.path.join(folder, f) for f in sorted(files) if f.endswith(suffixes)]
+    return out
+
+
+def object_is_current(obj, cmd):
+    """Whether obj was compiled by exactly cmd and is newer than its source and
+    every header the compiler listed in obj's .d file."""
+    try:
+        with open(obj + ".cmd") as f:
+            if f.read() != "\0".join(cmd):
+                return False
+        with open(obj + ".d") as f:
+            deps = f.read().replace("\\\n", " ").split(":", 1)[1].split()
+        built = os.path.getmtime(obj)
+        return all(os.path.getmtime(d) <= built for d in deps)
+    except (OSError, IndexError):
+        return False
+
+
 class BuildWithC11(BuildExtension):
     """torch's BuildExtension compiles every non-CUDA source as C++. The CPU
-    kernels are C11, so compile them here with the C compiler (in parallel)
-    and hand the objects to the link step."""
+    kernels are C11, so compile them here with the C compiler (in parallel,
+    only those whose source, headers or command changed) and hand the objects
+    to the link step.
+
+    Incremental builds: torch's BuildExtension forces a rebuild (ninja then
+    finds nothing to do, but the extension is linked again); here the
+    extension is skipped when it is newer than every file it depends on
+    (Extension.depends lists all of csrc/, setup.py, the generators and the
+    configuration stamp), and when it is not, ninja recompiles only what
+    changed. Objects stay in build/temp, also under `pip install -e`, whose
+    own build folder is a fresh temporary one each time."""
+
+    def finalize_options(self):
+        force = self.force
+        super().finalize_options()
+        self.force = force
+        self.build_temp = os.path.join(ROOT, "build", "temp")
 
     def build_extensions(self):
         cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
@@ -114,8 +187,11 @@ class BuildWithC11(BuildExtension):
             def compile_one(src):
                 obj = os.path.join(out_dir, os.path.relpath(src, CSRC).replace(os.sep, "_") + ".o")
                 cmd = cc + flags + ["-c", src, "-o", obj]
-                log(" ".join(cmd))
-                subprocess.run(cmd, check=True)
+                if self.force or not object_is_current(obj, cmd):
+                    log(" ".join(cmd))
+                    subprocess.run(cmd + ["-MMD", "-MF", obj + ".d"], check=True)
+                    with open(obj + ".cmd", "w") as f:
+                        f.write("\0".join(cmd))
                 return obj
 
             with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -132,11 +208,16 @@ def make_extension():
     cxx_flags = (["-O0", "-g"] if DEBUG else ["-O3"]) + SANITIZE_FLAGS
     link_flags = [f"-fsanitize={SANITIZE}"] if SANITIZE else []
     sources = [os.path.join(CSRC, "torch_ops.cpp")]
-    depends = [os.path.join(CSRC, f) for f in ("oss.h", "oss_internal.h")]
+    # What the extension is rebuilt for (BuildWithC11): every source and header
+    # of csrc/ (the .cu files are sources), this file, the generators and the
+    # configuration; ninja then finds what each change touches.
+    config = [f"python {sys.version.split()[0]}", f"torch {torch.__version__}", f"cuda {WITH_CUDA and torch.version.cuda}",
+              f"debug {DEBUG}", f"sanitize {SANITIZE}"]
+    depends = tree_files(".h", ".cuh", ".c", ".py") + [os.path.abspath(__file__)]
     if not WITH_CUDA:
         log("no CUDA toolkit found (or TORCH_OSS_CPU_ONLY=1): building the CPU-only extension")
         ext = CppExtension("torch_oss._C", sources, extra_compile_args={"cxx": cxx_flags}, extra_link_args=link_flags,
-                           depends=depends)
+                           depends=depends + [build_config_stamp(config)])
         ext.c_sources = c_sources
         return ext
 
@@ -147,11 +228,7 @@ def make_extension():
     cuda_dir = os.path.join(CSRC, "cuda")
     generated_dir = os.path.join(cuda_dir, "attention", "generated")
     generated = load_generator().generate(dims, generated_dir, sm90=sm90)
-    cu_sources, cuda_headers = [], []
-    for folder, subfolders, files in os.walk(cuda_dir):
-        subfolders[:] = sorted(d for d in subfolders if os.path.join(folder, d) != generated_dir)
-        cu_sources += [os.path.join(folder, f) for f in sorted(files) if f.endswith(".cu")]
-        cuda_headers += [os.path.join(folder, f) for f in sorted(files) if f.endswith(".cuh")]
+    cu_sources = [f for f in tree_files(".cu") if f.startswith(cuda_dir + os.sep)]
     log(f"CUDA build: archs={archs} attention head dims={dims} hopper forward={sm90} ({len(cu_sources) + len(generated)} .cu files)")
     nvcc_flags = [
         "-DOSS_WITH_CUDA",
@@ -169,12 +246,13 @@ def make_extension():
     threads = os.environ.get("NVCC_THREADS")
     if threads:
         nvcc_flags.append(f"--threads={threads}")
+    config += [f"archs {archs}", f"head dims {dims}", f"nvcc {' '.join(nvcc_flags)}"]
     ext = CUDAExtension(
         "torch_oss._C",
         sources + cu_sources + generated,
         extra_compile_args={"cxx": cxx_flags + ["-DOSS_WITH_CUDA"], "nvcc": nvcc_flags},
         extra_link_args=link_flags,
-        depends=depends + cuda_headers,
+        depends=depends + [build_config_stamp(config)],
     )
     ext.c_sources = c_sources
     return ext
@@ -186,7 +264,7 @@ setup(
     description="Open softmax and FlashAttention-style attention kernels for PyTorch",
     license="BSD-3-Clause",
     packages=find_packages(include=["torch_oss", "torch_oss.*"]),
-    ext_modules=[make_extension()],
+    ext_modules=[] if env_flag("TORCH_OSS_NO_EXTENSION") else [make_extension()],
     cmdclass={"build_ext": BuildWithC11.with_options(use_ninja=True)},
     python_requires=">=3.9",
     install_requires=["torch>=2.4"],

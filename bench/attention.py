@@ -1,4 +1,4 @@
-"""Attention benchmark (BENCHMARKS.md, FlashAttention's setup): batch x seqlen =
+"""Attention benchmark (docs/performance.md, FlashAttention's setup): batch x seqlen =
 16k tokens, model width 2048 (head dim 64 -> 32 heads, 128 -> 16, 256 -> 8),
 seqlen 512 ... 16k, causal and not, bf16 and fp16, forward and forward+backward,
 torch_oss against every SDPA backend in the same run. TFLOP/s: forward

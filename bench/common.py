@@ -1,4 +1,4 @@
-"""Timing, ceilings and result files shared by the benchmarks (BENCHMARKS.md):
+"""Timing, ceilings and result files shared by the benchmarks (docs/performance.md):
 CUDA-event medians after warm-up, the device-to-device copy ceiling measured in
 the same run, a table on stdout, JSON and PNG plots under a results folder."""
 

@@ -1,4 +1,4 @@
-"""`make bench`: the comparison benchmarks of BENCHMARKS.md on the GPU when one
+"""`make bench`: the comparison benchmarks of docs/performance.md on the GPU when one
 is visible (else on the CPU, smaller grids): softmax, attention, and the
 Llama-style model when transformers is installed. Tables on stdout; JSON and
 PNG plots under results/ (or $TORCH_OSS_RESULTS)."""

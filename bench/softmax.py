@@ -1,4 +1,4 @@
-"""Softmax benchmark (BENCHMARKS.md): GB/s and % of the copy ceiling measured in
+"""Softmax benchmark (docs/performance.md): GB/s and % of the copy ceiling measured in
 the same run, for torch_oss against F.softmax, torch.compile(F.softmax) and a
 Triton fused softmax, forward and backward, over widths 128 ... 16M.
 
@@ -175,7 +175,7 @@ def main():
 
     # softmax over dim=1 of a (B, C, H, W) tensor (the strided columns kernel), forward
     # and backward, against F.softmax and against torch_oss on the last dim of a tensor
-    # of the same size (#3: at least 0.9x its per-byte speed)
+    # of the same size
     dim1_ratios = []
     for dname in [d for d in ("float32", "bfloat16") if d in args.dtypes.split(",")]:
         dtype = DTYPES[dname]

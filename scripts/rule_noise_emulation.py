@@ -3,8 +3,8 @@ the views the op receives, not on the leaves they were made from.
 
 Two roundings of the float16 attention backward that are equally accurate
 (dS' = scale * P (dP - D) rounded to float16, as torch_oss does, or P (dP - D)
-rounded and scaled afterwards) are judged against each other with GUIDE.md's
-rule (max|a - ref| - eps |ref| <= 2 max|b - ref| + atol), for a query
+rounded and scaled afterwards) are judged against each other with the tolerance
+rule of docs/testing.md (max|a - ref| - eps |ref| <= 2 max|b - ref| + atol), for a query
 broadcast from one row over Lq = 169 rows (the long fuzz profile's failing
 layout): once on the leaf's gradient (PyTorch sums the 169 gradient rows and
 rounds to float16 again) and once on the 169 rows themselves.
