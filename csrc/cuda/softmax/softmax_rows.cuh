@@ -90,9 +90,6 @@
  * output needs no second exp. Parts, threads, warps, CTAs and cluster ranks
  * merge (m, d') with sm_merge.
  *
- * Diagnostics: built with -DOSS_SOFTMAX_TIMELINE (the self-test's timeline
- * mode only), the kernels record each CTA's start, end and SM.
- *
  * Limits: blockDim.x a power of two, 64 .. 1024 (chunk kernel; 64
  * registers per thread, 512 for float64; row-in-CTA kernel, 32 or 64) or
  * 32 .. 128 (warp kernel); G and,
@@ -560,34 +557,6 @@ __device__ __forceinline__ void sm_ramp_wait(const sm_row_args &P, int64_t r) {
   while (sm_globaltimer_ns() - t0 < wait) __nanosleep(64);
 }
 
-// ---- diagnostic timeline (self-test builds with -DOSS_SOFTMAX_TIMELINE) -----------
-
-#ifdef OSS_SOFTMAX_TIMELINE
-/* Per CTA (linear index, the first SM_TIMELINE_CTAS): [start ns, end ns, SM].
- * Thread 0 stamps the start on entry; each warp's lane 0 raises the end on
- * exit. For finding where a launch's time goes (ramp-up, tail), not for
- * production builds. */
-enum { SM_TIMELINE_CTAS = 1 << 20 };
-__device__ unsigned long long sm_timeline[SM_TIMELINE_CTAS][3];
-__device__ __forceinline__ unsigned sm_timeline_cta() { return blockIdx.x + gridDim.x * blockIdx.y; }
-__device__ __forceinline__ void sm_timeline_start() {
-  const unsigned c = sm_timeline_cta();
-  if (threadIdx.x == 0 && c < SM_TIMELINE_CTAS) {
-    unsigned smid;
-    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(smid));
-    sm_timeline[c][0] = sm_globaltimer_ns();
-    sm_timeline[c][2] = smid;
-  }
-}
-__device__ __forceinline__ void sm_timeline_end() {
-  const unsigned c = sm_timeline_cta();
-  if ((threadIdx.x & 31) == 0 && c < SM_TIMELINE_CTAS) atomicMax(&sm_timeline[c][1], sm_globaltimer_ns());
-}
-#else
-__device__ __forceinline__ void sm_timeline_start() {}
-__device__ __forceinline__ void sm_timeline_end() {}
-#endif
-
 // ---- narrow rows: G lanes per row --------------------------------------------
 
 /* The warp kernel and the light tier run their row loop with log a constant: each
@@ -693,10 +662,8 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8             
                                                    : sizeof(T1) == sizeof(T2)       ? 12
                                                                                     : 10)
     softmax_rows_in_warp_kernel(sm_row_args P) {
-  sm_timeline_start();
   if (P.log) sm_rows_in_warp<BWD, T1, T2, Acc, KM, AL, RL>(P, 1);
   else sm_rows_in_warp<BWD, T1, T2, Acc, KM, AL, RL>(P, 0);
-  sm_timeline_end();
 }
 
 // ---- a row per CTA, registers only, a light footprint --------------------------
@@ -765,10 +732,8 @@ __global__ void __launch_bounds__(SM_CHUNK_THREADS, KM > SM_CTA_ROW_K || (BWD &&
   static_assert(sizeof(Acc) == 4, "float statistics only (float64 keeps the general kernels)");
   __shared__ sm_stat<Acc> red[2][32];                      /* backward (sm_block_sum) */
   __shared__ Acc red_fwd[3][32];                           /* forward (max first) */
-  sm_timeline_start();
   if (P.log) sm_row_in_cta<BWD, T1, T2, Acc, KM>(P, 1, red, red_fwd);
   else sm_row_in_cta<BWD, T1, T2, Acc, KM>(P, 0, red, red_fwd);
-  sm_timeline_end();
 }
 
 // ---- a chunk of a row per CTA: block, cluster and split tiers -----------------
@@ -844,7 +809,6 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
    * there cost ~1 point of copy at 4096-column backward rows on the H100,
    * bench/NOTES-softmax.md v23) */
   const int t = threadIdx.x, T = blockDim.x, lgT = __ffs(T) - 1;
-  sm_timeline_start();
   const bool in_cluster = P.mode == SM_FULL && P.C > 1;
   (void)in_cluster;
   uint4 *sa = sm_dyn, *sb = sm_dyn + P.smem_slots;
@@ -1014,7 +978,6 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (start_wait) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 #endif
-  sm_timeline_end();
 }
 
 #endif /* OSS_SOFTMAX_ROWS_CUH */
