@@ -292,20 +292,26 @@ static void sm_first_wave_ramp(sm_row_args *A, int64_t wave_rows, int64_t row_in
 
 // ---- rows -----------------------------------------------------------------------------
 
+/* The arguments both kernel families take from the job (sm_row_args,
+ * sm_col_args), the rest zeroed. */
+template <typename Args> static void sm_args_from_job(Args *A, const sm_job *J) {
+  memset(A, 0, sizeof *A);
+  A->a = J->a;
+  A->b = J->b;
+  A->out = J->out;
+  A->so_a = J->so_a;
+  A->so_b = J->so_b;
+  A->so_out = J->so_out;
+  A->n = J->n;
+  A->log = J->log;
+}
+
 template <bool BWD, typename T1, typename T2, typename Acc>
 static oss_status sm_launch_rows(const sm_job *J, const sm_plan *P, void *ws, const oss_device_info *info,
                                  cudaStream_t stream) {
   sm_row_args A;
-  memset(&A, 0, sizeof A);
-  A.a = J->a;
-  A.b = J->b;
-  A.out = J->out;
-  A.so_a = J->so_a;
-  A.so_b = J->so_b;
-  A.so_out = J->so_out;
+  sm_args_from_job(&A, J);
   A.rows = J->outer;
-  A.n = J->n;
-  A.log = J->log;
   A.keep = P->keep_in_l2 ? 1 : 0;
   A.release_lo = 0;
   A.release_hi = J->outer;
@@ -389,20 +395,12 @@ template <bool BWD, typename T1, typename T2, typename Acc>
 static oss_status sm_launch_cols(const sm_job *J, const sm_plan *P, void *ws, const oss_device_info *info,
                                  cudaStream_t stream) {
   sm_col_args A;
-  memset(&A, 0, sizeof A);
-  A.a = J->a;
-  A.b = J->b;
-  A.out = J->out;
-  A.so_a = J->so_a;
+  sm_args_from_job(&A, J);
   A.sn_a = J->sn_a;
-  A.so_b = J->so_b;
   A.sn_b = J->sn_b;
-  A.so_out = J->so_out;
   A.sn_out = J->sn_out;
   A.outer = J->outer;
-  A.n = J->n;
   A.inner = J->inner;
-  A.log = J->log;
   A.TJ = P->tile_columns;
   A.ph = P->column_phase;
   A.vec_a = P->vector_a;
@@ -492,19 +490,12 @@ static oss_status sm_dispatch_job(const sm_job *J, const sm_action *X) {
 }
 
 oss_status sm_residency_for_job(const sm_job *J, sm_residency *R) {
-  sm_action X;
-  memset(&X, 0, sizeof X);
-  X.residency = R;
+  const sm_action X = {R, NULL, NULL, NULL, NULL};
   return sm_dispatch_job(J, &X);
 }
 
 oss_status sm_launch_plan(const sm_job *J, const sm_plan *P, void *workspace, const oss_device_info *info,
                           cudaStream_t stream) {
-  sm_action X;
-  memset(&X, 0, sizeof X);
-  X.plan = P;
-  X.workspace = workspace;
-  X.info = info;
-  X.stream = stream;
+  const sm_action X = {NULL, P, workspace, info, stream};
   return sm_dispatch_job(J, &X);
 }
