@@ -14,7 +14,7 @@
  *   selftest bench_dim1  only the table's last lines (dim=1 against the last dim)
  *
  * SELFTEST_KNOBS="column_threads=512,rows_at_once=3" sets the planner's test
- * knobs (cuda/softmax/softmax_test_knobs.h, by field name) for the whole run.
+ * knobs (cuda/softmax/softmax_test_knobs.cuh, by field name) for the whole run.
  *
  * Inputs are fresh random values (randn * 3 plus a few large outliers, never
  * zero); outputs and the whole output buffer are poisoned with NaN (0xff
@@ -40,8 +40,8 @@
 
 #include "oss.h"
 
-/* the planner's test knobs (oss_softmax_cuda_test_knobs, softmax_test_knobs.h) */
-#include "cuda/softmax/softmax_plan.h"
+/* the planner's test knobs (oss_softmax_cuda_test_knobs, softmax_test_knobs.cuh) */
+#include "cuda/softmax/softmax_plan.cuh"
 
 #define CK(call)                                                                                  \
   do {                                                                                            \
@@ -1043,7 +1043,7 @@ static void suite_race(void) {
   }
 }
 
-/* The test knob called `name` (softmax_test_knobs.h); NULL if there is none. */
+/* The test knob called `name` (softmax_test_knobs.cuh); NULL if there is none. */
 static int *knob_named(const char *name) {
   oss_softmax_test_knobs *k = &oss_softmax_cuda_test_knobs;
   const struct {

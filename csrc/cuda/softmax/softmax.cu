@@ -8,7 +8,7 @@
  * dx = y * (dy - sum y*dy) (or dy - exp(y) * sum dy), in float for
  * float32/float16/bfloat16 tensors (any input/output combination: the dtype=
  * cast is fused into the store) and in double for float64. The tier is
- * chosen by shape and is invisible to the caller (softmax_plan.h's table).
+ * chosen by shape and is invisible to the caller (softmax_plan.cuh's table).
  *
  * oss_softmax_*_plan_cuda plans once and reports the workspace;
  * oss_softmax_launch_cuda checks the workspace and launches on the caller's
@@ -16,7 +16,7 @@
  */
 #include <string.h>
 
-#include "cuda/softmax/softmax_plan.h"
+#include "cuda/softmax/softmax_plan.cuh"
 
 #ifdef OSS_SOFTMAX_TEST_KNOBS
 extern "C" {

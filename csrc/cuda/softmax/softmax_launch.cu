@@ -1,5 +1,5 @@
 /*
- * softmax_launch.cu - runs a softmax plan (softmax_plan.h): picks each tier's
+ * softmax_launch.cu - runs a softmax plan (softmax_plan.cuh): picks each tier's
  * kernel instantiation for the job's dtypes, fills its arguments and launches
  * it on the caller's stream, and answers the planner's residency questions.
  *
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "cuda/softmax/softmax_columns.cuh"
-#include "cuda/softmax/softmax_plan.h"
+#include "cuda/softmax/softmax_plan.cuh"
 #include "cuda/softmax/softmax_rows.cuh"
 
 // ---- residency ----------------------------------------------------------------------
@@ -43,7 +43,7 @@ static cudaError_t sm_cluster_config_init(sm_cluster_config *L, const void *kern
 }
 
 /* Sets the attributes a configuration needs and asks the driver how many of
- * it can be resident at once (sm_residency in softmax_plan.h). */
+ * it can be resident at once (sm_residency in softmax_plan.cuh). */
 static int sm_residency_uncached(const void *kern, int C, int threads, size_t smem, unsigned grid_y,
                                  cudaStream_t stream) {
   if (smem > 40 * 1024 &&

@@ -4,7 +4,7 @@
  * shape, grid, workspace). Host code only; launches nothing and asks the
  * driver nothing itself (residency comes through sm_residency).
  *
- * The tiers and their order are softmax_plan.h's table. Each rule below
+ * The tiers and their order are softmax_plan.cuh's table. Each rule below
  * gives its reason; the numbers behind them were measured on the H100 and
  * H200 (% of a device-to-device copy's rate), and the rules keep the faster
  * plan of each pair compared.
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "cuda/softmax/softmax_columns.cuh"
-#include "cuda/softmax/softmax_plan.h"
+#include "cuda/softmax/softmax_plan.cuh"
 #include "cuda/softmax/softmax_rows.cuh"
 
 /* The kernels' register slots per thread for this job (sm_chunk_kreg,

@@ -1,5 +1,5 @@
 /*
- * softmax_plan.h - what the CUDA softmax planner takes and gives: the job (one
+ * softmax_plan.cuh - what the CUDA softmax planner takes and gives: the job (one
  * call's shape, dtypes and tensors), the tiers, the plan, and the residency
  * question the planner asks about a kernel. Host code only.
  *
@@ -8,8 +8,8 @@
  * launcher (softmax_launch.cu) runs a plan; the op entry points (softmax.cu)
  * validate a call, plan it once and launch it.
  */
-#ifndef OSS_SOFTMAX_PLAN_H
-#define OSS_SOFTMAX_PLAN_H
+#ifndef OSS_SOFTMAX_PLAN_CUH
+#define OSS_SOFTMAX_PLAN_CUH
 
 #include <stddef.h>
 #include <stdint.h>
@@ -129,7 +129,7 @@ static inline size_t sm_spread_counter_bytes(int64_t rows) {
   return ((size_t)(rows + 1) * sizeof(unsigned) + 15) & ~(size_t)15;
 }
 
-/* Values of the force_tier test knob (softmax_test_knobs.h). */
+/* Values of the force_tier test knob (softmax_test_knobs.cuh). */
 enum {
   SM_FORCE_WARP = 1,
   SM_FORCE_ONE_CTA = 2, /* the chunk tier without clusters */
@@ -139,13 +139,13 @@ enum {
 };
 
 /* Debug builds only (-DOSS_SOFTMAX_TEST_KNOBS): the test knobs steer the
- * planner and launcher (softmax_test_knobs.h); a production build reads every
+ * planner and launcher (softmax_test_knobs.cuh); a production build reads every
  * knob as 0, the planner's own choice. */
 #ifdef OSS_SOFTMAX_TEST_KNOBS
-#include "cuda/softmax/softmax_test_knobs.h"
+#include "cuda/softmax/softmax_test_knobs.cuh"
 #define SM_KNOB(name) (oss_softmax_cuda_test_knobs.name)
 #else
 #define SM_KNOB(name) 0
 #endif
 
-#endif /* OSS_SOFTMAX_PLAN_H */
+#endif /* OSS_SOFTMAX_PLAN_CUH */

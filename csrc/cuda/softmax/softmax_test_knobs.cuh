@@ -1,5 +1,5 @@
 /*
- * softmax_test_knobs.h - knobs that steer the CUDA softmax planner and
+ * softmax_test_knobs.cuh - knobs that steer the CUDA softmax planner and
  * launcher onto paths the test shapes would not reach by themselves (a tier
  * forced on a small row, several rows per CTA, a cluster size), so that the
  * standalone self-test (csrc/tests/softmax_cuda_selftest.cu) covers every
@@ -10,11 +10,11 @@
  * production build the header is not included and every knob reads 0.
  * All zero means the planner's own choice.
  */
-#ifndef OSS_SOFTMAX_TEST_KNOBS_H
-#define OSS_SOFTMAX_TEST_KNOBS_H
+#ifndef OSS_SOFTMAX_TEST_KNOBS_CUH
+#define OSS_SOFTMAX_TEST_KNOBS_CUH
 
 typedef struct oss_softmax_test_knobs {
-  int force_tier;          /* SM_FORCE_* (softmax_plan.h): the row tier to take where it can hold the row */
+  int force_tier;          /* SM_FORCE_* (softmax_plan.cuh): the row tier to take where it can hold the row */
   int rows_at_once;        /* > 0: caps the rows (one-CTA, cluster, row-in-CTA, split tiers), the warp tier's
                               CTAs and the columns' grid.y, so each CTA or cluster loops over several */
   int row_in_cta;          /* the row-in-CTA tier: 1 off; 2 wherever it holds an aligned row (threads: the
@@ -34,4 +34,4 @@ typedef struct oss_softmax_test_knobs {
 
 extern "C" oss_softmax_test_knobs oss_softmax_cuda_test_knobs;
 
-#endif /* OSS_SOFTMAX_TEST_KNOBS_H */
+#endif /* OSS_SOFTMAX_TEST_KNOBS_CUH */
