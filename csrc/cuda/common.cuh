@@ -1,5 +1,5 @@
 /*
- * cuda_common.cuh - small helpers shared by the CUDA kernel files: status
+ * common.cuh - small helpers shared by the CUDA kernel files: status
  * conversion for CUDA errors, launch checks, device attributes and the
  * load/convert/store of the element types (computation happens in float, or
  * double for float64 tensors).
@@ -65,7 +65,7 @@ static inline oss_status oss_query_device_info(oss_device_info *info) {
 
 /* The attributes of the current device, asked of the driver once per device
  * (per translation unit): every op call needs them, and seven attribute
- * queries cost host time on each (bench/NOTES-softmax.md v24). */
+ * queries would cost microseconds of host time on each. */
 enum { OSS_DEVICE_INFO_CACHE = 64 };
 static oss_device_info oss_device_info_cache[OSS_DEVICE_INFO_CACHE];
 static int oss_device_info_known[OSS_DEVICE_INFO_CACHE];
@@ -96,7 +96,6 @@ static inline oss_status oss_get_device_info(oss_device_info *info) {
 __device__ __forceinline__ float oss_to_float(float x) { return x; }
 __device__ __forceinline__ float oss_to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float oss_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ double oss_to_double(double x) { return x; }
 
 template <typename T> __device__ __forceinline__ T oss_from_float(float x);
 template <> __device__ __forceinline__ float oss_from_float<float>(float x) { return x; }

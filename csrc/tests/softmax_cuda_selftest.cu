@@ -6,37 +6,15 @@
  *                    forward and backward, softmax and log_softmax, special
  *                    values, error paths; float64 CPU reference
  *   selftest quick   a reduced check (for compute-sanitizer memcheck)
- *   selftest columns check's column suites only (with SELFTEST_KNOBS="8=512":
+ *   selftest columns check's column suites only (with SELFTEST_KNOBS="column_threads=512":
  *                    every columns case on 512-thread CTAs where it can)
  *   selftest race    a few small cases per tier (for compute-sanitizer racecheck)
  *   selftest bench   timing table: % of a 1 GiB device-to-device copy
  *                    measured in the same run (bytes read + written)
- *   selftest bench_dim1 [BYTES [THREADS]]  only the table's last lines (dim=1
- *                    against the last dim), optionally with the column tiles'
- *                    width and CTA size forced (0: the planner's)
- *   selftest sweep   timing of planner alternatives (test knobs)
- *   selftest sweep_cols  the columns kernel's cluster sizes and tile widths at
- *                    n = 1024 .. 16384 (test knobs 12 and 6)
- *   selftest waves [DTYPE:COLS ...]  the cluster-width plans (CTA size,
- *                    shared memory, cluster cap) with the rows that fit at
- *                    once; WAVES_VARIANTS=auto,t256,... picks variants
- *   selftest profile one forward and one backward launch of each point that
- *                    misses a target of issue #3, with its plan printed (to run
- *                    under ncu; each case's kernels are launched once)
- *   selftest fixed POINT...  each point (OP:DTYPE:COLS[:KNOBS], e.g.
- *                    bwd:bf16:4096:11=1) timed alone with the L2 flushed at
- *                    2^26..2^28 elements (FIXED_SIZES), and t = t0 + bytes /
- *                    rate fitted: the fixed cost per call against the
- *                    streaming rate
- *   selftest timeline POINT...  (builds with -DOSS_SOFTMAX_TIMELINE) every
- *                    CTA's start, end and SM in one launch: where the fixed
- *                    cost goes (ramp-up, the last wave's tail)
- *   selftest bwd_data the bfloat16 and float16 backward kernels on their own
- *                    data and on each other's bits: does a speed gap follow
- *                    the code or the data?
+ *   selftest bench_dim1  only the table's last lines (dim=1 against the last dim)
  *
- * SELFTEST_KNOBS="9=512,1=64" sets the planner's test knobs (softmax.cu) for
- * the whole run, so one binary times two plans.
+ * SELFTEST_KNOBS="column_threads=512,rows_at_once=3" sets the planner's test
+ * knobs (cuda/softmax/softmax_test_knobs.cuh, by field name) for the whole run.
  *
  * Inputs are fresh random values (randn * 3 plus a few large outliers, never
  * zero); outputs and the whole output buffer are poisoned with NaN (0xff
@@ -45,9 +23,8 @@
  * the API reports. Exit status 0 only when every check passed.
  *
  * Build: nvcc -std=c++17 -O3 -DOSS_SOFTMAX_TEST_KNOBS -gencode arch=compute_90a,code=sm_90a -I csrc
- *        csrc/common.c csrc/cuda/softmax.cu csrc/tests/softmax_cuda_selftest.cu
- *        (add -DOSS_SOFTMAX_TIMELINE for the timeline mode: a separate binary,
- *        since the stamps cost the kernels a little)
+ *        csrc/common.c csrc/cuda/softmax/softmax.cu csrc/cuda/softmax/softmax_plan.cu
+ *        csrc/cuda/softmax/softmax_launch.cu csrc/tests/softmax_cuda_selftest.cu
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -63,9 +40,8 @@
 
 #include "oss.h"
 
-/* Planner knobs of softmax.cu, for tests and tuning only (see there). */
-enum { SM_TEST_KNOBS = 27 };
-extern "C" int oss_softmax_cuda_test_knobs[SM_TEST_KNOBS];
+/* the planner's test knobs (oss_softmax_cuda_test_knobs, softmax_test_knobs.cuh) */
+#include "cuda/softmax/softmax_plan.cuh"
 
 #define CK(call)                                                                                  \
   do {                                                                                            \
@@ -497,21 +473,21 @@ static void suite_errors(void) {
   CK(cudaFree(d));
 }
 
-/* the L2 release window (test knob 20 = 1 MiB of input, 21 = 1 at the first
- * rows): only some rows (outer indices) release their lines, so the boundary
+/* the L2 release window (release_window_mib = 1 MiB of input, release_first:
+ * at the first rows): only some rows (outer indices) release their lines, so the boundary
  * falls inside the launch; warp tier, one-CTA chunks (aligned, and
  * misaligned with a dtype cast), columns clusters. In the quick suite too,
  * so memcheck sees the releases on both sides of the boundary. */
 static void suite_release_window(void) {
   for (int front = 0; front < 2; front++) {
-    oss_softmax_cuda_test_knobs[20] = 1;
-    oss_softmax_cuda_test_knobs[21] = front;
+    oss_softmax_cuda_test_knobs.release_window_mib = 1;
+    oss_softmax_cuda_test_knobs.release_first = front;
     check(front, 0, 1500, 1000, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
     check(!front, 1, 300, 4096, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
     check(1, front, 200, 4099, 1, OSS_FLOAT16, OSS_FLOAT32, 1, 2, 1, 3, 0, 0);
     check(front, 0, 40, 256, 512, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
   }
-  oss_softmax_cuda_test_knobs[20] = oss_softmax_cuda_test_knobs[21] = 0;
+  oss_softmax_cuda_test_knobs.release_window_mib = oss_softmax_cuda_test_knobs.release_first = 0;
 }
 
 static void suite_rows(int quick) {
@@ -545,13 +521,13 @@ static void suite_rows(int quick) {
         }
   /* aligned forward rows of at most 16 slots (the warp tier's rows per
    * lane): every dtype combination, 1 to 16 slots, rows ending inside a
-   * warp's group, contiguous and strided rows; then (knob 26) every such
+   * warp's group, contiguous and strided rows; then (warp_lanes_per_row) every such
    * row with rows per lane, at most 8 lanes per row (K = 2 with lanes of
    * one slot at 12 and 15 slots) and 16 (idle lanes) */
   static const int64_t narrow_widths[] = {8, 24, 64, 96, 120, 128};
   static const int lanes_knob[] = {0, 8, 16};
   for (int li = 0; li < 3; li++) {
-    oss_softmax_cuda_test_knobs[26] = lanes_knob[li];
+    oss_softmax_cuda_test_knobs.warp_lanes_per_row = lanes_knob[li];
     for (int wi = 0; wi < 6; wi++)
       for (int a = 0; a < 3; a++)
         for (int o = 0; o < 3; o++) {
@@ -560,7 +536,7 @@ static void suite_rows(int quick) {
           check(0, (a + o + wi) & 1, 1000 + 37 * wi, n, 1, k3[a], k3[o], 0, 0, 0, 8 * (wi & 1), 0, 0);
         }
   }
-  oss_softmax_cuda_test_knobs[26] = 0;
+  oss_softmax_cuda_test_knobs.warp_lanes_per_row = 0;
   static const int64_t f64_widths[] = {1, 7, 128, 255, 1000, 5000, 70001};
   for (int wi = 0; wi < 7; wi++)
     for (int bwd = 0; bwd < 2; bwd++)
@@ -568,9 +544,9 @@ static void suite_rows(int quick) {
         if (!quick || wi % 3 == 0) check(bwd, log, rows_for(f64_widths[wi], budget / 4), f64_widths[wi], 1, OSS_FLOAT64, OSS_FLOAT64, wi & 1, 0, 0, wi, 0, 0);
   /* backward rows of 3/4 to all of 1024 x 4 register slots: aligned ones
    * take one 1024-thread CTA of registers, misaligned ones (and all of them
-   * with test knob 19) the two-CTA plan with a shared-memory part */
+   * with no_backward_1024) the two-CTA plan with a shared-memory part */
   for (int alt = 0; alt < 2; alt++) {
-    oss_softmax_cuda_test_knobs[19] = alt;
+    oss_softmax_cuda_test_knobs.no_backward_1024 = alt;
     for (int log = 0; log < 2; log++) {
       check(1, log, 9, 28001 + 7 * log, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
       check(1, log, 7, 30001, 1, OSS_FLOAT16, OSS_FLOAT32, 1, 2, 1, 3, 0, 0);
@@ -578,17 +554,17 @@ static void suite_rows(int quick) {
       check(1, log, 6, 16384, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);
     }
   }
-  oss_softmax_cuda_test_knobs[19] = 0;
-  /* the light one-row-per-CTA tier wherever it holds the row (test knob 22
+  oss_softmax_cuda_test_knobs.no_backward_1024 = 0;
+  /* the light one-row-per-CTA tier wherever it holds the row (row_in_cta
    * = 2: two slots per thread, 3: one slot, 256: CTAs of 256 threads), every
-   * dtype, the grid also capped at 5 CTAs (knob 10) so each CTA loops over
+   * dtype, the grid also capped at 5 CTAs (rows_at_once) so each CTA loops over
    * rows: the backward's block sum alternates its shared buffer per row */
   static const int64_t light_widths[] = {64, 256, 1000, 2048, 4096, 8192};
   static const int light_knob[] = {2, 3, 256};
   for (int li = 0; li < 3; li++)
     for (int cap = 0; cap < 2; cap++) {
-      oss_softmax_cuda_test_knobs[22] = light_knob[li];
-      oss_softmax_cuda_test_knobs[10] = cap ? 5 : 0;
+      oss_softmax_cuda_test_knobs.row_in_cta = light_knob[li];
+      oss_softmax_cuda_test_knobs.rows_at_once = cap ? 5 : 0;
       for (int wi = 0; wi < 6; wi++)
         for (int a = 0; a < 3; a++)
           for (int bwd = 0; bwd < 2; bwd++) {
@@ -597,7 +573,7 @@ static void suite_rows(int quick) {
             check(bwd, (wi + a + cap) & 1, 17 + 4 * wi, light_widths[wi], 1, k3[a], k3[o], 0, 0, 0, 0, 0, 0);
           }
     }
-  oss_softmax_cuda_test_knobs[22] = oss_softmax_cuda_test_knobs[10] = 0;
+  oss_softmax_cuda_test_knobs.row_in_cta = oss_softmax_cuda_test_knobs.rows_at_once = 0;
   suite_release_window();
   /* more rows than a grid's y dimension holds (65,535): one CTA per row of the
    * chunk tier, every row in grid.x (aligned, then misaligned rows) */
@@ -623,7 +599,7 @@ static void suite_wide(int quick) {
       }
   }
   /* the spread tier where it can hold the row (else the planner's tier) */
-  oss_softmax_cuda_test_knobs[0] = 5;
+  oss_softmax_cuda_test_knobs.force_tier = SM_FORCE_SPREAD;
   for (int wi = 0; wi < 4; wi++)
     for (int d = 0; d < 3; d++)
       for (int bwd = 0; bwd < 2; bwd++) {
@@ -632,7 +608,7 @@ static void suite_wide(int quick) {
         check(bwd, (wi + d + bwd) & 1, wi == 3 ? 2 : 5, n, 1, k3[d], k3[(d + bwd) % 3], (wi + d) % 4, 0, 1, wi & 1 ? 3 : 0, 0, 0);
       }
   check(0, 0, 300, 131072 + 1, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0); /* rows >> resident */
-  oss_softmax_cuda_test_knobs[0] = 0;
+  oss_softmax_cuda_test_knobs.force_tier = 0;
 }
 
 static void suite_columns(int quick) {
@@ -673,19 +649,19 @@ static void suite_column_clusters(int quick) {
         for (int bwd = 0; bwd < 2; bwd++) {
           if (quick ? (s + ci + d + bwd) % 4 != 0 : (s == ns - 1 && (ci + d) % 3 != 0)) continue;
           const shp h = shapes[s];
-          oss_softmax_cuda_test_knobs[12] = sizes[ci];
+          oss_softmax_cuda_test_knobs.column_cluster = sizes[ci];
           check(bwd, (s + d + bwd) & 1, h.outer, h.n, h.inner, k3[d], k3[(d + bwd + ci) % 3], (s + ci) % 4, bwd, ci & 1, s & 1,
                 (s + ci) % 3, 0);
         }
-  oss_softmax_cuda_test_knobs[10] = 2;
+  oss_softmax_cuda_test_knobs.rows_at_once = 2;
   for (int bwd = 0; bwd < 2; bwd++) {
-    oss_softmax_cuda_test_knobs[12] = 4;
+    oss_softmax_cuda_test_knobs.column_cluster = 4;
     check(bwd, 0, 7, 333, 50, OSS_BFLOAT16, OSS_BFLOAT16, 1, 0, 1, 1, 0, 0);
     check(bwd, 1, 5, 1000, 33, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 1, 0);
     check(bwd, 0, 5, 100, 37, OSS_FLOAT64, OSS_FLOAT64, 0, 1, 0, 1, 0, 0);
   }
-  oss_softmax_cuda_test_knobs[10] = 0;
-  oss_softmax_cuda_test_knobs[12] = 0;
+  oss_softmax_cuda_test_knobs.rows_at_once = 0;
+  oss_softmax_cuda_test_knobs.column_cluster = 0;
   if (!quick)
     for (int log = 0; log < 2; log++) check(0, log, 2, 3000, 40, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 1); /* specials */
 }
@@ -709,8 +685,8 @@ static void suite_special(int quick) {
 
 /* forced tiers (test knobs): the same shapes through every tier that can hold them */
 static void suite_forced(int quick) {
-  for (int tier = 1; tier <= 5; tier++) {
-    oss_softmax_cuda_test_knobs[0] = tier;
+  for (int tier = SM_FORCE_WARP; tier <= SM_FORCE_SPREAD; tier++) {
+    oss_softmax_cuda_test_knobs.force_tier = tier;
     static const int64_t widths[] = {3, 100, 1000, 2049, 20000, 70001};
     for (int wi = 0; wi < 6; wi++)
       for (int bwd = 0; bwd < 2; bwd++) {
@@ -720,15 +696,15 @@ static void suite_forced(int quick) {
       }
     for (int wi = 1; wi < 6; wi += 2) check(0, 1, 9, widths[wi], 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 1);
   }
-  oss_softmax_cuda_test_knobs[0] = 0;
-  oss_softmax_cuda_test_knobs[3] = 7; /* column split with 7-row chunks */
+  oss_softmax_cuda_test_knobs.force_tier = 0;
+  oss_softmax_cuda_test_knobs.column_chunk_rows = 7; /* column split with 7-row chunks */
   for (int bwd = 0; bwd < 2; bwd++) {
     check(bwd, 0, 3, 100, 37, OSS_FLOAT32, OSS_FLOAT32, 1, 0, 0, 0, 0, 0);
     check(bwd, 1, 2, 50, 300, OSS_BFLOAT16, OSS_FLOAT16, 0, 0, 0, 1, 2, 0);
   }
   check(0, 0, 2, 50, 300, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 1);
   check(0, 1, 2, 50, 300, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 1);
-  oss_softmax_cuda_test_knobs[3] = 0;
+  oss_softmax_cuda_test_knobs.column_chunk_rows = 0;
 }
 
 // ---- timing -----------------------------------------------------------------------------
@@ -931,7 +907,7 @@ static void bench_one(oss_dtype t, int64_t outer, int64_t n, int64_t inner, doub
 
 static const int64_t bench_widths[] = {128, 512, 1024, 4096, 32768, 128256, 262144, 1048576, 16777216};
 
-static void bench_dim1(int tile_bytes, int threads);
+static void bench_dim1(void);
 
 static void bench(void) {
   measure_copy();
@@ -946,531 +922,27 @@ static void bench(void) {
              bu, bp);
       fflush(stdout);
     }
-  bench_dim1(0, 0);
+  bench_dim1();
 }
 
 /* softmax over dim 1 of a (32, 1024, 64, 64) tensor (the columns kernel)
- * against the last-dim case of the same bytes (#3's 0.9x target) */
-static void bench_dim1(int tile_bytes, int threads) {
+ * against the last-dim case of the same bytes */
+static void bench_dim1(void) {
   double fp, bp, fu, bu, fp2, bp2, fu2, bu2;
-  oss_softmax_cuda_test_knobs[6] = tile_bytes;
-  oss_softmax_cuda_test_knobs[8] = threads;
-  oss_softmax_cuda_test_knobs[7] = tile_bytes || threads ? 3 : 0;
   bench_one(OSS_FLOAT32, 32, 1024, 64 * 64, &fp, &bp, &fu, &bu, 1);
   bench_one(OSS_FLOAT32, 32 * 64 * 64, 1024, 1, &fp2, &bp2, &fu2, &bu2, 0);
   printf("\ndim=1 of (32,1024,64,64) f32: fwd %.1f us %.1f%% (%.2fx of last-dim %.1f%%), bwd %.1f us %.1f%% (%.2fx of %.1f%%)\n",
          fu, fp, fp / fp2, fp2, bu, bp, bp / bp2, bp2);
-  oss_softmax_cuda_test_knobs[7] = tile_bytes || threads ? 3 : 0;
   bench_one(OSS_BFLOAT16, 32, 1024, 64 * 64, &fp, &bp, &fu, &bu, 1);
   bench_one(OSS_BFLOAT16, 32 * 64 * 64, 1024, 1, &fp2, &bp2, &fu2, &bu2, 0);
   printf("dim=1 of (32,1024,64,64) bf16: fwd %.1f%% (%.2fx of last-dim %.1f%%), bwd %.1f%% (%.2fx of %.1f%%)\n", fp,
          fp / fp2, fp2, bp, bp / bp2, bp2);
-  oss_softmax_cuda_test_knobs[6] = 0;
-  oss_softmax_cuda_test_knobs[8] = 0;
 }
-
-/* planner alternatives through the knobs (forced tier, soft shared-memory
- * limit per CTA), each with the chosen
- * plan printed: documents the planner's choices. Where a row needs more
- * than one CTA: the planner's tier against the spread tier (CTAs exchanging
- * through the workspace; chunks of <= 64 KB of shared memory, or the size
- * named), the cluster tier and the split tier. */
-static void sweep(void) {
-  measure_copy();
-  typedef struct {
-    oss_dtype t;
-    int64_t n;
-    int tier, soft_kb, threads;
-    const char *name;
-  } var;
-  static const var vars[] = {
-      {OSS_FLOAT32, 262144, 0, 0, 0, "auto"},      {OSS_FLOAT32, 262144, 5, 0, 0, "spread"},
-      {OSS_BFLOAT16, 128256, 0, 0, 0, "auto"},     {OSS_BFLOAT16, 128256, 5, 0, 0, "spread"},
-      {OSS_BFLOAT16, 262144, 0, 0, 0, "auto"},     {OSS_BFLOAT16, 262144, 5, 0, 0, "spread"},
-      {OSS_FLOAT32, 1048576, 0, 0, 0, "auto"},     {OSS_FLOAT32, 1048576, 3, 0, 0, "cluster"},
-      {OSS_FLOAT32, 1048576, 4, 0, 0, "split"},    {OSS_FLOAT32, 1048576, 5, 100, 0, "spread100"},
-      {OSS_FLOAT32, 1048576, 5, 48, 0, "spread48"}, {OSS_BFLOAT16, 1048576, 0, 0, 0, "auto"},
-      {OSS_BFLOAT16, 1048576, 5, 0, 0, "spread"},  {OSS_BFLOAT16, 1048576, 5, 100, 0, "spread100"},
-      {OSS_BFLOAT16, 1048576, 5, 32, 0, "spread32"}, {OSS_FLOAT16, 1048576, 0, 0, 0, "auto"},
-      {OSS_FLOAT16, 1048576, 5, 0, 0, "spread"},   {OSS_FLOAT32, 1048576, 5, 32, 0, "spread32"},
-      {OSS_FLOAT32, 4194304, 0, 0, 0, "auto"},     {OSS_FLOAT32, 4194304, 4, 0, 0, "split"},
-      {OSS_BFLOAT16, 4194304, 0, 0, 0, "auto"},    {OSS_BFLOAT16, 4194304, 4, 0, 0, "split"},
-      {OSS_BFLOAT16, 128256, 0, 48, 256, "t256"},  {OSS_BFLOAT16, 262144, 0, 48, 256, "t256"},
-      {OSS_BFLOAT16, 1048576, 5, 48, 256, "spread48t256"}, {OSS_FLOAT16, 1048576, 5, 48, 256, "spread48t256"},
-      {OSS_BFLOAT16, 1048576, 5, 32, 256, "spread32t256"}, {OSS_FLOAT32, 1048576, 5, 48, 256, "spread48t256"},
-      {OSS_FLOAT32, 262144, 0, 48, 256, "t256"}
-  };
-  for (size_t v = 0; v < sizeof vars / sizeof vars[0]; v++) {
-    oss_softmax_cuda_test_knobs[0] = vars[v].tier;
-    oss_softmax_cuda_test_knobs[1] = vars[v].soft_kb;
-    oss_softmax_cuda_test_knobs[9] = vars[v].threads;
-    oss_softmax_cuda_test_knobs[7] = 3;
-    double fp, bp, fu, bu;
-    bench_one(vars[v].t, ((int64_t)1 << 26) / vars[v].n, vars[v].n, 1, &fp, &bp, &fu, &bu, 1);
-    printf("sweep %-5s %8lld %-8s fwd %6.1f%%  bwd %6.1f%%\n", dt_name(vars[v].t), (long long)vars[v].n, vars[v].name, fp, bp);
-    fflush(stdout);
-  }
-  memset(oss_softmax_cuda_test_knobs, 0, sizeof oss_softmax_cuda_test_knobs);
-}
-
-/* The columns kernel's cluster sizes (knob 12; 1 = one CTA per tile, which
- * falls back to the split path where the tile does not fit) and row segments
- * (knob 6, bytes) at n = 512 .. 16384 (1024: #3's dim=1 shape), 2^27
- * elements each */
-static void sweep_cols(void) {
-  measure_copy();
-  typedef struct {
-    int64_t n;
-    int C, tile_bytes; /* knobs 12 and 6; 0 = the planner's */
-  } var;
-  static const var vars[] = {{512, 0, 0},    {512, 1, 64},   {1024, 0, 0},   {1024, 1, 64},   {1024, 2, 128},
-                             {1024, 4, 128}, {1024, 4, 256}, {1024, 8, 256}, {2048, 0, 0},    {2048, 1, 64},
-                             {2048, 8, 128}, {4096, 0, 0},   {4096, 0, 64},  {16384, 0, 0},   {16384, 0, 64}};
-  for (int d = 0; d < 2; d++)
-    for (size_t v = 0; v < sizeof vars / sizeof vars[0]; v++) {
-      const oss_dtype t = d ? OSS_BFLOAT16 : OSS_FLOAT32;
-      const int64_t n = vars[v].n, inner = 4096, outer = ((int64_t)1 << 27) / (n * inner);
-      oss_softmax_cuda_test_knobs[12] = vars[v].C;
-      oss_softmax_cuda_test_knobs[6] = vars[v].tile_bytes;
-      oss_softmax_cuda_test_knobs[7] = 3;
-      double fp, bp, fu, bu;
-      bench_one(t, outer, n, inner, &fp, &bp, &fu, &bu, 1);
-      char name[16] = "auto";
-      if (vars[v].C) snprintf(name, sizeof name, "C=%d", vars[v].C);
-      if (vars[v].tile_bytes) snprintf(name + strlen(name), sizeof name - strlen(name), ",%dB", vars[v].tile_bytes);
-      printf("sweep_cols %-5s [%lld,%lld,%lld] %-9s fwd %6.1f%% %7.1f us  bwd %6.1f%% %7.1f us\n", dt_name(t),
-             (long long)outer, (long long)n, (long long)inner, name, fp, fu, bp, bu);
-      fflush(stdout);
-    }
-  memset(oss_softmax_cuda_test_knobs, 0, sizeof oss_softmax_cuda_test_knobs);
-}
-
-/* The plans for rows that need a cluster: each plan the knobs give (CTA size
- * cap [9], soft shared-memory limit [1], cluster cap [2]) with the number of
- * rows that fit at once (printed with the plan), forward and backward. */
-static void waves(int nshape, char **shape_args) {
-  measure_copy();
-  typedef struct {
-    int threads, soft_kb, cmax;
-    const char *name;
-  } var;
-  static const var vars[] = {{0, 0, 0, "auto"},       {256, 48, 0, "t256"},     {256, 32, 0, "t256-s32"},
-                             {0, 1, 0, "regs"},       {256, 1, 0, "t256-regs"}, {0, 64, 0, "s64"},
-                             {0, 80, 0, "s80"},       {0, 0, 8, "c8"},          {128, 16, 0, "t128-s16"},
-                             {128, 24, 0, "t128-s24"}};
-  static const struct {
-    oss_dtype t;
-    int64_t n;
-  } shapes[] = {{OSS_BFLOAT16, 128256}, {OSS_BFLOAT16, 262144}, {OSS_BFLOAT16, 1048576}, {OSS_FLOAT16, 262144},
-                {OSS_FLOAT32, 262144}};
-  /* optional arguments DTYPE:COLUMNS (f32, bf16, f16) replace the shapes;
-   * WAVES_VARIANTS=name,name,... picks variants */
-  const int ndefault = (int)(sizeof shapes / sizeof shapes[0]);
-  const int ns = nshape > 0 ? nshape : ndefault;
-  const char *pick = getenv("WAVES_VARIANTS");
-  for (int s = 0; s < ns; s++) {
-    oss_dtype t = shapes[s % ndefault].t;
-    int64_t n = shapes[s % ndefault].n;
-    if (nshape > 0) {
-      char name[8];
-      long long cols;
-      const int ok = sscanf(shape_args[s], "%7[a-z0-9]:%lld", name, &cols) == 2 && cols >= 1 &&
-                     (strcmp(name, "f32") == 0 || strcmp(name, "f16") == 0 || strcmp(name, "bf16") == 0);
-      if (!ok) {
-        fprintf(stderr, "waves: cannot read shape '%s' (DTYPE:COLS, DTYPE f32, bf16 or f16)\n", shape_args[s]);
-        g_failures++;
-        return;
-      }
-      t = strcmp(name, "f32") == 0 ? OSS_FLOAT32 : strcmp(name, "f16") == 0 ? OSS_FLOAT16 : OSS_BFLOAT16;
-      n = cols;
-    }
-    for (size_t v = 0; v < sizeof vars / sizeof vars[0]; v++) {
-      if (pick) {
-        char want[64];
-        snprintf(want, sizeof want, ",%s,", vars[v].name);
-        char list[512];
-        snprintf(list, sizeof list, ",%s,", pick);
-        if (!strstr(list, want)) continue;
-      }
-      memset(oss_softmax_cuda_test_knobs, 0, sizeof oss_softmax_cuda_test_knobs);
-      oss_softmax_cuda_test_knobs[9] = vars[v].threads;
-      oss_softmax_cuda_test_knobs[1] = vars[v].soft_kb;
-      oss_softmax_cuda_test_knobs[2] = vars[v].cmax;
-      oss_softmax_cuda_test_knobs[7] = 3;
-      double fp, bp, fu, bu;
-      bench_one(t, ((int64_t)1 << 26) / n, n, 1, &fp, &bp, &fu, &bu, 1);
-      printf("waves %-5s %8lld %-13s fwd %6.1f%% %7.1f us  bwd %6.1f%% %7.1f us\n", dt_name(t), (long long)n,
-             vars[v].name, fp, fu, bp, bu);
-      fflush(stdout);
-    }
-  }
-  memset(oss_softmax_cuda_test_knobs, 0, sizeof oss_softmax_cuda_test_knobs);
-}
-
-/* Does the backward's speed follow the code or the data? The bfloat16 and
- * float16 kernels, each on its own y = softmax(x), dy, and on the other's
- * bits (the same bytes reinterpreted), same plan. */
-static void bwd_data(void) {
-  measure_copy();
-  static const int64_t ns[3] = {4096, 128256, 262144};
-  for (int k = 0; k < 3; k++) {
-    const int64_t n = ns[k], rows = ((int64_t)1 << 26) / n;
-    sm_ctx cb, ch;
-    bench_ctx_alloc(&cb, OSS_BFLOAT16, rows, n, 1);
-    bench_ctx_alloc(&ch, OSS_FLOAT16, rows, n, 1);
-    if (do_fwd(&cb) != OSS_OK || do_fwd(&ch) != OSS_OK) g_failures++;
-    const double bytes = 3.0 * (double)(rows * n) * 2;
-#define PCT(ms) (100.0 * bytes / ((ms) * 1e-3) / 1e9 / g_copy_gbs)
-    const float bb = time_median_ms(do_bwd, &cb, 15), hh = time_median_ms(do_bwd, &ch, 15);
-    void *by = cb.b.y.data, *bdy = cb.b.dy.data;
-    cb.b.y.data = ch.b.y.data, cb.b.dy.data = ch.b.dy.data;
-    ch.b.y.data = by, ch.b.dy.data = bdy;
-    const float bh = time_median_ms(do_bwd, &cb, 15), hb = time_median_ms(do_bwd, &ch, 15);
-    ch.b.y.data = cb.b.y.data, ch.b.dy.data = cb.b.dy.data;
-    cb.b.y.data = by, cb.b.dy.data = bdy;
-    printf("bwd_data %7lld: bf16 kernel on bf16 data %.1f%%, on f16 bits %.1f%% | f16 kernel on f16 data %.1f%%, on bf16 bits %.1f%%\n",
-           (long long)n, PCT(bb), PCT(bh), PCT(hh), PCT(hb));
-#undef PCT
-    fflush(stdout);
-    bench_ctx_free(&cb);
-    bench_ctx_free(&ch);
-  }
-}
-
-/* One forward then one backward of each case, plans printed: the launches to
- * profile (ncu) at the points where #3's targets are missed. */
-static void profile(void) {
-  typedef struct {
-    oss_dtype t;
-    int64_t outer, n, inner;
-  } pcase;
-  static const pcase cases[] = {
-      {OSS_FLOAT32, 32, 1024, 64 * 64},      {OSS_BFLOAT16, 32, 1024, 64 * 64}, /* dim=1 */
-      {OSS_FLOAT32, 32 * 64 * 64, 1024, 1},  {OSS_BFLOAT16, 32 * 64 * 64, 1024, 1}, /* their last-dim peers */
-      {OSS_BFLOAT16, 523, 128256, 1},        {OSS_FLOAT16, 523, 128256, 1},        {OSS_BFLOAT16, 256, 262144, 1},
-      {OSS_FLOAT32, 64, 1048576, 1},         {OSS_BFLOAT16, 64, 1048576, 1}};
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    const pcase *k = &cases[i];
-    sm_ctx c;
-    bench_ctx_alloc(&c, k->t, k->outer, k->n, k->inner);
-    printf("profile case %zu: %s [%lld, %lld, %lld]\n", i, dt_name(k->t), (long long)k->outer, (long long)k->n,
-           (long long)k->inner);
-    oss_softmax_cuda_test_knobs[7] = 3;
-    if (do_fwd(&c) != OSS_OK || do_bwd(&c) != OSS_OK) {
-      printf("FAIL profile case %zu: %s\n", i, oss_error_message());
-      g_failures++;
-    }
-    CK(cudaStreamSynchronize(g_stream));
-    fflush(stdout);
-    bench_ctx_free(&c);
-    g_cases++;
-  }
-}
-
-/* ---- the fixed cost per call: fits and timelines --------------------------
- * A point is OP:DTYPE:COLS[:KNOBS] (OP fwd or bwd, DTYPE f32, bf16 or f16,
- * KNOBS i=v;i=v planner knobs for that point only). */
-typedef struct {
-  int bwd;
-  oss_dtype t;
-  int64_t n;
-  int knobs[SM_TEST_KNOBS];
-  char text[96];
-} point;
-
-static int parse_point(const char *arg, point *pt) {
-  char op[8], name[8], rest[64] = "";
-  long long cols;
-  memset(pt, 0, sizeof *pt);
-  snprintf(pt->text, sizeof pt->text, "%s", arg);
-  if (sscanf(arg, "%7[a-z]:%7[a-z0-9]:%lld:%63s", op, name, &cols, rest) < 3 || cols < 1) return 0;
-  if (strcmp(op, "fwd") != 0 && strcmp(op, "bwd") != 0) return 0;
-  if (strcmp(name, "f32") != 0 && strcmp(name, "f16") != 0 && strcmp(name, "bf16") != 0) return 0;
-  pt->bwd = strcmp(op, "bwd") == 0;
-  pt->t = strcmp(name, "f32") == 0 ? OSS_FLOAT32 : strcmp(name, "f16") == 0 ? OSS_FLOAT16 : OSS_BFLOAT16;
-  pt->n = cols;
-  for (const char *k = rest; *k;) {
-    int i, v, used = 0;
-    if (sscanf(k, "%d=%d%n", &i, &v, &used) != 2 || i < 0 || i >= (int)(sizeof pt->knobs / sizeof pt->knobs[0])) return 0;
-    pt->knobs[i] = v;
-    k += used;
-    if (*k == ';') k++;
-  }
-  return 1;
-}
-
-/* parse_point for mode `mode`, reporting a point it cannot read as a failure. */
-static int read_point(const char *mode, const char *arg, point *pt) {
-  if (parse_point(arg, pt)) return 1;
-  fprintf(stderr, "%s: cannot read point '%s' (OP:DTYPE:COLS[:i=v;i=v])\n", mode, arg);
-  g_failures++;
-  return 0;
-}
-
-/* Rows of n columns in 2^log2n elements (at least one). */
-static int64_t rows_in(int log2n, int64_t n) {
-  const int64_t rows = ((int64_t)1 << log2n) / n;
-  return rows > 0 ? rows : 1;
-}
-
-/* Median of reps launches, each timed alone after a 256 MB write flushed the L2. */
-static float time_flushed_ms(launch_fn fn, void *ctx, void *flush, int reps) {
-  cudaEvent_t a, b;
-  float ms[32];
-  if (reps > 32) reps = 32;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; i++) fn(ctx);
-  for (int i = 0; i < reps; i++) {
-    CK(cudaMemsetAsync(flush, i, (size_t)256 << 20, g_stream));
-    CK(cudaEventRecord(a, g_stream));
-    if (fn(ctx) != OSS_OK) printf("launch failed: %s\n", oss_error_message());
-    CK(cudaEventRecord(b, g_stream));
-    CK(cudaEventSynchronize(b));
-    CK(cudaEventElapsedTime(&ms[i], a, b));
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  qsort(ms, (size_t)reps, sizeof(float), cmp_float);
-  return ms[reps / 2];
-}
-
-/* Least squares t = t0 + bytes / rate: t0 in us, rate in % of copy. */
-static void fit_line(const double *bytes, const double *ms, int k, double *t0_us, double *rate_pct) {
-  double mb = 0, mt = 0, sbt = 0, sbb = 0;
-  for (int i = 0; i < k; i++) mb += bytes[i] / k, mt += ms[i] / k;
-  for (int i = 0; i < k; i++) sbt += (bytes[i] - mb) * (ms[i] - mt), sbb += (bytes[i] - mb) * (bytes[i] - mb);
-  const double slope = sbt / sbb;
-  *t0_us = (mt - slope * mb) * 1e3;
-  *rate_pct = 100.0 * (1.0 / slope) / 1e6 / g_copy_gbs;
-}
-
-/* fixed POINT...: each point timed alone (events around the one launch, after
- * a 256 MB write that flushes the L2) at 2^k elements for k in FIXED_SIZES
- * (default 26,27,28), and the line t = t0 + bytes / rate fitted: t0 is the
- * fixed cost per call (ramp-up, the last wave's tail), rate the streaming
- * speed. The device-to-device copy is fitted the same way. Caveat: the
- * flush's dirty lines are written back during the timed launch, which at
- * 2^26 costs some launches (the copy among them, on the H100) up to ~20 us
- * and not others, so fits over 2^26 are unreliable; compare one size at a
- * time, A against B in one run. */
-static void fixed_cost(int npts, char **args) {
-  measure_copy();
-  int sizes[8], ns = 0;
-  const char *env = getenv("FIXED_SIZES");
-  for (const char *k = env ? env : "26,27,28"; *k && ns < 8;) {
-    int v, used = 0;
-    if (sscanf(k, "%d%n", &v, &used) != 1 || v < 10 || v > 30) break;
-    sizes[ns++] = v;
-    k += used;
-    if (*k == ',') k++;
-  }
-  void *flush;
-  CK(cudaMalloc(&flush, (size_t)256 << 20));
-  {
-    double by[8], ms[8], t0, rate;
-    for (int i = 0; i < ns; i++) {
-      copy_ctx cc;
-      cc.bytes = (size_t)2 << sizes[i]; /* 2-byte elements: one bf16 forward's read */
-      CK(cudaMalloc(&cc.src, cc.bytes));
-      CK(cudaMalloc(&cc.dst, cc.bytes));
-      CK(cudaMemsetAsync(cc.src, 1, cc.bytes, g_stream));
-      ms[i] = time_flushed_ms(do_copy, &cc, flush, 15);
-      by[i] = 2.0 * (double)cc.bytes;
-      printf("fixed copy 2^%d x 2 B: %8.2f us %6.1f%%\n", sizes[i], ms[i] * 1e3, 100.0 * by[i] / (ms[i] * 1e6) / g_copy_gbs);
-      CK(cudaFree(cc.src));
-      CK(cudaFree(cc.dst));
-    }
-    if (ns > 1) {
-      fit_line(by, ms, ns, &t0, &rate);
-      printf("fit copy: fixed %6.2f us per call, streaming at %6.1f %% of copy\n", t0, rate);
-    }
-  }
-  for (int p = 0; p < npts; p++) {
-    point pt;
-    if (!read_point("fixed", args[p], &pt)) break;
-    double by[8], ms[8], t0, rate;
-    for (int i = 0; i < ns; i++) {
-      const int64_t rows = rows_in(sizes[i], pt.n);
-      sm_ctx c;
-      bench_ctx_alloc(&c, pt.t, rows, pt.n, 1);
-      memcpy(oss_softmax_cuda_test_knobs, pt.knobs, sizeof pt.knobs);
-      oss_softmax_cuda_test_knobs[7] = i == 0 ? (pt.bwd ? 2 : 1) : 0;
-      if (pt.bwd && do_fwd(&c) != OSS_OK) printf("launch failed: %s\n", oss_error_message());
-      ms[i] = time_flushed_ms(pt.bwd ? do_bwd : do_fwd, &c, flush, 15);
-      verify_rows(&c, pt.bwd, rows, pt.n, 1);
-      by[i] = (double)rows * pt.n * dt_size(pt.t) * (pt.bwd ? 3 : 2);
-      printf("fixed %-28s 2^%d: %8.2f us %6.1f%%\n", pt.text, sizes[i], ms[i] * 1e3,
-             100.0 * by[i] / (ms[i] * 1e6) / g_copy_gbs);
-      bench_ctx_free(&c);
-      fflush(stdout);
-    }
-    memset(oss_softmax_cuda_test_knobs, 0, sizeof oss_softmax_cuda_test_knobs);
-    if (ns > 1) {
-      fit_line(by, ms, ns, &t0, &rate);
-      printf("fit %-28s fixed %6.2f us per call, streaming at %6.1f %% of copy\n", pt.text, t0, rate);
-    }
-  }
-  CK(cudaFree(flush));
-}
-
-#ifdef OSS_SOFTMAX_TIMELINE
-extern "C" void *oss_softmax_cuda_timeline(int *ctas);
-
-static int cmp_double(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static int cmp_u64(const void *a, const void *b) {
-  const unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
-  return x < y ? -1 : x > y;
-}
-
-/* timeline POINT...: TL_REPS (default 5) launches of each point at
- * 2^TL_LOG2 elements (default 26), each after a 256 MB write, with every
- * CTA's start, end and SM recorded (row kernels only; a split plan's two
- * passes share the records). Per launch: the streaming rate in the middle of
- * the span and what the span loses against it (ramp-up and tail), CTA
- * lifetimes, when each SM got its first CTA and finished its last, and the
- * CTAs running in 0.5 us bins over the first and last 10 us. */
-static void timeline(int npts, char **args) {
-  measure_copy();
-  const char *env = getenv("TL_LOG2");
-  const int log2n = env ? atoi(env) : 26;
-  int cap = 0;
-  unsigned long long *dtl = (unsigned long long *)oss_softmax_cuda_timeline(&cap);
-  if (!dtl) {
-    printf("FAIL timeline: no buffer\n");
-    g_failures++;
-    return;
-  }
-  unsigned long long *tl = (unsigned long long *)malloc((size_t)cap * 24);
-  void *flush;
-  CK(cudaMalloc(&flush, (size_t)256 << 20));
-  for (int p = 0; p < npts; p++) {
-    point pt;
-    if (!read_point("timeline", args[p], &pt)) break;
-    const int64_t rows = rows_in(log2n, pt.n);
-    sm_ctx c;
-    bench_ctx_alloc(&c, pt.t, rows, pt.n, 1);
-    memcpy(oss_softmax_cuda_test_knobs, pt.knobs, sizeof pt.knobs);
-    oss_softmax_cuda_test_knobs[7] = pt.bwd ? 2 : 1;
-    launch_fn fn = pt.bwd ? do_bwd : do_fwd;
-    if (pt.bwd) do_fwd(&c);
-    for (int i = 0; i < 3; i++) fn(&c);
-    const char *renv = getenv("TL_REPS");
-    int reps = renv ? atoi(renv) : 5;
-    if (reps < 1 || reps > 32) reps = 5;
-    double losses[32], spans[32];
-    for (int rep = 0; rep < reps; rep++) {
-      losses[rep] = spans[rep] = 0;
-      CK(cudaMemsetAsync(dtl, 0, (size_t)cap * 24, g_stream));
-      CK(cudaMemsetAsync(flush, 7, (size_t)256 << 20, g_stream));
-      cudaEvent_t a, b;
-      CK(cudaEventCreate(&a));
-      CK(cudaEventCreate(&b));
-      CK(cudaEventRecord(a, g_stream));
-      fn(&c);
-      CK(cudaEventRecord(b, g_stream));
-      CK(cudaMemcpyAsync(tl, dtl, (size_t)cap * 24, cudaMemcpyDeviceToHost, g_stream));
-      CK(cudaStreamSynchronize(g_stream));
-      float ev_ms;
-      CK(cudaEventElapsedTime(&ev_ms, a, b));
-      CK(cudaEventDestroy(a));
-      CK(cudaEventDestroy(b));
-      int n = 0;
-      while (n < cap && tl[3 * n] != 0) n++;
-      unsigned long long t0 = ~0ull, t1 = 0;
-      for (int i = 0; i < n; i++) {
-        if (tl[3 * i] < t0) t0 = tl[3 * i];
-        if (tl[3 * i + 1] > t1) t1 = tl[3 * i + 1];
-      }
-      const double bytes = (double)rows * pt.n * dt_size(pt.t) * (pt.bwd ? 3 : 2);
-      printf("timeline %s 2^%d: %d CTAs%s; event %.2f us, CTAs span %.2f us, bytes at copy speed %.2f us\n", pt.text,
-             log2n, n, n == cap ? " (buffer full: later CTAs not recorded)" : "", ev_ms * 1e3, (t1 - t0) * 1e-3,
-             bytes / g_copy_gbs * 1e-3);
-      if (n == 0) break;
-      /* the streaming rate: the bytes of the CTAs that end in the middle 60 %
-       * of the span over that time (every CTA moves the same bytes but the
-       * last), and what the span loses against it (ramp-up and tail) */
-      {
-        const unsigned long long w0 = t0 + (t1 - t0) / 5, w1 = t1 - (t1 - t0) / 5;
-        int done = 0;
-        for (int i = 0; i < n; i++) done += tl[3 * i + 1] >= w0 && tl[3 * i + 1] < w1;
-        const double rate = done * (bytes / n) / (double)(w1 - w0); /* GB/s */
-        const double loss = (t1 - t0) * 1e-3 - bytes / rate * 1e-3;
-        printf("  streaming (middle 60 %%): %.1f %% of copy; the span loses %.2f us against it\n",
-               100.0 * rate / g_copy_gbs, loss);
-        losses[rep] = loss, spans[rep] = (t1 - t0) * 1e-3;
-      }
-      unsigned long long *life = (unsigned long long *)malloc((size_t)n * 8);
-      for (int i = 0; i < n; i++) life[i] = tl[3 * i + 1] - tl[3 * i];
-      qsort(life, (size_t)n, 8, cmp_u64);
-      printf("  CTA lifetime us: p10 %.2f p50 %.2f p90 %.2f max %.2f\n", life[n / 10] * 1e-3, life[n / 2] * 1e-3,
-             life[9 * n / 10] * 1e-3, life[n - 1] * 1e-3);
-      free(life);
-      enum { NSM = 256 };
-      unsigned long long first[NSM], last[NSM];
-      int count[NSM];
-      for (int s = 0; s < NSM; s++) first[s] = ~0ull, last[s] = 0, count[s] = 0;
-      for (int i = 0; i < n; i++) {
-        const int s = (int)(tl[3 * i + 2] % NSM);
-        if (tl[3 * i] < first[s]) first[s] = tl[3 * i];
-        if (tl[3 * i + 1] > last[s]) last[s] = tl[3 * i + 1];
-        count[s]++;
-      }
-      unsigned long long fs[NSM], ls[NSM];
-      int nsm = 0, cmin = 1 << 30, cmax = 0;
-      for (int s = 0; s < NSM; s++)
-        if (count[s]) {
-          fs[nsm] = first[s] - t0, ls[nsm] = t1 - last[s], nsm++;
-          if (count[s] < cmin) cmin = count[s];
-          if (count[s] > cmax) cmax = count[s];
-        }
-      qsort(fs, (size_t)nsm, 8, cmp_u64);
-      qsort(ls, (size_t)nsm, 8, cmp_u64);
-      double idle_mean = 0;
-      for (int i = 0; i < nsm; i++) idle_mean += ls[i] * 1e-3 / nsm;
-      printf("  %d SMs, %d..%d CTAs each; first CTA after start us: p50 %.2f max %.2f; "
-             "idle before the end us: p10 %.2f p50 %.2f p90 %.2f max %.2f (mean %.2f)\n",
-             nsm, cmin, cmax, fs[nsm / 2] * 1e-3, fs[nsm - 1] * 1e-3, ls[nsm / 10] * 1e-3, ls[nsm / 2] * 1e-3,
-             ls[9 * nsm / 10] * 1e-3, ls[nsm - 1] * 1e-3, idle_mean);
-      /* CTAs running, averaged over 0.5 us bins */
-      const double bin = 500.0, span = (double)(t1 - t0);
-      const int nb = (int)(span / bin) + 1;
-      double *act = (double *)calloc((size_t)nb, sizeof(double));
-      for (int i = 0; i < n; i++) {
-        const double s0 = (double)(tl[3 * i] - t0), s1 = (double)(tl[3 * i + 1] - t0);
-        for (int k = (int)(s0 / bin); k < nb && k * bin < s1; k++) {
-          const double lo = k * bin > s0 ? k * bin : s0, hi = (k + 1) * bin < s1 ? (k + 1) * bin : s1;
-          if (hi > lo) act[k] += (hi - lo) / bin;
-        }
-      }
-      printf("  running CTAs per 0.5 us, first 10 us:");
-      for (int k = 0; k < nb && k < 20; k++) printf(" %.0f", act[k]);
-      printf("\n  running CTAs per 0.5 us, last 10 us: ");
-      for (int k = nb - 20 > 0 ? nb - 20 : 0; k < nb; k++) printf(" %.0f", act[k]);
-      printf("\n");
-      free(act);
-    }
-    memset(oss_softmax_cuda_test_knobs, 0, sizeof oss_softmax_cuda_test_knobs);
-    qsort(losses, (size_t)reps, sizeof(double), cmp_double);
-    qsort(spans, (size_t)reps, sizeof(double), cmp_double);
-    printf("timeline %s median of %d: CTAs span %.2f us, loss %.2f us (min %.2f max %.2f)\n", pt.text, reps,
-           spans[reps / 2], losses[reps / 2], losses[0], losses[reps - 1]);
-    bench_ctx_free(&c);
-    fflush(stdout);
-  }
-  free(tl);
-  CK(cudaFree(flush));
-}
-#endif
 
 /* CTAs (and clusters) that run several rows each (grid.y capped): the next
  * row's shared-memory part is copied while the current row is written */
 static void suite_rows_per_cta(void) {
-  oss_softmax_cuda_test_knobs[10] = 3;
+  oss_softmax_cuda_test_knobs.rows_at_once = 3;
   for (int bwd = 0; bwd < 2; bwd++)
     for (int log = 0; log < 2; log++) {
       /* the warp tier in 3 CTAs: each warp loops over groups of rows (light
@@ -1483,10 +955,10 @@ static void suite_rows_per_cta(void) {
       check(bwd, log, 10, 300001, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 1, 0, 0, 0, 0); /* clusters */
       check(bwd, log, 7, 70001, 1, OSS_FLOAT16, OSS_FLOAT32, 3, 0, 1, 1, 0, 0);
     }
-  oss_softmax_cuda_test_knobs[0] = 4; /* split: SM_STATS / SM_APPLY over several rows per CTA */
-  oss_softmax_cuda_test_knobs[10] = 2;
+  oss_softmax_cuda_test_knobs.force_tier = SM_FORCE_SPLIT; /* split: SM_STATS / SM_APPLY over several rows per CTA */
+  oss_softmax_cuda_test_knobs.rows_at_once = 2;
   for (int bwd = 0; bwd < 2; bwd++) check(bwd, 0, 5, 100003, 1, OSS_BFLOAT16, OSS_BFLOAT16, 1, 0, 0, 1, 0, 0);
-  oss_softmax_cuda_test_knobs[0] = 0;
+  oss_softmax_cuda_test_knobs.force_tier = 0;
   /* clusters of 16 with more rows than fit at once (16-bit forward) */
   for (int log = 0; log < 2; log++) {
     check(0, log, 30, 1000003, 1, OSS_BFLOAT16, OSS_BFLOAT16, log, 0, 1, 0, 0, 0);
@@ -1515,15 +987,15 @@ static void suite_quick(void) {
   }
   check(0, 0, 16, 1000, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 1);
   check(0, 1, 16, 100, 9, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 1);
-  for (int tier = 1; tier <= 5; tier++) {
-    oss_softmax_cuda_test_knobs[0] = tier;
+  for (int tier = SM_FORCE_WARP; tier <= SM_FORCE_SPREAD; tier++) {
+    oss_softmax_cuda_test_knobs.force_tier = tier;
     for (int bwd = 0; bwd < 2; bwd++) check(bwd, 1, 3, 20000, 1, OSS_BFLOAT16, OSS_FLOAT32, 1, 0, 1, 1, 0, 0);
   }
-  oss_softmax_cuda_test_knobs[0] = 5; /* spread: many CTAs per row, more rows than resident at once */
+  oss_softmax_cuda_test_knobs.force_tier = SM_FORCE_SPREAD; /* spread: many CTAs per row, more rows than resident at once */
   for (int bwd = 0; bwd < 2; bwd++) check(bwd, bwd, 3, 300007, 1, OSS_FLOAT64, OSS_FLOAT64, 1, 0, 0, 1, 0, 0);
   check(0, 0, 40, 1048576 + 3, 1, OSS_FLOAT32, OSS_FLOAT32, 1, 0, 0, 0, 0, 0);
   check(1, 1, 9, 1048576, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
-  oss_softmax_cuda_test_knobs[0] = 0;
+  oss_softmax_cuda_test_knobs.force_tier = 0;
   check(1, 1, 3, 28008, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0); /* 1024-thread backward CTA, registers */
   check(1, 0, 3, 12288, 1, OSS_FLOAT32, OSS_FLOAT16, 0, 0, 0, 0, 0, 0);
   check(1, 0, 3, 12289, 1, OSS_FLOAT32, OSS_FLOAT16, 1, 1, 1, 1, 0, 0);   /* misaligned: the two-CTA plan */
@@ -1539,10 +1011,10 @@ static void suite_race(void) {
     /* the light one-row-per-CTA tier (aligned rows: forward 128-512 slots, backward 64-1024) */
     check(bwd, 1, 3, bwd ? 8192 : 2048, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
     check(bwd, 0, 3, bwd ? 4096 : 1024, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);
-    oss_softmax_cuda_test_knobs[10] = 2; /* several rows per CTA: the backward's alternating block-sum buffer */
+    oss_softmax_cuda_test_knobs.rows_at_once = 2; /* several rows per CTA: the backward's alternating block-sum buffer */
     check(bwd, 0, 7, 4096, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
     check(bwd, 1, 7, 8192, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);
-    oss_softmax_cuda_test_knobs[10] = 0;
+    oss_softmax_cuda_test_knobs.rows_at_once = 0;
     check(bwd, 1, 3, 3000, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);    /* one CTA, registers */
     check(bwd, 0, 3, 40000, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);     /* one CTA + shared memory */
     if (bwd) check(1, 1, 3, 30000, 1, OSS_FLOAT16, OSS_FLOAT16, 0, 0, 0, 0, 0, 0); /* 1024 threads, registers */
@@ -1550,25 +1022,46 @@ static void suite_race(void) {
     if (!bwd) check(0, 0, 1, 1048576, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0); /* 1024-thread CTAs */
     check(bwd, 1, 20, 1048581, 1, OSS_BFLOAT16, OSS_BFLOAT16, 1, 1, 1, 1, 0, 0); /* 16-bit clusters of 16, more than fit at once */
     check(bwd, 0, 3, 262147, 1, OSS_FLOAT16, OSS_FLOAT16, 1, 1, 1, 1, 0, 0);    /* 16-bit cluster of 4 */
-    oss_softmax_cuda_test_knobs[10] = 2; /* several rows per CTA: next-row copies */
+    oss_softmax_cuda_test_knobs.rows_at_once = 2; /* several rows per CTA: next-row copies */
     check(bwd, 1, 5, 40003, 1, OSS_FLOAT32, OSS_FLOAT32, 1, 0, 0, 1, 0, 0);
     check(bwd, 0, 5, 300001, 1, OSS_BFLOAT16, OSS_BFLOAT16, 0, 0, 0, 0, 0, 0);
-    oss_softmax_cuda_test_knobs[10] = 0;
+    oss_softmax_cuda_test_knobs.rows_at_once = 0;
     check(bwd, 0, 3, 700, 33, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);      /* columns */
-    oss_softmax_cuda_test_knobs[0] = 4;
+    oss_softmax_cuda_test_knobs.force_tier = SM_FORCE_SPLIT;
     check(bwd, 0, 2, 20000, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);     /* split */
-    oss_softmax_cuda_test_knobs[0] = 5;
+    oss_softmax_cuda_test_knobs.force_tier = SM_FORCE_SPREAD;
     check(bwd, 1, 3, 300001, 1, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);    /* spread */
-    oss_softmax_cuda_test_knobs[0] = 0;
-    oss_softmax_cuda_test_knobs[3] = 9;
+    oss_softmax_cuda_test_knobs.force_tier = 0;
+    oss_softmax_cuda_test_knobs.column_chunk_rows = 9;
     check(bwd, 1, 2, 100, 40, OSS_FLOAT32, OSS_FLOAT32, 0, 0, 0, 0, 0, 0);      /* column split */
-    oss_softmax_cuda_test_knobs[3] = 0;
-    oss_softmax_cuda_test_knobs[12] = 4;
-    oss_softmax_cuda_test_knobs[10] = 2;
+    oss_softmax_cuda_test_knobs.column_chunk_rows = 0;
+    oss_softmax_cuda_test_knobs.column_cluster = 4;
+    oss_softmax_cuda_test_knobs.rows_at_once = 2;
     check(bwd, 0, 5, 700, 33, OSS_BFLOAT16, OSS_BFLOAT16, 1, 0, 0, 0, 0, 0);     /* column clusters, two tiles each */
-    oss_softmax_cuda_test_knobs[10] = 0;
-    oss_softmax_cuda_test_knobs[12] = 0;
+    oss_softmax_cuda_test_knobs.rows_at_once = 0;
+    oss_softmax_cuda_test_knobs.column_cluster = 0;
   }
+}
+
+/* The test knob called `name` (softmax_test_knobs.cuh); NULL if there is none. */
+static int *knob_named(const char *name) {
+  oss_softmax_test_knobs *k = &oss_softmax_cuda_test_knobs;
+  const struct {
+    const char *name;
+    int *field;
+  } knobs[] = {{"force_tier", &k->force_tier},
+               {"rows_at_once", &k->rows_at_once},
+               {"row_in_cta", &k->row_in_cta},
+               {"warp_lanes_per_row", &k->warp_lanes_per_row},
+               {"no_backward_1024", &k->no_backward_1024},
+               {"release_window_mib", &k->release_window_mib},
+               {"release_first", &k->release_first},
+               {"column_chunk_rows", &k->column_chunk_rows},
+               {"column_threads", &k->column_threads},
+               {"column_cluster", &k->column_cluster}};
+  for (size_t i = 0; i < sizeof knobs / sizeof knobs[0]; i++)
+    if (strcmp(name, knobs[i].name) == 0) return knobs[i].field;
+  return NULL;
 }
 
 int main(int argc, char **argv) {
@@ -1579,16 +1072,19 @@ int main(int argc, char **argv) {
   CK(cudaGetDeviceProperties(&prop, dev));
   printf("device: %s (sm_%d%d, %d SMs)  mode: %s\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount, mode);
   CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
-  /* SELFTEST_KNOBS="i=v,i=v": planner knobs for the whole run (A/B timing) */
+  /* SELFTEST_KNOBS="name=v,name=v": test knobs for the whole run */
   const char *env = getenv("SELFTEST_KNOBS");
   for (const char *k = env; k && *k;) {
-    int i, v, used = 0;
-    if (sscanf(k, "%d=%d%n", &i, &v, &used) != 2 || i < 0 || i >= (int)(sizeof oss_softmax_cuda_test_knobs / sizeof(int))) {
+    char name[64];
+    int v, used = 0;
+    int *knob = NULL;
+    if (sscanf(k, "%63[a-z_0-9]=%d%n", name, &v, &used) == 2) knob = knob_named(name);
+    if (knob == NULL) {
       fprintf(stderr, "SELFTEST_KNOBS: cannot read '%s'\n", k);
       return 2;
     }
-    oss_softmax_cuda_test_knobs[i] = v;
-    printf("knob [%d] = %d\n", i, v);
+    *knob = v;
+    printf("knob %s = %d\n", name, v);
     k += used;
     if (*k == ',') k++;
   }
@@ -1618,28 +1114,11 @@ int main(int argc, char **argv) {
     suite_race();
   } else if (strcmp(mode, "bench") == 0) {
     bench();
-  } else if (strcmp(mode, "sweep") == 0) {
-    sweep();
-  } else if (strcmp(mode, "sweep_cols") == 0) {
-    sweep_cols();
-  } else if (strcmp(mode, "waves") == 0) {
-    waves(argc - 2, argv + 2);
   } else if (strcmp(mode, "bench_dim1") == 0) {
-    /* optional: the column tiles' width in bytes (knob 6), the CTA size (knob 8) */
     measure_copy();
-    bench_dim1(argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 0);
-  } else if (strcmp(mode, "profile") == 0) {
-    profile();
-  } else if (strcmp(mode, "bwd_data") == 0) {
-    bwd_data();
-  } else if (strcmp(mode, "fixed") == 0) {
-    fixed_cost(argc - 2, argv + 2);
-#ifdef OSS_SOFTMAX_TIMELINE
-  } else if (strcmp(mode, "timeline") == 0) {
-    timeline(argc - 2, argv + 2);
-#endif
+    bench_dim1();
   } else {
-    fprintf(stderr, "usage: %s [check|columns|quick|race|bench|bench_dim1|sweep|sweep_cols|waves|profile|bwd_data|fixed|timeline]\n", argv[0]);
+    fprintf(stderr, "usage: %s [check|columns|quick|race|bench|bench_dim1]\n", argv[0]);
     return 2;
   }
   printf("\n%s: %d checks, %d failed\n", mode, g_cases, g_failures);

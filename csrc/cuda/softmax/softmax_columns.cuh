@@ -44,9 +44,8 @@
  *   with G lanes per item: 1 for columns, whose items are adjacent in memory;
  *   for rows 32 (a warp), or the whole CTA (G = SM_MERGE_THREADS) where a row
  *   has many chunks, so that no lane walks a long chain of dependent loads
- *   (H100, 16M columns: a warp per row took 6.5 us for 1024 forward chunks and
- *   22 us for 2048 backward chunks; a CTA per row raised bfloat16 from 57.7
- *   to 61.0 % of copy forward and 56.1 to 58.9 backward, bench/NOTES-softmax.md v17).
+ *   (with a warp per row, the merge of a row of thousands of chunks took
+ *   longer than reading the row).
  *
  * Limits: blockDim.x = T (SM_COL_THREADS, or SM_COL_THREADS_WIDE for float
  * statistics); TJ a power of two, a multiple of the slot width and at most

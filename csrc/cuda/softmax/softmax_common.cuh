@@ -130,18 +130,16 @@ __device__ __forceinline__ uint4 sm_ld16(const void *p) {
   asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
 }
-/* L2 eviction priority of the row kernels' input (bench/NOTES-softmax.md
- * v18, v23). Where a row is held by one CTA, its 16-byte input loads carry an
- * evict_last policy while its output is computed. In the rows loaded last
- * (a third of the L2's size of input: sm_release_window in softmax.cu) each line goes
- * back to evict_normal once the output is written (sm_release_line); older
+/* L2 eviction priority of the row kernels' input. Where a row is held by
+ * one CTA, its 16-byte input loads carry an evict_last policy while its
+ * output is computed. In the rows loaded last (a third of the L2's size of
+ * input: sm_release_window in softmax_launch.cu) each line goes back to
+ * evict_normal once the output is written (sm_release_line); older
  * evict_last lines have been displaced by then, so none stays above normal
- * priority after the call. On the H100 this is what
- * separated minimal kernels from Inductor's at narrow rows (a fixed 1-3 us
- * per call after an L2 flush, and 0.5-1 % of streaming rate), and it gains
- * our warp and one-CTA plans 0.5-1.4 points of copy. Why the L2 rewards it
- * is not established (it then evicts the dirty output lines first). sm_80 and
- * later; plain loads elsewhere. */
+ * priority after the call. The policy shortens the fixed cost per call after
+ * an L2 flush and raises the streaming rate of the plans that use it (the
+ * L2 then evicts the dirty output lines first). sm_80 and later; plain loads
+ * elsewhere. */
 __device__ __forceinline__ unsigned long long sm_l2_policy(bool keep) {
   unsigned long long p = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -324,8 +322,6 @@ template <bool FAST> __device__ __forceinline__ float sm_exp(float x) { return F
 template <bool FAST> __device__ __forceinline__ double sm_exp(double x) { return exp(x); }
 __device__ __forceinline__ float sm_max(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ double sm_max(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float sm_log(float x) { return logf(x); }
-__device__ __forceinline__ double sm_log(double x) { return log(x); }
 __device__ __forceinline__ float sm_log1p(float x) { return log1pf(x); }
 __device__ __forceinline__ double sm_log1p(double x) { return log1p(x); }
 
@@ -344,7 +340,7 @@ __device__ __forceinline__ float sm_lg2(float x) {
 }
 /* Programmatic dependent launch (sm_90; no-ops elsewhere and in a kernel
  * launched without it): launch_dependents lets the next kernel on the stream,
- * launched with sm_launch_dependent (softmax.cu), start once every CTA of
+ * launched with sm_launch_dependent (softmax_launch.cu), start once every CTA of
  * this one has run it; wait blocks until the previous kernel has finished and
  * its writes are visible. */
 __device__ __forceinline__ void sm_pdl_launch_dependents() {
@@ -565,9 +561,9 @@ template <bool BWD, typename Acc> __device__ __forceinline__ sm_stat<Acc> sm_gro
  * 32) of each aligned lane group, every lane of the warp calling: COMP
  * merges with sm_merge (TwoSum; a loop, which holds fewer registers), else
  * plain adds of hi, unrolled (lo stays 0: a 16-bit output rounds far above
- * a float sum's error; the merge's 8 instructions a step against 2 were
- * much of what a thread of the narrow backward issued per row,
- * bench/NOTES-softmax.md v35). Both are symmetric in their operands, so
+ * a float sum's error; the merge's 8 instructions a step against 2 would be
+ * much of what a thread of the narrow backward issues per row). Both are
+ * symmetric in their operands, so
  * every lane of a group gets the same bits. */
 template <bool COMP, typename Acc> __device__ __forceinline__ void sm_bwd_group_sum(sm_stat<Acc> &st, int G) {
   if constexpr (COMP) {
@@ -663,9 +659,8 @@ template <int N, typename Acc> __device__ __forceinline__ void sm_group_sum(Acc 
  * threads' maxes comes first (fmax shuffles), then one sum of the threads' d
  * rescaled to M, each thread's exp taken before the sum: sm_group_reduce's
  * merge tree puts an exp on every level of its dependency chain (ten levels
- * for a CTA of several warps), and threads that hold a slot or two wait for
- * that chain about as long as for their loads (the light tier lost 1-2
- * points of copy to it on the H100, bench/NOTES-softmax.md v28). softmax
+ * for a CTA of several warps), and threads that hold a slot or two would
+ * wait for that chain about as long as for their loads. softmax
  * sums the plain d = d' + 1; log_softmax keeps d' exact for the maximal
  * threads: they add their d' to the sum and 1 to a separate count, and the
  * result is d' = sum + (count - 1), as sm_merge's equal maxes give. FAST

@@ -13,7 +13,7 @@
  *   fewer registers, so more warps stay resident for the narrowest rows).
  *   Aligned forward rows of 1, 2, 3, 4, 8 or 16 slots take RL = 2 or 4 rows
  *   per lane instead, K = 1 or 2 slots of each (G = the row's slots rounded
- *   up to a power of two, at most 8; the rule is softmax.cu's): each load
+ *   up to a power of two, at most 8; the rule is softmax_plan.cu's): each load
  *   instruction of a warp then covers whole 128-byte lines of consecutive
  *   rows, not part of each row of the warp.
  *   Reduction: butterfly shuffles inside the group (forward max first,
@@ -23,7 +23,7 @@
  *   CTA, thread t holds slots t, t + T, ... in registers, one block
  *   reduction (the forward's max first; the backward's sm_block_sum, one
  *   barrier), log a constant. Two instantiations: the light tier, KM = 2 at
- *   most 32 registers per thread (softmax.cu takes it at 128-512 slots
+ *   most 32 registers per thread (softmax_plan.cu takes it at 128-512 slots
  *   forward, 16-bit also 1024, 1024 slots backward, 64-512 too where the
  *   memory is fast per SM, and for most of the backward's one-CTA register
  *   plans of <= 2 slots per thread), and KM = sm_chunk_kreg at 64, which
@@ -90,9 +90,6 @@
  * output needs no second exp. Parts, threads, warps, CTAs and cluster ranks
  * merge (m, d') with sm_merge.
  *
- * Diagnostics: built with -DOSS_SOFTMAX_TIMELINE (the self-test's timeline
- * mode only), the kernels record each CTA's start, end and SM.
- *
  * Limits: blockDim.x a power of two, 64 .. 1024 (chunk kernel; 64
  * registers per thread, 512 for float64; row-in-CTA kernel, 32 or 64) or
  * 32 .. 128 (warp kernel); G and,
@@ -116,7 +113,7 @@ typedef struct sm_row_args {
   int64_t rows, n;
   int log;
   int keep;       /* 1: input loads evict_last, released after the output (sm_l2_policy);
-                   * 2 (test knob 17 = 2 only): evict_last, not released */
+                   * (any other nonzero value: evict_last, never released) */
   int64_t release_lo, release_hi; /* keep == 1: the rows [lo, hi) whose lines are released */
   int mode;       /* sm_mode */
   int C;          /* CTAs per row: cluster size (SM_FULL) or chunk count (SM_STATS/SM_APPLY) */
@@ -201,17 +198,11 @@ __device__ __forceinline__ sm_chunk<T1, T2> sm_chunk_setup(const sm_row_args &P,
  * the compiler, so that slot m + k * step of each tensor is that pointer
  * plus k * step slots. Without it the compiler recomputes row x stride for
  * each slot and tensor, 7 instructions per address. The forward of the warp
- * and light kernels uses it: 5-19 % fewer instructions per row (sm_90a
- * SASS), and on the H200 +0.4 to +1.5 points of copy (float16 512 columns
- * 96.6 -> 98.1 %, bfloat16 8192 94.8 -> 95.9), on the H100 0 to +0.5. The
- * backward issued 4-18 % fewer instructions with it too, yet on the H200 it
- * lost 0.4-6.7 points (bfloat16 128 columns 97.9 -> 91.2, 1024 101.1 ->
- * 95.3) and on the H100 up to 0.6 (float32 4096 columns 101.7 -> 101.1),
- * so it does not: by Nsight Compute on the H200, ptxas spilled one or two
- * more registers per thread there, and in CTAs that live one row each
- * thread's local store is L2 write traffic beside the stream (the warp
- * kernel at 128 columns: 0 -> 1,048,576 spill requests, 191 -> 206 us;
- * bench/NOTES-softmax.md v37). */
+ * and light kernels uses it (5-19 % fewer instructions per row, which bound
+ * the narrow rows). The backward does not: with it ptxas spills a register
+ * or two per thread, and in CTAs that live one row each thread's local
+ * store is L2 write traffic beside the stream, which costs more than the
+ * instructions saved. */
 template <typename T1, typename T2>
 __device__ __forceinline__ sm_chunk<T1, T2> sm_chunk_at_slot(sm_chunk<T1, T2> R, int m) {
   constexpr int VEC = sm_vec<T1>();
@@ -234,8 +225,8 @@ template <typename T1, typename T2> __device__ __forceinline__ int sm_edge_index
  * vector loads read a instead (always aligned and in bounds) and b's slots
  * are then reloaded element by element. A per-slot choice between the
  * vector and element paths of b makes the compiler copy each vector right
- * after its load, so the thread waits for that load before it issues the
- * next one (the bfloat16 backward, bench/NOTES-softmax.md v14). */
+ * after its load, so the thread would wait for that load before it issues
+ * the next one. */
 template <bool BWD, int KMAX, typename T1, typename T2>
 __device__ __forceinline__ void sm_load_full_slots(const sm_chunk<T1, T2> &R, int first, int step, int nv,
                                                    sm_slot (&ra)[KMAX], sm_slot (&rb)[KMAX], unsigned long long pol) {
@@ -552,41 +543,13 @@ __device__ __forceinline__ unsigned long long sm_globaltimer_ns() {
   return t;
 }
 
-/* The first wave's ramp (sm_first_wave_ramp in softmax.cu): row r of the
+/* The first wave's ramp (sm_first_wave_ramp in softmax_launch.cu): row r of the
  * first wave waits r * P.ramp_ns before its first load. */
 __device__ __forceinline__ void sm_ramp_wait(const sm_row_args &P, int64_t r) {
   if (r >= P.ramp_rows) return;
   const unsigned long long wait = (unsigned long long)r * (unsigned)P.ramp_ns, t0 = sm_globaltimer_ns();
   while (sm_globaltimer_ns() - t0 < wait) __nanosleep(64);
 }
-
-// ---- diagnostic timeline (self-test builds with -DOSS_SOFTMAX_TIMELINE) -----------
-
-#ifdef OSS_SOFTMAX_TIMELINE
-/* Per CTA (linear index, the first SM_TIMELINE_CTAS): [start ns, end ns, SM].
- * Thread 0 stamps the start on entry; each warp's lane 0 raises the end on
- * exit. For finding where a launch's time goes (ramp-up, tail), not for
- * production builds. */
-enum { SM_TIMELINE_CTAS = 1 << 20 };
-__device__ unsigned long long sm_timeline[SM_TIMELINE_CTAS][3];
-__device__ __forceinline__ unsigned sm_timeline_cta() { return blockIdx.x + gridDim.x * blockIdx.y; }
-__device__ __forceinline__ void sm_timeline_start() {
-  const unsigned c = sm_timeline_cta();
-  if (threadIdx.x == 0 && c < SM_TIMELINE_CTAS) {
-    unsigned smid;
-    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(smid));
-    sm_timeline[c][0] = sm_globaltimer_ns();
-    sm_timeline[c][2] = smid;
-  }
-}
-__device__ __forceinline__ void sm_timeline_end() {
-  const unsigned c = sm_timeline_cta();
-  if ((threadIdx.x & 31) == 0 && c < SM_TIMELINE_CTAS) atomicMax(&sm_timeline[c][1], sm_globaltimer_ns());
-}
-#else
-__device__ __forceinline__ void sm_timeline_start() {}
-__device__ __forceinline__ void sm_timeline_end() {}
-#endif
 
 // ---- narrow rows: G lanes per row --------------------------------------------
 
@@ -595,7 +558,7 @@ __device__ __forceinline__ void sm_timeline_end() {}
  * copy drops the other's branches and per-element selects. A thread of
  * these kernels holds few slots, so what it does once per row (reduction,
  * constants, addresses) is a large share of its instructions, which bound
- * the narrowest rows (bench/NOTES-softmax.md v29). */
+ * the narrowest rows. */
 
 /* KM: register slots per lane (a light variant with half of sm_warp_kmax
  * keeps more warps resident for the narrowest rows: 9 CTAs per SM forward;
@@ -628,9 +591,8 @@ __device__ __forceinline__ void sm_rows_in_warp(const sm_row_args &P, const int 
    * RL > 1 they are formed from the row itself, not from a row clamped into
    * range: ptxas held the four clamped rows' high words through the
    * reductions and spilled them (16-24 bytes per thread; a CTA lives one
-   * iteration, so that is L2 write traffic, bench/NOTES-softmax.md v38). At
-   * RL = 1 the clamp stays: there dropping it made the float32 backward
-   * spill instead. */
+   * iteration, so that is L2 write traffic). At RL = 1 the clamp stays:
+   * there dropping it made the float32 backward spill instead. */
   auto chunk = [&](int64_t base, int r) {
     const int64_t row = base + r * rpw + sub;
     sm_chunk<T1, T2> c = sm_chunk_setup<BWD, AL, T1, T2>(P, (RL > 1 || row < P.rows) ? row : base, 0, (int64_t)G * P.K);
@@ -693,10 +655,8 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8             
                                                    : sizeof(T1) == sizeof(T2)       ? 12
                                                                                     : 10)
     softmax_rows_in_warp_kernel(sm_row_args P) {
-  sm_timeline_start();
   if (P.log) sm_rows_in_warp<BWD, T1, T2, Acc, KM, AL, RL>(P, 1);
   else sm_rows_in_warp<BWD, T1, T2, Acc, KM, AL, RL>(P, 0);
-  sm_timeline_end();
 }
 
 // ---- a row per CTA, registers only, a light footprint --------------------------
@@ -710,10 +670,9 @@ __global__ void __launch_bounds__(SM_WARP_THREADS, sizeof(Acc) == 8             
  * where 32 spilled), so 2048 threads per SM stay resident: small CTAs
  * (64-1024 threads) that each live one row, the shape of Triton's fused
  * softmax, which carries a tenth of the chunk kernel's code and so less
- * fixed cost per call (bench/NOTES-softmax.md v28): forward 32 bytes of a
- * row per thread, backward 32 of y and dy. KM = sm_chunk_kreg (8 forward,
- * 4 backward) is compiled for 64, the chunk kernel's budget, and runs its
- * register-only one-CTA shapes (v30). */
+ * fixed cost per call: forward 32 bytes of a row per thread, backward 32 of
+ * y and dy. KM = sm_chunk_kreg (8 forward, 4 backward) is compiled for 64,
+ * the chunk kernel's budget, and runs its register-only one-CTA shapes. */
 template <bool BWD, typename T1, typename T2, typename Acc, int KM>
 __device__ __forceinline__ void sm_row_in_cta(const sm_row_args &P, const int log, sm_stat<Acc> (*red)[32],
                                               Acc (*red_fwd)[32]) {
@@ -732,7 +691,7 @@ __device__ __forceinline__ void sm_row_in_cta(const sm_row_args &P, const int lo
   for (int64_t row = blockIdx.x; row < P.rows; row += gridDim.x) {
     /* the thread's slot count, per row: held across rows, ptxas spilled it
      * (one local store per thread, which a CTA that lives one row pays in
-     * L2 traffic; bench/NOTES-softmax.md v37) */
+     * L2 traffic) */
     int nv = 0;
 #pragma unroll
     for (int k = 0; k < KM; k++) nv += t + k * T < nslots;
@@ -765,10 +724,8 @@ __global__ void __launch_bounds__(SM_CHUNK_THREADS, KM > SM_CTA_ROW_K || (BWD &&
   static_assert(sizeof(Acc) == 4, "float statistics only (float64 keeps the general kernels)");
   __shared__ sm_stat<Acc> red[2][32];                      /* backward (sm_block_sum) */
   __shared__ Acc red_fwd[3][32];                           /* forward (max first) */
-  sm_timeline_start();
   if (P.log) sm_row_in_cta<BWD, T1, T2, Acc, KM>(P, 1, red, red_fwd);
   else sm_row_in_cta<BWD, T1, T2, Acc, KM>(P, 0, red, red_fwd);
-  sm_timeline_end();
 }
 
 // ---- a chunk of a row per CTA: block, cluster and split tiers -----------------
@@ -840,11 +797,9 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
   __shared__ sm_stat<Acc> cbc;             /* cluster / spread result broadcast */
   __shared__ unsigned ticket;              /* SM_SPREAD: this CTA's (row, chunk) */
   /* T is a power of two (the launch checks): the slot counts below are
-   * shifts, not divisions, ahead of the first loads (each integer division
-   * there cost ~1 point of copy at 4096-column backward rows on the H100,
-   * bench/NOTES-softmax.md v23) */
+   * shifts, not divisions, ahead of the first loads (an integer division
+   * there delays every load of the row) */
   const int t = threadIdx.x, T = blockDim.x, lgT = __ffs(T) - 1;
-  sm_timeline_start();
   const bool in_cluster = P.mode == SM_FULL && P.C > 1;
   (void)in_cluster;
   uint4 *sa = sm_dyn, *sb = sm_dyn + P.smem_slots;
@@ -904,7 +859,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
     // -- statistics in the order the parts land: the two shared-memory groups
     // (copied before the register loads), then the registers, so the work on
     // the first parts (the forward's exps) hides behind the loads still in
-    // flight (bench/NOTES-softmax.md v16); the thread's (m, d') of the three
+    // flight; the thread's (m, d') of the three
     // parts merge with sm_merge, registers first. With the cache, each part's
     // exp values are relative to its own max (m_reg, m_lo, m_hi).
     sm_stat<Acc> st;
@@ -1014,7 +969,6 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (start_wait) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 #endif
-  sm_timeline_end();
 }
 
 #endif /* OSS_SOFTMAX_ROWS_CUH */
