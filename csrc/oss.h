@@ -218,6 +218,19 @@ size_t oss_attention_backward_workspace_size_cuda(const oss_attention_backward_p
 oss_status oss_attention_backward_cuda(const oss_attention_backward_params *p, void *workspace,
                                        void *cuda_stream);
 
+/* Which CUDA attention kernels run, for tests and benchmarks that compare
+ * them. Defaults: the best family for the device, dQ centring on, or what the
+ * environment says at the first attention call (TORCH_OSS_ATTENTION_FORWARD /
+ * TORCH_OSS_ATTENTION_BACKWARD = "mma", TORCH_OSS_ATTENTION_DQ_CENTRING = "0").
+ * Set them between calls, not while another thread runs attention. */
+typedef struct oss_attention_cuda_options {
+  int forward_mma_only;  /* nonzero: the mma.sync forward also where a wgmma one exists */
+  int backward_mma_only; /* nonzero: the same for the backward */
+  int dq_centring;       /* nonzero: the 16-bit backward centres dQ (see attention.cu) */
+} oss_attention_cuda_options;
+oss_attention_cuda_options oss_attention_cuda_get_options(void);
+void oss_attention_cuda_set_options(const oss_attention_cuda_options *options);
+
 #ifdef __cplusplus
 }
 #endif

@@ -26,6 +26,7 @@
  * (attention_simt.cu).
  */
 #include <limits.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -67,22 +68,41 @@ static const oss_attn_kernel_entry *oss_attn_find(oss_dtype dtype, int64_t need,
   return best;
 }
 
-/* Whether environment variable `name` is set to `value`, read once per
- * process (the first call) rather than on every op call. */
+/* Whether environment variable `name` is set to `value`. */
 static bool oss_attn_env_is(const char *name, const char *value) {
   const char *v = getenv(name);
   return v != NULL && strcmp(v, value) == 0;
 }
 
+/* The kernel choices of oss.h, read from the environment once per process. */
+static oss_attention_cuda_options oss_attn_options;
+static pthread_once_t oss_attn_options_once = PTHREAD_ONCE_INIT;
+
+static void oss_attn_options_from_env(void) {
+  oss_attn_options.forward_mma_only = oss_attn_env_is("TORCH_OSS_ATTENTION_FORWARD", "mma");
+  oss_attn_options.backward_mma_only = oss_attn_env_is("TORCH_OSS_ATTENTION_BACKWARD", "mma");
+  oss_attn_options.dq_centring = !oss_attn_env_is("TORCH_OSS_ATTENTION_DQ_CENTRING", "0");
+}
+
+static const oss_attention_cuda_options *oss_attn_opts(void) {
+  pthread_once(&oss_attn_options_once, oss_attn_options_from_env);
+  return &oss_attn_options;
+}
+
+oss_attention_cuda_options oss_attention_cuda_get_options(void) { return *oss_attn_opts(); }
+
+void oss_attention_cuda_set_options(const oss_attention_cuda_options *options) {
+  oss_attn_opts();
+  if (options != NULL) oss_attn_options = *options;
+}
+
 /* Kernel family for the device: the Hopper (wgmma) kernel on sm_90 where it is
- * compiled for the head dim, else mma.sync. TORCH_OSS_ATTENTION_FORWARD /
- * TORCH_OSS_ATTENTION_BACKWARD set to "mma" force mma.sync, so that kernel
- * stays testable and comparable on Hopper. */
+ * compiled for the head dim, else mma.sync (also where the options ask for
+ * it, so that kernel stays testable and comparable on Hopper). */
 static oss_attn_launch_fn oss_attn_select(const oss_attn_launch_fn fns[OSS_ATTN_FAMILIES],
                                           const oss_device_info *dev, bool backward) {
-  static const bool forward_mma_only = oss_attn_env_is("TORCH_OSS_ATTENTION_FORWARD", "mma");
-  static const bool backward_mma_only = oss_attn_env_is("TORCH_OSS_ATTENTION_BACKWARD", "mma");
-  const bool mma_only = backward ? backward_mma_only : forward_mma_only;
+  const oss_attention_cuda_options *o = oss_attn_opts();
+  const bool mma_only = backward ? o->backward_mma_only : o->forward_mma_only;
   if (!mma_only && dev->cc_major == 9 && dev->cc_minor == 0 && fns[OSS_ATTN_SM90] != NULL)
     return fns[OSS_ATTN_SM90];
   return fns[OSS_ATTN_MMA];
@@ -282,14 +302,6 @@ static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params
   return L;
 }
 
-/* dQ's centring in the tensor-core backward (attention_bwd.cuh) is on unless
- * TORCH_OSS_ATTENTION_DQ_CENTRING is "0" (for measuring what it costs and
- * what it fixes). */
-static bool oss_attn_dq_centring_on(void) {
-  static const bool off = oss_attn_env_is("TORCH_OSS_ATTENTION_DQ_CENTRING", "0");
-  return !off;
-}
-
 size_t oss_attention_backward_workspace_size_cuda(const oss_attention_backward_params *bp) {
   if (bp == NULL || oss_attn_validate(&bp->fwd) != OSS_OK) return 0;
   return oss_attn_bwd_plan(bp).total;
@@ -350,7 +362,7 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   a.inv_l = L.off_inv_l ? (char *)workspace + L.off_inv_l : NULL;
   a.dq_acc = L.dq_ld > 0 ? (float *)((char *)workspace + L.off_dq) : NULL;
   a.dq_ld = L.dq_ld;
-  if (L.mean_ld > 0 && nq > 0 && nkv > 0 && oss_attn_dq_centring_on()) {
+  if (L.mean_ld > 0 && nq > 0 && nkv > 0 && oss_attn_opts()->dq_centring) {
     a.kmean_part = (double *)((char *)workspace + L.off_kpart);
     a.kmean = (float *)((char *)workspace + L.off_kmean);
     a.eacc = L.dq_ld > 0 ? (float *)((char *)workspace + L.off_eacc) : NULL;
