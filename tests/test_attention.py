@@ -5,8 +5,8 @@ awkward lengths; SDPA semantics; opcheck and torch.compile."""
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import (ATTENTION_ATOL, BUILD, CUDA_OK, DEVICES, FLOAT_DTYPES, assert_tolerance, attention_reference,
-                   cuda_param, lse_peer, ptxas_report, sdpa_peer)
+from _util import (ATTENTION_ATOL, BUILD, CUDA_OK, DEVICES, FLOAT_DTYPES, NVCC_SKIP, assert_rounded_to_nearest,
+                   assert_tolerance, attention_reference, cuda_param, lse_peer, ptxas_report, sdpa_peer)
 
 import torch_oss
 
@@ -482,9 +482,9 @@ def test_backward_equal_value_rows(device, dtype, head_dim, is_causal):
     and dq = dk = 0 (dP_j = dO.v is the same for every key, so dP - D = 0).
     The 16-bit forward must normalise by the sum of the rounded P it
     multiplies V with; otherwise out's rounding residual carries P's rounding
-    error into D and dq, dk come out at up to 1e-1 (session g's GPU fuzz).
+    error into D and dq, dk come out at up to 1e-1 (as the GPU fuzz found).
     The residual itself must be 0: its step of 2^-5 ulp drops the float32
-    sums' noise, which the GPU fuzz saw in dq, dk at values of ~20 (session h)."""
+    sums' noise, which would otherwise reach dq, dk at values of ~20."""
     q, k, v = make_qkv((2, 4, 2, 45, 150, head_dim, head_dim), dtype, device)
     v_rows = v[:, :, :1].expand_as(v)
     for v_case in (v_rows, v_rows.contiguous()):
@@ -571,10 +571,10 @@ def test_backward_residual_errors(device):
         bwd(q, k, v, out, lse, res.to(torch.bfloat16))
     with pytest.raises(ValueError, match="out_residual is on"):
         bwd(q, k, v, out, lse, res.to("meta"))
-    q32, k32, v32 = (t.float() for t in (q, k, v))
-    out32, lse32 = torch.ops.oss.attention(q32, k32, v32)
+    q_f, k_f, v_f = (t.float() for t in (q, k, v))
+    out_f, lse_f = torch.ops.oss.attention(q_f, k_f, v_f)
     with pytest.raises(ValueError, match="out_residual is only for float16/bfloat16"):
-        bwd(q32, k32, v32, out32, lse32, out32.clone())
+        bwd(q_f, k_f, v_f, out_f, lse_f, out_f.clone())
 
 
 class TinyBlock(torch.nn.Module):
@@ -652,7 +652,7 @@ def sm90_ptxas_report(include_dir, tmp_path):
     return ptxas_report(source, tmp_path, include_dir)
 
 
-@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc")
+@NVCC_SKIP
 def test_wgmma_kernels_are_not_serialised(tmp_path):
     """ptxas serialises every wgmma of a kernel when it cannot keep them
     asynchronous: one issued under a branch it cannot prove uniform, or an

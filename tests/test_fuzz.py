@@ -1,6 +1,6 @@
 """Property-based tests (hypothesis): softmax, log_softmax and attention,
-values and gradients, against the float64 reference by GUIDE.md's tolerance
-rule, over random shapes, strides (transposes, slices with offsets and steps,
+values and gradients, against the float64 reference by the tolerance rule
+(tests/_util.py), over random shapes, strides (transposes, slices with offsets and steps,
 stride-0 broadcasts, a non-unit last-dim stride), dims, dtypes and dtype=
 casts, masks (bool/additive, every broadcast shape, transposed), GQA ratios,
 causal alignments and scales.

@@ -8,7 +8,8 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import DEVICES, FLOAT_DTYPES, SOFTMAX_ATOL, assert_tolerance, awkward_randn, cuda_param, ptxas_report
+from _util import (DEVICES, FLOAT_DTYPES, NVCC_SKIP, SOFTMAX_ATOL, assert_rounded_to_nearest, assert_tolerance,
+                   awkward_randn, cuda_param, ptxas_report)
 
 import torch_oss
 
@@ -486,7 +487,7 @@ def assert_no_stack_frames(header, instantiations, tmp_path):
     assert not spilled, "stack frames:\n" + "\n".join(spilled)
 
 
-@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc")
+@NVCC_SKIP
 def test_one_row_per_cta_kernels_do_not_spill(tmp_path):
     """The light one-row-per-CTA kernel (every instantiation the planner
     launches), the warp kernel's aligned backward and its light aligned
@@ -494,7 +495,7 @@ def test_one_row_per_cta_kernels_do_not_spill(tmp_path):
     CTA, so a register that ptxas spills costs each thread a local store
     that goes to the L2 beside the stream: one spilled value cost the
     bfloat16 backward 7-8 % of its time on an H200, four rows per lane's
-    spill the 16-bit forward 5 points (bench/NOTES-softmax.md v37-v38).
+    spill the 16-bit forward 5 points of the copy ceiling.
     All 72 must compile with a zero stack frame."""
     lines = []
     for t1, t2 in itertools.product(KERNEL_TYPES, KERNEL_TYPES):
@@ -510,7 +511,7 @@ def test_one_row_per_cta_kernels_do_not_spill(tmp_path):
     assert_no_stack_frames("cuda/softmax/softmax_rows.cuh", lines, tmp_path)
 
 
-@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc")
+@NVCC_SKIP
 def test_columns_kernel_does_not_spill(tmp_path):
     """The columns kernel (softmax over a dim other than the last), forward
     and backward, every input/output dtype pair, at both CTA sizes: all 36
