@@ -118,17 +118,18 @@ def ulp(values, dtype):
     return torch.exp2(torch.floor(torch.log2(v)) - MANTISSA_BITS[dtype])
 
 
-def assert_rounded_to_nearest(name, ours, ref64, terms=None, min_count=2000, max_bias=0.05):
+def assert_rounded_to_nearest(name, ours, ref64, own_error=None, min_count=2000, max_bias=0.05):
     """A float16/bfloat16 output must be the float64 reference rounded to
-    nearest, up to the kernel's own (float32) arithmetic: every element within
-    one unit in the last place of ref64.to(dtype), and no systematic bias, i.e.
-    the mean signed error, in ulps, is near zero, as is the mean error towards
-    zero (a kernel that truncates is off by -0.5 ulp towards zero on average,
-    one that rounds up by +0.5). `terms` (float64, like ref64) is the size of
-    the quantities the kernel sums or cancels to form each element: elements
-    whose float32 rounding of the terms (16 eps32 * terms) reaches a quarter of
-    their 16-bit ulp are left out of both checks (a cancellation there is not
-    a rounding bug). The bias is judged over at least `min_count` elements."""
+    nearest, up to the kernel's own float32 arithmetic: every element within
+    one unit in the last place of ref64.to(dtype), and no systematic bias: the
+    mean signed error in ulps is near zero, and so is the mean error towards
+    zero (a kernel that truncates is off by about -0.5 ulp towards zero on
+    average, one that rounds up by +0.5). `own_error` (float64, like ref64)
+    bounds the error of the kernel's float32 arithmetic before the final
+    rounding (where an element is a sum that cancels, it is far above that
+    element's rounding): elements where it reaches a quarter of their 16-bit
+    ulp are left out of both checks. The bias is judged over at least
+    `min_count` elements."""
     dtype = ours.dtype
     assert dtype in MANTISSA_BITS, f"{name}: {dtype} is not a 16-bit float"
     got = ours.detach().cpu().to(torch.float64).reshape(-1)
@@ -136,9 +137,8 @@ def assert_rounded_to_nearest(name, ours, ref64, terms=None, min_count=2000, max
     rounded = ref.to(dtype).to(torch.float64)
     keep = torch.isfinite(ref) & torch.isfinite(rounded)
     unit = ulp(rounded, dtype)
-    if terms is not None:
-        t = terms.detach().cpu().to(torch.float64).reshape(-1)
-        keep &= 16 * torch.finfo(torch.float32).eps * t < unit / 4
+    if own_error is not None:
+        keep &= own_error.detach().cpu().to(torch.float64).reshape(-1) < unit / 4
     n = int(keep.sum())
     assert n >= min_count, f"{name}: only {n} elements to judge the rounding by (need {min_count})"
     off = ((got - rounded).abs() / unit)[keep]

@@ -135,6 +135,46 @@ def test_kernel_families(device_kernel, dtype, is_causal, alignment, case, monke
         check_backward(q_mis, k, v, is_causal=is_causal, alignment=alignment, label=label + " misaligned q")
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_cpu_16bit_outputs_round_to_nearest(dtype, is_causal):
+    """The CPU kernels compute in float32 (scores in float64) and round each
+    16-bit output once: out, dq, dk and dv are the float64 results rounded to
+    nearest, each within one ulp of ref64.to(dtype) and without bias (a
+    truncating or biased store fails), wherever float32's own error (a few
+    eps of the terms each element sums, times the square root of their
+    number: float32 roundings of random sign) is below their ulp. The CUDA kernels round P and dS to 16 bits for the
+    tensor cores, an error of several ulps of the output, so this holds on
+    the CPU only; the tolerance rule checks both."""
+    q, k, v = make_qkv((2, 4, 2, 150, 200, 64, 48), dtype, "cpu")
+    dout = torch.randn(2, 4, 150, 48, dtype=dtype)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = torch_oss.attention(*leaves, is_causal=is_causal, enable_gqa=True)
+    out.backward(dout)
+    ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref_out = attention_reference(*ref, None, is_causal, None, True, "top_left")[0]
+    ref_out.backward(dout.double())
+    f32 = torch.finfo(torch.float32).eps
+    # |P| |V| summed over the keys: the terms of out (and, per key, of dv)
+    q64, k64, v64, do64 = (t.detach().double() for t in (q, k, v, dout))
+    k64, v64 = k64.repeat_interleave(2, 1), v64.repeat_interleave(2, 1)
+    s = (q64 @ k64.transpose(-1, -2)) / 8
+    if is_causal:
+        s = s.masked_fill(torch.ones(150, 200, dtype=torch.bool).triu(1), float("-inf"))
+    p = torch.softmax(s, -1)
+    out_terms = p @ v64.abs()
+    assert_rounded_to_nearest(f"out {dtype}", out, ref_out, own_error=4 * 200 ** 0.5 * f32 * out_terms)
+    dv_terms = (p.transpose(-1, -2) @ do64.abs()).unflatten(1, (2, 2)).sum(2)
+    assert_rounded_to_nearest(f"dv {dtype}", leaves[2].grad, ref[2].grad, own_error=4 * 300 ** 0.5 * f32 * dv_terms)
+    # dq and dk: sums of scale * P (|dP| + |D|) |k| (|q|)
+    dp = do64 @ v64.transpose(-1, -2)
+    ds_terms = p * (dp.abs() + (p * dp).sum(-1, keepdim=True).abs()) / 8
+    dq_terms = ds_terms @ k64.abs()
+    dk_terms = (ds_terms.transpose(-1, -2) @ q64.abs()).unflatten(1, (2, 2)).sum(2)
+    assert_rounded_to_nearest(f"dq {dtype}", leaves[0].grad, ref[0].grad, own_error=4 * 200 ** 0.5 * f32 * dq_terms)
+    assert_rounded_to_nearest(f"dk {dtype}", leaves[1].grad, ref[1].grad, own_error=4 * 300 ** 0.5 * f32 * dk_terms)
+
+
 def mask_variants(B, Hq, Lq, Lk, dtype, device):
     g = torch.Generator().manual_seed(1234)
     bool_full = torch.rand(B, Hq, Lq, Lk, generator=g) > 0.3

@@ -245,6 +245,44 @@ def test_rows_aligned_and_shifted(device, dtype, op_name, n):
         assert_tolerance(f"{op_name} grad {dtype} n={n} {name}", dx, ref, t.grad, SOFTMAX_ATOL[dtype])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("op_name", list(OPS))
+@pytest.mark.parametrize("shape,dim", [((64, 1000), -1), ((3, 300, 40), 1), ((6, 4099), -1), ((400, 33), -1)])
+def test_16bit_outputs_round_to_nearest(device, dtype, op_name, shape, dim):
+    """float16/bfloat16 forward and backward outputs are the float64 result
+    rounded to nearest (to within the float32 arithmetic before the rounding):
+    each within one ulp of ref64.to(dtype) and without bias (a truncating or
+    biased store fails). Cancelling elements (log_softmax near 0, dx = y (dy - s)
+    near 0) are left out where float32's own error reaches their ulp."""
+    ours_fn, torch_fn = OPS[op_name]
+    log = op_name == "log_softmax"
+    x = awkward_randn(shape, dtype, device)
+    y = ours_fn(x, dim)
+    x64 = x.double().cpu()
+    ref = torch_fn(x64, dim)
+    f32 = 16 * torch.finfo(torch.float32).eps
+    if log:  # y = (x - max) - log(sum): the terms' size bounds float32's error
+        terms = (x64 - x64.amax(dim, keepdim=True)).abs() + torch.exp(ref).sum(dim, keepdim=True).log().abs() + 1
+    else:
+        terms = ref
+    label = f"{op_name} {dtype} {shape} dim={dim}"
+    assert_rounded_to_nearest(f"{label} forward", y, ref, own_error=f32 * terms)
+    dy = torch.randn(shape, dtype=dtype, device=device)
+    dx = getattr(torch.ops.oss, f"{op_name}_backward")(dy, y, dim, dtype)
+    y64, dy64 = y.double().cpu(), dy.double().cpu()
+    if log:  # dx = dy - exp(y) sum(dy), from our y and dy
+        p = torch.exp(y64)
+        total = dy64.sum(dim, keepdim=True)
+        ref_dx = dy64 - p * total
+        terms = dy64.abs() + p * dy64.abs().sum(dim, keepdim=True)
+    else:  # dx = y (dy - sum(y dy))
+        s = (y64 * dy64).sum(dim, keepdim=True)
+        ref_dx = y64 * (dy64 - s)
+        terms = y64 * (dy64.abs() + (y64 * dy64).abs().sum(dim, keepdim=True))
+    assert_rounded_to_nearest(f"{label} backward", dx, ref_dx, own_error=f32 * terms)
+
+
 def precise_input_gradient(log, x, grad, dim):
     """The input gradient of softmax / log_softmax in float64 with every sum
     over the line taken exactly (math.fsum) and exp(x - max) / d formed
