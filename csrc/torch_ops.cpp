@@ -424,10 +424,11 @@ Tensor softmax_backward_below_autograd(const Tensor &grad_output, const Tensor &
 //   log_softmax: dx = dy - exp(y) * sum(dy)
 //                d/d dy = g - sum(g * exp(y))
 //                d/d y  = -g * exp(y) * sum(dy)
-// computed in ATen ops at float32 or wider (16-bit tensors are widened first,
-// as PyTorch's own formulas compute them) and returned in the dtypes of dy and
-// y. ATen ops record their own autograd nodes, so these are differentiable
-// again (third and higher derivatives).
+// computed in ATen ops in float64 (the sums over dim cancel, and a second
+// derivative is rare enough that its cost does not matter) and returned in
+// the dtypes of dy and y, each rounded once. ATen ops record their own
+// autograd nodes, so these are differentiable again (third and higher
+// derivatives).
 template <bool LOG> struct SoftmaxBackwardFunction : public torch::autograd::Function<SoftmaxBackwardFunction<LOG>> {
   static Tensor forward(AutogradContext *ctx, const Tensor &grad_output, const Tensor &output, int64_t dim,
                         at::ScalarType input_dtype) {
@@ -443,8 +444,7 @@ template <bool LOG> struct SoftmaxBackwardFunction : public torch::autograd::Fun
     const variable_list saved = ctx->get_saved_variables();
     const Tensor &dy = saved[0], &y = saved[1];
     const int64_t dim = ctx->saved_data["dim"].toInt();
-    const at::ScalarType wide = at::promote_types(at::promote_types(y.scalar_type(), at::kFloat),
-                                                  at::promote_types(dy.scalar_type(), grads[0].scalar_type()));
+    const at::ScalarType wide = at::kDouble;
     const Tensor g = grads[0].to(wide), dyw = dy.to(wide), yw = y.to(wide);
     Tensor grad_dy, grad_y;
     if (LOG) {
