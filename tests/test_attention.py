@@ -5,8 +5,9 @@ awkward lengths; SDPA semantics; opcheck and torch.compile."""
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import (ATTENTION_ATOL, BUILD, CUDA_OK, DEVICES, FLOAT_DTYPES, NVCC_SKIP, assert_rounded_to_nearest,
-                   assert_tolerance, attention_reference, cuda_param, lse_peer, ptxas_report, sdpa_peer)
+from _util import (ATTENTION_ATOL, BUILD, CUDA_OK, DEVICES, FLOAT_DTYPES, NVCC_SKIP, SOFTMAX_ATOL,
+                   assert_rounded_to_nearest, assert_tolerance, attention_reference, cuda_param, lse_peer,
+                   ptxas_report, sdpa_peer)
 
 import torch_oss
 
@@ -658,17 +659,39 @@ def test_compile_module_fullgraph(device):
 
 @pytest.mark.parametrize("device", [cuda_param("cuda")])
 def test_compile_reduce_overhead_next_to_other_ops(device):
-    def f(q, k, v):
+    """Our ops between other ops in one graph, compiled with CUDA graphs
+    (reduce-overhead), forward and backward, warmed up, recorded and replayed
+    on fresh inputs: every output and gradient against the float64 reference
+    by the tolerance rule (the same function through SDPA and F.softmax in
+    bfloat16 as PyTorch's peer)."""
+    def f(q, k, v, attn, sm):
         q = q * 1.5 + 0.1  # other ops around ours, same graph, captured in a CUDA graph
-        out = torch_oss.attention(q, k, v, is_causal=True)
-        return torch_oss.softmax(out.float(), -1) * 2
+        out = attn(q, k, v, is_causal=True)
+        return sm(out.float(), -1) * 2
 
-    compiled = torch.compile(f, mode="reduce-overhead", fullgraph=True)
-    for _ in range(4):  # warm-up, record, replays
-        q, k, v = (torch.randn(2, 4, 300, 64, dtype=torch.bfloat16, device=device) for _ in range(3))
-        got = compiled(q, k, v)
-        ref = F.softmax(F.scaled_dot_product_attention(q * 1.5 + 0.1, k, v, is_causal=True).float(), -1) * 2
-        torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
+    def ref_attention(q, k, v, is_causal):
+        return attention_reference(q, k, v, is_causal=is_causal)[0]
+
+    compiled = torch.compile(lambda q, k, v: f(q, k, v, torch_oss.attention, torch_oss.softmax),
+                             mode="reduce-overhead", fullgraph=True)
+    for step in range(4):  # warm-up, record, replays
+        base = [torch.randn(2, 4, 300, 64, dtype=torch.bfloat16, device=device) for _ in range(3)]
+        dy = torch.randn(2, 4, 300, 64, device=device)
+        runs = {}
+        for name in ("ours", "peer", "ref"):
+            leaves = [t.detach().to(torch.float64 if name == "ref" else t.dtype).requires_grad_() for t in base]
+            if name == "ours":
+                y = compiled(*leaves)
+            elif name == "peer":
+                y = f(*leaves, F.scaled_dot_product_attention, F.softmax)
+            else:
+                y = f(*leaves, ref_attention, F.softmax)
+            grads = torch.autograd.grad(y, leaves, dy.to(y.dtype))
+            runs[name] = (y.detach(), *grads)
+        for i, what in enumerate(("out", "dq", "dk", "dv")):
+            ours, peer, ref = runs["ours"][i], runs["peer"][i], runs["ref"][i]
+            atol = SOFTMAX_ATOL[torch.float32] if what == "out" else ATTENTION_ATOL[torch.bfloat16]
+            assert_tolerance(f"{what} step {step}", ours, ref, peer, atol)
 
 
 def test_generated_wgmma_wrappers_are_current():

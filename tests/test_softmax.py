@@ -246,6 +246,55 @@ def test_rows_aligned_and_shifted(device, dtype, op_name, n):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("op_name", list(OPS))
+@pytest.mark.parametrize("shape,dim", [((6, 300, 17), 1), ((40, 33, 5), 0), ((3, 4, 129, 2), 2), ((5, 7), 0)])
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "expanded_dy", "offset"])
+def test_backward_strided_dy_and_y_over_a_non_last_dim(device, dtype, op_name, shape, dim, layout):
+    """The backward op over a dim other than the last with y and dy given as
+    non-contiguous views (transposed, sliced with steps, dy broadcast with
+    stride 0, misaligned storage offsets), against the float64 formula on the
+    same y and dy (tolerance rule, PyTorch's _softmax_backward_data on the same
+    views as the peer)."""
+    ours_fn, torch_fn = OPS[op_name]
+    backward = getattr(torch.ops.oss, f"{op_name}_backward")
+    x = awkward_randn(shape, dtype, device)
+    y_c = ours_fn(x, dim)
+    dy_c = torch.randn(shape, dtype=dtype, device=device)
+    if layout == "transposed":  # the same values with reversed dim order in memory
+        def view(t):
+            return t.permute(*reversed(range(t.dim()))).contiguous().permute(*reversed(range(t.dim())))
+        y, dy = view(y_c), view(dy_c)
+    elif layout == "sliced":  # every other element of a buffer twice as wide in each dim
+        def view(t):
+            big = torch.empty([2 * n for n in t.shape], dtype=t.dtype, device=t.device).fill_(float("nan"))
+            big[tuple(slice(None, None, 2) for _ in t.shape)] = t
+            return big[tuple(slice(None, None, 2) for _ in t.shape)]
+        y, dy = view(y_c), view(dy_c)
+    elif layout == "expanded_dy":  # dy broadcast along the reduced dim (stride 0 there)
+        y, dy = y_c, dy_c.narrow(dim, 0, 1).expand(shape)
+    else:  # storage offset of one element
+        def view(t):
+            flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+            flat[1:] = t.reshape(-1)
+            return flat[1:].view(t.shape)
+        y, dy = view(y_c), view(dy_c)
+    assert torch.equal(y, y_c) and (layout == "expanded_dy" or torch.equal(dy, dy_c))
+    if layout != "offset":
+        assert not (y.is_contiguous() and dy.is_contiguous())
+    dx = backward(dy, y, dim, dtype)
+    y64, dy64 = y.double().cpu(), dy.double().cpu()
+    if op_name == "log_softmax":
+        ref = dy64 - torch.exp(y64) * dy64.sum(dim, keepdim=True)
+        peer = torch._log_softmax_backward_data(dy, y, dim, dtype)
+    else:
+        ref = y64 * (dy64 - (y64 * dy64).sum(dim, keepdim=True))
+        peer = torch._softmax_backward_data(dy, y, dim, dtype)
+    assert dx.shape == y.shape and dx.dtype == dtype
+    assert_tolerance(f"{op_name} backward {dtype} {shape} dim={dim} {layout}", dx, ref, peer, SOFTMAX_ATOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("op_name", list(OPS))
 @pytest.mark.parametrize("shape,dim", [((64, 1000), -1), ((3, 300, 40), 1), ((6, 4099), -1), ((400, 33), -1)])
