@@ -4,7 +4,7 @@ memory hygiene.
 
 GPU-run guards (a GPU run must never pass by skipping its CUDA cases):
   - a visible GPU (torch.cuda.is_available()) with a build of torch_oss that has
-    no CUDA kernels fails the session at its start, unless TORCH_OSS_CPU_ONLY=1
+    no CUDA kernels fails the run at its start, unless TORCH_OSS_CPU_ONLY=1
     says the CPU-only build is meant;
   - a run that asks for the CUDA tests (TORCH_OSS_REQUIRE_CUDA=1, which
     scripts/gpu_check.sh sets, or a -m expression that selects "cuda") fails at

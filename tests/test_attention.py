@@ -157,21 +157,21 @@ def test_cpu_16bit_outputs_round_to_nearest(dtype, is_causal):
     ref_out.backward(dout.double())
     f32 = torch.finfo(torch.float32).eps
     # |P| |V| summed over the keys: the terms of out (and, per key, of dv)
-    q64, k64, v64, do64 = (t.detach().double() for t in (q, k, v, dout))
-    k64, v64 = k64.repeat_interleave(2, 1), v64.repeat_interleave(2, 1)
-    s = (q64 @ k64.transpose(-1, -2)) / 8
+    q_wide, k_wide, v_wide, do_wide = (t.detach().double() for t in (q, k, v, dout))
+    k_wide, v_wide = k_wide.repeat_interleave(2, 1), v_wide.repeat_interleave(2, 1)
+    s = (q_wide @ k_wide.transpose(-1, -2)) / 8
     if is_causal:
         s = s.masked_fill(torch.ones(150, 200, dtype=torch.bool).triu(1), float("-inf"))
     p = torch.softmax(s, -1)
-    out_terms = p @ v64.abs()
+    out_terms = p @ v_wide.abs()
     assert_rounded_to_nearest(f"out {dtype}", out, ref_out, own_error=4 * 200 ** 0.5 * f32 * out_terms)
-    dv_terms = (p.transpose(-1, -2) @ do64.abs()).unflatten(1, (2, 2)).sum(2)
+    dv_terms = (p.transpose(-1, -2) @ do_wide.abs()).unflatten(1, (2, 2)).sum(2)
     assert_rounded_to_nearest(f"dv {dtype}", leaves[2].grad, ref[2].grad, own_error=4 * 300 ** 0.5 * f32 * dv_terms)
     # dq and dk: sums of scale * P (|dP| + |D|) |k| (|q|)
-    dp = do64 @ v64.transpose(-1, -2)
+    dp = do_wide @ v_wide.transpose(-1, -2)
     ds_terms = p * (dp.abs() + (p * dp).sum(-1, keepdim=True).abs()) / 8
-    dq_terms = ds_terms @ k64.abs()
-    dk_terms = (ds_terms.transpose(-1, -2) @ q64.abs()).unflatten(1, (2, 2)).sum(2)
+    dq_terms = ds_terms @ k_wide.abs()
+    dk_terms = (ds_terms.transpose(-1, -2) @ q_wide.abs()).unflatten(1, (2, 2)).sum(2)
     assert_rounded_to_nearest(f"dq {dtype}", leaves[0].grad, ref[0].grad, own_error=4 * 200 ** 0.5 * f32 * dq_terms)
     assert_rounded_to_nearest(f"dk {dtype}", leaves[1].grad, ref[1].grad, own_error=4 * 300 ** 0.5 * f32 * dk_terms)
 

@@ -116,10 +116,10 @@ def second_order_atol(dtype, ref64, w, v, dim, log):
     eps = torch.finfo(dtype).eps
     if dtype in (torch.float16, torch.bfloat16):
         return 2 * eps * ref64.abs().max().item()
-    w64, v64 = w.double().cpu(), v.double().cpu()
-    terms = w64.abs().max().item() * v64.abs().max().item()
+    w_wide, v_wide = w.double().cpu(), v.double().cpu()
+    terms = w_wide.abs().max().item() * v_wide.abs().max().item()
     if log:
-        terms *= 1 + w64.sum(dim).abs().max().item()
+        terms *= 1 + w_wide.sum(dim).abs().max().item()
     return 4 * eps * terms
 
 
