@@ -27,7 +27,7 @@ extern "C" {
  * that step are the float32 accumulation's own noise, not information: where
  * every value row is the same, x is that row to a few float32 ulps, and those
  * ulps passed into the backward's D made dq and dk, exactly 0 there, come out
- * several times worse than PyTorch's (H100 fuzz, session h). */
+ * several times worse than PyTorch's. */
 #define OSS_RESIDUAL_BITS 5
 static inline OSS_HOST_DEVICE float oss_output_residual(float x, float rounded, int bf16) {
   if (!isfinite(rounded)) return 0.f;

@@ -209,6 +209,31 @@ oss_strided3 strided3(Tensor &t, int64_t dim, const SoftmaxView &v) {
   return s;
 }
 
+// The shared launch tail of the softmax family: on CUDA, plan (forward or
+// backward), allocate the plan's workspace from torch's caching allocator and
+// launch on the current stream under a device guard; on the CPU, run the
+// kernel through torch's thread pool. `on` is the tensor whose device runs it.
+void run_softmax(const char *op, const Tensor &on, const oss_softmax_params *fwd,
+                 const oss_softmax_backward_params *bwd) {
+#ifdef OSS_WITH_CUDA
+  if (on.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(on.device());
+    oss_softmax_plan_cuda plan;
+    check_status(op, fwd ? oss_softmax_forward_plan_cuda(fwd, &plan) : oss_softmax_backward_plan_cuda(bwd, &plan));
+    Tensor ws = cuda_workspace(on, plan.workspace_bytes);
+    check_status(op, oss_softmax_launch_cuda(&plan, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
+    return;
+  }
+#else
+  (void)on;
+#endif
+  check_status(op, fwd ? oss_softmax_forward_cpu(fwd, &cpu_exec) : oss_softmax_backward_cpu(bwd, &cpu_exec));
+}
+void run_softmax(const char *op, const Tensor &on, const oss_softmax_params *p) { run_softmax(op, on, p, nullptr); }
+void run_softmax(const char *op, const Tensor &on, const oss_softmax_backward_params *p) {
+  run_softmax(op, on, nullptr, p);
+}
+
 int64_t wrap_softmax_dim(const char *op, int64_t dim, int64_t ndim) {
   const int64_t rank = ndim > 0 ? ndim : 1;
   OSS_CHECK(dim >= -rank && dim < rank, Index,
@@ -253,17 +278,7 @@ Tensor softmax_forward(const Tensor &self, int64_t dim, std::optional<at::Scalar
   p.log = log;
   p.x = strided3(x, dim, v);
   p.y = strided3(y_view, dim, v);
-#ifdef OSS_WITH_CUDA
-  if (x.is_cuda()) {
-    const c10::cuda::CUDAGuard guard(x.device());
-    oss_softmax_plan_cuda plan;
-    check_status(op, oss_softmax_forward_plan_cuda(&p, &plan));
-    Tensor ws = cuda_workspace(x, plan.workspace_bytes);
-    check_status(op, oss_softmax_launch_cuda(&plan, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
-    return y;
-  }
-#endif
-  check_status(op, oss_softmax_forward_cpu(&p, &cpu_exec));
+  run_softmax(op, x, &p);
   return y;
 }
 
@@ -310,17 +325,7 @@ Tensor softmax_backward(const Tensor &grad_output, const Tensor &output, int64_t
   p.y = strided3(y, dim, v);
   p.dy = strided3(dy, dim, v);
   p.dx = strided3(dx_view, dim, v);
-#ifdef OSS_WITH_CUDA
-  if (y.is_cuda()) {
-    const c10::cuda::CUDAGuard guard(y.device());
-    oss_softmax_plan_cuda plan;
-    check_status(op, oss_softmax_backward_plan_cuda(&p, &plan));
-    Tensor ws = cuda_workspace(y, plan.workspace_bytes);
-    check_status(op, oss_softmax_launch_cuda(&plan, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
-    return cast_after ? dx.to(input_dtype) : dx;
-  }
-#endif
-  check_status(op, oss_softmax_backward_cpu(&p, &cpu_exec));
+  run_softmax(op, y, &p);
   return cast_after ? dx.to(input_dtype) : dx;
 }
 
@@ -342,13 +347,18 @@ Tensor log_softmax_backward_op(const Tensor &grad_output, const Tensor &output, 
 // ---------------------------------------------------------------------------
 // softmax / log_softmax autograd
 //
-// Registered here, not with torch.library.register_autograd in Python: the
-// Python formula ran on every call, with or without gradients, and cost
-// ~14 us of host time per forward (H100 machine: 25-34 us against
-// F.softmax's 11; bench/NOTES-softmax.md v24). The forward saves its output
-// and the backward is oss::softmax_backward / oss::log_softmax_backward, both
-// called through the dispatcher, so torch.compile traces them as the ops
-// they are.
+// Registered here, not with torch.library.register_autograd in Python: a
+// Python formula runs on every call, with or without gradients, and costs
+// about 14 us of host time per forward (on an H100 host, against F.softmax's
+// 11 us in all). The forward saves its output and the backward is
+// oss::softmax_backward / oss::log_softmax_backward, both called through the
+// dispatcher, so torch.compile traces them as the ops they are.
+//
+// The backward ops are differentiable too (double backward: gradient
+// penalties, Hessian-vector products): their own autograd node, below, whose
+// formulas are ATen ops (so they are differentiable again). The gradient that
+// reaches the saved output flows on into the forward's node, as for
+// F.softmax.
 // ---------------------------------------------------------------------------
 
 using torch::autograd::AutogradContext;
@@ -385,7 +395,7 @@ template <bool LOG> struct SoftmaxFunction : public torch::autograd::Function<So
 
 // A call that nothing will differentiate (grad mode off, and no input that
 // requires grad or carries a forward-mode tangent) skips the autograd node:
-// building one costs ~2 us of host time per call (bench/NOTES-softmax.md v25).
+// building one costs about 2 us of host time per call.
 bool will_differentiate(const Tensor &t) {
   return t.defined() && ((at::GradMode::is_enabled() && t.requires_grad()) || t._fw_grad(/*level=*/0).defined());
 }
@@ -393,6 +403,70 @@ bool will_differentiate(const Tensor &t) {
 template <bool LOG> Tensor softmax_autograd(const Tensor &self, int64_t dim, std::optional<at::ScalarType> dtype) {
   return will_differentiate(self) ? SoftmaxFunction<LOG>::apply(self, dim, dtype)
                                   : softmax_below_autograd<LOG>(self, dim, dtype);
+}
+
+// The backward op below autograd (the CPU or CUDA kernel).
+template <bool LOG>
+Tensor softmax_backward_below_autograd(const Tensor &grad_output, const Tensor &output, int64_t dim,
+                                       at::ScalarType input_dtype) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow(LOG ? "oss::log_softmax_backward" : "oss::softmax_backward", "")
+                             .typed<Tensor(const Tensor &, const Tensor &, int64_t, at::ScalarType)>();
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return op.call(grad_output, output, dim, input_dtype);
+}
+
+// The derivatives of the backward ops, with g the gradient of their result
+// dx and sums taken over dim:
+//   softmax:     dx = y * (dy - sum(dy * y))
+//                d/d dy = y * (g - sum(g * y))                 (= softmax_backward(g, y))
+//                d/d y  = g * (dy - sum(dy * y)) - dy * sum(g * y)
+//   log_softmax: dx = dy - exp(y) * sum(dy)
+//                d/d dy = g - sum(g * exp(y))
+//                d/d y  = -g * exp(y) * sum(dy)
+// computed in ATen ops in float64 (the sums over dim cancel, and a second
+// derivative is rare enough that its cost does not matter) and returned in
+// the dtypes of dy and y, each rounded once. ATen ops record their own
+// autograd nodes, so these are differentiable again (third and higher
+// derivatives).
+template <bool LOG> struct SoftmaxBackwardFunction : public torch::autograd::Function<SoftmaxBackwardFunction<LOG>> {
+  static Tensor forward(AutogradContext *ctx, const Tensor &grad_output, const Tensor &output, int64_t dim,
+                        at::ScalarType input_dtype) {
+    const Tensor dx = softmax_backward_below_autograd<LOG>(grad_output, output, dim, input_dtype);
+    ctx->saved_data["dim"] = wrap_softmax_dim(LOG ? "log_softmax_backward" : "softmax_backward", dim, output.dim());
+    ctx->save_for_backward({grad_output, output});
+    return dx;
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    const bool want_dy = ctx->needs_input_grad(0), want_y = ctx->needs_input_grad(1);
+    if (!grads[0].defined() || (!want_dy && !want_y)) return {Tensor(), Tensor(), Tensor(), Tensor()};
+    const variable_list saved = ctx->get_saved_variables();
+    const Tensor &dy = saved[0], &y = saved[1];
+    const int64_t dim = ctx->saved_data["dim"].toInt();
+    const at::ScalarType wide = at::kDouble;
+    const Tensor g = grads[0].to(wide), dyw = dy.to(wide), yw = y.to(wide);
+    Tensor grad_dy, grad_y;
+    if (LOG) {
+      const Tensor p = yw.exp();
+      if (want_dy) grad_dy = g - (g * p).sum(dim, /*keepdim=*/true);
+      if (want_y) grad_y = -g * p * dyw.sum(dim, /*keepdim=*/true);
+    } else {
+      const Tensor gy = (g * yw).sum(dim, /*keepdim=*/true);
+      if (want_dy) grad_dy = yw * (g - gy);
+      if (want_y) grad_y = g * (dyw - (dyw * yw).sum(dim, /*keepdim=*/true)) - dyw * gy;
+    }
+    return {want_dy ? grad_dy.to(dy.scalar_type()) : Tensor(), want_y ? grad_y.to(y.scalar_type()) : Tensor(),
+            Tensor(), Tensor()};
+  }
+};
+
+template <bool LOG>
+Tensor softmax_backward_autograd(const Tensor &grad_output, const Tensor &output, int64_t dim,
+                                 at::ScalarType input_dtype) {
+  return will_differentiate(grad_output) || will_differentiate(output)
+             ? SoftmaxBackwardFunction<LOG>::apply(grad_output, output, dim, input_dtype)
+             : softmax_backward_below_autograd<LOG>(grad_output, output, dim, input_dtype);
 }
 
 // ---------------------------------------------------------------------------
@@ -742,6 +816,33 @@ template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Func
   }
 };
 
+// oss::attention_backward's Autograd kernel. A second derivative through
+// attention (the gradient of its backward) is not implemented: the moment a
+// graph would be built through the backward (autograd.grad or backward with
+// create_graph=True while q, k, v or grad_out require grad) it raises, rather
+// than returning a gradient that silently lacks attention's share. Otherwise
+// it runs the kernel.
+std::tuple<Tensor, Tensor, Tensor> attention_backward_op_autograd(
+    const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value, const Tensor &out,
+    const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
+    bool enable_gqa, c10::string_view causal_alignment, bool deterministic, const std::optional<Tensor> &out_residual) {
+  const bool any = will_differentiate(grad_out) || will_differentiate(query) || will_differentiate(key) ||
+                   will_differentiate(value) || will_differentiate(out) || will_differentiate(lse) ||
+                   (attn_mask.has_value() && will_differentiate(*attn_mask)) ||
+                   (out_residual.has_value() && will_differentiate(*out_residual));
+  OSS_CHECK(!any, NotImplemented,
+            "torch_oss.attention: double backward is not supported: the gradient of attention's backward (a "
+            "second derivative, as autograd.grad(..., create_graph=True) or backward(create_graph=True) would "
+            "build) is not implemented. Use torch.nn.functional.scaled_dot_product_attention where second "
+            "derivatives are needed, or compute the first gradient without create_graph=True");
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("oss::attention_backward", "")
+                             .typed<decltype(attention_backward_op)>();
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return op.call(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
+                 deterministic, out_residual);
+}
+
 template <bool RESIDUAL>
 variable_list attention_autograd(const Tensor &query, const Tensor &key, const Tensor &value,
                                  const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
@@ -809,8 +910,11 @@ TORCH_LIBRARY_IMPL(oss, CPU, m) {
 TORCH_LIBRARY_IMPL(oss, Autograd, m) {
   m.impl("softmax", &softmax_autograd<false>);
   m.impl("log_softmax", &softmax_autograd<true>);
+  m.impl("softmax_backward", &softmax_backward_autograd<false>);
+  m.impl("log_softmax_backward", &softmax_backward_autograd<true>);
   m.impl("attention", &attention_op_autograd);
   m.impl("attention_with_residual", &attention_with_residual_op_autograd);
+  m.impl("attention_backward", &attention_backward_op_autograd);
 }
 
 #ifdef OSS_WITH_CUDA

@@ -1,5 +1,15 @@
-"""pytest configuration shared by the test files: hypothesis profiles for the
-property-based tests (tests/test_fuzz.py) and CUDA memory hygiene.
+"""pytest configuration shared by the test files: the GPU-run guards,
+hypothesis profiles for the property-based tests (tests/test_fuzz.py) and CUDA
+memory hygiene.
+
+GPU-run guards (a GPU run must never pass by skipping its CUDA cases):
+  - a visible GPU (torch.cuda.is_available()) with a build of torch_oss that has
+    no CUDA kernels fails the run at its start, unless TORCH_OSS_CPU_ONLY=1
+    says the CPU-only build is meant;
+  - a run that asks for the CUDA tests (TORCH_OSS_REQUIRE_CUDA=1, which
+    scripts/gpu_check.sh sets, or a -m expression that selects "cuda") fails at
+    its start without a usable GPU build, and fails at its end when no CUDA
+    test ran (passed or failed).
 
 Hypothesis profiles, chosen with TORCH_OSS_FUZZ_PROFILE (default "ci"):
 
@@ -66,8 +76,63 @@ settings.load_profile(FUZZ_PROFILE)
 
 
 def pytest_report_header(config):
-    return (f"hypothesis profile: {FUZZ_PROFILE} (max_examples={settings().max_examples}, "
-            f"derandomize={settings().derandomize})")
+    import torch_oss
+
+    return [f"hypothesis profile: {FUZZ_PROFILE} (max_examples={settings().max_examples}, "
+            f"derandomize={settings().derandomize})",
+            f"torch_oss: {torch_oss.__file__}, CUDA kernels: {torch_oss.build_info()['cuda']}, "
+            f"GPU visible: {torch.cuda.is_available()}, CUDA tests required: {cuda_required(config)}"]
+
+
+def _env_flag(name):
+    return os.environ.get(name, "") not in ("", "0")
+
+
+def cuda_required(config):
+    """True when this run asked for the CUDA tests: TORCH_OSS_REQUIRE_CUDA=1, or
+    a -m expression that selects the cuda marker (not one that excludes it)."""
+    if _env_flag("TORCH_OSS_REQUIRE_CUDA"):
+        return True
+    expr = " ".join((config.getoption("markexpr", "") or "").split())
+    return "cuda" in expr and "not cuda" not in expr
+
+
+def pytest_sessionstart(session):
+    import torch_oss
+
+    config = session.config
+    has_kernels = torch_oss.build_info()["cuda"]
+    if torch.cuda.is_available() and not has_kernels and not _env_flag("TORCH_OSS_CPU_ONLY"):
+        raise pytest.UsageError(
+            f"a CUDA GPU is visible but torch_oss ({torch_oss.__file__}) was built without CUDA kernels: every "
+            "CUDA test would be skipped. Rebuild with the CUDA toolkit, or set TORCH_OSS_CPU_ONLY=1 to test the "
+            "CPU-only build on purpose.")
+    if cuda_required(config) and not (torch.cuda.is_available() and has_kernels):
+        raise pytest.UsageError(
+            "the CUDA tests were requested (TORCH_OSS_REQUIRE_CUDA=1 or -m cuda) but "
+            + ("no CUDA GPU is visible" if not torch.cuda.is_available() else
+               f"torch_oss ({torch_oss.__file__}) was built without CUDA kernels"))
+
+
+_CUDA_TESTS_RAN = [0]
+
+
+def pytest_runtest_logreport(report):
+    # a CUDA test ran when its call phase passed or failed (a skip does not count)
+    if report.when == "call" and "cuda" in report.keywords and (report.passed or report.failed):
+        _CUDA_TESTS_RAN[0] += 1
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if cuda_required(config) and _CUDA_TESTS_RAN[0] == 0 and exitstatus in (0, 5):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        print("\nERROR: the CUDA tests were requested (TORCH_OSS_REQUIRE_CUDA=1 or -m cuda) but none ran")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if cuda_required(config):
+        terminalreporter.write_line(f"CUDA tests that ran: {_CUDA_TESTS_RAN[0]}")
 
 
 @pytest.fixture

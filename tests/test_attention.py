@@ -5,8 +5,9 @@ awkward lengths; SDPA semantics; opcheck and torch.compile."""
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import (ATTENTION_ATOL, BUILD, CUDA_OK, DEVICES, FLOAT_DTYPES, assert_tolerance, attention_reference,
-                   cuda_param, lse_peer, ptxas_report, sdpa_peer)
+from _util import (ATTENTION_ATOL, BUILD, CUDA_OK, DEVICES, FLOAT_DTYPES, NVCC_SKIP, SOFTMAX_ATOL,
+                   assert_rounded_to_nearest, assert_tolerance, attention_reference, cuda_param, lse_peer,
+                   ptxas_report, sdpa_peer)
 
 import torch_oss
 
@@ -133,6 +134,46 @@ def test_kernel_families(device_kernel, dtype, is_causal, alignment, case, monke
         q_mis = buf[1:].view(q.shape)
         check_forward(q_mis, k, v, is_causal=is_causal, alignment=alignment, label=label + " misaligned q")
         check_backward(q_mis, k, v, is_causal=is_causal, alignment=alignment, label=label + " misaligned q")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_cpu_16bit_outputs_round_to_nearest(dtype, is_causal):
+    """The CPU kernels compute in float32 (scores in float64) and round each
+    16-bit output once: out, dq, dk and dv are the float64 results rounded to
+    nearest, each within one ulp of ref64.to(dtype) and without bias (a
+    truncating or biased store fails), wherever float32's own error (a few
+    eps of the terms each element sums, times the square root of their
+    number: float32 roundings of random sign) is below their ulp. The CUDA kernels round P and dS to 16 bits for the
+    tensor cores, an error of several ulps of the output, so this holds on
+    the CPU only; the tolerance rule checks both."""
+    q, k, v = make_qkv((2, 4, 2, 150, 200, 64, 48), dtype, "cpu")
+    dout = torch.randn(2, 4, 150, 48, dtype=dtype)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = torch_oss.attention(*leaves, is_causal=is_causal, enable_gqa=True)
+    out.backward(dout)
+    ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref_out = attention_reference(*ref, None, is_causal, None, True, "top_left")[0]
+    ref_out.backward(dout.double())
+    f32 = torch.finfo(torch.float32).eps
+    # |P| |V| summed over the keys: the terms of out (and, per key, of dv)
+    q_wide, k_wide, v_wide, do_wide = (t.detach().double() for t in (q, k, v, dout))
+    k_wide, v_wide = k_wide.repeat_interleave(2, 1), v_wide.repeat_interleave(2, 1)
+    s = (q_wide @ k_wide.transpose(-1, -2)) / 8
+    if is_causal:
+        s = s.masked_fill(torch.ones(150, 200, dtype=torch.bool).triu(1), float("-inf"))
+    p = torch.softmax(s, -1)
+    out_terms = p @ v_wide.abs()
+    assert_rounded_to_nearest(f"out {dtype}", out, ref_out, own_error=4 * 200 ** 0.5 * f32 * out_terms)
+    dv_terms = (p.transpose(-1, -2) @ do_wide.abs()).unflatten(1, (2, 2)).sum(2)
+    assert_rounded_to_nearest(f"dv {dtype}", leaves[2].grad, ref[2].grad, own_error=4 * 300 ** 0.5 * f32 * dv_terms)
+    # dq and dk: sums of scale * P (|dP| + |D|) |k| (|q|)
+    dp = do_wide @ v_wide.transpose(-1, -2)
+    ds_terms = p * (dp.abs() + (p * dp).sum(-1, keepdim=True).abs()) / 8
+    dq_terms = ds_terms @ k_wide.abs()
+    dk_terms = (ds_terms.transpose(-1, -2) @ q_wide.abs()).unflatten(1, (2, 2)).sum(2)
+    assert_rounded_to_nearest(f"dq {dtype}", leaves[0].grad, ref[0].grad, own_error=4 * 200 ** 0.5 * f32 * dq_terms)
+    assert_rounded_to_nearest(f"dk {dtype}", leaves[1].grad, ref[1].grad, own_error=4 * 300 ** 0.5 * f32 * dk_terms)
 
 
 def mask_variants(B, Hq, Lq, Lk, dtype, device):
@@ -482,9 +523,9 @@ def test_backward_equal_value_rows(device, dtype, head_dim, is_causal):
     and dq = dk = 0 (dP_j = dO.v is the same for every key, so dP - D = 0).
     The 16-bit forward must normalise by the sum of the rounded P it
     multiplies V with; otherwise out's rounding residual carries P's rounding
-    error into D and dq, dk come out at up to 1e-1 (session g's GPU fuzz).
+    error into D and dq, dk come out at up to 1e-1 (as the GPU fuzz found).
     The residual itself must be 0: its step of 2^-5 ulp drops the float32
-    sums' noise, which the GPU fuzz saw in dq, dk at values of ~20 (session h)."""
+    sums' noise, which would otherwise reach dq, dk at values of ~20."""
     q, k, v = make_qkv((2, 4, 2, 45, 150, head_dim, head_dim), dtype, device)
     v_rows = v[:, :, :1].expand_as(v)
     for v_case in (v_rows, v_rows.contiguous()):
@@ -571,10 +612,10 @@ def test_backward_residual_errors(device):
         bwd(q, k, v, out, lse, res.to(torch.bfloat16))
     with pytest.raises(ValueError, match="out_residual is on"):
         bwd(q, k, v, out, lse, res.to("meta"))
-    q32, k32, v32 = (t.float() for t in (q, k, v))
-    out32, lse32 = torch.ops.oss.attention(q32, k32, v32)
+    q_f, k_f, v_f = (t.float() for t in (q, k, v))
+    out_f, lse_f = torch.ops.oss.attention(q_f, k_f, v_f)
     with pytest.raises(ValueError, match="out_residual is only for float16/bfloat16"):
-        bwd(q32, k32, v32, out32, lse32, out32.clone())
+        bwd(q_f, k_f, v_f, out_f, lse_f, out_f.clone())
 
 
 class TinyBlock(torch.nn.Module):
@@ -618,17 +659,39 @@ def test_compile_module_fullgraph(device):
 
 @pytest.mark.parametrize("device", [cuda_param("cuda")])
 def test_compile_reduce_overhead_next_to_other_ops(device):
-    def f(q, k, v):
+    """Our ops between other ops in one graph, compiled with CUDA graphs
+    (reduce-overhead), forward and backward, warmed up, recorded and replayed
+    on fresh inputs: every output and gradient against the float64 reference
+    by the tolerance rule (the same function through SDPA and F.softmax in
+    bfloat16 as PyTorch's peer)."""
+    def f(q, k, v, attn, sm):
         q = q * 1.5 + 0.1  # other ops around ours, same graph, captured in a CUDA graph
-        out = torch_oss.attention(q, k, v, is_causal=True)
-        return torch_oss.softmax(out.float(), -1) * 2
+        out = attn(q, k, v, is_causal=True)
+        return sm(out.float(), -1) * 2
 
-    compiled = torch.compile(f, mode="reduce-overhead", fullgraph=True)
-    for _ in range(4):  # warm-up, record, replays
-        q, k, v = (torch.randn(2, 4, 300, 64, dtype=torch.bfloat16, device=device) for _ in range(3))
-        got = compiled(q, k, v)
-        ref = F.softmax(F.scaled_dot_product_attention(q * 1.5 + 0.1, k, v, is_causal=True).float(), -1) * 2
-        torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
+    def ref_attention(q, k, v, is_causal):
+        return attention_reference(q, k, v, is_causal=is_causal)[0]
+
+    compiled = torch.compile(lambda q, k, v: f(q, k, v, torch_oss.attention, torch_oss.softmax),
+                             mode="reduce-overhead", fullgraph=True)
+    for step in range(4):  # warm-up, record, replays
+        base = [torch.randn(2, 4, 300, 64, dtype=torch.bfloat16, device=device) for _ in range(3)]
+        dy = torch.randn(2, 4, 300, 64, device=device)
+        runs = {}
+        for name in ("ours", "peer", "ref"):
+            leaves = [t.detach().to(torch.float64 if name == "ref" else t.dtype).requires_grad_() for t in base]
+            if name == "ours":
+                y = compiled(*leaves)
+            elif name == "peer":
+                y = f(*leaves, F.scaled_dot_product_attention, F.softmax)
+            else:
+                y = f(*leaves, ref_attention, F.softmax)
+            grads = torch.autograd.grad(y, leaves, dy.to(y.dtype))
+            runs[name] = (y.detach(), *grads)
+        for i, what in enumerate(("out", "dq", "dk", "dv")):
+            ours, peer, ref = runs["ours"][i], runs["peer"][i], runs["ref"][i]
+            atol = SOFTMAX_ATOL[torch.float32] if what == "out" else ATTENTION_ATOL[torch.bfloat16]
+            assert_tolerance(f"{what} step {step}", ours, ref, peer, atol)
 
 
 def test_generated_wgmma_wrappers_are_current():
@@ -652,7 +715,7 @@ def sm90_ptxas_report(include_dir, tmp_path):
     return ptxas_report(source, tmp_path, include_dir)
 
 
-@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc")
+@NVCC_SKIP
 def test_wgmma_kernels_are_not_serialised(tmp_path):
     """ptxas serialises every wgmma of a kernel when it cannot keep them
     asynchronous: one issued under a branch it cannot prove uniform, or an

@@ -1,6 +1,6 @@
 """Property-based tests (hypothesis): softmax, log_softmax and attention,
-values and gradients, against the float64 reference by GUIDE.md's tolerance
-rule, over random shapes, strides (transposes, slices with offsets and steps,
+values and gradients, against the float64 reference by the tolerance rule
+(tests/_util.py), over random shapes, strides (transposes, slices with offsets and steps,
 stride-0 broadcasts, a non-unit last-dim stride), dims, dtypes and dtype=
 casts, masks (bool/additive, every broadcast shape, transposed), GQA ratios,
 causal alignments and scales.
@@ -9,7 +9,9 @@ Profiles (tests/conftest.py, TORCH_OSS_FUZZ_PROFILE): "ci" (default,
 derandomized: the same cases every run, 180 cases for each softmax test and
 60 for each attention test per device, about a minute on 2 CPU cores) and "long"
 (3000 fresh cases per test and device: 4 tests, 12,000 cases on the GPU
-with -k cuda). Forward and backward are separate tests, so that a gradient
+with -k cuda), plus the hard paths always drawn (large-magnitude softmax
+inputs; attention with more than two key tiles and large scores). Forward and
+backward are separate tests, so that a gradient
 defect does not hide value defects (hypothesis stops a test at its first
 failure).
 Each case draws its tensor data from a seed that hypothesis chooses, so a
@@ -111,7 +113,10 @@ def dim_sizes():
 
 
 @st.composite
-def softmax_cases(draw):
+def softmax_cases(draw, hard=False):
+    """A softmax case; hard=True draws only large-magnitude inputs (scale 10
+    and +-1e4 offsets, or a scale of 1e3): where a kernel without the max
+    subtraction, or with a float32 score path, breaks down."""
     rank = draw(st.integers(0, 4))
     shape = [draw(dim_sizes()) for _ in range(rank)]
     # the budget counts a 0-size dim as 1: an empty view may still sit on a large base
@@ -129,8 +134,9 @@ def softmax_cases(draw):
     cast = draw(st.sampled_from([None, None, None] + FLOAT_DTYPES))
     op_name = draw(st.sampled_from(["softmax", "log_softmax"]))
     base_shape, view_fn, layout = draw(layouts(shape))
-    scale = draw(st.sampled_from([0.1, 1.0, 3.0, 10.0]))
-    special = draw(st.sampled_from(["none", "none", "neg_inf", "neg_inf_rows", "neg_inf_prefix", "neg_inf_prefix",
+    scale = draw(st.sampled_from([10.0, 1000.0] if hard else [0.1, 1.0, 3.0, 10.0]))
+    special = draw(st.sampled_from(["large", "large", "none"] if hard else
+                                   ["none", "none", "neg_inf", "neg_inf_rows", "neg_inf_prefix", "neg_inf_prefix",
                                     "large"]))
     prefix = draw(st.sampled_from([0.3, 0.6, 0.9, 1.0]))
     seed = draw(st.integers(0, 2**31 - 1))
@@ -196,19 +202,35 @@ def head_dims(limit):
     return st.one_of(st.sampled_from(common), st.integers(1, limit))
 
 
+# The CPU attention kernels walk the keys in tiles of 64 (csrc/cpu/attention.c,
+# OSS_BC): 257-600 keys are more than two tiles (and more than two tiles of 128),
+# so the running max, sum and the backward's D rescale across tiles.
+MULTI_TILE_LK = st.integers(2 * 128 + 1, 600)
+
+
 @st.composite
-def attention_cases(draw, device):
+def attention_cases(draw, device, hard=False):
+    """An attention case; hard=True draws key lengths of more than two tiles
+    (MULTI_TILE_LK) and large-magnitude inputs (values scaled by 4 or 8, so
+    scores reach the hundreds), the paths where online-softmax rescaling,
+    causal tile skipping and the max subtraction matter."""
     limit = max_head_dim(device)
     three_d = draw(st.integers(0, 9)) == 0        # (N, L, E) inputs, as SDPA accepts
     B = draw(st.sampled_from([0, 1, 1, 1, 2, 2, 3]))
     Hkv = 1 if three_d else draw(st.integers(1, 3))
     group = 1 if three_d else draw(st.sampled_from([1, 1, 2, 3, 4, 8]))
     Hq = Hkv * group
-    Lq, Lk = draw(seq_lens()), draw(seq_lens())
+    Lq, Lk = draw(seq_lens()), draw(MULTI_TILE_LK if hard else seq_lens())
     D = draw(head_dims(limit))
     Dv = D if draw(st.booleans()) else draw(head_dims(limit))
     while max(B, 1) * Hq * max(Lq, 1) * max(Lk, 1) * max(D, Dv) > ATTENTION_MAX_WORK:
-        if Lk >= Lq:
+        if hard and Lq > 1:  # keep the keys multi-tile: shrink the queries, then the heads and head dims
+            Lq = max(1, Lq // 2)
+        elif hard and max(D, Dv) > 16:
+            D, Dv = max(1, D // 2), max(1, Dv // 2)
+        elif hard:
+            break
+        elif Lk >= Lq:
             Lk = max(1, Lk // 2)
         else:
             Lq = max(1, Lq // 2)
@@ -233,7 +255,7 @@ def attention_cases(draw, device):
     }
     views = {name: draw(layouts(shape)) for name, shape in shapes.items()}
     scale = draw(st.sampled_from([None, None, None, 0.0, 0.1, 0.5, 1.0, -0.3]))
-    value_scale = draw(st.sampled_from([0.5, 1.0, 2.0]))
+    value_scale = draw(st.sampled_from([4.0, 8.0] if hard else [0.5, 1.0, 2.0]))
     seed = draw(st.integers(0, 2**31 - 1))
     return dict(three_d=three_d, B=B, Hq=Hq, Hkv=Hkv, Lq=Lq, Lk=Lk, D=D, Dv=Dv, dtype=dtype, causal=causal,
                 mask_kind=mask_kind, mask_shape=tuple(mask_shape), mask_transposed=mask_transposed, keep=keep,
@@ -291,6 +313,33 @@ def test_fuzz_attention_forward(device, data):
 @given(data=st.data())
 def test_fuzz_attention_backward(device, data):
     run_attention_case(device, data.draw(attention_cases(device), label="case"), backward=True)
+
+
+# The hard paths, always drawn: in the ci profile (derandomized) these draw the
+# same cases every run, a third of the profile's examples each.
+HARD_SETTINGS = settings(max_examples=max(10, settings().max_examples // 3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@HARD_SETTINGS
+@given(case=softmax_cases(hard=True))
+def test_fuzz_softmax_large_magnitudes(device, case):
+    run_softmax_case(device, case, backward=False)
+    run_softmax_case(device, case, backward=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@HARD_SETTINGS
+@given(data=st.data())
+def test_fuzz_attention_multi_tile_forward(device, data):
+    run_attention_case(device, data.draw(attention_cases(device, hard=True), label="case"), backward=False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@HARD_SETTINGS
+@given(data=st.data())
+def test_fuzz_attention_multi_tile_backward(device, data):
+    run_attention_case(device, data.draw(attention_cases(device, hard=True), label="case"), backward=True)
 
 
 # ---------------------------------------------------------------------------

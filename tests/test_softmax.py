@@ -8,7 +8,8 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import DEVICES, FLOAT_DTYPES, SOFTMAX_ATOL, assert_tolerance, awkward_randn, cuda_param, ptxas_report
+from _util import (DEVICES, FLOAT_DTYPES, NVCC_SKIP, SOFTMAX_ATOL, assert_rounded_to_nearest, assert_tolerance,
+                   awkward_randn, cuda_param, ptxas_report)
 
 import torch_oss
 
@@ -242,6 +243,93 @@ def test_rows_aligned_and_shifted(device, dtype, op_name, n):
         t = x.detach().clone().requires_grad_()
         torch_fn(t, -1).backward(dy)
         assert_tolerance(f"{op_name} grad {dtype} n={n} {name}", dx, ref, t.grad, SOFTMAX_ATOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("op_name", list(OPS))
+@pytest.mark.parametrize("shape,dim", [((6, 300, 17), 1), ((40, 33, 5), 0), ((3, 4, 129, 2), 2), ((5, 7), 0)])
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "expanded_dy", "offset"])
+def test_backward_strided_dy_and_y_over_a_non_last_dim(device, dtype, op_name, shape, dim, layout):
+    """The backward op over a dim other than the last with y and dy given as
+    non-contiguous views (transposed, sliced with steps, dy broadcast with
+    stride 0, misaligned storage offsets), against the float64 formula on the
+    same y and dy (tolerance rule, PyTorch's _softmax_backward_data on the same
+    views as the peer)."""
+    ours_fn, torch_fn = OPS[op_name]
+    backward = getattr(torch.ops.oss, f"{op_name}_backward")
+    x = awkward_randn(shape, dtype, device)
+    y_c = ours_fn(x, dim)
+    dy_c = torch.randn(shape, dtype=dtype, device=device)
+    if layout == "transposed":  # the same values with reversed dim order in memory
+        def view(t):
+            return t.permute(*reversed(range(t.dim()))).contiguous().permute(*reversed(range(t.dim())))
+        y, dy = view(y_c), view(dy_c)
+    elif layout == "sliced":  # every other element of a buffer twice as wide in each dim
+        def view(t):
+            big = torch.empty([2 * n for n in t.shape], dtype=t.dtype, device=t.device).fill_(float("nan"))
+            big[tuple(slice(None, None, 2) for _ in t.shape)] = t
+            return big[tuple(slice(None, None, 2) for _ in t.shape)]
+        y, dy = view(y_c), view(dy_c)
+    elif layout == "expanded_dy":  # dy broadcast along the reduced dim (stride 0 there)
+        y, dy = y_c, dy_c.narrow(dim, 0, 1).expand(shape)
+    else:  # storage offset of one element
+        def view(t):
+            flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+            flat[1:] = t.reshape(-1)
+            return flat[1:].view(t.shape)
+        y, dy = view(y_c), view(dy_c)
+    assert torch.equal(y, y_c) and (layout == "expanded_dy" or torch.equal(dy, dy_c))
+    if layout != "offset":
+        assert not (y.is_contiguous() and dy.is_contiguous())
+    dx = backward(dy, y, dim, dtype)
+    y64, dy64 = y.double().cpu(), dy.double().cpu()
+    if op_name == "log_softmax":
+        ref = dy64 - torch.exp(y64) * dy64.sum(dim, keepdim=True)
+        peer = torch._log_softmax_backward_data(dy, y, dim, dtype)
+    else:
+        ref = y64 * (dy64 - (y64 * dy64).sum(dim, keepdim=True))
+        peer = torch._softmax_backward_data(dy, y, dim, dtype)
+    assert dx.shape == y.shape and dx.dtype == dtype
+    assert_tolerance(f"{op_name} backward {dtype} {shape} dim={dim} {layout}", dx, ref, peer, SOFTMAX_ATOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("op_name", list(OPS))
+@pytest.mark.parametrize("shape,dim", [((64, 1000), -1), ((3, 300, 40), 1), ((6, 4099), -1), ((400, 33), -1)])
+def test_16bit_outputs_round_to_nearest(device, dtype, op_name, shape, dim):
+    """float16/bfloat16 forward and backward outputs are the float64 result
+    rounded to nearest (to within the float32 arithmetic before the rounding):
+    each within one ulp of ref64.to(dtype) and without bias (a truncating or
+    biased store fails). Cancelling elements (log_softmax near 0, dx = y (dy - s)
+    near 0) are left out where float32's own error reaches their ulp."""
+    ours_fn, torch_fn = OPS[op_name]
+    log = op_name == "log_softmax"
+    x = awkward_randn(shape, dtype, device)
+    y = ours_fn(x, dim)
+    x64 = x.double().cpu()
+    ref = torch_fn(x64, dim)
+    f32 = 16 * torch.finfo(torch.float32).eps
+    if log:  # y = (x - max) - log(sum): the terms' size bounds float32's error
+        terms = (x64 - x64.amax(dim, keepdim=True)).abs() + torch.exp(ref).sum(dim, keepdim=True).log().abs() + 1
+    else:
+        terms = ref
+    label = f"{op_name} {dtype} {shape} dim={dim}"
+    assert_rounded_to_nearest(f"{label} forward", y, ref, own_error=f32 * terms)
+    dy = torch.randn(shape, dtype=dtype, device=device)
+    dx = getattr(torch.ops.oss, f"{op_name}_backward")(dy, y, dim, dtype)
+    y64, dy64 = y.double().cpu(), dy.double().cpu()
+    if log:  # dx = dy - exp(y) sum(dy), from our y and dy
+        p = torch.exp(y64)
+        total = dy64.sum(dim, keepdim=True)
+        ref_dx = dy64 - p * total
+        terms = dy64.abs() + p * dy64.abs().sum(dim, keepdim=True)
+    else:  # dx = y (dy - sum(y dy))
+        s = (y64 * dy64).sum(dim, keepdim=True)
+        ref_dx = y64 * (dy64 - s)
+        terms = y64 * (dy64.abs() + (y64 * dy64).abs().sum(dim, keepdim=True))
+    assert_rounded_to_nearest(f"{label} backward", dx, ref_dx, own_error=f32 * terms)
 
 
 def precise_input_gradient(log, x, grad, dim):
@@ -486,7 +574,7 @@ def assert_no_stack_frames(header, instantiations, tmp_path):
     assert not spilled, "stack frames:\n" + "\n".join(spilled)
 
 
-@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc")
+@NVCC_SKIP
 def test_one_row_per_cta_kernels_do_not_spill(tmp_path):
     """The light one-row-per-CTA kernel (every instantiation the planner
     launches), the warp kernel's aligned backward and its light aligned
@@ -494,7 +582,7 @@ def test_one_row_per_cta_kernels_do_not_spill(tmp_path):
     CTA, so a register that ptxas spills costs each thread a local store
     that goes to the L2 beside the stream: one spilled value cost the
     bfloat16 backward 7-8 % of its time on an H200, four rows per lane's
-    spill the 16-bit forward 5 points (bench/NOTES-softmax.md v37-v38).
+    spill the 16-bit forward 5 points of the copy ceiling.
     All 72 must compile with a zero stack frame."""
     lines = []
     for t1, t2 in itertools.product(KERNEL_TYPES, KERNEL_TYPES):
@@ -510,7 +598,7 @@ def test_one_row_per_cta_kernels_do_not_spill(tmp_path):
     assert_no_stack_frames("cuda/softmax/softmax_rows.cuh", lines, tmp_path)
 
 
-@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc")
+@NVCC_SKIP
 def test_columns_kernel_does_not_spill(tmp_path):
     """The columns kernel (softmax over a dim other than the last), forward
     and backward, every input/output dtype pair, at both CTA sizes: all 36
