@@ -13,7 +13,6 @@ torch_oss against every SDPA backend in the same run. TFLOP/s: forward
 """
 
 import argparse
-import os
 import sys
 from contextlib import nullcontext
 
@@ -24,6 +23,7 @@ sys.path.insert(0, __import__("os").path.dirname(__file__))
 import common  # noqa: E402
 
 import torch_oss  # noqa: E402
+from torch_oss._kernels import attention_kernels  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -57,11 +57,11 @@ def main():
     ap.add_argument("--tokens", type=int, default=None)
     ap.add_argument("--width", type=int, default=None)
     ap.add_argument("--with-mma", action="store_true",
-                    help="also time torch_oss with TORCH_OSS_ATTENTION_FORWARD=mma and "
-                         "TORCH_OSS_ATTENTION_BACKWARD=mma (the mma.sync kernels; column torch_oss-mma)")
+                    help="also time torch_oss with its mma.sync kernels where Hopper ones exist "
+                         "(column torch_oss-mma)")
     ap.add_argument("--with-uncentred", action="store_true",
-                    help="also time torch_oss with TORCH_OSS_ATTENTION_DQ_CENTRING=0 (the backward without its "
-                         "dQ centring; column torch_oss-uncentred)")
+                    help="also time torch_oss without the 16-bit backward's dQ centring, to see what it costs "
+                         "(column torch_oss-uncentred)")
     args = ap.parse_args()
     device = args.device
     gpu = device == "cuda"
@@ -75,11 +75,11 @@ def main():
     env = common.environment(device)
     print(f"attention benchmark on {env.get('gpu', env.get('cpu'))}, torch {env['torch']}, commit {env['commit']}")
 
-    impls = {"torch_oss": nullcontext}
+    impls = {"torch_oss": lambda: attention_kernels(forward="best", backward="best", dq_centring=True)}
     if args.with_mma:
-        impls["torch_oss-mma"] = nullcontext
+        impls["torch_oss-mma"] = lambda: attention_kernels(forward="mma", backward="mma", dq_centring=True)
     if args.with_uncentred:
-        impls["torch_oss-uncentred"] = nullcontext
+        impls["torch_oss-uncentred"] = lambda: attention_kernels(forward="best", backward="best", dq_centring=False)
     impls.update(sdpa_backends(device))
     records = []
     for dname in dtypes:
@@ -94,52 +94,42 @@ def main():
                     with torch.no_grad():
                         expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                     for name, ctx in impls.items():
-                        for var in ("TORCH_OSS_ATTENTION_FORWARD", "TORCH_OSS_ATTENTION_BACKWARD"):
-                            if name == "torch_oss-mma":
-                                os.environ[var] = "mma"
-                            else:
-                                os.environ.pop(var, None)
-                        if name == "torch_oss-uncentred":
-                            os.environ["TORCH_OSS_ATTENTION_DQ_CENTRING"] = "0"
-                        else:
-                            os.environ.pop("TORCH_OSS_ATTENTION_DQ_CENTRING", None)
-
-                        def fwd():
-                            if name.startswith("torch_oss"):
-                                return torch_oss.attention(q, k, v, is_causal=causal)
-                            with ctx():
+                        with ctx():  # the SDPA backend, or torch_oss's kernel choices
+                            def fwd():
+                                if name.startswith("torch_oss"):
+                                    return torch_oss.attention(q, k, v, is_causal=causal)
                                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-                        try:
-                            with torch.no_grad():
-                                got = fwd()
-                        except RuntimeError as e:  # a backend that does not take this shape
-                            print(f"  {name} unavailable for {dname} hd{D} N{N}: {str(e).splitlines()[0][:80]}")
-                            continue
-                        err = (got.float() - expected.float()).abs().max().item()
-                        tol = 2e-2 if dtype != torch.float32 else 1e-4
-                        if not err <= tol:
-                            raise AssertionError(f"{name} {dname} hd{D} N{N} causal={causal}: max diff {err:.3e} "
-                                                 "from SDPA; not timing a wrong kernel")
-                        del got
-                        for mode in modes:
-                            if mode == "fwd":
-                                def run():
-                                    with torch.no_grad():
-                                        fwd()
-                            else:
-                                def run():
-                                    q.grad = k.grad = v.grad = None
-                                    fwd().backward(dout)
-                            if gpu:
-                                torch.cuda.synchronize()
-                                torch.cuda.reset_peak_memory_stats()
-                            base = torch.cuda.memory_allocated() if gpu else 0
-                            ms = common.bench(run, device)
-                            peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if gpu else None
-                            tflops = flops(B, H, N, D, causal, mode) / (ms * 1e-3) / 1e12
-                            records.append(dict(dtype=dname, hdim=D, heads=H, batch=B, seqlen=N, causal=causal,
-                                                mode=mode, impl=name, ms=ms, tflops=tflops, peak_extra_mib=peak))
+                            try:
+                                with torch.no_grad():
+                                    got = fwd()
+                            except RuntimeError as e:  # a backend that does not take this shape
+                                print(f"  {name} unavailable for {dname} hd{D} N{N}: {str(e).splitlines()[0][:80]}")
+                                continue
+                            err = (got.float() - expected.float()).abs().max().item()
+                            tol = 2e-2 if dtype != torch.float32 else 1e-4
+                            if not err <= tol:
+                                raise AssertionError(f"{name} {dname} hd{D} N{N} causal={causal}: max diff {err:.3e} "
+                                                     "from SDPA; not timing a wrong kernel")
+                            del got
+                            for mode in modes:
+                                if mode == "fwd":
+                                    def run():
+                                        with torch.no_grad():
+                                            fwd()
+                                else:
+                                    def run():
+                                        q.grad = k.grad = v.grad = None
+                                        fwd().backward(dout)
+                                if gpu:
+                                    torch.cuda.synchronize()
+                                    torch.cuda.reset_peak_memory_stats()
+                                base = torch.cuda.memory_allocated() if gpu else 0
+                                ms = common.bench(run, device)
+                                peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if gpu else None
+                                tflops = flops(B, H, N, D, causal, mode) / (ms * 1e-3) / 1e12
+                                records.append(dict(dtype=dname, hdim=D, heads=H, batch=B, seqlen=N, causal=causal,
+                                                    mode=mode, impl=name, ms=ms, tflops=tflops, peak_extra_mib=peak))
                 del q, k, v, dout, expected
 
     names = list(dict.fromkeys(r["impl"] for r in records))

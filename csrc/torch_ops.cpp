@@ -935,8 +935,30 @@ TORCH_LIBRARY_IMPL(oss, CUDA, m) {
 
 static PyObject *py_build_config(PyObject *, PyObject *) { return PyUnicode_FromString(oss_build_config()); }
 
+// attention_kernels(forward_mma_only, backward_mma_only, dq_centring): sets
+// each choice of oss_attention_cuda_options that is >= 0 and returns the
+// previous three (a build without CUDA has none to set: (0, 0, 1)).
+static PyObject *py_attention_kernels(PyObject *, PyObject *args) {
+  int set[3];
+  if (!PyArg_ParseTuple(args, "iii", &set[0], &set[1], &set[2])) return nullptr;
+#ifdef OSS_WITH_CUDA
+  oss_attention_cuda_options o = oss_attention_cuda_get_options();
+  PyObject *previous = Py_BuildValue("(iii)", o.forward_mma_only, o.backward_mma_only, o.dq_centring);
+  if (set[0] >= 0) o.forward_mma_only = set[0];
+  if (set[1] >= 0) o.backward_mma_only = set[1];
+  if (set[2] >= 0) o.dq_centring = set[2];
+  oss_attention_cuda_set_options(&o);
+  return previous;
+#else
+  return Py_BuildValue("(iii)", 0, 0, 1);
+#endif
+}
+
 static PyMethodDef oss_methods[] = {
     {"build_config", py_build_config, METH_NOARGS, "Describe what this build of torch_oss compiled."},
+    {"attention_kernels", py_attention_kernels, METH_VARARGS,
+     "Set the CUDA attention's kernel choices (forward_mma_only, backward_mma_only, dq_centring; -1 keeps one); "
+     "returns the previous ones."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -6,7 +6,7 @@
 #
 #   bash scripts/gpu_check.sh                    # the default stages: build test attention_selftest sanitize bench
 #   bash scripts/gpu_check.sh build test         # some stages: build test attention_selftest sanitize bench model
-#                                                # selftest syncprobe fuzz
+#                                                # selftest fuzz
 #
 #   bash scripts/gpu_check.sh build fuzz         # the long fuzz profile (FUZZ_SECONDS per test)
 #
@@ -149,6 +149,7 @@ for s in $STAGES; do
     stage selftest
     mkdir -p build
     if nvcc -std=c++17 -O3 -DOSS_SOFTMAX_TEST_KNOBS -arch=native -I csrc csrc/common.c csrc/cuda/softmax/softmax.cu \
+         csrc/cuda/softmax/softmax_plan.cu csrc/cuda/softmax/softmax_launch.cu \
          csrc/tests/softmax_cuda_selftest.cu -o build/softmax_selftest >"$RESULTS/selftest_build.log" 2>&1 &&
        timeout ${STAGE_TIMEOUT:-900} build/softmax_selftest check >"$RESULTS/softmax_selftest.log" 2>&1; then
       record selftest ok
@@ -156,27 +157,6 @@ for s in $STAGES; do
       record selftest failed
     fi
     tail -n 5 "$RESULTS/selftest_build.log" "$RESULTS/softmax_selftest.log"
-    ;;
-  syncprobe)
-    # Is synccheck's "Divergent thread(s) in warp" in the cluster tier the
-    # tool's? csrc/tests/cluster_synccheck_probe.cu has only that kernel's
-    # barrier skeleton; SYNCPROBE_RUNS (default 8) runs of each mode
-    stage syncprobe
-    mkdir -p build
-    if nvcc -std=c++17 -O3 -arch=native csrc/tests/cluster_synccheck_probe.cu -o build/cluster_synccheck_probe \
-         >"$RESULTS/syncprobe_build.log" 2>&1; then
-      : >"$RESULTS/syncprobe.log"
-      for i in $(seq "${SYNCPROBE_RUNS:-8}"); do
-        for mode in 0 1; do
-          timeout 120 compute-sanitizer --tool synccheck build/cluster_synccheck_probe $mode 20 >"$RESULTS/syncprobe_run.log" 2>&1
-          echo "mode $mode run $i: rc $?, $(grep -c 'Barrier error' "$RESULTS/syncprobe_run.log") barrier reports; $(grep '^probe' "$RESULTS/syncprobe_run.log")" |
-            tee -a "$RESULTS/syncprobe.log"
-        done
-      done
-      record syncprobe done
-    else
-      record syncprobe "build failed"
-    fi
     ;;
   fuzz)
     # The long fuzz profile on CUDA: each test in chunks of fresh cases

@@ -2,6 +2,8 @@
 gradients) over dtypes, head dims, causal alignments, masks, GQA ratios and
 awkward lengths; SDPA semantics; opcheck and torch.compile."""
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +12,7 @@ from _util import (ATTENTION_ATOL, BUILD, CUDA_OK, DEVICES, FLOAT_DTYPES, NVCC_S
                    ptxas_report, sdpa_peer)
 
 import torch_oss
+from torch_oss._kernels import attention_kernels
 
 CAUSAL = [(False, "top_left"), (True, "top_left"), (True, "bottom_right")]
 CAUSAL_IDS = ["none", "top_left", "bottom_right"]
@@ -98,14 +101,16 @@ def test_forward_and_backward(device, dtype, is_causal, alignment, case):
 
 
 # On an H100 head dims 64 and 128 (D and Dv up to them) run the Hopper wgmma
-# forward and backward, the others the mma.sync ones; TORCH_OSS_ATTENTION_FORWARD=mma
-# and TORCH_OSS_ATTENTION_BACKWARD=mma force mma.sync. Both families are checked
+# forward (and 256 its forward) and backward, the others the mma.sync ones;
+# attention_kernels(forward="mma", backward="mma") forces mma.sync. Both families are checked
 # on the same cases: lengths across several tiles and off the tile size,
 # Dv != D, GQA, padded head dims, one query, a mask, unaligned rows
 # (test_determinism.py runs the deterministic backward of the default family).
 KERNEL_FAMILY_PARAMS = ["cpu-default", cuda_param("cuda-default"), cuda_param("cuda-mma")]
 KERNEL_CASES = [
     (2, 4, 2, 300, 520, 64, 64),
+    (1, 2, 1, 200, 333, 256, 256),
+    (1, 2, 2, 130, 260, 200, 256),
     (1, 2, 2, 129, 1000, 128, 128),
     (1, 3, 1, 257, 130, 128, 100),
     (2, 2, 2, 1, 77, 64, 48),
@@ -117,13 +122,16 @@ KERNEL_CASES = [
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("is_causal,alignment", CAUSAL, ids=CAUSAL_IDS)
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=["b{}_h{}-{}_l{}-{}_d{}-{}".format(*c) for c in KERNEL_CASES])
-def test_kernel_families(device_kernel, dtype, is_causal, alignment, case, monkeypatch):
+def test_kernel_families(device_kernel, dtype, is_causal, alignment, case):
     device, kernel = device_kernel.split("-")
-    if kernel == "mma":
-        monkeypatch.setenv("TORCH_OSS_ATTENTION_FORWARD", "mma")
-        monkeypatch.setenv("TORCH_OSS_ATTENTION_BACKWARD", "mma")
+    family = "mma" if kernel == "mma" else "best"
+    with attention_kernels(forward=family, backward=family):
+        check_kernel_family(device, dtype, is_causal, alignment, case, f"{dtype} {device_kernel}")
+
+
+def check_kernel_family(device, dtype, is_causal, alignment, case, name):
     q, k, v = make_qkv(case, dtype, device)
-    label = f"{dtype} {device_kernel} causal={is_causal}/{alignment} case={case}"
+    label = f"{name} causal={is_causal}/{alignment} case={case}"
     check_forward(q, k, v, is_causal=is_causal, alignment=alignment, label=label)
     check_backward(q, k, v, is_causal=is_causal, alignment=alignment, label=label)
     if case[3] == 300:  # with a mask tensor, and through unaligned rows (element loads)
@@ -558,19 +566,17 @@ CENTRING_CASES = [
 @pytest.mark.parametrize("mode", ["default", "mma", "deterministic"])
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("case", CENTRING_CASES, ids=["b{}_h{}-{}_l{}-{}_d{}".format(*c) for c in CENTRING_CASES])
-def test_backward_dq_is_zero_for_equal_keys(device, dtype, mode, is_causal, case, monkeypatch):
+def test_backward_dq_is_zero_for_equal_keys(device, dtype, mode, is_causal, case):
     """K's rows all equal: dq = sum_j dS_ij k = 0, since dS's rows sum to 0.
     The 16-bit kernels multiply K by dS rounded to 16 bits, whose rows do not
     sum to 0, so dq would be that rounding times k (the GPU fuzz's last noise
     class, 3 failures in 18,205 backward cases). They compute it as
     rounded dS (K - kbar) instead, kbar the kv head's mean K row, which is 0
-    here; TORCH_OSS_ATTENTION_DQ_CENTRING=0 turns that off, and the error must
-    then be at least 100x larger."""
+    here; attention_kernels(dq_centring=False) turns that off, and the error
+    must then be at least 100x larger."""
     B, Hq, Hkv, Lq, Lk, D = case
     if not head_dim_supported(device, D):
         pytest.skip("head dim not compiled into this build")
-    if mode == "mma":
-        monkeypatch.setenv("TORCH_OSS_ATTENTION_BACKWARD", "mma")
     q, k, v = make_qkv((B, Hq, Hkv, Lq, Lk, D, D), dtype, device)
     k = k[:, :, :1].expand_as(k)
     dout = torch.randn(B, Hq, Lq, D, dtype=dtype, device=device)
@@ -582,9 +588,9 @@ def test_backward_dq_is_zero_for_equal_keys(device, dtype, mode, is_causal, case
     try:
         errors, grads = {}, {}
         for centring in ("1", "0"):
-            monkeypatch.setenv("TORCH_OSS_ATTENTION_DQ_CENTRING", centring)
             leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-            torch_oss.attention(*leaves, is_causal=is_causal, enable_gqa=True).backward(dout)
+            with attention_kernels(backward="mma" if mode == "mma" else "best", dq_centring=centring == "1"):
+                torch_oss.attention(*leaves, is_causal=is_causal, enable_gqa=True).backward(dout)
             errors[centring] = leaves[0].grad.double().abs().max().item()
             grads[centring] = [t.grad for t in leaves]
     finally:
@@ -706,17 +712,27 @@ def test_generated_wgmma_wrappers_are_current():
     assert (root / "wgmma_ops.cuh").read_text() == gen.render(), "run python csrc/cuda/attention/sm90/generate_wgmma.py"
 
 
-def sm90_ptxas_report(include_dir, tmp_path):
-    """ptxas's messages for the Hopper forward and backward kernels (bf16, head
-    dims 64 and 128) compiled for sm_90a with the build's flags."""
-    source = '#include "cuda/attention/sm90/attention_fwd_sm90.cuh"\n#include "cuda/attention/sm90/attention_bwd_sm90.cuh"\n' + "".join(
+SM90_KERNELS = [("fwd", 64), ("fwd", 128), ("fwd", 256), ("bwd", 64), ("bwd", 128)]
+
+
+@functools.lru_cache(maxsize=1)
+def sm90_ptxas_report():
+    """ptxas's messages for the Hopper forward and backward kernels (bf16,
+    every head dim they are built for) compiled for sm_90a with the build's
+    flags; one compile for the tests that read it."""
+    import pathlib
+    import tempfile
+
+    source = ('#include "cuda/attention/sm90/attention_fwd_sm90.cuh"\n'
+              '#include "cuda/attention/sm90/attention_bwd_sm90.cuh"\n') + "".join(
         f"template oss_status oss_attn_{d}_sm90_launch<__nv_bfloat16, {hd}>(const oss_attn_args *, cudaStream_t, "
-        f"const oss_device_info *);\n" for d in ("fwd", "bwd") for hd in (64, 128))
-    return ptxas_report(source, tmp_path, include_dir)
+        f"const oss_device_info *);\n" for d, hd in SM90_KERNELS)
+    with tempfile.TemporaryDirectory() as tmp:
+        return ptxas_report(source, pathlib.Path(tmp), pathlib.Path(__file__).resolve().parents[1] / "csrc")
 
 
 @NVCC_SKIP
-def test_wgmma_kernels_are_not_serialised(tmp_path):
+def test_wgmma_kernels_are_not_serialised():
     """ptxas serialises every wgmma of a kernel when it cannot keep them
     asynchronous: one issued under a branch it cannot prove uniform, or an
     accumulator written by ordinary code inside a pipeline stage (its
@@ -724,9 +740,22 @@ def test_wgmma_kernels_are_not_serialised(tmp_path):
     right and only the speed drops: a row-sum wgmma under a condition once
     cost the backward 17 % at head dim 128. Compiles the Hopper kernels and
     requires no such message (needs nvcc, not a GPU)."""
-    import pathlib
-
-    report = sm90_ptxas_report(pathlib.Path(__file__).resolve().parents[1] / "csrc", tmp_path)
+    report = sm90_ptxas_report()
     lost = [line for line in report.splitlines() if "Potential Performance Loss" in line or "serialized" in line]
     assert not lost, "\n".join(lost)
+
+
+@NVCC_SKIP
+def test_hopper_forward_does_not_spill():
+    """The Hopper forward's consumers hold O, S and P in registers (up to 240
+    per thread after setmaxnreg); a spill would put local-memory traffic into
+    every key tile. Every instantiation (head dims 64, 128, 256; with and
+    without a mask tensor) must compile with no stack frame."""
+    import re
+
+    frames = re.findall(r"Function properties for (\S*oss_attn_fwd_sm90_kernel\S*)\s+(\d+) bytes stack frame",
+                        sm90_ptxas_report())
+    assert len(frames) == 6, f"expected 6 Hopper forward kernels in ptxas's report, found {len(frames)}"
+    spilled = [f"{name}: {size} bytes" for name, size in frames if int(size) != 0]
+    assert not spilled, "stack frames:\n" + "\n".join(spilled)
 
