@@ -89,8 +89,13 @@ def special_rows(width, dtype, device):
 @pytest.mark.parametrize("op_name", list(SOFTMAX_OPS))
 @pytest.mark.parametrize("width", [13, 1030])
 def test_softmax_inf_and_nan_entries_forward_and_backward(device, dtype, op_name, width):
+    # Gradients judged with one rounding of each element's magnitude allowed: in the
+    # rows that keep finite values every nonzero gradient element sits beside
+    # entries of +-inf, and the rule's max over a handful of elements is a draw
+    # between two kernels that each round once (on an H100 a bfloat16 row of 1030
+    # came out at 1.05x the bound without it).
     x = special_rows(width, dtype, device)
-    ours = check_softmax(op_name, x, identity, -1, label=f"inf/nan rows {dtype} w={width}")
+    ours = check_softmax(op_name, x, identity, -1, label=f"inf/nan rows {dtype} w={width}", per_element_eps=True)
     expected_nan_rows = [0, 2, 3, 4, 5, 6, 7]
     assert torch.isnan(ours[expected_nan_rows]).all(), "rows of all -inf, with +inf or NaN must be NaN"
     assert not torch.isnan(ours[[1, 8, 9, 10, 11]]).any()
@@ -102,7 +107,8 @@ def test_softmax_inf_and_nan_entries_forward_and_backward(device, dtype, op_name
         assert torch.isneginf(ours[masked]).all(), "-inf entries must get log-probability -inf"
         assert (ours[8, -1] == 0).all()
     # the same patterns reduced along dim 0 (the strided/column kernels)
-    check_softmax(op_name, x.t().contiguous(), identity, 0, label=f"inf/nan columns {dtype} w={width}")
+    check_softmax(op_name, x.t().contiguous(), identity, 0, label=f"inf/nan columns {dtype} w={width}",
+                  per_element_eps=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -235,9 +241,13 @@ def test_attention_values_of_1e4(device, dtype, is_causal):
         q[0, 0, 3] = 1e4 * torch.randn(D, generator=gen(14), dtype=torch.float64).sign()
     mask = randn((Lq, Lk), 15, 1e4)  # additive mask of +-1e4
     bases = [t.to(dtype=dtype, device=device) for t in (q, k, v)]
-    check_attention(bases, is_causal=is_causal, label=f"+-1e4 {dtype} causal={is_causal}")
+    # Gradients of 1e4-1e5 from a near one-hot softmax: each element may carry one
+    # rounding of its own magnitude besides the rule's bound, whose max is set by
+    # a few elements where the peer's rounding happens to be lucky (an H100's
+    # float16 causal dq came out at 1.26x the bound without it).
+    check_attention(bases, is_causal=is_causal, label=f"+-1e4 {dtype} causal={is_causal}", per_element_eps=True)
     check_attention(bases, mask=mask.to(dtype=dtype, device=device), is_causal=is_causal,
-                    label=f"+-1e4 with a +-1e4 mask {dtype} causal={is_causal}")
+                    label=f"+-1e4 with a +-1e4 mask {dtype} causal={is_causal}", per_element_eps=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
