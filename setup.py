@@ -26,30 +26,6 @@ Knobs (environment variables):
   TORCH_OSS_SOFTMAX_KNOBS=1  debug only: builds the CUDA softmax planner with its
                         test knobs (csrc/cuda/softmax/softmax_test_knobs.cuh; all
                         zero = the normal plans), as the standalone self-test does.
-  TORCH_OSS_NO_EXTENSION=1 pip install --no-build-isolation --no-deps -e .
-                      once: makes `import torch_oss` find this tree from anywhere
-
-The build is incremental: objects and ninja's dependency records stay under
-build/, and the extension is rebuilt only when a file it is built from (any
-source or header under csrc/, this file, the kernel generators) or the build
-configuration (the knobs below, the torch and CUDA versions) changed; then
-ninja recompiles only what that change touches. `pip install
---no-build-isolation -e .` on its own also works (it builds the extension too).
-
-Knobs (environment variables):
-  TORCH_CUDA_ARCH_LIST  CUDA archs, e.g. "9.0a" or "8.0;9.0a". Default: the visible
-                        GPUs' archs (9.0 becomes 9.0a), or "8.0;9.0a" when no GPU is visible.
-  TORCH_OSS_HEAD_DIMS   comma-separated attention head dims to compile for CUDA
-                        (default: the generator's list, 32..256). Others are padded up.
-  TORCH_OSS_CPU_ONLY=1  skip CUDA even when a toolkit is present.
-  TORCH_OSS_DEBUG=1     -O0 -g host code, -lineinfo device code, assertions on.
-  TORCH_OSS_SANITIZE    host-code sanitizers, e.g. "address,undefined": the C11 kernels
-                        and the registration layer are built with -fsanitize=... (run
-                        with the sanitizer runtime preloaded; see docs/testing.md).
-  MAX_JOBS              parallel compile jobs (ninja and the C compile step).
-  TORCH_OSS_SOFTMAX_KNOBS=1  debug only: builds the CUDA softmax planner with its
-                        test knobs (all zero = the normal plans), to compare plans
-                        from Python. Not for normal use.
   TORCH_OSS_NO_EXTENSION=1  package metadata only, no extension (the Makefile's
                         editable install, after build_ext --inplace built it).
 """
