@@ -130,12 +130,22 @@ __device__ __forceinline__ void oss_sm90_softmax_pack(const float (&s)[NT][4], f
   }
 }
 
+/* Copies the ROWS x HD tile at row `row` of (batch, head) into `dst` as HD / 64
+ * boxes of 64 columns (each ROWS x 128 bytes), completing on `full`, which
+ * expects the tile's bytes. */
+template <int HD, int ROWS, typename T>
+__device__ __forceinline__ void oss_sm90_load_tile(T *dst, const CUtensorMap *map, uint64_t *full, int row, int head,
+                                                   int batch) {
+  oss_mbar_arrive_expect_tx(full, ROWS * HD * (uint32_t)sizeof(T));
+#pragma unroll
+  for (int cb = 0; cb < HD / 64; cb++) oss_tma_load_4d(oss_smem_u32(dst + cb * ROWS * 64), map, full, cb * 64, row, head, batch);
+}
+
 template <typename T, int HD, int BC, int STAGES, bool PINGPONG, bool MASK_TENSOR>
 __global__ void __launch_bounds__(384, 1)
     oss_attn_fwd_sm90_kernel(const __grid_constant__ oss_attn_args a, const __grid_constant__ oss_attn_sm90_maps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BR = 128, NT = BC / 8, NO = HD / 8, NCB = HD / 64, NWARPS = 8;
-  constexpr uint32_t Q_BYTES = BR * HD * 2, KV_BYTES = BC * HD * 2;
+  constexpr int BR = 128, NT = BC / 8, NO = HD / 8, NWARPS = 8;
   static_assert(HD % 64 == 0 && BC % 16 == 0 && BC <= 256, "head dim a multiple of 64, key tile of 16");
 
   extern __shared__ __align__(1024) unsigned char oss_sm90_smem[];
@@ -183,26 +193,15 @@ __global__ void __launch_bounds__(384, 1)
         oss_attn_query_block_at<BR, BC>(a, w / nqb, w % nqb, &qb);
         if (qb.ntiles == 0) continue;
         if (blocks > 0) oss_mbar_wait(&q_empty, (blocks - 1) & 1);
-        oss_mbar_arrive_expect_tx(&q_full, Q_BYTES);
-#pragma unroll
-        for (int cb = 0; cb < NCB; cb++)
-          oss_tma_load_4d(oss_smem_u32(sQ + cb * BR * 64), &maps.q, &q_full, cb * 64, qb.i0, qb.h, qb.b);
+        oss_sm90_load_tile<HD, BR>(sQ, &maps.q, &q_full, qb.i0, qb.h, qb.b);
         blocks++;
 #pragma unroll 1
         for (int j = 0; j < qb.ntiles; j++, tiles++) {
           const int st = tiles % STAGES, use = tiles / STAGES, j0 = j * BC;
           if (use > 0) oss_mbar_wait(&k_empty[st], (use - 1) & 1);
-          oss_mbar_arrive_expect_tx(&k_full[st], KV_BYTES);
-#pragma unroll
-          for (int cb = 0; cb < NCB; cb++)
-            oss_tma_load_4d(oss_smem_u32(sK + st * BC * HD + cb * BC * 64), &maps.k, &k_full[st], cb * 64, j0, qb.hk,
-                            qb.b);
+          oss_sm90_load_tile<HD, BC>(sK + st * BC * HD, &maps.k, &k_full[st], j0, qb.hk, qb.b);
           if (use > 0) oss_mbar_wait(&v_empty[st], (use - 1) & 1);
-          oss_mbar_arrive_expect_tx(&v_full[st], KV_BYTES);
-#pragma unroll
-          for (int cb = 0; cb < NCB; cb++)
-            oss_tma_load_4d(oss_smem_u32(sV + st * BC * HD + cb * BC * 64), &maps.v, &v_full[st], cb * 64, j0, qb.hk,
-                            qb.b);
+          oss_sm90_load_tile<HD, BC>(sV + st * BC * HD, &maps.v, &v_full[st], j0, qb.hk, qb.b);
         }
       }
     }
