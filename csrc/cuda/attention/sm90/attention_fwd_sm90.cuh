@@ -138,7 +138,8 @@ __device__ __forceinline__ void oss_sm90_load_tile(T *dst, const CUtensorMap *ma
                                                    int batch) {
   oss_mbar_arrive_expect_tx(full, ROWS * HD * (uint32_t)sizeof(T));
 #pragma unroll
-  for (int cb = 0; cb < HD / 64; cb++) oss_tma_load_4d(oss_smem_u32(dst + cb * ROWS * 64), map, full, cb * 64, row, head, batch);
+  for (int cb = 0; cb < HD / 64; cb++)
+    oss_tma_load_4d(oss_smem_u32(dst + cb * ROWS * 64), map, full, cb * 64, row, head, batch);
 }
 
 template <typename T, int HD, int BC, int STAGES, bool PINGPONG, bool MASK_TENSOR>
@@ -366,8 +367,8 @@ static inline int oss_attn_sm90_map(CUtensorMap *map, const void *base, int64_t 
     prev = st * (int64_t)dims[i + 1];
   }
   const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, elem_strides[4] = {1, 1, 1, 1};
-  return encode(map, oss_tma_dtype<T>::value, 4, const_cast<void *>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+  return encode(map, oss_tma_dtype<T>::value, 4, const_cast<void *>(base), dims, strides, box, elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
