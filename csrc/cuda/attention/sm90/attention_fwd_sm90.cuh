@@ -319,22 +319,22 @@ typedef CUresult (*oss_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuui
                                         CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
                                         CUtensorMapFloatOOBfill);
 
+static inline oss_encode_tiled_fn oss_find_encode_tiled(void) {
+  void *p = NULL;
+  cudaDriverEntryPointQueryResult found;
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess)
+    p = NULL;
+  cudaGetLastError();
+  return (oss_encode_tiled_fn)p;
+}
+
 /* The driver's cuTensorMapEncodeTiled, found once per process (the runtime
- * hands out driver entry points, so the library need not link libcuda). */
+ * hands out driver entry points, so the library need not link libcuda); NULL
+ * where the driver has none, and then the mma.sync kernel runs. */
 static inline oss_encode_tiled_fn oss_encode_tiled(void) {
-  static oss_encode_tiled_fn fn = NULL;
-  static int looked = 0;
-  if (!looked) {
-    void *p = NULL;
-    cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      p = NULL;
-    cudaGetLastError();
-    fn = (oss_encode_tiled_fn)p;
-    looked = 1;
-  }
+  static const oss_encode_tiled_fn fn = oss_find_encode_tiled(); /* initialised once, thread-safely */
   return fn;
 }
 
@@ -372,6 +372,16 @@ static inline int oss_attn_sm90_map(CUtensorMap *map, const void *base, int64_t 
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/* Registers per thread the kernel launches with (0 if the runtime cannot say). */
+static inline int oss_kernel_regs(void (*kernel)(const oss_attn_args, const oss_attn_sm90_maps)) {
+  cudaFuncAttributes attr;
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return attr.numRegs;
+}
+
 template <typename T, int HD>
 oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   typedef oss_attn_fwd_sm90_cfg<HD> C;
@@ -383,13 +393,9 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
   /* The budgets of setmaxnreg hold only if the kernel launches with the
    * registers assumed above; a compiler that allots fewer would make the
    * consumers wait forever, so then the mma.sync kernel runs instead. */
-  static int launch_regs[2] = {-1, -1};
-  int &regs = launch_regs[a->mask_kind != OSS_MASK_NONE];
-  if (regs < 0) {
-    cudaFuncAttributes attr;
-    OSS_CUDA_TRY(cudaFuncGetAttributes(&attr, kernel));
-    regs = attr.numRegs;
-  }
+  static const int plain_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>);
+  static const int mask_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>);
+  const int regs = a->mask_kind != OSS_MASK_NONE ? mask_regs : plain_regs;
   const int64_t nwork = (int64_t)((a->lq + C::BR - 1) / C::BR) * a->batch * a->hq;
   oss_attn_sm90_maps maps;
   if (regs < OSS_SM90_LAUNCH_REGS || a->lk == 0 || nwork > INT_MAX ||
