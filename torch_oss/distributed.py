@@ -286,12 +286,15 @@ class _Ring:
         self.prev = dist.get_global_rank(group, (rank - 1) % size)
         self.stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
 
-    def send_recv(self, send):
+    def send_recv(self, send, tag=0):
         """Posts the send of `send` to the next rank and a receive of a tensor
-        like it from the previous rank; returns (recv_buffer, handle)."""
+        like it from the previous rank; returns (recv_buffer, handle). `tag`
+        keeps the K/V and the dK/dV streams apart on backends that match
+        messages by tag (gloo); NCCL matches them by issue order, the same on
+        every rank."""
         recv = torch.empty_like(send)
-        ops = [dist.P2POp(dist.isend, send, self.next, self.group),
-               dist.P2POp(dist.irecv, recv, self.prev, self.group)]
+        ops = [dist.P2POp(dist.isend, send, self.next, self.group, tag),
+               dist.P2POp(dist.irecv, recv, self.prev, self.group, tag)]
         if self.stream is None:
             return recv, dist.batch_isend_irecv(ops)
         compute = torch.cuda.current_stream(send.device)
@@ -346,6 +349,63 @@ def _acc_dtype(dtype):
 
 
 # ---------------------------------------------------------------------------
+# Block gradients
+# ---------------------------------------------------------------------------
+
+
+def _reads_lse(q):
+    """Whether oss.attention_backward on these inputs reads the lse and out it
+    is given (the float16/bfloat16 CUDA kernels, as FlashAttention), so that
+    the merged lse and output give each block its exact share of the global
+    gradient in one call. The CPU kernels and the float32/float64 CUDA (SIMT)
+    kernels recompute the row statistics from the keys they see, which gives
+    the block-local gradient instead."""
+    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+
+
+def _block_backward(dout, q, k, v, out, lse, residual, d_global, causal, scale, enable_gqa, deterministic):
+    """(dq, dk, dv) of one block of keys: its share of the gradient of the
+    global attention whose merged output and lse are `out` and `lse`, in the
+    accumulation dtype.
+
+    Kernels that read the lse (_reads_lse): one oss.attention_backward call
+    with the merged out, lse and output residual.
+
+    The others compute the block-local gradient, with P_b = softmax over the
+    block's keys. The global share is, with w = exp(lse_b - lse) the block's
+    weight in the merge, D_b = rowsum(dO * O_b) and D = rowsum(dO * O):
+    dS = w P_b (dP - D) = [P_b (w dP - w D_b)] + g P_b, g = w (D_b - D).
+    The bracket is the block-local backward with dO scaled by w; the rest is
+    the gradient through the block's lse: dq += scale g (P_b K),
+    dk += scale P_b^T (g Q). Both extra products ride on the calls that are
+    made anyway, as extra value columns: the block forward (needed for O_b and
+    lse_b) runs with values [V, K], which gives P_b K; the backward runs with
+    values [V, 0] and dO [w dO, scale g Q], whose dV is [dV, P_b^T scale g Q]
+    (zero value columns leave dP, and so dq and dk, unchanged). 16-bit inputs
+    are computed in float32 on this path."""
+    acc = _acc_dtype(q.dtype)
+    if _reads_lse(q):
+        dq, dk, dv = torch.ops.oss.attention_backward(dout, q, k, v, out, lse, None, causal, scale, enable_gqa,
+                                                      "top_left", deterministic, residual)
+        return dq.to(acc), dk.to(acc), dv.to(acc)
+    sc = scale if scale is not None else q.shape[-1] ** -0.5
+    qf, kf, vf, dof = (t.to(acc) for t in (q, k, v, dout))
+    Dv = v.shape[-1]
+    o_ext, lse_b = torch.ops.oss.attention(qf, kf, torch.cat([vf, kf], -1), None, causal, scale, enable_gqa,
+                                           "top_left")
+    out_b, pk = o_ext[..., :Dv], o_ext[..., Dv:]
+    lse_g = lse.to(acc)
+    w = torch.exp(lse_b - torch.where(torch.isneginf(lse_g), torch.zeros_like(lse_g), lse_g))
+    g = w * ((dof * out_b).sum(-1) - d_global)
+    dout_ext = torch.cat([w.unsqueeze(-1) * dof, (sc * g).unsqueeze(-1) * qf], -1)
+    zeros = torch.zeros_like(kf)
+    dq, dk, dv_ext = torch.ops.oss.attention_backward(
+        dout_ext, qf, kf, torch.cat([vf, zeros], -1), torch.cat([out_b, torch.zeros_like(pk)], -1), lse_b, None,
+        causal, scale, enable_gqa, "top_left", deterministic, None)
+    return dq + (sc * g).unsqueeze(-1) * pk, dk + dv_ext[..., Dv:], dv_ext[..., :Dv]
+
+
+# ---------------------------------------------------------------------------
 # Ring attention
 # ---------------------------------------------------------------------------
 
@@ -397,6 +457,12 @@ class _RingAttention(torch.autograd.Function):
             grad_out = torch.zeros_like(out)
         grad_out = grad_out.to(q.dtype)
         deterministic = torch.are_deterministic_algorithms_enabled()
+        # rowsum(dO * O) of the merged float32 output, for blocks whose kernel
+        # computes the block-local gradient (see _block_backward)
+        d_global = None
+        if not _reads_lse(q):
+            o32 = out.to(_acc_dtype(q.dtype)) + (0 if residual is None else residual.to(_acc_dtype(q.dtype)))
+            d_global = (grad_out.to(o32.dtype) * o32).sum(-1)
         L = q.shape[2]
         acc = _acc_dtype(q.dtype)
         dq = torch.zeros(q.shape, dtype=acc, device=q.device) if need_q else None
@@ -416,11 +482,10 @@ class _RingAttention(torch.autograd.Function):
             dv_blk = torch.zeros(v.shape, dtype=acc, device=q.device)
             for qs, ql, ks, kl, causal in _blocks(layout, is_causal, rank, src, L):
                 rows = slice(qs, qs + ql)
-                res = None if residual is None else residual[:, :, rows]
-                dq_i, dk_i, dv_i = torch.ops.oss.attention_backward(
+                dq_i, dk_i, dv_i = _block_backward(
                     grad_out[:, :, rows], q[:, :, rows], k_cur.narrow(2, ks, kl), v_cur.narrow(2, ks, kl),
-                    out[:, :, rows], lse[:, :, rows], None, causal, scale, enable_gqa, "top_left", deterministic,
-                    res)
+                    out[:, :, rows], lse[:, :, rows], None if residual is None else residual[:, :, rows],
+                    None if d_global is None else d_global[:, :, rows], causal, scale, enable_gqa, deterministic)
                 if dq is not None:
                     dq[:, :, rows] += dq_i
                 dk_blk[:, :, ks:ks + kl] += dk_i
@@ -432,7 +497,7 @@ class _RingAttention(torch.autograd.Function):
                 ring.wait(dkv_pending)
                 dk_blk += dkv_in[0]
                 dv_blk += dkv_in[1]
-            buf, dkv_pending = ring.send_recv(_pack(dk_blk, dv_blk))
+            buf, dkv_pending = ring.send_recv(_pack(dk_blk, dv_blk), tag=1)
             dkv_in = _unpack(buf, shapes)
             if kv_pending is not None:
                 ring.wait(kv_pending)
