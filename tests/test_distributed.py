@@ -167,11 +167,11 @@ def _judge(case, got):
     dtype = case["q"].dtype
     assert got["out_dtype"] == dtype, f"{name}: out dtype {got['out_dtype']}"
     assert got["lse_dtype"] == (torch.float64 if dtype == torch.float64 else torch.float32), name
-    leaves64 = [case[n].double().requires_grad_(True) for n in ("q", "k", "v")]
+    leaves64 = [case[n].detach().to(torch.float64, copy=True).requires_grad_(True) for n in ("q", "k", "v")]
     out64, lse64 = attention_reference(*leaves64, is_causal=case["causal"], scale=case["scale"],
                                        enable_gqa=case["gqa"])
     out64.backward(case["dout"].double())
-    leaves = [case[n].clone().requires_grad_(True) for n in ("q", "k", "v")]
+    leaves = [case[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v")]
     peer, peer_lse = torch_oss.attention_with_lse(*leaves, is_causal=case["causal"], scale=case["scale"],
                                                   enable_gqa=case["gqa"])
     peer.backward(case["dout"])

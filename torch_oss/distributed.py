@@ -345,7 +345,18 @@ def _merge_(out_acc, lse_acc, out_i, lse_i):
 
 
 def _acc_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
+    """Where partial results are merged and gradients accumulated: float32 for
+    16-bit inputs, float64 for float32 and float64 inputs (a float32 merge
+    would round the output that the backward's D = rowsum(dO * O) is taken
+    from, which costs float32 gradients several times PyTorch's error)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else torch.float64
+
+
+def _block_dtype(dtype):
+    """The dtype each block is computed in: the input's, but float64 for
+    float32 inputs (see _acc_dtype: a float32 block output is rounded once
+    more before the merge)."""
+    return torch.float64 if dtype == torch.float32 else dtype
 
 
 # ---------------------------------------------------------------------------
@@ -381,28 +392,31 @@ def _block_backward(dout, q, k, v, out, lse, residual, d_global, causal, scale, 
     made anyway, as extra value columns: the block forward (needed for O_b and
     lse_b) runs with values [V, K], which gives P_b K; the backward runs with
     values [V, 0] and dO [w dO, scale g Q], whose dV is [dV, P_b^T scale g Q]
-    (zero value columns leave dP, and so dq and dk, unchanged). 16-bit inputs
-    are computed in float32 on this path."""
+    (zero value columns leave dP, and so dq and dk, unchanged). The split
+    into two terms that partly cancel costs accuracy, so this path computes
+    in float64 on the CPU (where it is not about speed) and in float32 at
+    least on a GPU."""
     acc = _acc_dtype(q.dtype)
     if _reads_lse(q):
         dq, dk, dv = torch.ops.oss.attention_backward(dout, q, k, v, out, lse, None, causal, scale, enable_gqa,
                                                       "top_left", deterministic, residual)
         return dq.to(acc), dk.to(acc), dv.to(acc)
     sc = scale if scale is not None else q.shape[-1] ** -0.5
-    qf, kf, vf, dof = (t.to(acc) for t in (q, k, v, dout))
+    work = torch.float64 if q.device.type == "cpu" else acc
+    qf, kf, vf, dof = (t.to(work) for t in (q, k, v, dout))
     Dv = v.shape[-1]
     o_ext, lse_b = torch.ops.oss.attention(qf, kf, torch.cat([vf, kf], -1), None, causal, scale, enable_gqa,
                                            "top_left")
     out_b, pk = o_ext[..., :Dv], o_ext[..., Dv:]
-    lse_g = lse.to(acc)
+    lse_g = lse.to(work)
     w = torch.exp(lse_b - torch.where(torch.isneginf(lse_g), torch.zeros_like(lse_g), lse_g))
-    g = w * ((dof * out_b).sum(-1) - d_global)
+    g = w * ((dof * out_b).sum(-1) - d_global.to(work))
     dout_ext = torch.cat([w.unsqueeze(-1) * dof, (sc * g).unsqueeze(-1) * qf], -1)
     zeros = torch.zeros_like(kf)
     dq, dk, dv_ext = torch.ops.oss.attention_backward(
         dout_ext, qf, kf, torch.cat([vf, zeros], -1), torch.cat([out_b, torch.zeros_like(pk)], -1), lse_b, None,
         causal, scale, enable_gqa, "top_left", deterministic, None)
-    return dq + (sc * g).unsqueeze(-1) * pk, dk + dv_ext[..., Dv:], dv_ext[..., :Dv]
+    return (dq + (sc * g).unsqueeze(-1) * pk).to(acc), (dk + dv_ext[..., Dv:]).to(acc), dv_ext[..., :Dv].to(acc)
 
 
 # ---------------------------------------------------------------------------
@@ -423,28 +437,42 @@ class _RingAttention(torch.autograd.Function):
         shapes = (tuple(k.shape), tuple(v.shape))
         kv = _pack(k, v) if size > 1 else None
         k_cur, v_cur = k, v
+        bdt = _block_dtype(q.dtype)
+        half = q.dtype in (torch.float16, torch.bfloat16)
+        qb = q.to(bdt)
         for step in range(size):
             src = (rank - step) % size
             pending = None
             if step + 1 < size:
                 nxt, pending = ring.send_recv(kv)
+            kb, vb = k_cur.to(bdt), v_cur.to(bdt)
             for qs, ql, ks, kl, causal in _blocks(layout, is_causal, rank, src, L):
-                o_i, lse_i = torch.ops.oss.attention(
-                    q.narrow(2, qs, ql), k_cur.narrow(2, ks, kl), v_cur.narrow(2, ks, kl), None, causal, scale,
-                    enable_gqa, "top_left")
+                args = (qb.narrow(2, qs, ql), kb.narrow(2, ks, kl), vb.narrow(2, ks, kl), None, causal, scale,
+                        enable_gqa, "top_left")
+                if half:
+                    # the block output with its rounding residual: the merge
+                    # sees it unrounded (to 1/32 of its last place)
+                    o_i, lse_i, res_i = torch.ops.oss.attention_with_residual(*args)
+                    o_i = o_i.to(acc) + res_i.to(acc)
+                else:
+                    o_i, lse_i = torch.ops.oss.attention(*args)
                 _merge_(out_acc.narrow(2, qs, ql), lse_acc.narrow(2, qs, ql), o_i, lse_i)
             if pending is not None:
                 ring.wait(pending)
                 kv = nxt
                 k_cur, v_cur = _unpack(kv, shapes)
         out = out_acc.to(q.dtype)
-        residual = None
-        if q.dtype in (torch.float16, torch.bfloat16):
+        if _reads_lse(q):
+            # the kernel takes D = rowsum(dO * (out + residual)): the merged
+            # output without its final rounding
             residual = (out_acc - out.to(acc)).to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse_acc, residual)
+            ctx.save_for_backward(q, k, v, out, lse_acc, residual)
+        else:
+            ctx.save_for_backward(q, k, v, out_acc, lse_acc, None)
         ctx.cfg = (group, rank, size, is_causal, scale, layout, enable_gqa)
-        ctx.mark_non_differentiable(lse_acc)
-        return out, lse_acc
+        lse = lse_acc.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
@@ -454,15 +482,15 @@ class _RingAttention(torch.autograd.Function):
         if not (need_q or need_k or need_v):
             return (None,) * 10
         if grad_out is None:
-            grad_out = torch.zeros_like(out)
+            grad_out = torch.zeros(out.shape, dtype=q.dtype, device=q.device)
         grad_out = grad_out.to(q.dtype)
         deterministic = torch.are_deterministic_algorithms_enabled()
-        # rowsum(dO * O) of the merged float32 output, for blocks whose kernel
-        # computes the block-local gradient (see _block_backward)
+        # D = rowsum(dO * O) of the merged output (saved in the accumulation
+        # dtype on this path), for kernels that compute the block-local
+        # gradient (see _block_backward)
         d_global = None
         if not _reads_lse(q):
-            o32 = out.to(_acc_dtype(q.dtype)) + (0 if residual is None else residual.to(_acc_dtype(q.dtype)))
-            d_global = (grad_out.to(o32.dtype) * o32).sum(-1)
+            d_global = (grad_out.to(out.dtype) * out).sum(-1)
         L = q.shape[2]
         acc = _acc_dtype(q.dtype)
         dq = torch.zeros(q.shape, dtype=acc, device=q.device) if need_q else None
