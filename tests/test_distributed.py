@@ -297,3 +297,87 @@ def test_import_is_lazy():
     code = "import sys, torch_oss; assert 'torch_oss.distributed' not in sys.modules; torch_oss.distributed.shard"
     env = dict(os.environ)
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face: a tiny Llama with attn_implementation="oss" under
+# ring_attention_context
+# ---------------------------------------------------------------------------
+
+
+def _llama(cfg_kwargs, state, dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(**cfg_kwargs)).to(dtype)
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()})
+    model.eval()  # no dropout; gradients still flow
+    model.set_attn_implementation("oss")
+    return model
+
+
+def _hf_worker(rank, world, init_file, spec_file, result_file):
+    try:
+        _init(rank, world, init_file)
+        import torch.distributed as dist
+
+        import torch_oss.distributed as cp
+
+        spec = torch.load(spec_file)
+        torch_oss.register_transformers()
+        model = _llama(spec["config"], spec["state"], torch.float32)
+        S = spec["ids"].shape[1]
+        with cp.ring_attention_context(None, "zigzag"):
+            ids = cp.shard(spec["ids"], None, "zigzag", dim=1)
+            logits = model(ids, position_ids=cp.position_ids(S, None, "zigzag")[None], use_cache=False).logits
+            (logits * cp.shard(spec["weight"], None, "zigzag", dim=1)).sum().backward()
+        grads = {}
+        for name, p in model.named_parameters():
+            if name in spec["grad_names"]:
+                dist.all_reduce(p.grad)  # each rank holds its tokens' share of the gradient
+                grads[name] = p.grad
+        logits_full = cp.unshard(logits.detach(), None, "zigzag", dim=1)
+        if rank == 0:
+            torch.save({"logits": logits_full, "grads": grads}, result_file)
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:
+        with open(f"{result_file}.rank{rank}.err", "w") as f:
+            f.write(traceback.format_exc())
+        raise
+
+
+def test_transformers_llama_two_ranks(tmp_path):
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch_oss.register_transformers()
+    cfg = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(4)
+    state = LlamaForCausalLM(LlamaConfig(**cfg)).state_dict()
+    S = 64
+    ids = torch.randint(0, 128, (1, S))
+    weight = torch.randn(1, S, 128)
+    grad_names = ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
+                  "model.layers.1.self_attn.v_proj.weight", "model.embed_tokens.weight"]
+    spec_file, result_file = tmp_path / "spec.pt", tmp_path / "result.pt"
+    torch.save({"config": cfg, "state": state, "ids": ids, "weight": weight, "grad_names": grad_names}, spec_file)
+    try:
+        mp.start_processes(_hf_worker, args=(2, str(tmp_path / "rdzv"), str(spec_file), str(result_file)), nprocs=2,
+                           start_method="spawn", join=True)
+    except Exception:
+        pytest.fail("worker failed:\n" + "\n".join(p.read_text() for p in sorted(tmp_path.glob("*.err"))))
+    got = torch.load(result_file)
+
+    def run(dtype):
+        model = _llama(cfg, state, dtype)
+        logits = model(ids).logits
+        (logits * weight.to(dtype)).sum().backward()
+        params = dict(model.named_parameters())
+        return logits.detach(), {n: params[n].grad for n in grad_names}
+
+    ref_logits, ref_grads = run(torch.float64)
+    peer_logits, peer_grads = run(torch.float32)
+    assert_tolerance("llama logits", got["logits"], ref_logits, peer_logits, None)
+    for n in grad_names:
+        assert_tolerance(f"llama {n} grad", got["grads"][n], ref_grads[n], peer_grads[n], None)

@@ -704,8 +704,27 @@ def ring_attention_context(group=None, layout="zigzag", comm="ring"):
                              layout=layout, enable_gqa=query.shape[1] != key.shape[1], comm=comm)
         return out.transpose(1, 2).contiguous(), None
 
+    def no_mask(*args, **kwargs):
+        # The causal structure is that of the global sequence, which ring
+        # attention applies itself; a mask built here would describe the local
+        # shard (and transformers reads the zigzag position ids as packed
+        # sequences). Padding masks are not served (see above).
+        attention_mask = kwargs.get("attention_mask")
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("ring_attention_context: padded batches (an attention_mask with zeros) are not "
+                             "supported by ring attention")
+        return None
+
+    try:
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError:  # pragma: no cover - older transformers build the mask in the model
+        AttentionMaskInterface = None
     AttentionInterface.register(_hf.NAME, forward)
+    if AttentionMaskInterface is not None:
+        AttentionMaskInterface.register(_hf.NAME, no_mask)
     try:
         yield
     finally:
         AttentionInterface.register(_hf.NAME, _hf.attention_forward)
+        if AttentionMaskInterface is not None:
+            AttentionMaskInterface.register(_hf.NAME, _hf.mask)
