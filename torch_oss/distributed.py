@@ -10,7 +10,7 @@
 * :func:`ring_attention`: K/V blocks travel around the ring of ranks
   (``dist.batch_isend_irecv``, double buffered: the next block is in flight
   while the current one computes); each step's partial result is merged in
-  float32 with the log-sum-exp rule. The backward recomputes per block and
+  float32 (float64 for float32 inputs) with the log-sum-exp rule. The backward recomputes per block and
   sends the dK/dV accumulators around the ring with K/V, so every rank's
   gradients arrive back at their owner; dQ stays local.
   ``comm="allgather"`` instead all-gathers K/V once (reduce-scatters dK/dV in
