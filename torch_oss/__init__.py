@@ -22,6 +22,16 @@ __all__ += ["enable", "disable", "enabled", "is_enabled", "fallback_stats", "res
 _registrations.register()
 
 
+def __getattr__(name):
+    # torch_oss.distributed (context parallelism) is imported on first use, so
+    # that `import torch_oss` does not import torch.distributed.
+    if name == "distributed":
+        import importlib
+
+        return importlib.import_module(".distributed", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def build_info():
     """What this build compiled: version, torch version, whether CUDA kernels
     are present, their archs, the attention head dims with tile kernels and

@@ -1,0 +1,730 @@
+"""Context parallelism: attention over a sequence split across the ranks of a
+``torch.distributed`` process group.
+
+    import torch_oss.distributed as cp
+
+    q, k, v = (cp.shard(t, group) for t in (q_full, k_full, v_full))   # (B, H, L/P, D) each
+    out = cp.ring_attention(q, k, v, group=group, is_causal=True)       # this rank's rows
+    out_full = cp.unshard(out, group)
+
+* :func:`ring_attention`: K/V blocks travel around the ring of ranks
+  (``dist.batch_isend_irecv``, double buffered: the next block is in flight
+  while the current one computes); each step's partial result is merged in
+  float32 (float64 for float32 inputs) with the log-sum-exp rule. The backward recomputes per block and
+  sends the dK/dV accumulators around the ring with K/V, so every rank's
+  gradients arrive back at their owner; dQ stays local.
+  ``comm="allgather"`` instead all-gathers K/V once (reduce-scatters dK/dV in
+  the backward): fewer, larger messages, for grouped-query models whose K/V
+  are small next to Q.
+* :func:`shard`, :func:`unshard`, :func:`position_ids`: the layouts.
+  ``"zigzag"`` (default) cuts the global sequence into 2P chunks and gives
+  rank r chunks r and 2P-1-r, which balances causal work; ``"contiguous"``
+  gives rank r the r-th of P equal pieces.
+* :func:`ring_attention_context`: makes the Hugging Face
+  ``attn_implementation="oss"`` attention run as ring attention over a group.
+
+Importing this module imports ``torch.distributed`` (not needed by the rest of
+torch_oss, which imports this module only when it is first used).
+"""
+
+import contextlib
+import math
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["ring_attention", "allgather_attention", "shard", "unshard", "position_ids", "ring_attention_context",
+           "LAYOUTS", "COMMS"]
+
+LAYOUTS = ("zigzag", "contiguous")
+COMMS = ("ring", "allgather")
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+# ---------------------------------------------------------------------------
+# Groups and layouts
+# ---------------------------------------------------------------------------
+
+
+def _check_group(group, fn):
+    if not dist.is_available():
+        raise RuntimeError(f"torch_oss.distributed.{fn}: torch.distributed is not available in this build of PyTorch")
+    if not dist.is_initialized():
+        raise RuntimeError(
+            f"torch_oss.distributed.{fn}: group: the default process group is not initialised; call "
+            "torch.distributed.init_process_group(...) first (or pass an initialised group)"
+        )
+    if group is None:
+        group = dist.group.WORLD
+    if group == dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(f"torch_oss.distributed.{fn}: group: this rank is not a member of the group")
+    try:
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"torch_oss.distributed.{fn}: group is not a usable process group: {exc}") from exc
+    if rank < 0:
+        raise ValueError(f"torch_oss.distributed.{fn}: group: this rank is not a member of the group")
+    return group, rank, size
+
+
+def _check_layout(layout, fn):
+    if layout not in LAYOUTS:
+        raise ValueError(f"torch_oss.distributed.{fn}: layout={layout!r} must be one of {LAYOUTS}")
+
+
+def _chunks(layout, rank, size):
+    """The global chunk indices this rank holds, in order, and the number of
+    chunks the global sequence is cut into."""
+    if layout == "zigzag":
+        return (rank, 2 * size - 1 - rank), 2 * size
+    return (rank,), size
+
+
+def _norm_dim(x, dim, fn):
+    if not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+        raise ValueError(f"torch_oss.distributed.{fn}: dim={dim!r} is out of range for a {x.dim()}-D tensor")
+    return dim % x.dim()
+
+
+def shard(x, group=None, layout="zigzag", dim=2):
+    """This rank's shard of ``x``, the full sequence along ``dim`` (2: SDPA's
+    (B, H, L, D)). Its length must be divisible by P (``"contiguous"``) or 2P
+    (``"zigzag"``). Returns a contiguous tensor (a copy)."""
+    _check_layout(layout, "shard")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"torch_oss.distributed.shard: x must be a Tensor, got {type(x).__name__}")
+    group, rank, size = _check_group(group, "shard")
+    dim = _norm_dim(x, dim, "shard")
+    chunks, n = _chunks(layout, rank, size)
+    length = x.shape[dim]
+    if length % n:
+        raise ValueError(
+            f"torch_oss.distributed.shard: x.shape[{dim}]={length} (the sequence) must be divisible by {n} "
+            f"({'2 x ' if layout == 'zigzag' else ''}the group's {size} ranks) for layout={layout!r}"
+        )
+    c = length // n
+    return torch.cat([x.narrow(dim, i * c, c) for i in chunks], dim=dim).contiguous()
+
+
+def _reorder_gathered(parts, layout, dim):
+    """The global sequence from every rank's shard (in rank order)."""
+    if layout == "contiguous":
+        return torch.cat(parts, dim=dim)
+    size = len(parts)
+    c = parts[0].shape[dim] // 2
+    ordered = [None] * (2 * size)
+    for r, p in enumerate(parts):
+        ordered[r] = p.narrow(dim, 0, c)
+        ordered[2 * size - 1 - r] = p.narrow(dim, c, c)
+    return torch.cat(ordered, dim=dim)
+
+
+def _all_gather_seq(x, group, size, dim):
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(size)]
+    dist.all_gather(parts, x, group=group)
+    return parts
+
+
+def unshard(x, group=None, layout="zigzag", dim=2):
+    """The full sequence from every rank's shard ``x`` (all_gather along
+    ``dim``, then reordered to the global order); the inverse of :func:`shard`.
+    Every rank gets the whole tensor. Carries no gradient."""
+    _check_layout(layout, "unshard")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"torch_oss.distributed.unshard: x must be a Tensor, got {type(x).__name__}")
+    group, rank, size = _check_group(group, "unshard")
+    dim = _norm_dim(x, dim, "unshard")
+    if layout == "zigzag" and x.shape[dim] % 2:
+        raise ValueError(
+            f"torch_oss.distributed.unshard: x.shape[{dim}]={x.shape[dim]} must be even for layout='zigzag' "
+            "(a shard holds two equal chunks)"
+        )
+    parts = _all_gather_seq(x.detach(), group, size, dim)
+    return _reorder_gathered(parts, layout, dim)
+
+
+def position_ids(seq_len, group=None, layout="zigzag", device=None):
+    """The global positions (int64, shape (seq_len / P,)) of this rank's tokens
+    for a global sequence of ``seq_len`` tokens: what rotary embeddings need
+    (``position_ids=cp.position_ids(S, group)[None]`` for a model)."""
+    _check_layout(layout, "position_ids")
+    if not isinstance(seq_len, int) or seq_len < 0:
+        raise ValueError(f"torch_oss.distributed.position_ids: seq_len={seq_len!r} must be a non-negative int")
+    return shard(torch.arange(seq_len, device=device), group, layout, dim=0)
+
+
+# ---------------------------------------------------------------------------
+# Input checks
+# ---------------------------------------------------------------------------
+
+
+def _check_inputs(q, k, v, fn, layout, comm, enable_gqa, scale):
+    _check_layout(layout, fn)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"torch_oss.distributed.{fn}: {name} must be a Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(
+                f"torch_oss.distributed.{fn}: {name} must be 4-D (batch, heads, local_seq_len, head_dim), got "
+                f"shape {tuple(t.shape)}"
+            )
+    if q.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"torch_oss.distributed.{fn}: q.dtype={q.dtype} must be one of {_FLOAT_DTYPES}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"torch_oss.distributed.{fn}: {name}.dtype={t.dtype} must equal q.dtype={q.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"torch_oss.distributed.{fn}: {name} is on {t.device} but q is on {q.device}")
+    B, Hq, L, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"torch_oss.distributed.{fn}: batch sizes differ: q {B}, k {k.shape[0]}, v {v.shape[0]}")
+    if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
+        raise ValueError(
+            f"torch_oss.distributed.{fn}: k and v must have the same heads and length, got {tuple(k.shape)} and "
+            f"{tuple(v.shape)}"
+        )
+    if k.shape[2] != L:
+        raise ValueError(
+            f"torch_oss.distributed.{fn}: k.shape[2]={k.shape[2]} must equal q.shape[2]={L} (every rank holds "
+            "the same tokens of q, k and v)"
+        )
+    if k.shape[3] != D:
+        raise ValueError(f"torch_oss.distributed.{fn}: k.shape[3]={k.shape[3]} must equal q.shape[3]={D}")
+    if Hq != k.shape[1]:
+        if not enable_gqa:
+            raise ValueError(
+                f"torch_oss.distributed.{fn}: q has {Hq} heads but k and v have {k.shape[1]}; pass enable_gqa=True "
+                "for grouped-query attention"
+            )
+        if k.shape[1] == 0 or Hq % k.shape[1]:
+            raise ValueError(
+                f"torch_oss.distributed.{fn}: q.shape[1]={Hq} (heads) must be a multiple of k.shape[1]={k.shape[1]} "
+                "for grouped-query attention"
+            )
+    if layout == "zigzag" and L % 2:
+        raise ValueError(
+            f"torch_oss.distributed.{fn}: q.shape[2]={L} must be even for layout='zigzag' (a shard holds two equal "
+            "chunks)"
+        )
+    if scale is not None and (not isinstance(scale, (int, float)) or not math.isfinite(scale)):
+        raise ValueError(f"torch_oss.distributed.{fn}: scale={scale!r} must be a finite number or None")
+    if comm not in COMMS:
+        raise ValueError(f"torch_oss.distributed.{fn}: comm={comm!r} must be one of {COMMS}")
+
+
+def _check_same_shapes(q, k, v, group, size, fn):
+    """One small all_gather: every rank must hold shards of the same shape
+    (unequal shards would deadlock or mis-merge the ring)."""
+    if size == 1:
+        return
+    dev = q.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    mine = torch.tensor([*q.shape, *k.shape, v.shape[-1]], dtype=torch.int64, device=dev)
+    parts = [torch.empty_like(mine) for _ in range(size)]
+    dist.all_gather(parts, mine, group=group)
+    allv = torch.stack(parts).cpu()
+    if not bool((allv == allv[0]).all()):
+        lengths = allv[:, 2].tolist()
+        if len(set(lengths)) > 1:
+            raise ValueError(
+                f"torch_oss.distributed.{fn}: q.shape[2] (the shard length) differs across ranks: {lengths}; every "
+                "rank must hold an equal share of the sequence (see torch_oss.distributed.shard)"
+            )
+        raise ValueError(
+            f"torch_oss.distributed.{fn}: q, k, v shapes differ across ranks (q, k shapes and v head dim per rank: "
+            f"{allv.tolist()})"
+        )
+
+
+# ---------------------------------------------------------------------------
+# Block plan: which (query rows, key rows, causal) blocks of a step are computed
+# ---------------------------------------------------------------------------
+
+
+def _blocks(layout, is_causal, rank, src, L):
+    """Blocks of this rank's queries against the K/V shard of rank `src`:
+    a list of (q_start, q_len, k_start, k_len, causal). Causal blocks are on
+    the diagonal (top-left: the same chunk of queries and keys); blocks with no
+    visible key are left out."""
+    if not is_causal:
+        return [(0, L, 0, L, False)]
+    if layout == "contiguous":
+        if src < rank:
+            return [(0, L, 0, L, False)]
+        if src == rank:
+            return [(0, L, 0, L, True)]
+        return []
+    c = L // 2
+    if src == rank:
+        # chunks (r, 2P-1-r) against themselves: top-left causal over the
+        # concatenation is exact (chunk r never sees chunk 2P-1-r, which is later,
+        # and chunk 2P-1-r sees all of chunk r)
+        return [(0, L, 0, L, True)]
+    if src < rank:
+        # both query chunks come after key chunk src; key chunk 2P-1-src is after both
+        return [(0, L, 0, c, False)]
+    # src > rank: query chunk 2P-1-r comes after both key chunks; query chunk r before both
+    return [(c, c, 0, L, False)]
+
+
+# ---------------------------------------------------------------------------
+# Ring communication
+# ---------------------------------------------------------------------------
+
+
+class _Ring:
+    """Sends to the next rank and receives from the previous one with
+    dist.batch_isend_irecv. On CUDA tensors the ops are issued from a side
+    stream that first waits for the compute stream (so what is sent is
+    ready); wait() makes the compute stream wait for the transfer before the
+    received buffer is used."""
+
+    def __init__(self, group, rank, size, device):
+        self.group = group
+        self.size = size
+        self.next = dist.get_global_rank(group, (rank + 1) % size)
+        self.prev = dist.get_global_rank(group, (rank - 1) % size)
+        self.stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
+
+    def send_recv(self, send, tag=0):
+        """Posts the send of `send` to the next rank and a receive of a tensor
+        like it from the previous rank; returns (recv_buffer, handle). `tag`
+        keeps the K/V and the dK/dV streams apart on backends that match
+        messages by tag (gloo); NCCL matches them by issue order, the same on
+        every rank."""
+        recv = torch.empty_like(send)
+        ops = [dist.P2POp(dist.isend, send, self.next, self.group, tag),
+               dist.P2POp(dist.irecv, recv, self.prev, self.group, tag)]
+        if self.stream is None:
+            return recv, dist.batch_isend_irecv(ops)
+        compute = torch.cuda.current_stream(send.device)
+        self.stream.wait_stream(compute)
+        with torch.cuda.stream(self.stream):
+            reqs = dist.batch_isend_irecv(ops)
+        # the caching allocator must not reuse these while the side stream uses them
+        send.record_stream(self.stream)
+        recv.record_stream(self.stream)
+        return recv, reqs
+
+    def wait(self, reqs):
+        for req in reqs:
+            req.wait()  # on CUDA: makes the current (compute) stream wait for the transfer
+        if self.stream is not None:
+            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+
+
+def _pack(*tensors):
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _unpack(buf, like):
+    out, off = [], 0
+    for shape in like:
+        n = math.prod(shape)
+        out.append(buf[off:off + n].view(shape))
+        off += n
+    return out
+
+
+# ---------------------------------------------------------------------------
+# LSE merge
+# ---------------------------------------------------------------------------
+
+
+def _merge_(out_acc, lse_acc, out_i, lse_i):
+    """out_acc, lse_acc (float32/64 views, updated in place) merged with a
+    partial result (out_i, lse_i) by the log-sum-exp rule. Rows that have seen
+    no key so far (lse -inf on both sides) stay 0 with lse -inf."""
+    lse_i = lse_i.to(lse_acc.dtype)
+    new = torch.logaddexp(lse_acc, lse_i)
+    safe = torch.where(torch.isneginf(new), torch.zeros_like(new), new)
+    w_acc = torch.exp(lse_acc - safe).unsqueeze(-1)
+    w_i = torch.exp(lse_i - safe).unsqueeze(-1)
+    out_acc.mul_(w_acc).add_(out_i.to(out_acc.dtype) * w_i)
+    lse_acc.copy_(new)
+
+
+def _acc_dtype(dtype):
+    """Where partial results are merged and gradients accumulated: float32 for
+    16-bit inputs, float64 for float32 and float64 inputs (a float32 merge
+    would round the output that the backward's D = rowsum(dO * O) is taken
+    from, which costs float32 gradients several times PyTorch's error)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else torch.float64
+
+
+def _block_dtype(dtype):
+    """The dtype each block is computed in: the input's, but float64 for
+    float32 inputs (see _acc_dtype: a float32 block output is rounded once
+    more before the merge)."""
+    return torch.float64 if dtype == torch.float32 else dtype
+
+
+# ---------------------------------------------------------------------------
+# Block gradients
+# ---------------------------------------------------------------------------
+
+
+def _reads_lse(q):
+    """Whether oss.attention_backward on these inputs reads the lse and out it
+    is given (the float16/bfloat16 CUDA kernels, as FlashAttention), so that
+    the merged lse and output give each block its exact share of the global
+    gradient in one call. The CPU kernels and the float32/float64 CUDA (SIMT)
+    kernels recompute the row statistics from the keys they see, which gives
+    the block-local gradient instead."""
+    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+
+
+def _block_backward(dout, q, k, v, out, lse, residual, d_global, causal, scale, enable_gqa, deterministic):
+    """(dq, dk, dv) of one block of keys: its share of the gradient of the
+    global attention whose merged output and lse are `out` and `lse`, in the
+    accumulation dtype.
+
+    Kernels that read the lse (_reads_lse): one oss.attention_backward call
+    with the merged out, lse and output residual.
+
+    The others compute the block-local gradient, with P_b = softmax over the
+    block's keys. The global share is, with w = exp(lse_b - lse) the block's
+    weight in the merge, D_b = rowsum(dO * O_b) and D = rowsum(dO * O):
+    dS = w P_b (dP - D) = [P_b (w dP - w D_b)] + g P_b, g = w (D_b - D).
+    The bracket is the block-local backward with dO scaled by w; the rest is
+    the gradient through the block's lse: dq += scale g (P_b K),
+    dk += scale P_b^T (g Q). Both extra products ride on the calls that are
+    made anyway, as extra value columns: the block forward (needed for O_b and
+    lse_b) runs with values [V, K], which gives P_b K; the backward runs with
+    values [V, 0] and dO [w dO, scale g Q], whose dV is [dV, P_b^T scale g Q]
+    (zero value columns leave dP, and so dq and dk, unchanged). The split
+    into two terms that partly cancel costs accuracy, so this path computes
+    in float64 on the CPU (where it is not about speed) and in float32 at
+    least on a GPU."""
+    acc = _acc_dtype(q.dtype)
+    if _reads_lse(q):
+        dq, dk, dv = torch.ops.oss.attention_backward(dout, q, k, v, out, lse, None, causal, scale, enable_gqa,
+                                                      "top_left", deterministic, residual)
+        return dq.to(acc), dk.to(acc), dv.to(acc)
+    sc = scale if scale is not None else q.shape[-1] ** -0.5
+    work = torch.float64 if q.device.type == "cpu" else acc
+    qf, kf, vf, dof = (t.to(work) for t in (q, k, v, dout))
+    Dv = v.shape[-1]
+    o_ext, lse_b = torch.ops.oss.attention(qf, kf, torch.cat([vf, kf], -1), None, causal, scale, enable_gqa,
+                                           "top_left")
+    out_b, pk = o_ext[..., :Dv], o_ext[..., Dv:]
+    lse_g = lse.to(work)
+    w = torch.exp(lse_b - torch.where(torch.isneginf(lse_g), torch.zeros_like(lse_g), lse_g))
+    g = w * ((dof * out_b).sum(-1) - d_global.to(work))
+    dout_ext = torch.cat([w.unsqueeze(-1) * dof, (sc * g).unsqueeze(-1) * qf], -1)
+    zeros = torch.zeros_like(kf)
+    dq, dk, dv_ext = torch.ops.oss.attention_backward(
+        dout_ext, qf, kf, torch.cat([vf, zeros], -1), torch.cat([out_b, torch.zeros_like(pk)], -1), lse_b, None,
+        causal, scale, enable_gqa, "top_left", deterministic, None)
+    return (dq + (sc * g).unsqueeze(-1) * pk).to(acc), (dk + dv_ext[..., Dv:]).to(acc), dv_ext[..., :Dv].to(acc)
+
+
+# ---------------------------------------------------------------------------
+# Ring attention
+# ---------------------------------------------------------------------------
+
+
+class _RingAttention(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, q, k, v, group, rank, size, is_causal, scale, layout, enable_gqa):
+        B, Hq, L, _ = q.shape
+        Dv = v.shape[-1]
+        acc = _acc_dtype(q.dtype)
+        out_acc = torch.zeros(B, Hq, L, Dv, dtype=acc, device=q.device)
+        lse_acc = torch.full((B, Hq, L), float("-inf"), dtype=acc, device=q.device)
+        ring = _Ring(group, rank, size, q.device) if size > 1 else None
+        shapes = (tuple(k.shape), tuple(v.shape))
+        kv = _pack(k, v) if size > 1 else None
+        k_cur, v_cur = k, v
+        bdt = _block_dtype(q.dtype)
+        half = q.dtype in (torch.float16, torch.bfloat16)
+        qb = q.to(bdt)
+        for step in range(size):
+            src = (rank - step) % size
+            pending = None
+            if step + 1 < size:
+                nxt, pending = ring.send_recv(kv)
+            kb, vb = k_cur.to(bdt), v_cur.to(bdt)
+            for qs, ql, ks, kl, causal in _blocks(layout, is_causal, rank, src, L):
+                args = (qb.narrow(2, qs, ql), kb.narrow(2, ks, kl), vb.narrow(2, ks, kl), None, causal, scale,
+                        enable_gqa, "top_left")
+                if half:
+                    # the block output with its rounding residual: the merge
+                    # sees it unrounded (to 1/32 of its last place)
+                    o_i, lse_i, res_i = torch.ops.oss.attention_with_residual(*args)
+                    o_i = o_i.to(acc) + res_i.to(acc)
+                else:
+                    o_i, lse_i = torch.ops.oss.attention(*args)
+                _merge_(out_acc.narrow(2, qs, ql), lse_acc.narrow(2, qs, ql), o_i, lse_i)
+            if pending is not None:
+                ring.wait(pending)
+                kv = nxt
+                k_cur, v_cur = _unpack(kv, shapes)
+        out = out_acc.to(q.dtype)
+        if _reads_lse(q):
+            # the kernel takes D = rowsum(dO * (out + residual)): the merged
+            # output without its final rounding
+            residual = (out_acc - out.to(acc)).to(q.dtype)
+            ctx.save_for_backward(q, k, v, out, lse_acc, residual)
+        else:
+            ctx.save_for_backward(q, k, v, out_acc, lse_acc, None)
+        ctx.cfg = (group, rank, size, is_causal, scale, layout, enable_gqa)
+        lse = lse_acc.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse, residual = ctx.saved_tensors
+        group, rank, size, is_causal, scale, layout, enable_gqa = ctx.cfg
+        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        if not (need_q or need_k or need_v):
+            return (None,) * 10
+        if grad_out is None:
+            grad_out = torch.zeros(out.shape, dtype=q.dtype, device=q.device)
+        grad_out = grad_out.to(q.dtype)
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        # D = rowsum(dO * O) of the merged output (saved in the accumulation
+        # dtype on this path), for kernels that compute the block-local
+        # gradient (see _block_backward)
+        d_global = None
+        if not _reads_lse(q):
+            d_global = (grad_out.to(out.dtype) * out).sum(-1)
+        L = q.shape[2]
+        acc = _acc_dtype(q.dtype)
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device) if need_q else None
+        ring = _Ring(group, rank, size, q.device) if size > 1 else None
+        shapes = (tuple(k.shape), tuple(v.shape))
+        kv = _pack(k, v) if size > 1 else None
+        k_cur, v_cur = k, v
+        # the dK/dV accumulator of the K/V block this rank holds (float32/64),
+        # received from the previous rank, which added its share before
+        dkv_pending, dkv_in = None, None
+        for step in range(size):
+            src = (rank - step) % size
+            kv_pending = None
+            if step + 1 < size:
+                kv_next, kv_pending = ring.send_recv(kv)
+            dk_blk = torch.zeros(k.shape, dtype=acc, device=q.device)
+            dv_blk = torch.zeros(v.shape, dtype=acc, device=q.device)
+            for qs, ql, ks, kl, causal in _blocks(layout, is_causal, rank, src, L):
+                rows = slice(qs, qs + ql)
+                dq_i, dk_i, dv_i = _block_backward(
+                    grad_out[:, :, rows], q[:, :, rows], k_cur.narrow(2, ks, kl), v_cur.narrow(2, ks, kl),
+                    out[:, :, rows], lse[:, :, rows], None if residual is None else residual[:, :, rows],
+                    None if d_global is None else d_global[:, :, rows], causal, scale, enable_gqa, deterministic)
+                if dq is not None:
+                    dq[:, :, rows] += dq_i
+                dk_blk[:, :, ks:ks + kl] += dk_i
+                dv_blk[:, :, ks:ks + kl] += dv_i
+            if size == 1:
+                dkv = (dk_blk, dv_blk)
+                break
+            if dkv_pending is not None:
+                ring.wait(dkv_pending)
+                dk_blk += dkv_in[0]
+                dv_blk += dkv_in[1]
+            buf, dkv_pending = ring.send_recv(_pack(dk_blk, dv_blk), tag=1)
+            dkv_in = _unpack(buf, shapes)
+            if kv_pending is not None:
+                ring.wait(kv_pending)
+                kv = kv_next
+                k_cur, v_cur = _unpack(kv, shapes)
+        if size > 1:
+            ring.wait(dkv_pending)  # this rank's own dK/dV, back from its last stop
+            dkv = dkv_in
+        grads = (dq.to(q.dtype) if need_q else None,
+                 dkv[0].to(k.dtype) if need_k else None,
+                 dkv[1].to(v.dtype) if need_v else None)
+        return (*grads, None, None, None, None, None, None, None)
+
+
+# ---------------------------------------------------------------------------
+# All-gather variant
+# ---------------------------------------------------------------------------
+
+
+def _reduce_scatter_seq(full, group, size, dim):
+    """Sum of `full` over the ranks, each rank keeping its own contiguous
+    piece along dim (rank order). reduce_scatter where the backend has it,
+    else all_reduce and narrow (gloo)."""
+    full = full.contiguous()
+    piece = full.shape[dim] // size
+    parts = [p.contiguous() for p in full.split(piece, dim=dim)]
+    if dist.get_backend(group) != "gloo":
+        out = torch.empty_like(parts[0])
+        dist.reduce_scatter(out, parts, group=group)
+        return out
+    dist.all_reduce(full, group=group)
+    return full.narrow(dim, dist.get_rank(group) * piece, piece).contiguous()
+
+
+class _AllGatherKV(torch.autograd.Function):
+    """Every rank's K (or V) shard in global sequence order; the backward sums
+    the gradient over the ranks (in float32) and gives each its shard's part."""
+
+    @staticmethod
+    def forward(ctx, x, group, size, layout):
+        ctx.cfg = (group, size, layout)
+        parts = _all_gather_seq(x, group, size, 2)
+        return _reorder_gathered(parts, layout, 2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        group, size, layout = ctx.cfg
+        g = grad.to(_acc_dtype(grad.dtype))
+        if layout == "zigzag":
+            # back to rank order (rank r's shard is chunks r and 2P-1-r)
+            n = 2 * size
+            c = g.shape[2] // n
+            g = torch.cat([g.narrow(2, i * c, c) for r in range(size) for i in (r, n - 1 - r)], dim=2)
+        return _reduce_scatter_seq(g, group, size, 2).to(grad.dtype), None, None, None
+
+
+def _allgather_forward(q, k, v, group, rank, size, is_causal, scale, layout, enable_gqa):
+    from .functional import attention_with_lse
+
+    k_all = _AllGatherKV.apply(k, group, size, layout)
+    v_all = _AllGatherKV.apply(v, group, size, layout)
+    if not is_causal:
+        return attention_with_lse(q, k_all, v_all, scale=scale, enable_gqa=enable_gqa)
+    L = q.shape[2]
+    chunks, _ = _chunks(layout, rank, size)
+    c = L // len(chunks)
+    outs, lses = [], []
+    for j, chunk in enumerate(chunks):
+        # queries of global chunk `chunk` see the keys up to the end of that chunk:
+        # causal with the queries at the end of the keys (bottom-right)
+        n_keys = (chunk + 1) * c
+        o, lse = attention_with_lse(q.narrow(2, j * c, c), k_all.narrow(2, 0, n_keys), v_all.narrow(2, 0, n_keys),
+                                    is_causal=True, scale=scale, enable_gqa=enable_gqa,
+                                    causal_alignment="bottom_right")
+        outs.append(o)
+        lses.append(lse)
+    if len(outs) == 1:
+        return outs[0], lses[0]
+    return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+
+
+# ---------------------------------------------------------------------------
+# Public entry points
+# ---------------------------------------------------------------------------
+
+
+def ring_attention(q, k, v, *, group=None, is_causal=False, scale=None, layout="zigzag", return_lse=False,
+                   enable_gqa=False, comm="ring", check_shapes=True):
+    """Attention over a sequence sharded across the ranks of ``group``.
+
+    q (B, Hq, L, D), k (B, Hkv, L, D), v (B, Hkv, L, Dv): this rank's shard
+    (``L`` = this rank's tokens, equal on every rank; :func:`shard` makes them).
+    Returns this rank's rows of the attention of the global sequence,
+    (B, Hq, L, Dv) in q's dtype, and with ``return_lse=True`` also their
+    log-sum-exp, float32 (float64 for float64 inputs), shape (B, Hq, L), which
+    carries no gradient.
+
+    is_causal: causal over the *global* positions (top-left, as SDPA).
+    scale: the softmax scale (default 1/sqrt(D)). enable_gqa: k and v may have
+    fewer heads than q (Hq a multiple of Hkv), as in SDPA.
+    layout: ``"zigzag"`` (rank r holds global chunks r and 2P-1-r of 2P; causal
+    work balanced) or ``"contiguous"`` (rank r holds the r-th of P pieces).
+    comm: ``"ring"`` (K/V blocks passed around the ring, overlapped with the
+    computation) or ``"allgather"`` (K/V all-gathered once; dK/dV
+    reduce-scattered in the backward).
+    check_shapes: one small all_gather per call checks that every rank's shard
+    has the same shape (unequal shards would hang or mis-merge); pass False to
+    skip it once the shapes are known to agree.
+    """
+    fn = "ring_attention" if comm == "ring" else "allgather_attention"
+    _check_inputs(q, k, v, fn, layout, comm, enable_gqa, scale)
+    group, rank, size = _check_group(group, fn)
+    if check_shapes:
+        _check_same_shapes(q, k, v, group, size, fn)
+    if comm == "allgather":
+        out, lse = _allgather_forward(q, k, v, group, rank, size, bool(is_causal), scale, layout, enable_gqa)
+    else:
+        out, lse = _RingAttention.apply(q, k, v, group, rank, size, bool(is_causal), scale, layout, enable_gqa)
+    return (out, lse) if return_lse else out
+
+
+def allgather_attention(q, k, v, *, group=None, is_causal=False, scale=None, layout="zigzag", return_lse=False,
+                        enable_gqa=False, check_shapes=True):
+    """:func:`ring_attention` with ``comm="allgather"``: K/V of every rank
+    all-gathered once, one local attention per query chunk, dK/dV
+    reduce-scattered in the backward. For models whose K/V are small (grouped
+    -query attention with few K/V heads): two collectives instead of P-1 ring
+    steps, at the memory cost of the full sequence's K/V on every rank."""
+    return ring_attention(q, k, v, group=group, is_causal=is_causal, scale=scale, layout=layout,
+                          return_lse=return_lse, enable_gqa=enable_gqa, comm="allgather", check_shapes=check_shapes)
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face integration
+# ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def ring_attention_context(group=None, layout="zigzag", comm="ring"):
+    """Within the block, transformers models run with
+    ``attn_implementation="oss"`` compute their attention as ring attention
+    over ``group``: each rank feeds its shard of ``input_ids`` with the
+    matching ``position_ids`` (see :func:`shard` and :func:`position_ids`)
+    and gets its shard of the logits.
+
+    Serves causal self-attention without padding (the mask builder then hands
+    the attention no mask) and non-causal attention without a mask; a layer
+    that receives an explicit mask (padding, sliding windows, a KV cache)
+    raises, as its mask would describe only the local shard. Dropout must be
+    0. The "oss" implementation is restored on exit.
+    """
+    _check_layout(layout, "ring_attention_context")
+    if comm not in COMMS:
+        raise ValueError(f"torch_oss.distributed.ring_attention_context: comm={comm!r} must be one of {COMMS}")
+    _check_group(group, "ring_attention_context")
+    from transformers import AttentionInterface
+
+    from . import transformers_integration as _hf
+
+    _hf.register_transformers()
+
+    def forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+        for unsupported in ("softcap", "s_aux", "sinks", "position_bias"):
+            if kwargs.get(unsupported) is not None:
+                raise ValueError(f"ring_attention_context: `{unsupported}` is not supported by ring attention")
+        if attention_mask is not None:
+            raise ValueError(
+                "ring_attention_context: the layer received an attention mask (padding, a sliding window or a KV "
+                "cache); ring attention serves unpadded full-sequence causal or non-causal attention only"
+            )
+        if dropout:
+            raise ValueError("ring_attention_context: dropout > 0 is not supported (use model.eval() or dropout 0)")
+        if is_causal is None:
+            is_causal = getattr(module, "is_causal", True)
+        out = ring_attention(query, key, value, group=group, is_causal=bool(is_causal), scale=scaling,
+                             layout=layout, enable_gqa=query.shape[1] != key.shape[1], comm=comm)
+        return out.transpose(1, 2).contiguous(), None
+
+    def no_mask(*args, **kwargs):
+        # The causal structure is that of the global sequence, which ring
+        # attention applies itself; a mask built here would describe the local
+        # shard (and transformers reads the zigzag position ids as packed
+        # sequences). Padding masks are not served (see above).
+        attention_mask = kwargs.get("attention_mask")
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("ring_attention_context: padded batches (an attention_mask with zeros) are not "
+                             "supported by ring attention")
+        return None
+
+    try:
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError:  # pragma: no cover - older transformers build the mask in the model
+        AttentionMaskInterface = None
+    AttentionInterface.register(_hf.NAME, forward)
+    if AttentionMaskInterface is not None:
+        AttentionMaskInterface.register(_hf.NAME, no_mask)
+    try:
+        yield
+    finally:
+        AttentionInterface.register(_hf.NAME, _hf.attention_forward)
+        if AttentionMaskInterface is not None:
+            AttentionMaskInterface.register(_hf.NAME, _hf.mask)
