@@ -759,3 +759,51 @@ def test_hopper_forward_does_not_spill():
     spilled = [f"{name}: {size} bytes" for name, size in frames if int(size) != 0]
     assert not spilled, "stack frames:\n" + "\n".join(spilled)
 
+
+
+# SDPA's shape contract beyond (B, H, L, D): leading dims of any number, broadcast
+# between query and key/value (aligned from the right, size-1 dims stretched), as
+# PyTorch's own SDPA samples use (a 3-D query with 4-D key and value, say).
+# (query shape, key/value shape, value head dim, enable_gqa, mask shape or None)
+BROADCAST_CASES = [
+    ((3, 17, 32), (2, 3, 40, 32), 32, False, None),
+    ((2, 4, 17, 32), (1, 4, 40, 32), 24, False, (17, 40)),
+    ((2, 3, 4, 17, 32), (2, 3, 2, 40, 32), 32, True, None),
+    ((2, 2, 4, 17, 32), (2, 1, 4, 40, 32), 32, False, (2, 2, 4, 17, 40)),
+    ((17, 32), (40, 32), 32, False, None),
+    ((4, 17, 32), (2, 1, 40, 32), 16, False, (4, 17, 40)),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", BROADCAST_CASES, ids=[f"q{c[0]}-kv{c[1]}" for c in BROADCAST_CASES])
+def test_broadcast_leading_dims_like_sdpa(device, dtype, is_causal, case):
+    qshape, kshape, dv, gqa, mshape = case
+    if is_causal and mshape is not None:
+        pytest.skip("SDPA takes no mask together with is_causal")
+    q = torch.randn(qshape, dtype=dtype, device=device)
+    k = torch.randn(kshape, dtype=dtype, device=device)
+    v = torch.randn(kshape[:-1] + (dv,), dtype=dtype, device=device)
+    mask = None if mshape is None else torch.randn(mshape, dtype=dtype, device=device)
+    leaves = {name: [t.detach().to(torch.float64 if name == "ref" else dtype).requires_grad_() for t in (q, k, v)]
+              for name in ("ours", "peer", "ref")}
+    out = torch_oss.attention(*leaves["ours"], attn_mask=mask, is_causal=is_causal, enable_gqa=gqa)
+    peer = F.scaled_dot_product_attention(*leaves["peer"], attn_mask=mask, is_causal=is_causal, enable_gqa=gqa)
+    ref = F.scaled_dot_product_attention(*leaves["ref"], attn_mask=None if mask is None else mask.double(),
+                                         is_causal=is_causal, enable_gqa=gqa)
+    assert out.shape == ref.shape, f"out {tuple(out.shape)} != SDPA's {tuple(ref.shape)}"
+    atol = ATTENTION_ATOL[dtype]
+    assert_tolerance(f"out {case}", out, ref, peer, atol)
+    dout = torch.randn(out.shape, dtype=dtype, device=device)
+    out.backward(dout)
+    peer.backward(dout)
+    ref.backward(dout.double())
+    for i, name in enumerate(("dq", "dk", "dv")):
+        # the gradient of a broadcast input is the kernel's gradient summed over the
+        # broadcast dims and rounded once more, outside the kernel: one rounding of
+        # each element's magnitude is allowed for it
+        broadcast = tuple(leaves["ours"][i].shape) != tuple(out.shape[:-2]) + tuple(leaves["ours"][i].shape[-2:])
+        assert_tolerance(f"{name} {case}", leaves["ours"][i].grad, leaves["ref"][i].grad, leaves["peer"][i].grad, atol,
+                         per_element_eps=broadcast)

@@ -76,7 +76,7 @@ def attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"torch_oss.attention: {name} must be a Tensor, got {type(t).__name__}")
     ranks = (query.dim(), key.dim(), value.dim())
-    if ranks == (3, 3, 3):
+    if ranks == (3, 3, 3) and query.shape[0] == key.shape[0] == value.shape[0]:
         # (N, L, E): one head. A 3-D mask (N, L, S) gets the head dim too.
         if attn_mask is not None and attn_mask.dim() == 3:
             attn_mask = attn_mask.unsqueeze(1)
@@ -85,12 +85,74 @@ def attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
             causal_alignment,
         )
         return out.squeeze(1), lse.squeeze(1)
-    if ranks != (4, 4, 4):
+    if ranks == (4, 4, 4) and query.shape[0] == key.shape[0] == value.shape[0]:
+        return _attention_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment)
+    return _attention_broadcast(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment)
+
+
+def _broadcast_plan(query, key, value, enable_gqa):
+    """The shapes SDPA's broadcasting gives (query, key, value): the common rank
+    (at least 3), the broadcast leading dims before the head dim, and the query
+    and key/value head counts. Raises ValueError naming what does not fit."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.dim() < 2:
+            raise ValueError(f"torch_oss.attention: {name} must have at least 2 dims (seq_len, head_dim), "
+                             f"got {t.dim()}-D")
+    rank = max(query.dim(), key.dim(), value.dim(), 3)
+    shapes = [(1,) * (rank - t.dim()) + tuple(t.shape) for t in (query, key, value)]
+    try:
+        batch = torch.broadcast_shapes(*(sh[:-3] for sh in shapes))
+        if enable_gqa:
+            q_heads = shapes[0][-3]
+            kv_heads = torch.broadcast_shapes(shapes[1][-3:-2], shapes[2][-3:-2])[0]
+        else:
+            q_heads = kv_heads = torch.broadcast_shapes(*(sh[-3:-2] for sh in shapes))[0]
+    except RuntimeError:
         raise ValueError(
-            f"torch_oss.attention: query, key and value must all be 4-D (batch, heads, seq_len, head_dim) or "
-            f"all 3-D (batch, seq_len, head_dim); got {query.dim()}-D, {key.dim()}-D and {value.dim()}-D"
-        )
-    return _attention_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment)
+            f"torch_oss.attention: the leading dims of query {tuple(query.shape)}, key {tuple(key.shape)} and "
+            f"value {tuple(value.shape)} do not broadcast"
+        ) from None
+    if q_heads % kv_heads != 0:
+        raise ValueError(f"torch_oss.attention: query has {q_heads} heads, not a multiple of the {kv_heads} of "
+                         "key and value (enable_gqa=True)")
+    return rank, batch, q_heads, kv_heads
+
+
+def _attention_broadcast(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment):
+    """SDPA's general shape contract: (..., L, E) with any number of leading
+    dims, broadcast between query and key/value as SDPA's math does (leading
+    dims aligned from the right, size-1 dims stretched). With enable_gqa the
+    head dim (-3) is not broadcast: key and value have the query's heads or a
+    divisor of them. The leading dims are expanded (no copy) and folded into
+    one batch dim of the 4-D op; gradients of broadcast dims are summed by
+    autograd through the expand."""
+    rank, batch, q_heads, kv_heads = _broadcast_plan(query, key, value, enable_gqa)
+
+    def lift(t):  # prepend size-1 dims up to `rank`
+        return t.reshape((1,) * (rank - t.dim()) + tuple(t.shape))
+
+    q, k, v = lift(query), lift(key), lift(value)
+    q = q.expand(*batch, q_heads, *q.shape[-2:])
+    k = k.expand(*batch, kv_heads, *k.shape[-2:])
+    v = v.expand(*batch, kv_heads, *v.shape[-2:])
+    n = math.prod(batch)
+    q4, k4, v4 = (t.reshape(n, *t.shape[-3:]) for t in (q, k, v))
+    mask = attn_mask
+    if isinstance(mask, torch.Tensor) and mask.dim() > 2:
+        mask = lift(mask) if mask.dim() < rank else mask
+        if mask.dim() > rank:
+            raise ValueError(f"torch_oss.attention: attn_mask is {attn_mask.dim()}-D but the inputs broadcast "
+                             f"to {rank}-D")
+        try:
+            mask = mask.expand(*batch, *mask.shape[-3:]).reshape(n, *mask.shape[-3:])
+        except RuntimeError:
+            raise ValueError(f"torch_oss.attention: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast "
+                             f"to the inputs' leading dims {tuple(batch)}") from None
+    out, lse = _attention_op(q4, k4, v4, mask, is_causal, scale, enable_gqa and q_heads != kv_heads,
+                             causal_alignment)
+    out, lse = out.reshape(*batch, *out.shape[1:]), lse.reshape(*batch, *lse.shape[1:])
+    drop = rank - max(query.dim(), key.dim(), value.dim())  # the head dim added to 2-D inputs
+    return (out.squeeze(0), lse.squeeze(0)) if drop else (out, lse)
 
 
 def _attention_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment):

@@ -257,22 +257,17 @@ def _attention_reason(query, key, value, attn_mask, dropout_p, is_causal, scale,
         return "query, key and value dtypes differ"
     if key.device != query.device or value.device != query.device:
         return "query, key and value are on different devices"
-    rank = query.dim()
-    if rank not in (3, 4) or key.dim() != rank or value.dim() != rank:
-        return f"{query.dim()}-D query, {key.dim()}-D key, {value.dim()}-D value (torch_oss takes all 3-D or all 4-D)"
-    if key.shape[0] != query.shape[0] or value.shape[0] != query.shape[0]:
-        return "batch sizes differ (broadcast batch dims are not supported)"
+    try:
+        rank = _oss._broadcast_plan(query, key, value, enable_gqa)[0]
+    except ValueError as e:
+        return str(e).replace("torch_oss.attention: ", "")
     limit = _CUDA_MAX_HEAD_DIM if query.device.type == "cuda" else _MAX_HEAD_DIM
     if query.shape[-1] > limit or value.shape[-1] > limit:
         return f"head dim {max(query.shape[-1], value.shape[-1])} > {limit}"
     if query.shape[-1] < 1 or value.shape[-1] < 1 or key.shape[-1] != query.shape[-1]:
         return "head dims of query and key differ or are 0"
-    if rank == 4:
-        hq, hkv = query.shape[1], key.shape[1]
-        if value.shape[1] != hkv:
-            return "key and value have different numbers of heads"
-        if hq != hkv and not (enable_gqa and hq % hkv == 0):
-            return "query and key have different numbers of heads without enable_gqa=True"
+    if key.dim() >= 3 and value.dim() >= 3 and key.shape[-3] != value.shape[-3]:
+        return "key and value have different numbers of heads"
     if scale is not None and not isinstance(scale, (int, float)):
         return f"scale of type {type(scale).__name__}"
     if attn_mask is not None:
@@ -289,8 +284,8 @@ def _attention_reason(query, key, value, attn_mask, dropout_p, is_causal, scale,
             return f"attn_mask dtype {attn_mask.dtype} with query dtype {query.dtype}"
         if attn_mask.device != query.device:
             return "attn_mask is on another device"
-        if attn_mask.dim() > 4:
-            return f"{attn_mask.dim()}-D attn_mask"
+        if attn_mask.dim() > rank:
+            return f"{attn_mask.dim()}-D attn_mask for {rank}-D inputs"
         if attn_mask.requires_grad and torch.is_grad_enabled():
             return "attn_mask requires grad (torch_oss gives no mask gradient)"
     return None
