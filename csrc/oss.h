@@ -231,6 +231,49 @@ typedef struct oss_attention_cuda_options {
 oss_attention_cuda_options oss_attention_cuda_get_options(void);
 void oss_attention_cuda_set_options(const oss_attention_cuda_options *options);
 
+/* ---------------------------------------------------------------------------
+ * Cross-entropy over class indices
+ *
+ * logits: [rows, classes], rows contiguous (element (r, j) at
+ * logits + r*logits_stride_row + j); float32/64/16, bfloat16.
+ * target: contiguous int64 [rows]; each entry is ignore_index or in
+ * [0, classes) (checked: OSS_ERROR_INVALID_ARGUMENT names the first bad one).
+ * loss, lse: contiguous [rows], float32, or float64 when logits are float64.
+ *
+ * Per row, with eps = label_smoothing, C = classes and t = target:
+ *   lse  = log(sum_j exp(x_j))
+ *   loss = (1 - eps) (lse - x_t) + eps (lse - mean_j x_j) + z_loss lse^2
+ * and loss = 0 where t == ignore_index (lse is still written there).
+ * The backward writes, with g = grad_loss of the row (0 on ignored rows):
+ *   grad_j = g (softmax_j (1 + 2 z_loss lse) - (1 - eps) [j == t] - eps / C)
+ * ------------------------------------------------------------------------- */
+
+typedef struct oss_cross_entropy_params {
+  int64_t rows, classes;
+  const void *logits; /* read only */
+  oss_dtype dtype;    /* of logits (and grad_logits) */
+  int64_t logits_stride_row;
+  const int64_t *target;
+  int64_t ignore_index;
+  double label_smoothing; /* in [0, 1] */
+  double z_loss;          /* >= 0 */
+  void *loss;             /* forward: written; backward: unused */
+  void *lse;              /* forward: written; backward: read */
+} oss_cross_entropy_params;
+
+typedef struct oss_cross_entropy_backward_params {
+  oss_cross_entropy_params fwd; /* the forward's inputs and its lse */
+  const void *grad_loss;        /* contiguous [rows], lse's dtype */
+  void *grad_logits;            /* [rows, classes] in fwd.dtype, rows contiguous */
+  int64_t grad_logits_stride_row;
+} oss_cross_entropy_backward_params;
+
+/* One pass over each row (online max and sum of exponentials). */
+oss_status oss_cross_entropy_forward_cpu(const oss_cross_entropy_params *p, const oss_cpu_exec *exec);
+/* One pass over each row, reading logits and writing grad_logits. */
+oss_status oss_cross_entropy_backward_cpu(const oss_cross_entropy_backward_params *p,
+                                          const oss_cpu_exec *exec);
+
 #ifdef __cplusplus
 }
 #endif

@@ -97,7 +97,7 @@ std::string device_str(const Tensor &t) { return t.device().str(); }
   // Kernel messages usually name their op already ("attention: ..."); add it otherwise.
   const std::string detail = oss_error_message();
   bool named = false;
-  for (const char *name : {"softmax", "log_softmax", "attention"})
+  for (const char *name : {"softmax", "log_softmax", "attention", "cross_entropy"})
     named = named || detail.rfind(name, 0) == 0;
   const std::string message = named ? detail : std::string(op) + ": " + detail;
   switch (status) {
@@ -741,6 +741,97 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op(const Tensor &grad_out,
   return {dq, dk, dv};
 }
 
+// ---------------------------------------------------------------------------
+// Cross-entropy over class indices (CPU kernel; the CUDA device is served by
+// a composition of ATen ops registered from Python, torch_oss/cross_entropy.py)
+// ---------------------------------------------------------------------------
+
+// Checks shared by the forward and the backward; returns the loss/lse dtype.
+at::ScalarType check_cross_entropy(const char *op, const Tensor &logits, const Tensor &target,
+                                   double label_smoothing, double z_loss) {
+  check_device_supported(op, logits, "logits");
+  OSS_CHECK(logits.dim() == 2, Value, "%s: logits must be 2-D (N, C), got shape %s", op,
+            shape_str(logits.sizes()).c_str());
+  OSS_CHECK(is_kernel_float(logits.scalar_type()), Type,
+            "%s: logits have dtype %s but must be float16, bfloat16, float32 or float64", op,
+            dtype_name(logits.scalar_type()));
+  OSS_CHECK(logits.size(1) >= 1, Value, "%s: logits have %lld classes; need at least 1", op, LL(logits.size(1)));
+  OSS_CHECK(target.device() == logits.device(), Value, "%s: target is on %s but logits are on %s", op,
+            device_str(target).c_str(), device_str(logits).c_str());
+  OSS_CHECK(target.scalar_type() == at::kLong, Type, "%s: target has dtype %s but must be int64 class indices", op,
+            dtype_name(target.scalar_type()));
+  OSS_CHECK(target.dim() == 1 && target.size(0) == logits.size(0), Value,
+            "%s: target has shape %s but must be (N,) = (%lld,) for logits of shape %s", op,
+            shape_str(target.sizes()).c_str(), LL(logits.size(0)), shape_str(logits.sizes()).c_str());
+  OSS_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, Value, "%s: label_smoothing=%g must be in [0, 1]", op,
+            label_smoothing);
+  OSS_CHECK(z_loss >= 0.0 && std::isfinite(z_loss), Value, "%s: z_loss=%g must be finite and >= 0", op, z_loss);
+  return logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+oss_cross_entropy_params cross_entropy_params(Tensor &logits, Tensor &target, int64_t ignore_index,
+                                              double label_smoothing, double z_loss) {
+  if (logits.size(0) > 1 && logits.size(1) > 1 && logits.stride(1) != 1) logits = logits.contiguous();
+  target = target.contiguous();
+  oss_cross_entropy_params p;
+  p.rows = logits.size(0);
+  p.classes = logits.size(1);
+  p.logits = logits.data_ptr();
+  p.dtype = to_oss_dtype(logits.scalar_type());
+  p.logits_stride_row = logits.size(0) > 1 ? logits.stride(0) : logits.size(1);
+  p.target = target.data_ptr<int64_t>();
+  p.ignore_index = ignore_index;
+  p.label_smoothing = label_smoothing;
+  p.z_loss = z_loss;
+  p.loss = nullptr;
+  p.lse = nullptr;
+  return p;
+}
+
+std::tuple<Tensor, Tensor> cross_entropy_op(const Tensor &logits_in, const Tensor &target_in, int64_t ignore_index,
+                                            double label_smoothing, double z_loss) {
+  const char *op = "cross_entropy";
+  const at::ScalarType stat_dtype = check_cross_entropy(op, logits_in, target_in, label_smoothing, z_loss);
+  Tensor logits = logits_in, target = target_in;
+  Tensor loss = at::empty({logits.size(0)}, logits.options().dtype(stat_dtype));
+  Tensor lse = at::empty({logits.size(0)}, logits.options().dtype(stat_dtype));
+  if (logits.size(0) == 0) return {loss, lse};
+  oss_cross_entropy_params p = cross_entropy_params(logits, target, ignore_index, label_smoothing, z_loss);
+  p.loss = loss.data_ptr();
+  p.lse = lse.data_ptr();
+  check_status(op, oss_cross_entropy_forward_cpu(&p, &cpu_exec));
+  return {loss, lse};
+}
+
+Tensor cross_entropy_backward_op(const Tensor &grad_loss_in, const Tensor &logits_in, const Tensor &target_in,
+                                 const Tensor &lse_in, int64_t ignore_index, double label_smoothing, double z_loss) {
+  const char *op = "cross_entropy_backward";
+  const at::ScalarType stat_dtype = check_cross_entropy(op, logits_in, target_in, label_smoothing, z_loss);
+  for (const auto &named : {std::make_pair("grad_loss", &grad_loss_in), std::make_pair("lse", &lse_in)}) {
+    const Tensor &t = *named.second;
+    OSS_CHECK(t.device() == logits_in.device(), Value, "%s: %s is on %s but logits are on %s", op, named.first,
+              device_str(t).c_str(), device_str(logits_in).c_str());
+    OSS_CHECK(t.dim() == 1 && t.size(0) == logits_in.size(0), Value,
+              "%s: %s has shape %s but must be (N,) = (%lld,)", op, named.first, shape_str(t.sizes()).c_str(),
+              LL(logits_in.size(0)));
+    OSS_CHECK(is_kernel_float(t.scalar_type()), Type, "%s: %s has dtype %s but must be a floating type", op,
+              named.first, dtype_name(t.scalar_type()));
+  }
+  Tensor logits = logits_in, target = target_in;
+  const Tensor grad_loss = grad_loss_in.to(stat_dtype).contiguous();
+  const Tensor lse = lse_in.to(stat_dtype).contiguous();
+  Tensor grad = at::empty(logits.sizes(), logits.options().memory_format(at::MemoryFormat::Contiguous));
+  if (logits.size(0) == 0) return grad;
+  oss_cross_entropy_backward_params p;
+  p.fwd = cross_entropy_params(logits, target, ignore_index, label_smoothing, z_loss);
+  p.fwd.lse = const_cast<void *>(lse.data_ptr());
+  p.grad_loss = grad_loss.data_ptr();
+  p.grad_logits = grad.data_ptr();
+  p.grad_logits_stride_row = grad.size(1);
+  check_status(op, oss_cross_entropy_backward_cpu(&p, &cpu_exec));
+  return grad;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -895,6 +986,12 @@ TORCH_LIBRARY(oss, m) {
       "attention_with_residual(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
       "bool is_causal=False, float? scale=None, bool enable_gqa=False, str causal_alignment=\"top_left\") -> "
       "(Tensor out, Tensor lse, Tensor out_residual)");
+  m.def(
+      "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, float label_smoothing=0.0, "
+      "float z_loss=0.0) -> (Tensor loss, Tensor lse)");
+  m.def(
+      "cross_entropy_backward(Tensor grad_loss, Tensor logits, Tensor target, Tensor lse, int ignore_index, "
+      "float label_smoothing, float z_loss) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(oss, CPU, m) {
@@ -905,6 +1002,8 @@ TORCH_LIBRARY_IMPL(oss, CPU, m) {
   m.impl("attention", &attention_op);
   m.impl("attention_with_residual", &attention_with_residual_op);
   m.impl("attention_backward", &attention_backward_op);
+  m.impl("cross_entropy", &cross_entropy_op);
+  m.impl("cross_entropy_backward", &cross_entropy_backward_op);
 }
 
 TORCH_LIBRARY_IMPL(oss, Autograd, m) {

@@ -1,0 +1,245 @@
+/*
+ * cross_entropy.c - C11 CPU cross-entropy over class indices, forward and
+ * backward, as oss.h describes (per-row loss with label smoothing and z-loss,
+ * ignore_index rows giving 0).
+ *
+ * Forward: one pass over each row in chunks of OSS_CE_CHUNK elements keeps
+ * the online statistics of the softmax kernels (running max m, sum d of
+ * exp(x - m) rescaled by exp(m_old - m_new) when m grows) and, in the same
+ * pass, the row's sum of logits (for label smoothing); the target logit is
+ * read directly. Backward: one pass over each row reading the logits and
+ * writing the gradient from the saved lse.
+ *
+ * Computes in float for float32/float16/bfloat16 logits and in double for
+ * float64 ones (the body below is compiled twice, by including this file into
+ * itself); the exp sums and the logit sum accumulate in double, and the final
+ * per-row combination (lse, loss) is done in double. Threads split the rows
+ * (oss_cpu_exec); each row is owned by one task, so results do not depend on
+ * the thread count.
+ * Limits: rows must be contiguous (unit stride along classes); loss, lse and
+ * grad_loss are contiguous and float64 exactly when logits are.
+ */
+#ifndef OSS_CE_BODY
+
+#include "cpu_common.h"
+
+enum { OSS_CE_CHUNK = 4096, OSS_CE_SUM_BLOCK = 64 };
+
+#define OSS_CE_BODY
+#define REAL float
+#define NATIVE OSS_FLOAT32
+#define FN(name) name##_f32
+#define EXP oss_expf
+#define LOAD oss_load_f32
+#define STORE oss_store_f32
+#include "cross_entropy.c"
+#undef REAL
+#undef NATIVE
+#undef FN
+#undef EXP
+#undef LOAD
+#undef STORE
+
+#define REAL double
+#define NATIVE OSS_FLOAT64
+#define FN(name) name##_f64
+#define EXP exp
+#define LOAD oss_load_f64
+#define STORE oss_store_f64
+#include "cross_entropy.c"
+#undef REAL
+#undef NATIVE
+#undef FN
+#undef EXP
+#undef LOAD
+#undef STORE
+#undef OSS_CE_BODY
+
+/* ---- validation ------------------------------------------------------------ */
+
+static int ce_is_float_dtype(oss_dtype t) {
+  return t == OSS_FLOAT32 || t == OSS_FLOAT64 || t == OSS_FLOAT16 || t == OSS_BFLOAT16;
+}
+
+static oss_status ce_check(const char *op, const oss_cross_entropy_params *p) {
+  if (!ce_is_float_dtype(p->dtype))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits have dtype code %d, expected a floating type", op,
+                    (int)p->dtype);
+  if (p->rows < 0 || p->classes < 1)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: rows=%lld, classes=%lld; need rows >= 0 and classes >= 1", op,
+                    (long long)p->rows, (long long)p->classes);
+  if (!(p->label_smoothing >= 0.0 && p->label_smoothing <= 1.0))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: label_smoothing=%g must be in [0, 1]", op, p->label_smoothing);
+  if (!(p->z_loss >= 0.0) || isinf(p->z_loss))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: z_loss=%g must be finite and >= 0", op, p->z_loss);
+  if (p->rows > 0 && (p->logits == NULL || p->target == NULL || p->lse == NULL))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits, target or lse is NULL", op);
+  if (p->rows > 1 && p->logits_stride_row < p->classes)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits_stride_row=%lld is below classes=%lld", op,
+                    (long long)p->logits_stride_row, (long long)p->classes);
+  /* A serial scan, O(rows), so that no out-of-range target is ever used as an index. */
+  for (int64_t r = 0; r < p->rows; r++) {
+    const int64_t t = p->target[r];
+    if (t != p->ignore_index && (t < 0 || t >= p->classes))
+      return oss_fail(OSS_ERROR_INVALID_ARGUMENT,
+                      "%s: target[%lld] = %lld is out of range: expected a class index in [0, %lld) or "
+                      "ignore_index=%lld",
+                      op, (long long)r, (long long)t, (long long)p->classes, (long long)p->ignore_index);
+  }
+  return OSS_OK;
+}
+
+static int64_t ce_grain(int64_t classes) { return classes >= 16384 ? 1 : 16384 / classes; }
+
+/* ---- entry points ------------------------------------------------------------ */
+
+oss_status oss_cross_entropy_forward_cpu(const oss_cross_entropy_params *p, const oss_cpu_exec *exec) {
+  const char *op = "cross_entropy";
+  oss_status st = ce_check(op, p);
+  if (st != OSS_OK) return st;
+  if (p->rows > 0 && p->loss == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: loss is NULL", op);
+  if (p->rows == 0) return OSS_OK;
+  const int f64 = p->dtype == OSS_FLOAT64;
+  oss_cpu_parallel_for(exec, p->rows, ce_grain(p->classes), (void *)p, f64 ? ce_fwd_rows_f64 : ce_fwd_rows_f32);
+  return OSS_OK;
+}
+
+oss_status oss_cross_entropy_backward_cpu(const oss_cross_entropy_backward_params *p, const oss_cpu_exec *exec) {
+  const char *op = "cross_entropy_backward";
+  oss_status st = ce_check(op, &p->fwd);
+  if (st != OSS_OK) return st;
+  if (p->fwd.rows > 0 && (p->grad_loss == NULL || p->grad_logits == NULL))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: grad_loss or grad_logits is NULL", op);
+  if (p->fwd.rows > 1 && p->grad_logits_stride_row < p->fwd.classes)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: grad_logits_stride_row=%lld is below classes=%lld", op,
+                    (long long)p->grad_logits_stride_row, (long long)p->fwd.classes);
+  if (p->fwd.rows == 0) return OSS_OK;
+  const int f64 = p->fwd.dtype == OSS_FLOAT64;
+  oss_cpu_parallel_for(exec, p->fwd.rows, ce_grain(p->fwd.classes), (void *)p,
+                       f64 ? ce_bwd_rows_f64 : ce_bwd_rows_f32);
+  return OSS_OK;
+}
+
+#else /* OSS_CE_BODY: the row tasks, compiled once per REAL */
+
+/* Max of a run, NaN if the run holds a NaN. */
+static inline REAL FN(ce_max_of)(const REAL *x, int64_t n) {
+  REAL m = -INFINITY;
+  int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+  for (int64_t i = 0; i < n; i++) {
+    m = x[i] > m ? x[i] : m;
+    nan |= x[i] != x[i];
+  }
+  return nan ? (REAL)NAN : m;
+}
+
+/* sum of exp(x - m) in blocks of REAL partials added in double; the terms
+ * equal to 1 (x == m) are kept apart so they do not round the small ones away. */
+static inline double FN(ce_sum_exp)(const REAL *x, int64_t n, REAL m) {
+  double total = 0;
+  for (int64_t b = 0; b < n; b += OSS_CE_SUM_BLOCK) {
+    const int64_t e = n - b < OSS_CE_SUM_BLOCK ? n : b + OSS_CE_SUM_BLOCK;
+    REAL s = 0, top = 0;
+#pragma omp simd reduction(+ : s, top)
+    for (int64_t i = b; i < e; i++) {
+      const REAL t = EXP(x[i] - m);
+      const int is_top = x[i] == m;
+      s += is_top ? 0 : t;
+      top += is_top ? t : 0;
+    }
+    total += (double)s + (double)top;
+  }
+  return total;
+}
+
+static inline double FN(ce_sum)(const REAL *x, int64_t n) {
+  double total = 0;
+#pragma omp simd reduction(+ : total)
+  for (int64_t i = 0; i < n; i++) total += (double)x[i];
+  return total;
+}
+
+static inline const REAL *FN(ce_read)(const void *base, oss_dtype dtype, int64_t offset, REAL *buf, int64_t n) {
+  if (dtype == NATIVE) return (const REAL *)base + offset;
+  LOAD(base, dtype, offset, 1, buf, n);
+  return buf;
+}
+
+OSS_VECTOR_CLONES
+static void FN(ce_fwd_rows)(void *ctx, int64_t begin, int64_t end) {
+  const oss_cross_entropy_params *p = (const oss_cross_entropy_params *)ctx;
+  REAL buf[OSS_CE_CHUNK];
+  const int64_t C = p->classes;
+  const double eps = p->label_smoothing;
+  for (int64_t row = begin; row < end; row++) {
+    const int64_t xo = row * p->logits_stride_row, t = p->target[row];
+    REAL m = -INFINITY;
+    double d = 0, sum_x = 0, x_t = 0;
+    for (int64_t c = 0; c < C; c += OSS_CE_CHUNK) {
+      const int64_t len = C - c < OSS_CE_CHUNK ? C - c : OSS_CE_CHUNK;
+      const REAL *x = FN(ce_read)(p->logits, p->dtype, xo + c, buf, len);
+      const REAL cm = FN(ce_max_of)(x, len);
+      /* online rescale: a NaN max sticks; while m is -inf, d is 0 */
+      const REAL m_new = (cm > m || cm != cm) ? cm : m;
+      if (m_new != m && m != -INFINITY) d *= (double)EXP(m - m_new);
+      m = m_new;
+      if (m != -INFINITY) d += FN(ce_sum_exp)(x, len, m);
+      if (eps != 0) sum_x += FN(ce_sum)(x, len);
+      if (t >= c && t < c + len) x_t = (double)x[t - c];
+    }
+    const double lse = (double)m + log(d);
+    double loss = 0;
+    if (t != p->ignore_index) {
+      loss = (1 - eps) * (lse - x_t);
+      if (eps != 0) loss += eps * (lse - sum_x / (double)C);
+      if (p->z_loss != 0) loss += p->z_loss * lse * lse;
+    }
+    if (NATIVE == OSS_FLOAT64) {
+      ((double *)p->loss)[row] = loss;
+      ((double *)p->lse)[row] = lse;
+    } else {
+      ((float *)p->loss)[row] = (float)loss;
+      ((float *)p->lse)[row] = (float)lse;
+    }
+  }
+}
+
+OSS_VECTOR_CLONES
+static void FN(ce_bwd_rows)(void *ctx, int64_t begin, int64_t end) {
+  const oss_cross_entropy_backward_params *b = (const oss_cross_entropy_backward_params *)ctx;
+  const oss_cross_entropy_params *p = &b->fwd;
+  REAL xbuf[OSS_CE_CHUNK], ybuf[OSS_CE_CHUNK];
+  const int64_t C = p->classes;
+  const double eps = p->label_smoothing;
+  for (int64_t row = begin; row < end; row++) {
+    const int64_t xo = row * p->logits_stride_row, yo = row * b->grad_logits_stride_row, t = p->target[row];
+    const int ignored = t == p->ignore_index;
+    const double g = ignored ? 0.0
+                     : NATIVE == OSS_FLOAT64 ? ((const double *)b->grad_loss)[row]
+                                             : (double)((const float *)b->grad_loss)[row];
+    const double lse = NATIVE == OSS_FLOAT64 ? ((const double *)p->lse)[row] : (double)((const float *)p->lse)[row];
+    /* grad_j = a exp(x_j - lse) - s, and grad_t -= g (1 - eps) */
+    const REAL a = (REAL)(g * (1 + 2 * p->z_loss * lse)), s = (REAL)(g * eps / (double)C);
+    const REAL lse_r = (REAL)lse;
+    for (int64_t c = 0; c < C; c += OSS_CE_CHUNK) {
+      const int64_t len = C - c < OSS_CE_CHUNK ? C - c : OSS_CE_CHUNK;
+      REAL *y = p->dtype == NATIVE ? (REAL *)b->grad_logits + yo + c : ybuf;
+      if (ignored) {
+        for (int64_t i = 0; i < len; i++) y[i] = 0;
+      } else {
+        const REAL *x = FN(ce_read)(p->logits, p->dtype, xo + c, xbuf, len);
+#pragma omp simd
+        for (int64_t i = 0; i < len; i++) y[i] = a * EXP(x[i] - lse_r) - s;
+        if (t >= c && t < c + len) {
+          /* the target element in double: p_t - 1 cancels when p_t is near 1 */
+          const double pt = exp((double)x[t - c] - lse);
+          y[t - c] = (REAL)(g * (pt * (1 + 2 * p->z_loss * lse) - (1 - eps) - eps / (double)C));
+        }
+      }
+      if (p->dtype != NATIVE) STORE(b->grad_logits, p->dtype, yo + c, 1, y, len);
+    }
+  }
+}
+
+#endif /* OSS_CE_BODY */
