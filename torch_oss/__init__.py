@@ -9,6 +9,7 @@ import torch  # noqa: F401  (the extension links against torch's libraries)
 
 from . import _C  # noqa: F401  registers the operator schemas and kernels
 from . import _registrations
+from .cross_entropy import cross_entropy, linear_cross_entropy  # noqa: F401
 from .functional import attention, attention_with_lse, log_softmax, softmax
 from .patching import (FallbackError, FallbackWarning, disable, enable, enabled, fallback_stats, is_enabled,
                        reset_fallback_stats)

@@ -100,6 +100,55 @@ def _attention_backward_fake(grad_out, query, key, value, out, lse, attn_mask, i
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
+# ---------------------------------------------------------------------------
+# cross_entropy
+# ---------------------------------------------------------------------------
+
+
+def _cross_entropy_fake(logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0):
+    _check_same_device("cross_entropy", [("logits", logits), ("target", target)])
+    torch._check_value(logits.dim() == 2, lambda: f"cross_entropy: logits must be 2-D (N, C), got {logits.dim()}-D")
+    torch._check_type(logits.dtype in FLOAT_DTYPES,
+                      lambda: f"cross_entropy: logits have dtype {logits.dtype}, expected a floating type")
+    torch._check_type(target.dtype == torch.int64,
+                      lambda: f"cross_entropy: target has dtype {target.dtype} but must be int64 class indices")
+    torch._check_value(target.dim() == 1 and target.shape[0] == logits.shape[0],
+                       lambda: f"cross_entropy: target has shape {tuple(target.shape)} but must be "
+                       f"({logits.shape[0]},)")
+    n = logits.shape[0]
+    dt = _lse_dtype(logits.dtype)
+    return logits.new_empty((n,), dtype=dt), logits.new_empty((n,), dtype=dt)
+
+
+def _cross_entropy_backward_fake(grad_loss, logits, target, lse, ignore_index, label_smoothing, z_loss):
+    _check_same_device("cross_entropy_backward", [("logits", logits), ("target", target), ("grad_loss", grad_loss),
+                                                  ("lse", lse)])
+    torch._check_value(logits.dim() == 2,
+                       lambda: f"cross_entropy_backward: logits must be 2-D (N, C), got {logits.dim()}-D")
+    return logits.new_empty(logits.shape)
+
+
+def _cross_entropy_setup_context(ctx, inputs, output):
+    logits, target, ignore_index, label_smoothing, z_loss = inputs
+    _, lse = output
+    ctx.save_for_backward(logits, target, lse)
+    ctx.args = (ignore_index, label_smoothing, z_loss)
+    ctx.set_materialize_grads(False)
+
+
+def _cross_entropy_backward(ctx, grad_loss, grad_lse):
+    """d loss / d logits by the backward kernel; a gradient reaching lse (whose
+    derivative is the softmax) is added with ATen ops."""
+    logits, target, lse = ctx.saved_tensors
+    grad = None
+    if grad_loss is not None:
+        grad = torch.ops.oss.cross_entropy_backward(grad_loss, logits, target, lse, *ctx.args)
+    if grad_lse is not None:
+        extra = (torch.exp(logits.to(lse.dtype) - lse[:, None]) * grad_lse.to(lse.dtype)[:, None]).to(logits.dtype)
+        grad = extra if grad is None else grad + extra
+    return grad, None, None, None, None
+
+
 def register():
     lib = "oss"
     for name in ("softmax", "log_softmax"):
@@ -110,4 +159,9 @@ def register():
     torch.library.register_fake(f"{lib}::attention", _attention_fake)
     torch.library.register_fake(f"{lib}::attention_with_residual", _attention_with_residual_fake)
     torch.library.register_fake(f"{lib}::attention_backward", _attention_backward_fake)
+    torch.library.register_fake(f"{lib}::cross_entropy", _cross_entropy_fake)
+    torch.library.register_fake(f"{lib}::cross_entropy_backward", _cross_entropy_backward_fake)
+    # cross_entropy's formula is here: the op is called once per loss, not per layer
+    torch.library.register_autograd(f"{lib}::cross_entropy", _cross_entropy_backward,
+                                    setup_context=_cross_entropy_setup_context)
 

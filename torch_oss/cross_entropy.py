@@ -1,0 +1,333 @@
+"""Cross-entropy over class indices on the torch.ops.oss kernels.
+
+- cross_entropy: F.cross_entropy's semantics for class-index targets, plus an
+  optional z-loss (z_loss * logsumexp(logits)**2 per counted row).
+- linear_cross_entropy: the LM head's matrix product and that loss fused by
+  chunks of tokens, so the full (tokens x vocabulary) logits never exist.
+
+torch.ops.oss.cross_entropy(logits, target, ignore_index, label_smoothing,
+z_loss) -> (loss, lse) gives the per-row loss and log-sum-exp of 2-D logits;
+torch.ops.oss.cross_entropy_backward gives the gradient of the logits. On the
+CPU both run the C kernel (one pass over each row). On CUDA they are served,
+for now, by the ATen composition below (_composite_forward /
+_composite_backward): correct, but not fused (it reads the logits several
+times and makes float32 temporaries of their size).
+"""
+
+import torch
+
+__all__ = ["cross_entropy", "linear_cross_entropy"]
+
+REDUCTIONS = ("none", "mean", "sum")
+
+# The default chunk of linear_cross_entropy holds about this many bytes of logits.
+DEFAULT_CHUNK_BYTES = 512 * 2**20
+
+
+def _stat_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# ---------------------------------------------------------------------------
+# The CUDA implementation of the two ops: ATen ops, not fused. The same
+# formulas as the C kernel (oss.h), computed in float32 (float64 for float64).
+# ---------------------------------------------------------------------------
+
+
+def _check_targets(target, classes, ignore_index):
+    bad = (target != ignore_index) & ((target < 0) | (target >= classes))
+    if bool(bad.any()):  # a host synchronisation: this path is the unfused one
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"cross_entropy: target[{i}] = {int(target[i])} is out of range: expected a class index in "
+            f"[0, {classes}) or ignore_index={ignore_index}"
+        )
+
+
+def _composite_forward(logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0):
+    classes = logits.shape[1]
+    _check_targets(target, classes, ignore_index)
+    x = logits.to(_stat_dtype(logits.dtype))
+    lse = torch.logsumexp(x, dim=1)
+    counted = target != ignore_index
+    t = torch.where(counted, target, 0)
+    loss = (1 - label_smoothing) * (lse - x.gather(1, t[:, None])[:, 0])
+    if label_smoothing != 0:
+        loss = loss + label_smoothing * (lse - x.mean(dim=1))
+    if z_loss != 0:
+        loss = loss + z_loss * lse * lse
+    return torch.where(counted, loss, 0), lse
+
+
+def _composite_backward(grad_loss, logits, target, lse, ignore_index, label_smoothing, z_loss):
+    classes = logits.shape[1]
+    _check_targets(target, classes, ignore_index)
+    dt = _stat_dtype(logits.dtype)
+    x = logits.to(dt)
+    lse = lse.to(dt)
+    counted = target != ignore_index
+    g = torch.where(counted, grad_loss.to(dt), 0)
+    t = torch.where(counted, target, 0)
+    grad = torch.exp(x - lse[:, None]) * (1 + 2 * z_loss * lse)[:, None] - label_smoothing / classes
+    grad = grad.scatter_add(1, t[:, None], torch.full_like(lse[:, None], -(1 - label_smoothing)))
+    return (grad * g[:, None]).to(logits.dtype)
+
+
+# Registered on import (torch_oss imports torch_oss._C, which defines the ops, first).
+torch.library.impl("oss::cross_entropy", "CUDA")(_composite_forward)
+torch.library.impl("oss::cross_entropy_backward", "CUDA")(_composite_backward)
+
+
+# ---------------------------------------------------------------------------
+# cross_entropy
+# ---------------------------------------------------------------------------
+
+
+def _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss):
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"{name}: target must be a tensor, got {type(target).__name__}")
+    if target.is_floating_point():
+        raise NotImplementedError(
+            f"{name}: target has dtype {target.dtype}: class probabilities are not supported, only int64 class "
+            "indices"
+        )
+    if target.dtype != torch.int64:
+        raise TypeError(f"{name}: target has dtype {target.dtype} but must be int64 class indices")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{name}: reduction={reduction!r} must be one of {REDUCTIONS}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"{name}: label_smoothing={label_smoothing} must be in [0, 1]")
+    if not z_loss >= 0.0:
+        raise ValueError(f"{name}: z_loss={z_loss} must be >= 0")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"{name}: ignore_index must be an int, got {type(ignore_index).__name__}")
+
+
+def _rows(input, target):
+    """(N, C, d1, ...) / (N, C) / (C,) logits as 2-D rows (class dim last) and
+    the flat target; returns them and the shape of the unreduced loss."""
+    if input.dim() == 0:
+        raise ValueError("cross_entropy: input must have at least 1 dimension (the classes), got a 0-D tensor")
+    if input.dim() == 1:
+        if target.dim() != 0:
+            raise ValueError(
+                f"cross_entropy: for unbatched input of shape {tuple(input.shape)} target must be 0-D, got shape "
+                f"{tuple(target.shape)}"
+            )
+        return input[None, :], target.reshape(1), ()
+    expected = (input.shape[0],) + tuple(input.shape[2:])
+    if tuple(target.shape) != expected:
+        raise ValueError(
+            f"cross_entropy: target has shape {tuple(target.shape)} but must be {expected} for input of shape "
+            f"{tuple(input.shape)}"
+        )
+    classes = input.shape[1]
+    rows = input if input.dim() == 2 else torch.movedim(input, 1, -1).reshape(-1, classes)
+    return rows, target.reshape(-1), expected
+
+
+def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, z_loss=0.0):
+    """Drop-in for torch.nn.functional.cross_entropy with class-index targets
+    (int64), plus z_loss: each counted row adds z_loss * logsumexp(row)**2.
+
+    input: (N, C), (C,) or (N, C, d1, ...); float16/bfloat16/float32/float64.
+    The loss is float32 for 16-bit input (float64 for float64), not rounded
+    back to the input dtype as F.cross_entropy's is. Rows whose target is
+    ignore_index count for nothing; reduction="mean" divides by the number of
+    counted rows (by the sum of their class weights when `weight` is given), so
+    it is nan when every row is ignored, as in PyTorch. With `weight`, each
+    row's terms are scaled as in F.cross_entropy (the smoothing term by the
+    weights of all classes); the z-loss term by the weight of the row's target.
+    """
+    name = "cross_entropy"
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"{name}: input must be a tensor, got {type(input).__name__}")
+    _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss)
+    logits, flat_target, shape = _rows(input, target)
+    classes = logits.shape[1]
+    if weight is not None:
+        if not isinstance(weight, torch.Tensor) or weight.shape != (classes,):
+            got = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+            raise ValueError(f"{name}: weight must be a tensor of shape ({classes},), got {got}")
+        if not weight.is_floating_point():
+            raise TypeError(f"{name}: weight has dtype {weight.dtype} but must be floating point")
+    counted = flat_target != ignore_index
+
+    if weight is None:
+        loss, _ = torch.ops.oss.cross_entropy(logits, flat_target, ignore_index, float(label_smoothing),
+                                              float(z_loss))
+        denominator = counted.sum()
+    else:
+        # F.cross_entropy's weighted form: (1 - eps) w_t (lse - x_t)
+        # + eps / C * sum_j w_j (lse - x_j), plus z_loss w_t lse^2.
+        nll, lse = torch.ops.oss.cross_entropy(logits, flat_target, ignore_index, 0.0, 0.0)
+        loss_dtype = nll.dtype
+        w = weight.to(loss_dtype)
+        w_t = torch.where(counted, w[torch.where(counted, flat_target, 0)], 0)
+        loss = (1 - label_smoothing) * w_t * nll
+        if label_smoothing != 0:
+            smooth = lse * w.sum() - logits.to(loss_dtype) @ w
+            loss = loss + torch.where(counted, (label_smoothing / classes) * smooth, 0)
+        if z_loss != 0:
+            loss = loss + z_loss * w_t * lse * lse
+        denominator = w_t.sum()
+
+    if reduction == "none":
+        return loss.reshape(shape)
+    total = loss.sum()
+    if reduction == "sum":
+        return total
+    return total / denominator
+
+
+# ---------------------------------------------------------------------------
+# linear_cross_entropy
+# ---------------------------------------------------------------------------
+
+
+def _default_chunk(tokens, vocab, dtype):
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return max(1, min(tokens, DEFAULT_CHUNK_BYTES // max(1, vocab * itemsize)))
+
+
+def _chunk_logits(hidden_c, weight, bias):
+    logits = hidden_c @ weight.t()
+    return logits + bias if bias is not None else logits
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Per chunk of tokens: logits = hidden @ weight.T + bias, the loss and its
+    logits gradient with the oss ops, and (when gradients are wanted) their
+    products with weight and hidden, so no tensor of (tokens x vocabulary) is
+    ever whole. mean/sum compute the gradients in the forward (for an upstream
+    gradient of 1) and the backward scales them; "none" keeps only the inputs
+    and recomputes each chunk's logits in the backward with the per-row
+    upstream gradients."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss, chunk,
+                grad_enabled):
+        tokens = hidden.shape[0]
+        want = tuple(grad_enabled and t is not None and t.requires_grad for t in (hidden, weight, bias))
+        stat = _stat_dtype(hidden.dtype)
+        acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        args = (ignore_index, label_smoothing, z_loss)
+        counted = target != ignore_index
+        losses = torch.empty(tokens, dtype=stat, device=hidden.device)
+        keep_grads = reduction != "none" and any(want)
+        if keep_grads:
+            # the upstream gradient of every row's loss for an output gradient of 1
+            row_grad = (1.0 / counted.sum().to(stat)) if reduction == "mean" else torch.ones((), dtype=stat,
+                                                                                                device=hidden.device)
+            grad_hidden = torch.empty_like(hidden) if want[0] else None
+            grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if want[1] else None
+            grad_bias = torch.zeros(bias.shape, dtype=acc, device=bias.device) if want[2] else None
+        for begin in range(0, tokens, chunk):
+            end = min(begin + chunk, tokens)
+            h, t = hidden[begin:end], target[begin:end]
+            logits = _chunk_logits(h, weight, bias)
+            loss_c, lse_c = torch.ops.oss.cross_entropy(logits, t, *args)
+            losses[begin:end] = loss_c
+            if keep_grads:
+                g = torch.ops.oss.cross_entropy_backward(row_grad.expand(end - begin), logits, t, lse_c, *args)
+                del logits
+                if want[0]:
+                    grad_hidden[begin:end] = g @ weight
+                if want[1]:
+                    grad_weight += (g.t() @ h).to(acc)
+                if want[2]:
+                    grad_bias += g.to(acc).sum(0)
+        ctx.reduction = reduction
+        ctx.args = args
+        ctx.chunk = chunk
+        if reduction == "none":
+            ctx.save_for_backward(hidden, weight, target, bias)
+            return losses
+        if keep_grads:
+            ctx.save_for_backward(
+                grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
+                None if grad_bias is None else grad_bias.to(bias.dtype))
+        total = losses.sum()
+        return total / counted.sum() if reduction == "mean" else total
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        nones = (None,) * 7
+        if ctx.reduction != "none":
+            grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+            scale = grad_output
+
+            def scaled(g):
+                return None if g is None else g * scale.to(g.dtype)
+
+            return (scaled(grad_hidden), scaled(grad_weight), None, scaled(grad_bias)) + nones
+        hidden, weight, target, bias = ctx.saved_tensors
+        want_h, want_w, _, want_b = ctx.needs_input_grad[:4]
+        acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        grad_hidden = torch.empty_like(hidden) if want_h else None
+        grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if want_w else None
+        grad_bias = torch.zeros(bias.shape, dtype=acc, device=bias.device) if want_b else None
+        tokens, chunk = hidden.shape[0], ctx.chunk
+        for begin in range(0, tokens, chunk):
+            end = min(begin + chunk, tokens)
+            h, t = hidden[begin:end], target[begin:end]
+            logits = _chunk_logits(h, weight, bias)
+            _, lse_c = torch.ops.oss.cross_entropy(logits, t, *ctx.args)
+            g = torch.ops.oss.cross_entropy_backward(grad_output[begin:end], logits, t, lse_c, *ctx.args)
+            del logits
+            if want_h:
+                grad_hidden[begin:end] = g @ weight
+            if want_w:
+                grad_weight += (g.t() @ h).to(acc)
+            if want_b:
+                grad_bias += g.to(acc).sum(0)
+        return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None,
+                None if grad_bias is None else grad_bias.to(bias.dtype)) + nones
+
+
+def linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
+                         label_smoothing=0.0, z_loss=0.0, chunk_size=None):
+    """cross_entropy(F.linear(hidden, weight, bias), target, ...) without the
+    whole logits tensor: tokens are processed chunk_size at a time.
+
+    hidden: (..., H); weight: (V, H); bias: (V,) or None; target: hidden's
+    leading shape, int64 class indices. The products run in the inputs' dtype
+    (torch.matmul, as F.linear); the loss and the logits' gradient in float32
+    (float64 for float64). Peak memory beyond the inputs and their gradients
+    is about three chunks of logits (logits, their gradient, and a float32
+    gradient of weight): chunk_size defaults to the number of tokens whose
+    logits take about 512 MiB (2093 tokens for a 128256 vocabulary in
+    bfloat16). For reduction "mean"/"sum" the gradients are computed during
+    the forward (when any input requires grad) and scaled by the upstream
+    gradient in the backward; for "none" the forward keeps only its inputs and
+    the backward recomputes each chunk's logits.
+    """
+    name = "linear_cross_entropy"
+    _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss)
+    for arg, t in (("hidden", hidden), ("weight", weight), ("bias", bias)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: {arg} must be a tensor, got {type(t).__name__}")
+    if hidden.dim() < 1 or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(
+            f"{name}: weight must be (V, H) with H = hidden.size(-1); got weight {tuple(weight.shape)}, hidden "
+            f"{tuple(hidden.shape)}"
+        )
+    if weight.dtype != hidden.dtype or (bias is not None and bias.dtype != hidden.dtype):
+        raise TypeError(f"{name}: hidden, weight and bias must share a dtype (got {hidden.dtype}, {weight.dtype}"
+                        f"{'' if bias is None else ', ' + str(bias.dtype)})")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"{name}: bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    if tuple(target.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(
+            f"{name}: target has shape {tuple(target.shape)} but must be hidden's leading shape "
+            f"{tuple(hidden.shape[:-1])}"
+        )
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
+                                   or chunk_size < 1):
+        raise ValueError(f"{name}: chunk_size={chunk_size!r} must be a positive int or None")
+    h = hidden.reshape(-1, hidden.shape[-1])
+    t = target.reshape(-1)
+    chunk = chunk_size or _default_chunk(h.shape[0], weight.shape[0], hidden.dtype)
+    out = _LinearCrossEntropy.apply(h, weight, t, bias, ignore_index, reduction, float(label_smoothing),
+                                    float(z_loss), chunk, torch.is_grad_enabled())
+    return out.reshape(target.shape) if reduction == "none" else out
