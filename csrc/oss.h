@@ -238,7 +238,11 @@ void oss_attention_cuda_set_options(const oss_attention_cuda_options *options);
  * logits + r*logits_stride_row + j); float32/64/16, bfloat16.
  * target: contiguous int64 [rows]; each entry is ignore_index or in
  * [0, classes) (checked: OSS_ERROR_INVALID_ARGUMENT names the first bad one).
- * loss, lse: contiguous [rows], float32, or float64 when logits are float64.
+ * loss: contiguous [rows], float32, or float64 when logits are float64.
+ * lse: contiguous [rows], float64 for every logits dtype: the backward takes
+ * softmax_t = exp(x_t - lse), and at a dominant class (softmax_t near 1, its
+ * gradient softmax_t - 1 near 0) a float32 lse of ~20 would already be off by
+ * up to 1e-6, all of which would land in that gradient.
  *
  * Per row, with eps = label_smoothing, C = classes and t = target:
  *   lse  = log(sum_j exp(x_j))
@@ -263,7 +267,7 @@ typedef struct oss_cross_entropy_params {
 
 typedef struct oss_cross_entropy_backward_params {
   oss_cross_entropy_params fwd; /* the forward's inputs and its lse */
-  const void *grad_loss;        /* contiguous [rows], lse's dtype */
+  const void *grad_loss;        /* contiguous [rows], loss's dtype */
   void *grad_logits;            /* [rows, classes] in fwd.dtype, rows contiguous */
   int64_t grad_logits_stride_row;
 } oss_cross_entropy_backward_params;

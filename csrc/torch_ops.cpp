@@ -746,7 +746,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op(const Tensor &grad_out,
 // a composition of ATen ops registered from Python, torch_oss/cross_entropy.py)
 // ---------------------------------------------------------------------------
 
-// Checks shared by the forward and the backward; returns the loss/lse dtype.
+// Checks shared by the forward and the backward; returns the loss dtype (lse is float64).
 at::ScalarType check_cross_entropy(const char *op, const Tensor &logits, const Tensor &target,
                                    double label_smoothing, double z_loss) {
   check_device_supported(op, logits, "logits");
@@ -794,7 +794,7 @@ std::tuple<Tensor, Tensor> cross_entropy_op(const Tensor &logits_in, const Tenso
   const at::ScalarType stat_dtype = check_cross_entropy(op, logits_in, target_in, label_smoothing, z_loss);
   Tensor logits = logits_in, target = target_in;
   Tensor loss = at::empty({logits.size(0)}, logits.options().dtype(stat_dtype));
-  Tensor lse = at::empty({logits.size(0)}, logits.options().dtype(stat_dtype));
+  Tensor lse = at::empty({logits.size(0)}, logits.options().dtype(at::kDouble));
   if (logits.size(0) == 0) return {loss, lse};
   oss_cross_entropy_params p = cross_entropy_params(logits, target, ignore_index, label_smoothing, z_loss);
   p.loss = loss.data_ptr();
@@ -819,7 +819,7 @@ Tensor cross_entropy_backward_op(const Tensor &grad_loss_in, const Tensor &logit
   }
   Tensor logits = logits_in, target = target_in;
   const Tensor grad_loss = grad_loss_in.to(stat_dtype).contiguous();
-  const Tensor lse = lse_in.to(stat_dtype).contiguous();
+  const Tensor lse = lse_in.to(at::kDouble).contiguous();
   Tensor grad = at::empty(logits.sizes(), logits.options().memory_format(at::MemoryFormat::Contiguous));
   if (logits.size(0) == 0) return grad;
   oss_cross_entropy_backward_params p;

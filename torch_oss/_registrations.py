@@ -116,8 +116,7 @@ def _cross_entropy_fake(logits, target, ignore_index=-100, label_smoothing=0.0, 
                        lambda: f"cross_entropy: target has shape {tuple(target.shape)} but must be "
                        f"({logits.shape[0]},)")
     n = logits.shape[0]
-    dt = _lse_dtype(logits.dtype)
-    return logits.new_empty((n,), dtype=dt), logits.new_empty((n,), dtype=dt)
+    return logits.new_empty((n,), dtype=_lse_dtype(logits.dtype)), logits.new_empty((n,), dtype=torch.float64)
 
 
 def _cross_entropy_backward_fake(grad_loss, logits, target, lse, ignore_index, label_smoothing, z_loss):

@@ -6,7 +6,8 @@
   chunks of tokens, so the full (tokens x vocabulary) logits never exist.
 
 torch.ops.oss.cross_entropy(logits, target, ignore_index, label_smoothing,
-z_loss) -> (loss, lse) gives the per-row loss and log-sum-exp of 2-D logits;
+z_loss) -> (loss, lse) gives the per-row loss (float32, float64 for float64
+logits) and log-sum-exp (float64) of 2-D logits;
 torch.ops.oss.cross_entropy_backward gives the gradient of the logits. On the
 CPU both run the C kernel (one pass over each row). On CUDA they are served,
 for now, by the ATen composition below (_composite_forward /
@@ -48,15 +49,20 @@ def _composite_forward(logits, target, ignore_index=-100, label_smoothing=0.0, z
     classes = logits.shape[1]
     _check_targets(target, classes, ignore_index)
     x = logits.to(_stat_dtype(logits.dtype))
-    lse = torch.logsumexp(x, dim=1)
+    # lse in float64 (see oss.h): the max, plus the log of the float32 sum of
+    # exp(x - max) taken in float64; a row whose max is infinite takes 0 as
+    # its shift, as torch.logsumexp does
+    m = x.amax(dim=1, keepdim=True)
+    m = torch.where(torch.isinf(m), 0, m)
+    lse = m[:, 0].double() + torch.exp(x - m).sum(dim=1).double().log()
     counted = target != ignore_index
     t = torch.where(counted, target, 0)
-    loss = (1 - label_smoothing) * (lse - x.gather(1, t[:, None])[:, 0])
+    loss = (1 - label_smoothing) * (lse - x.gather(1, t[:, None])[:, 0].double())
     if label_smoothing != 0:
-        loss = loss + label_smoothing * (lse - x.mean(dim=1))
+        loss = loss + label_smoothing * (lse - x.double().mean(dim=1))
     if z_loss != 0:
         loss = loss + z_loss * lse * lse
-    return torch.where(counted, loss, 0), lse
+    return torch.where(counted, loss, 0).to(x.dtype), lse
 
 
 def _composite_backward(grad_loss, logits, target, lse, ignore_index, label_smoothing, z_loss):
@@ -64,12 +70,16 @@ def _composite_backward(grad_loss, logits, target, lse, ignore_index, label_smoo
     _check_targets(target, classes, ignore_index)
     dt = _stat_dtype(logits.dtype)
     x = logits.to(dt)
-    lse = lse.to(dt)
+    lse = lse.double()
+    # lse as a pair hi + lo in x's dtype: x - hi is exact near the dominant class
+    hi = lse.to(dt)
+    lo = torch.where(torch.isfinite(lse), lse - hi.double(), 0).to(dt)
     counted = target != ignore_index
     g = torch.where(counted, grad_loss.to(dt), 0)
     t = torch.where(counted, target, 0)
-    grad = torch.exp(x - lse[:, None]) * (1 + 2 * z_loss * lse)[:, None] - label_smoothing / classes
-    grad = grad.scatter_add(1, t[:, None], torch.full_like(lse[:, None], -(1 - label_smoothing)))
+    scale = (1 + 2 * z_loss * lse).to(dt)
+    grad = torch.exp((x - hi[:, None]) - lo[:, None]) * scale[:, None] - label_smoothing / classes
+    grad = grad.scatter_add(1, t[:, None], torch.full_like(hi[:, None], -(1 - label_smoothing)))
     return (grad * g[:, None]).to(logits.dtype)
 
 
@@ -160,21 +170,30 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     else:
         # F.cross_entropy's weighted form: (1 - eps) w_t (lse - x_t)
         # + eps / C * sum_j w_j (lse - x_j), plus z_loss w_t lse^2.
-        nll, lse = torch.ops.oss.cross_entropy(logits, flat_target, ignore_index, 0.0, 0.0)
-        loss_dtype = nll.dtype
+        loss_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         w = weight.to(loss_dtype)
         w_t = torch.where(counted, w[torch.where(counted, flat_target, 0)], 0)
-        loss = (1 - label_smoothing) * w_t * nll
-        if label_smoothing != 0:
-            smooth = lse * w.sum() - logits.to(loss_dtype) @ w
+        if label_smoothing == 0:
+            # w_t (lse - x_t + z lse^2): the kernel's row loss, scaled
+            loss, _ = torch.ops.oss.cross_entropy(logits, flat_target, ignore_index, 0.0, float(z_loss))
+            loss = w_t * loss
+        else:
+            # Composed from ATen ops (three terms whose logits gradients are
+            # summed), on float32 logits so the sum is rounded to a 16-bit
+            # dtype only once.
+            x = logits.to(loss_dtype)
+            nll, lse = torch.ops.oss.cross_entropy(x, flat_target, ignore_index, 0.0, 0.0)
+            lse = lse.to(loss_dtype)
+            loss = (1 - label_smoothing) * w_t * nll
+            smooth = lse * w.sum() - x @ w
             loss = loss + torch.where(counted, (label_smoothing / classes) * smooth, 0)
-        if z_loss != 0:
-            loss = loss + z_loss * w_t * lse * lse
+            if z_loss != 0:
+                loss = loss + z_loss * w_t * lse * lse
         denominator = w_t.sum()
 
     if reduction == "none":
         return loss.reshape(shape)
-    total = loss.sum()
+    total = loss.sum(dtype=torch.float64).to(loss.dtype)  # rounded once
     if reduction == "sum":
         return total
     return total / denominator
@@ -191,8 +210,8 @@ def _default_chunk(tokens, vocab, dtype):
 
 
 def _chunk_logits(hidden_c, weight, bias):
-    logits = hidden_c @ weight.t()
-    return logits + bias if bias is not None else logits
+    # F.linear: one matrix product with the bias fused (addmm), rounded once
+    return torch.nn.functional.linear(hidden_c, weight, bias)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -234,7 +253,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 if want[0]:
                     grad_hidden[begin:end] = g @ weight
                 if want[1]:
-                    grad_weight += (g.t() @ h).to(acc)
+                    grad_weight.addmm_(g.t().to(acc), h.to(acc))
                 if want[2]:
                     grad_bias += g.to(acc).sum(0)
         ctx.reduction = reduction
@@ -244,23 +263,21 @@ class _LinearCrossEntropy(torch.autograd.Function):
             ctx.save_for_backward(hidden, weight, target, bias)
             return losses
         if keep_grads:
-            ctx.save_for_backward(
-                grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
-                None if grad_bias is None else grad_bias.to(bias.dtype))
-        total = losses.sum()
+            # weight's and bias's stay in their float32 accumulators (float64
+            # for float64) and are rounded once, after the backward's scaling;
+            # hidden's rows are final products in hidden's dtype
+            ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+            ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        total = losses.sum(dtype=torch.float64).to(stat)  # rounded once
         return total / counted.sum() if reduction == "mean" else total
 
     @staticmethod
     def backward(ctx, grad_output):
         nones = (None,) * 7
         if ctx.reduction != "none":
-            grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-            scale = grad_output
-
-            def scaled(g):
-                return None if g is None else g * scale.to(g.dtype)
-
-            return (scaled(grad_hidden), scaled(grad_weight), None, scaled(grad_bias)) + nones
+            grads = [None if g is None else (g * grad_output.to(g.dtype)).to(dt)
+                     for g, dt in zip(ctx.saved_tensors, ctx.dtypes)]
+            return (grads[0], grads[1], None, grads[2]) + nones
         hidden, weight, target, bias = ctx.saved_tensors
         want_h, want_w, _, want_b = ctx.needs_input_grad[:4]
         acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
@@ -278,7 +295,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if want_h:
                 grad_hidden[begin:end] = g @ weight
             if want_w:
-                grad_weight += (g.t() @ h).to(acc)
+                grad_weight.addmm_(g.t().to(acc), h.to(acc))
             if want_b:
                 grad_bias += g.to(acc).sum(0)
         return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None,
@@ -291,16 +308,23 @@ def linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, r
     whole logits tensor: tokens are processed chunk_size at a time.
 
     hidden: (..., H); weight: (V, H); bias: (V,) or None; target: hidden's
-    leading shape, int64 class indices. The products run in the inputs' dtype
-    (torch.matmul, as F.linear); the loss and the logits' gradient in float32
-    (float64 for float64). Peak memory beyond the inputs and their gradients
+    leading shape, int64 class indices. Each chunk's logits are computed by
+    F.linear (in the inputs' dtype, the bias fused, rounded once); the loss
+    and the logits' gradient in float32 (float64 for float64); weight's gradient is accumulated over the chunks in
+    float32 from float32 products (a 16-bit product per chunk would round
+    every chunk's share), so for 16-bit inputs that product is a float32
+    matrix product. Peak memory beyond the inputs and their gradients
     is about three chunks of logits (logits, their gradient, and a float32
     gradient of weight): chunk_size defaults to the number of tokens whose
     logits take about 512 MiB (2093 tokens for a 128256 vocabulary in
     bfloat16). For reduction "mean"/"sum" the gradients are computed during
     the forward (when any input requires grad) and scaled by the upstream
-    gradient in the backward; for "none" the forward keeps only its inputs and
-    the backward recomputes each chunk's logits.
+    gradient in the backward: weight's and bias's are held in float32 until
+    then (for 16-bit inputs, twice their own memory) and rounded once after the
+    scaling; hidden's are held in its dtype, so for 16-bit inputs an upstream
+    gradient that is not a power of two (1 and loss scales are) costs them one
+    more rounding. For "none" the forward keeps only its inputs and the
+    backward recomputes each chunk's logits.
     """
     name = "linear_cross_entropy"
     _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss)

@@ -16,7 +16,10 @@
  * per-row combination (lse, loss) is done in double. Threads split the rows
  * (oss_cpu_exec); each row is owned by one task, so results do not depend on
  * the thread count.
- * Limits: rows must be contiguous (unit stride along classes); loss, lse and
+ * lse is kept in double for every dtype; the float backward subtracts it as
+ * a float pair (hi + lo), so x - hi is exact where x is close to lse (the
+ * dominant class) and the gradient there keeps float accuracy.
+ * Limits: rows must be contiguous (unit stride along classes); loss and
  * grad_loss are contiguous and float64 exactly when logits are.
  */
 #ifndef OSS_CE_BODY
@@ -195,13 +198,9 @@ static void FN(ce_fwd_rows)(void *ctx, int64_t begin, int64_t end) {
       if (eps != 0) loss += eps * (lse - sum_x / (double)C);
       if (p->z_loss != 0) loss += p->z_loss * lse * lse;
     }
-    if (NATIVE == OSS_FLOAT64) {
-      ((double *)p->loss)[row] = loss;
-      ((double *)p->lse)[row] = lse;
-    } else {
-      ((float *)p->loss)[row] = (float)loss;
-      ((float *)p->lse)[row] = (float)lse;
-    }
+    if (NATIVE == OSS_FLOAT64) ((double *)p->loss)[row] = loss;
+    else ((float *)p->loss)[row] = (float)loss;
+    ((double *)p->lse)[row] = lse;
   }
 }
 
@@ -218,10 +217,10 @@ static void FN(ce_bwd_rows)(void *ctx, int64_t begin, int64_t end) {
     const double g = ignored ? 0.0
                      : NATIVE == OSS_FLOAT64 ? ((const double *)b->grad_loss)[row]
                                              : (double)((const float *)b->grad_loss)[row];
-    const double lse = NATIVE == OSS_FLOAT64 ? ((const double *)p->lse)[row] : (double)((const float *)p->lse)[row];
+    const double lse = ((const double *)p->lse)[row];
     /* grad_j = a exp(x_j - lse) - s, and grad_t -= g (1 - eps) */
     const REAL a = (REAL)(g * (1 + 2 * p->z_loss * lse)), s = (REAL)(g * eps / (double)C);
-    const REAL lse_r = (REAL)lse;
+    const REAL lse_hi = (REAL)lse, lse_lo = isfinite(lse) ? (REAL)(lse - (double)lse_hi) : 0;
     for (int64_t c = 0; c < C; c += OSS_CE_CHUNK) {
       const int64_t len = C - c < OSS_CE_CHUNK ? C - c : OSS_CE_CHUNK;
       REAL *y = p->dtype == NATIVE ? (REAL *)b->grad_logits + yo + c : ybuf;
@@ -230,11 +229,11 @@ static void FN(ce_bwd_rows)(void *ctx, int64_t begin, int64_t end) {
       } else {
         const REAL *x = FN(ce_read)(p->logits, p->dtype, xo + c, xbuf, len);
 #pragma omp simd
-        for (int64_t i = 0; i < len; i++) y[i] = a * EXP(x[i] - lse_r) - s;
+        for (int64_t i = 0; i < len; i++) y[i] = a * EXP((x[i] - lse_hi) - lse_lo) - s;
         if (t >= c && t < c + len) {
           /* the target element in double: p_t - 1 cancels when p_t is near 1 */
           const double pt = exp((double)x[t - c] - lse);
-          y[t - c] = (REAL)(g * (pt * (1 + 2 * p->z_loss * lse) - (1 - eps) - eps / (double)C));
+          y[t - c] = (REAL)(g * ((pt * (1 + 2 * p->z_loss * lse) - 1) + eps * (1 - 1 / (double)C)));
         }
       }
       if (p->dtype != NATIVE) STORE(b->grad_logits, p->dtype, yo + c, 1, y, len);

@@ -1,0 +1,394 @@
+"""torch.ops.oss.cross_entropy / cross_entropy_backward, torch_oss.cross_entropy
+and torch_oss.linear_cross_entropy against float64 references (F.cross_entropy
+on float64 logits, the z-loss term written out), with PyTorch's own kernel on
+the same inputs as the tolerance rule's peer; edge cases, gradients, opcheck
+and torch.compile.
+
+The ops' loss and lse are float32 for 16-bit logits, so their peer is
+F.cross_entropy computed in float32 on the same (16-bit) values; the
+gradient of the logits has their dtype, and its peer is F.cross_entropy's
+gradient in that dtype."""
+
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _util import DEVICES, FLOAT_DTYPES, SOFTMAX_ATOL, assert_tolerance, awkward_randn
+
+import torch_oss
+
+ce_module = importlib.import_module("torch_oss.cross_entropy")  # (torch_oss.cross_entropy is the function)
+
+IGNORE = -100
+# (label_smoothing, z_loss)
+SMOOTHING_Z = [(0.0, 0.0), (0.1, 0.0), (0.0, 1e-3), (0.25, 1e-2)]
+
+
+def peer_dtype(dtype):
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def random_target(shape, classes, device, ignored_every=0):
+    t = torch.randint(0, classes, shape, device=device)
+    if ignored_every:
+        t.view(-1)[::ignored_every] = IGNORE
+    return t
+
+
+def rows_reference(x, target, label_smoothing, z_loss, ignore_index=IGNORE):
+    """Per-row loss and lse of 2-D logits with F.cross_entropy plus the z-loss,
+    in x's dtype (differentiable)."""
+    loss = F.cross_entropy(x, target, reduction="none", ignore_index=ignore_index, label_smoothing=label_smoothing)
+    lse = torch.logsumexp(x, dim=1)
+    if z_loss:
+        loss = loss + torch.where(target != ignore_index, z_loss * lse * lse, 0)
+    return loss, lse
+
+
+def full_reference(x, target, weight=None, reduction="mean", label_smoothing=0.0, z_loss=0.0):
+    """torch_oss.cross_entropy's definition from F.cross_entropy (any input
+    form), in x's dtype: the z-loss term z * w_t * lse^2 per counted row, in
+    the same reduction."""
+    loss = F.cross_entropy(x, target, weight=weight, ignore_index=IGNORE, reduction=reduction,
+                           label_smoothing=label_smoothing)
+    if not z_loss:
+        return loss
+    lse = torch.logsumexp(x, dim=1 if x.dim() > 1 else 0)
+    counted = target != IGNORE
+    w_t = torch.ones_like(lse) if weight is None else weight[torch.where(counted, target, 0)]
+    w_t = torch.where(counted, w_t, 0)
+    z = z_loss * w_t * lse * lse
+    if reduction == "none":
+        return loss + z
+    if reduction == "sum":
+        return loss + z.sum()
+    return loss + z.sum() / w_t.sum()
+
+
+# ---------------------------------------------------------------------------
+# The ops
+# ---------------------------------------------------------------------------
+
+OP_SHAPES = [(1, 1), (7, 3), (33, 1000), (3, 4099), (2, 50257), (2, 128256)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", OP_SHAPES)
+@pytest.mark.parametrize("label_smoothing,z_loss", SMOOTHING_Z)
+def test_op_forward_and_backward(device, dtype, shape, label_smoothing, z_loss):
+    N, C = shape
+    x = awkward_randn(shape, dtype, device)
+    t = random_target((N,), C, device, ignored_every=3 if N > 2 else 0)
+    args = (IGNORE, label_smoothing, z_loss)
+    loss, lse = torch.ops.oss.cross_entropy(x, t, *args)
+    assert loss.dtype == peer_dtype(dtype) and lse.dtype == torch.float64 and loss.shape == lse.shape == (N,)
+
+    x64 = x.double().requires_grad_()
+    ref_loss, ref_lse = rows_reference(x64, t, label_smoothing, z_loss)
+    xp = x.to(peer_dtype(dtype))
+    peer_loss, peer_lse = rows_reference(xp, t, label_smoothing, z_loss)
+    # the loss's atol is that of its own dtype (float32 for 16-bit logits)
+    atol = SOFTMAX_ATOL[peer_dtype(dtype)]
+    assert_tolerance("loss", loss, ref_loss, peer_loss, atol)
+    assert_tolerance("lse", lse, ref_lse, peer_lse, atol)
+    assert torch.all(loss[t == IGNORE] == 0)
+
+    g = torch.rand(N, dtype=torch.float64, device=device) + 0.5
+    (ref_grad,) = torch.autograd.grad(ref_loss, x64, g)
+    grad = torch.ops.oss.cross_entropy_backward(g.to(loss.dtype), x, t, lse, *args)
+    assert grad.dtype == dtype and grad.shape == x.shape
+    xq = x.detach().requires_grad_()
+    peer_rows, _ = rows_reference(xq, t, label_smoothing, z_loss)
+    (peer_grad,) = torch.autograd.grad(peer_rows, xq, g.to(peer_rows.dtype))
+    assert_tolerance("grad", grad, ref_grad, peer_grad, SOFTMAX_ATOL[dtype])
+    assert torch.all(grad[t == IGNORE] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_composite_formulas_match_the_kernel(dtype):
+    """The ATen composition that serves CUDA, run on the CPU against the same
+    references as the kernel."""
+    N, C = 9, 5003
+    x = awkward_randn((N, C), dtype, "cpu")
+    t = random_target((N,), C, "cpu", ignored_every=4)
+    for label_smoothing, z_loss in SMOOTHING_Z:
+        args = (IGNORE, label_smoothing, z_loss)
+        loss, lse = ce_module._composite_forward(x, t, *args)
+        x64 = x.double().requires_grad_()
+        ref_loss, ref_lse = rows_reference(x64, t, label_smoothing, z_loss)
+        peer_loss, peer_lse = rows_reference(x.to(peer_dtype(dtype)), t, label_smoothing, z_loss)
+        assert loss.dtype == peer_dtype(dtype)
+        assert lse.dtype == torch.float64
+        assert_tolerance("composite loss", loss, ref_loss, peer_loss, SOFTMAX_ATOL[peer_dtype(dtype)])
+        assert_tolerance("composite lse", lse, ref_lse, peer_lse, SOFTMAX_ATOL[peer_dtype(dtype)])
+        g = torch.rand(N, dtype=torch.float64) + 0.5
+        (ref_grad,) = torch.autograd.grad(ref_loss, x64, g)
+        grad = ce_module._composite_backward(g.to(loss.dtype), x, t, lse, *args)
+        kernel_grad = torch.ops.oss.cross_entropy_backward(g.to(loss.dtype), x, t, lse, *args)
+        assert grad.dtype == dtype
+        # two implementations of one formula: each within the other's error plus atol
+        assert_tolerance("composite grad", grad, ref_grad, kernel_grad, SOFTMAX_ATOL[dtype])
+    with pytest.raises(ValueError, match="target"):
+        ce_module._composite_forward(x, torch.full((N,), C), IGNORE, 0.0, 0.0)
+
+
+def test_op_strided_logits():
+    """Logits that are a column slice (rows not dense) and a transposed view."""
+    base = awkward_randn((6, 300), torch.float32, "cpu")
+    t = random_target((6,), 200, "cpu")
+    for x in (base[:, 50:250], base.t().contiguous().t()[:, :200]):
+        loss, lse = torch.ops.oss.cross_entropy(x, t, IGNORE, 0.1, 1e-3)
+        ref_loss, ref_lse = rows_reference(x.double(), t, 0.1, 1e-3)
+        assert_tolerance("loss", loss, ref_loss, rows_reference(x, t, 0.1, 1e-3)[0], None)
+        grad = torch.ops.oss.cross_entropy_backward(torch.ones(6), x, t, lse, IGNORE, 0.1, 1e-3)
+        assert grad.is_contiguous()
+        x64 = x.double().requires_grad_()
+        (ref_grad,) = torch.autograd.grad(rows_reference(x64, t, 0.1, 1e-3)[0].sum(), x64)
+        xp = x.detach().requires_grad_()
+        (peer_grad,) = torch.autograd.grad(rows_reference(xp, t, 0.1, 1e-3)[0].sum(), xp)
+        assert_tolerance("grad", grad, ref_grad, peer_grad, None)
+
+
+# ---------------------------------------------------------------------------
+# torch_oss.cross_entropy
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("shape", [(37, 129), (4, 11, 3, 5), (300,)])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_cross_entropy_matches_float64(device, dtype, reduction, shape, weighted):
+    C = shape[1] if len(shape) > 1 else shape[0]
+    tshape = (shape[0],) + shape[2:] if len(shape) > 1 else ()
+    for label_smoothing, z_loss in SMOOTHING_Z:
+        x = awkward_randn(shape, dtype, device)
+        t = random_target(tshape, C, device, ignored_every=5 if tshape else 0)
+        w = torch.rand(C, dtype=torch.float64, device=device) + 0.25 if weighted else None
+        kwargs = dict(reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss)
+        x_ours = x.detach().requires_grad_()
+        ours = torch_oss.cross_entropy(x_ours, t, weight=None if w is None else w.to(peer_dtype(dtype)), **kwargs)
+        x64 = x.double().requires_grad_()
+        ref = full_reference(x64, t, weight=w, **kwargs)
+        xp = x.to(peer_dtype(dtype)).requires_grad_()
+        peer = full_reference(xp, t, weight=None if w is None else w.to(xp.dtype), **kwargs)
+        assert ours.shape == ref.shape and ours.dtype == peer_dtype(dtype)
+        assert_tolerance(f"loss ls={label_smoothing} z={z_loss}", ours, ref, peer, SOFTMAX_ATOL[ours.dtype])
+
+        up = torch.rand(ref.shape, dtype=torch.float64, device=device) + 0.5
+        (g,) = torch.autograd.grad(ours, x_ours, up.to(ours.dtype))
+        (ref_g,) = torch.autograd.grad(ref, x64, up)
+        xq = x.detach().requires_grad_()
+        peer_out = full_reference(xq, t, weight=None if w is None else w.to(dtype), **kwargs)
+        (peer_g,) = torch.autograd.grad(peer_out, xq, up.to(peer_out.dtype))
+        assert_tolerance(f"grad ls={label_smoothing} z={z_loss}", g, ref_g, peer_g, SOFTMAX_ATOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_all_rows_ignored(device):
+    x = awkward_randn((5, 7), torch.float32, device).requires_grad_()
+    t = torch.full((5,), IGNORE, device=device)
+    for reduction in ("none", "mean", "sum"):
+        for z_loss in (0.0, 0.1):
+            ours = torch_oss.cross_entropy(x, t, reduction=reduction, z_loss=z_loss, label_smoothing=0.1)
+            ref = F.cross_entropy(x.double(), t, reduction=reduction, label_smoothing=0.1)
+            assert torch.equal(torch.isnan(ours), torch.isnan(ref)), reduction
+            if reduction == "mean":
+                assert torch.isnan(ours)
+            else:
+                assert torch.all(ours == 0)
+            (g,) = torch.autograd.grad(ours.sum(), x)
+            assert torch.all(g == 0) if reduction != "mean" else torch.all(torch.isnan(g) | (g == 0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_extreme_logits(dtype):
+    """±1e4 logits and -inf in columns that are not the target."""
+    N, C = 12, 257
+    x = awkward_randn((N, C), torch.float64, "cpu")
+    x[0::3, 5] = 1e4
+    x[1::3, 7] = -1e4
+    x[2::3, 9] = 1e4
+    x[2::3, 10] = -1e4
+    x[:, 100:120] = float("-inf")
+    x = x.to(dtype)
+    t = random_target((N,), 100, "cpu")
+    t[0] = 5  # the dominant column as target
+    for label_smoothing, z_loss in [(0.0, 0.0), (0.0, 1e-4)]:
+        xo = x.detach().requires_grad_()
+        ours = torch_oss.cross_entropy(xo, t, reduction="none", label_smoothing=label_smoothing, z_loss=z_loss)
+        x64 = x.double().requires_grad_()
+        ref = full_reference(x64, t, reduction="none", label_smoothing=label_smoothing, z_loss=z_loss)
+        xp = x.to(peer_dtype(dtype)).requires_grad_()
+        peer = full_reference(xp, t, reduction="none", label_smoothing=label_smoothing, z_loss=z_loss)
+        assert torch.isfinite(ours).all()
+        assert_tolerance("extreme loss", ours, ref, peer, SOFTMAX_ATOL[ours.dtype], per_element_eps=True)
+        (g,) = torch.autograd.grad(ours.sum(), xo)
+        (ref_g,) = torch.autograd.grad(ref.sum(), x64)
+        xq = x.detach().requires_grad_()
+        (peer_g,) = torch.autograd.grad(full_reference(xq, t, reduction="none", z_loss=z_loss).sum(), xq)
+        assert torch.all(g[:, 100:120] == 0)
+        assert_tolerance("extreme grad", g, ref_g, peer_g, SOFTMAX_ATOL[dtype], per_element_eps=True)
+    # label smoothing over a row holding -inf: the loss is +inf, as in PyTorch
+    ours = torch_oss.cross_entropy(x, t, reduction="none", label_smoothing=0.1)
+    ref = F.cross_entropy(x.double(), t, reduction="none", label_smoothing=0.1)
+    assert torch.equal(ours.double(), ref) and torch.isinf(ours).all()
+
+
+def test_gradcheck_float64():
+    x = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([0, 6, IGNORE, 3, 3])
+    w = torch.rand(7, dtype=torch.float64) + 0.5
+    for kwargs in (dict(), dict(label_smoothing=0.2, z_loss=0.05), dict(weight=w, label_smoothing=0.3, z_loss=0.1),
+                   dict(reduction="none", z_loss=0.2)):
+        assert torch.autograd.gradcheck(lambda x: torch_oss.cross_entropy(x, t, **kwargs), (x,))
+    # through lse too (its gradient is the softmax)
+    assert torch.autograd.gradcheck(lambda x: torch.ops.oss.cross_entropy(x, t, IGNORE, 0.1, 0.1)[1], (x,))
+    h = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(7, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    for reduction in ("mean", "sum", "none"):
+        assert torch.autograd.gradcheck(
+            lambda h, W, b: torch_oss.linear_cross_entropy(h, W, t, b, reduction=reduction, label_smoothing=0.1,
+                                                           z_loss=0.01, chunk_size=2), (h, W, b))
+
+
+def test_opcheck():
+    x = torch.randn(6, 33)
+    t = torch.tensor([0, 32, IGNORE, 5, 5, 1])
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        xd = x.to(dtype)
+        torch.library.opcheck(torch.ops.oss.cross_entropy, (xd, t, IGNORE, 0.1, 0.01))
+        torch.library.opcheck(torch.ops.oss.cross_entropy, (xd.requires_grad_(), t, IGNORE, 0.0, 0.0))
+        _, lse = torch.ops.oss.cross_entropy(xd.detach(), t, IGNORE, 0.1, 0.01)
+        torch.library.opcheck(torch.ops.oss.cross_entropy_backward,
+                              (torch.rand(6, dtype=lse.dtype), xd.detach(), t, lse, IGNORE, 0.1, 0.01))
+
+
+def test_compile_fullgraph():
+    x = awkward_randn((8, 3, 50), torch.float32, "cpu")
+    t = random_target((8, 50), 3, "cpu", ignored_every=7)
+
+    def f(x, t):
+        return torch_oss.cross_entropy(x, t, label_smoothing=0.1, z_loss=1e-3)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, eager = compiled(xa, t), f(xb, t)
+    torch.testing.assert_close(out, eager, rtol=0, atol=0)
+    (ga,) = torch.autograd.grad(out, xa)
+    (gb,) = torch.autograd.grad(eager, xb)
+    torch.testing.assert_close(ga, gb, rtol=0, atol=0)
+
+
+def test_errors_name_the_argument():
+    x = torch.randn(4, 10)
+    with pytest.raises(ValueError, match=r"target\[2\] = 10 is out of range"):
+        torch_oss.cross_entropy(x, torch.tensor([0, 1, 10, 2]))
+    with pytest.raises(ValueError, match=r"target\[0\] = -1"):
+        torch_oss.cross_entropy(x, torch.tensor([-1, 1, 1, 2]))
+    with pytest.raises(NotImplementedError, match="target"):
+        torch_oss.cross_entropy(x, torch.softmax(x, 1))
+    with pytest.raises(TypeError, match="target"):
+        torch_oss.cross_entropy(x, torch.tensor([0, 1, 2, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match="target"):
+        torch_oss.cross_entropy(x, torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="reduction"):
+        torch_oss.cross_entropy(x, torch.tensor([0, 1, 2, 3]), reduction="avg")
+    with pytest.raises(ValueError, match="label_smoothing"):
+        torch_oss.cross_entropy(x, torch.tensor([0, 1, 2, 3]), label_smoothing=1.5)
+    with pytest.raises(ValueError, match="z_loss"):
+        torch_oss.cross_entropy(x, torch.tensor([0, 1, 2, 3]), z_loss=-1.0)
+    with pytest.raises(ValueError, match="weight"):
+        torch_oss.cross_entropy(x, torch.tensor([0, 1, 2, 3]), weight=torch.ones(9))
+    with pytest.raises(TypeError, match="logits"):
+        torch.ops.oss.cross_entropy(x.long(), torch.tensor([0, 1, 2, 3]))
+    with pytest.raises(ValueError, match="logits must be 2-D"):
+        torch.ops.oss.cross_entropy(x[None], torch.tensor([0, 1, 2, 3]))
+    with pytest.raises(ValueError, match="lse"):
+        torch.ops.oss.cross_entropy_backward(torch.ones(4), x, torch.tensor([0, 1, 2, 3]), torch.ones(3), IGNORE,
+                                             0.0, 0.0)
+    with pytest.raises(ValueError, match="weight must be"):
+        torch_oss.linear_cross_entropy(torch.randn(3, 4), torch.randn(5, 6), torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="chunk_size"):
+        torch_oss.linear_cross_entropy(torch.randn(3, 4), torch.randn(5, 4), torch.tensor([0, 1, 2]), chunk_size=0)
+    with pytest.raises(ValueError, match=r"target\[1\] = 5"):
+        torch_oss.linear_cross_entropy(torch.randn(3, 4), torch.randn(5, 4), torch.tensor([0, 5, 2]))
+
+
+# ---------------------------------------------------------------------------
+# torch_oss.linear_cross_entropy
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_cross_entropy(device, dtype, reduction, with_bias):
+    B, T, H, V = 2, 13, 32, 1001
+    hidden = (torch.randn(B, T, H, dtype=torch.float64, device=device)).to(dtype)
+    weight = (torch.randn(V, H, dtype=torch.float64, device=device) / H**0.5 * 2).to(dtype)
+    bias = (torch.randn(V, dtype=torch.float64, device=device)).to(dtype) if with_bias else None
+    t = random_target((B, T), V, device, ignored_every=4)
+    kwargs = dict(reduction=reduction, label_smoothing=0.1, z_loss=1e-3)
+
+    def reference(h, w, b):
+        logits = F.linear(h, w, b)
+        return full_reference(logits.transpose(1, 2), t, **kwargs)
+
+    if dtype == torch.bfloat16:
+        # Everyone's logits are the bfloat16 product (torch.matmul, as
+        # F.linear), whose rounding (2^-8 relative) is the same for ours and
+        # the peer and dominates both errors; the reference takes that product
+        # and does everything after it in float64.
+        logits64 = F.linear(hidden, weight, bias).double().requires_grad_()
+        ref = full_reference(logits64.transpose(1, 2), t, **kwargs)
+        up = torch.rand(ref.shape, dtype=torch.float64, device=device) + 0.5
+        (g64,) = torch.autograd.grad(ref, logits64, up)
+        g64 = g64.reshape(-1, V)
+        ref_grads = [(g64 @ weight.double()).reshape(B, T, H), g64.t() @ hidden.reshape(-1, H).double(), g64.sum(0)]
+    else:
+        leaves64 = [p.double().requires_grad_() for p in (hidden, weight, bias) if p is not None]
+        ref = reference(*leaves64, *([None] if bias is None else []))
+        up = torch.rand(ref.shape, dtype=torch.float64, device=device) + 0.5
+        ref_grads = torch.autograd.grad(ref, leaves64, up)
+    peer_leaves = [p.detach().requires_grad_() for p in (hidden, weight, bias) if p is not None]
+    peer = reference(*peer_leaves, *([None] if bias is None else []))
+    peer_grads = torch.autograd.grad(peer, peer_leaves, up.to(peer.dtype))
+    atol = {torch.float64: 1e-10, torch.float32: None, torch.bfloat16: 1e-3}[dtype]
+    for chunk_size in (1, 5, 11, None):
+        leaves = [p.detach().requires_grad_() for p in (hidden, weight, bias) if p is not None]
+        ours = torch_oss.linear_cross_entropy(leaves[0], leaves[1], t, leaves[2] if with_bias else None,
+                                              chunk_size=chunk_size, **kwargs)
+        assert ours.shape == ref.shape
+        assert_tolerance(f"loss chunk={chunk_size}", ours, ref, peer, atol)
+        grads = torch.autograd.grad(ours, leaves, up.to(ours.dtype))
+        for name, g, r, p in zip(("hidden", "weight", "bias"), grads, ref_grads, peer_grads):
+            assert g.dtype == dtype
+            # mean/sum: hidden's gradient is computed in the forward in its
+            # dtype and scaled by the (here random, not a power of two)
+            # upstream gradient in the backward: one more rounding in 16-bit
+            rescaled = name == "hidden" and reduction != "none" and dtype == torch.bfloat16
+            assert_tolerance(f"grad {name} chunk={chunk_size}", g, r, p, atol, per_element_eps=rescaled)
+
+
+def test_linear_cross_entropy_no_grad_and_partial_grads():
+    hidden = torch.randn(9, 8)
+    weight = torch.randn(20, 8, requires_grad=True)
+    t = random_target((9,), 20, "cpu", ignored_every=3)
+    ref = F.cross_entropy(F.linear(hidden.double(), weight.double()), t)
+    with torch.no_grad():
+        out = torch_oss.linear_cross_entropy(hidden, weight, t, chunk_size=4)
+    assert not out.requires_grad
+    out = torch_oss.linear_cross_entropy(hidden, weight, t, chunk_size=4)
+    (gw,) = torch.autograd.grad(out * 3, weight)
+    w64 = weight.detach().double().requires_grad_()
+    (ref_gw,) = torch.autograd.grad(F.cross_entropy(F.linear(hidden.double(), w64), t) * 3, w64)
+    wp = weight.detach().requires_grad_()
+    (peer_gw,) = torch.autograd.grad(F.cross_entropy(F.linear(hidden, wp), t) * 3, wp)
+    assert_tolerance("loss", out, ref, F.cross_entropy(F.linear(hidden, weight), t), None)
+    assert_tolerance("grad weight", gw, ref_gw, peer_gw, None)
