@@ -256,6 +256,22 @@ def test_gradcheck_float64():
                                                            z_loss=0.01, chunk_size=2), (h, W, b))
 
 
+def test_second_derivatives_float64():
+    """gradgradcheck through the backward op's own autograd formula (and the
+    forward's lse gradient it feeds)."""
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([0, 5, IGNORE, 2])
+    w = torch.rand(6, dtype=torch.float64) + 0.5
+    for kwargs in (dict(), dict(label_smoothing=0.2, z_loss=0.1), dict(reduction="none", z_loss=0.3),
+                   dict(weight=w, z_loss=0.1)):
+        assert torch.autograd.gradgradcheck(lambda x: torch_oss.cross_entropy(x, t, **kwargs), (x,))
+    g = torch.rand(4, dtype=torch.float64, requires_grad=True)
+    _, lse = torch.ops.oss.cross_entropy(x.detach(), t, IGNORE, 0.1, 0.2)
+    lse = lse.requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda g, x, lse: torch.ops.oss.cross_entropy_backward(g, x, t, lse, IGNORE, 0.1, 0.2), (g, x, lse))
+
+
 def test_opcheck():
     x = torch.randn(6, 33)
     t = torch.tensor([0, 32, IGNORE, 5, 5, 1])

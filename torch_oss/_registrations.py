@@ -148,6 +148,44 @@ def _cross_entropy_backward(ctx, grad_loss, grad_lse):
     return grad, None, None, None, None
 
 
+def _cross_entropy_backward_setup_context(ctx, inputs, output):
+    grad_loss, logits, target, lse, ignore_index, label_smoothing, z_loss = inputs
+    ctx.save_for_backward(grad_loss, logits, target, lse)
+    ctx.args = (ignore_index, label_smoothing, z_loss)
+
+
+def _cross_entropy_double_backward(ctx, grad_grad):
+    """Derivatives of grad_j = g (p_j s - (1 - eps) [j == t] - eps / C), with
+    p_j = exp(x_j - lse) and s = 1 + 2 z lse, taking g, x and lse as its
+    inputs (lse's own dependence on x flows on through the forward's node);
+    G is the gradient of grad. ATen ops, in float32 (float64 for float64):
+      d/dg   = s sum_j G_j p_j - (1 - eps) G_t - eps / C sum_j G_j
+      d/dx_j = g s p_j G_j
+      d/dlse = g (2 z - s) sum_j G_j p_j
+    all 0 on ignored rows."""
+    grad_loss, logits, target, lse = ctx.saved_tensors
+    ignore_index, label_smoothing, z_loss = ctx.args
+    want_g, want_x, _, want_lse = ctx.needs_input_grad[:4]
+    dt = _lse_dtype(logits.dtype)
+    x, lse_, G = logits.to(dt), lse.to(dt), grad_grad.to(dt)
+    counted = target != ignore_index
+    g = torch.where(counted, grad_loss.to(dt), 0)
+    p = torch.exp(x - lse_[:, None])
+    s = 1 + 2 * z_loss * lse_
+    gp = (G * p).sum(dim=1)
+    grad_g = grad_x = grad_lse = None
+    if want_g:
+        t = torch.where(counted, target, 0)
+        grad_g = s * gp - (1 - label_smoothing) * G.gather(1, t[:, None])[:, 0]
+        grad_g = grad_g - (label_smoothing / logits.shape[1]) * G.sum(dim=1)
+        grad_g = torch.where(counted, grad_g, 0).to(grad_loss.dtype)
+    if want_x:
+        grad_x = ((g * s)[:, None] * p * G).to(logits.dtype)
+    if want_lse:
+        grad_lse = (g * (2 * z_loss - s) * gp).to(lse.dtype)
+    return grad_g, grad_x, None, grad_lse, None, None, None
+
+
 def register():
     lib = "oss"
     for name in ("softmax", "log_softmax"):
@@ -160,7 +198,9 @@ def register():
     torch.library.register_fake(f"{lib}::attention_backward", _attention_backward_fake)
     torch.library.register_fake(f"{lib}::cross_entropy", _cross_entropy_fake)
     torch.library.register_fake(f"{lib}::cross_entropy_backward", _cross_entropy_backward_fake)
-    # cross_entropy's formula is here: the op is called once per loss, not per layer
+    # cross_entropy's formulas are here: the op is called once per loss, not per layer
     torch.library.register_autograd(f"{lib}::cross_entropy", _cross_entropy_backward,
                                     setup_context=_cross_entropy_setup_context)
+    torch.library.register_autograd(f"{lib}::cross_entropy_backward", _cross_entropy_double_backward,
+                                    setup_context=_cross_entropy_backward_setup_context)
 
