@@ -310,21 +310,24 @@ def linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, r
     hidden: (..., H); weight: (V, H); bias: (V,) or None; target: hidden's
     leading shape, int64 class indices. Each chunk's logits are computed by
     F.linear (in the inputs' dtype, the bias fused, rounded once); the loss
-    and the logits' gradient in float32 (float64 for float64); weight's gradient is accumulated over the chunks in
+    and the logits' gradient by the oss ops, in float32 (float64 for
+    float64). weight's and bias's gradients accumulate over the chunks in
     float32 from float32 products (a 16-bit product per chunk would round
     every chunk's share), so for 16-bit inputs that product is a float32
-    matrix product. Peak memory beyond the inputs and their gradients
-    is about three chunks of logits (logits, their gradient, and a float32
-    gradient of weight): chunk_size defaults to the number of tokens whose
-    logits take about 512 MiB (2093 tokens for a 128256 vocabulary in
-    bfloat16). For reduction "mean"/"sum" the gradients are computed during
-    the forward (when any input requires grad) and scaled by the upstream
-    gradient in the backward: weight's and bias's are held in float32 until
-    then (for 16-bit inputs, twice their own memory) and rounded once after the
-    scaling; hidden's are held in its dtype, so for 16-bit inputs an upstream
-    gradient that is not a power of two (1 and loss scales are) costs them one
-    more rounding. For "none" the forward keeps only its inputs and the
-    backward recomputes each chunk's logits.
+    matrix product.
+
+    Memory beyond the inputs and their gradients: one chunk's logits, their
+    gradient and its float32 copy, plus the float32 accumulator of weight's
+    gradient: O(chunk x V + V x H), not O(tokens x V). chunk_size defaults to
+    512 MiB / (V * itemsize) tokens (2092 for a 128256 vocabulary in bfloat16).
+
+    For reduction "mean"/"sum" the gradients are computed during the forward
+    (when any input requires grad) and scaled by the upstream gradient in the
+    backward: weight's and bias's are held in float32 until then and rounded
+    once after the scaling; hidden's are held in its dtype, so for 16-bit
+    inputs an upstream gradient that is not a power of two (1 and loss scales
+    are) costs them one more rounding. For "none" the forward keeps only its
+    inputs and the backward recomputes each chunk's logits.
     """
     name = "linear_cross_entropy"
     _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss)
