@@ -408,3 +408,65 @@ def test_linear_cross_entropy_no_grad_and_partial_grads():
     (peer_gw,) = torch.autograd.grad(F.cross_entropy(F.linear(hidden, wp), t) * 3, wp)
     assert_tolerance("loss", out, ref, F.cross_entropy(F.linear(hidden, weight), t), None)
     assert_tolerance("grad weight", gw, ref_gw, peer_gw, None)
+
+
+def test_linear_cross_entropy_never_makes_whole_logits():
+    """Every tensor any op produces in forward and backward (reductions mean
+    and none) stays below tokens x V elements: only chunks of logits exist."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestOutput(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    LargestOutput.largest = max(LargestOutput.largest, t.numel())
+            return out
+
+    tokens, H, V, chunk = 64, 16, 3001, 10
+    hidden = torch.randn(tokens, H, requires_grad=True)
+    weight = torch.randn(V, H, requires_grad=True)
+    bias = torch.randn(V, requires_grad=True)
+    t = random_target((tokens,), V, "cpu", ignored_every=5)
+    for reduction in ("mean", "none"):
+        LargestOutput.largest = 0
+        with LargestOutput():
+            loss = torch_oss.linear_cross_entropy(hidden, weight, t, bias, reduction=reduction, chunk_size=chunk)
+            torch.autograd.grad(loss.sum(), (hidden, weight, bias))
+        assert LargestOutput.largest <= max(chunk * V, V * H), (reduction, LargestOutput.largest)
+    # and the check can see whole logits: F.linear + F.cross_entropy makes them
+    LargestOutput.largest = 0
+    with LargestOutput():
+        F.cross_entropy(F.linear(hidden, weight, bias), t)
+    assert LargestOutput.largest >= tokens * V
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    x = awkward_randn((37, 5000), torch.bfloat16, "cpu")
+    t = random_target((37,), 5000, "cpu", ignored_every=6)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            loss, lse = torch.ops.oss.cross_entropy(x, t, IGNORE, 0.1, 1e-3)
+            grad = torch.ops.oss.cross_entropy_backward(torch.rand(37, generator=torch.Generator().manual_seed(0)),
+                                                        x, t, lse, IGNORE, 0.1, 1e-3)
+            results.append((loss, lse, grad))
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_empty_batch():
+    x = torch.randn(0, 7, requires_grad=True)
+    t = torch.zeros(0, dtype=torch.int64)
+    for reduction in ("none", "sum", "mean"):
+        ours = torch_oss.cross_entropy(x, t, reduction=reduction)
+        ref = F.cross_entropy(x, t, reduction=reduction)
+        assert ours.shape == ref.shape and torch.equal(torch.isnan(ours), torch.isnan(ref))
+        (g,) = torch.autograd.grad(ours.sum(), x)
+        assert g.shape == x.shape
