@@ -305,13 +305,17 @@ def test_compile_fullgraph():
     def f(x, t):
         return torch_oss.cross_entropy(x, t, label_smoothing=0.1, z_loss=1e-3)
 
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(f, fullgraph=True)
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
     out, eager = compiled(xa, t), f(xb, t)
-    torch.testing.assert_close(out, eager, rtol=0, atol=0)
     (ga,) = torch.autograd.grad(out, xa)
     (gb,) = torch.autograd.grad(eager, xb)
-    torch.testing.assert_close(ga, gb, rtol=0, atol=0)
+    # inductor may fuse the reduction after the op differently: equal to a rounding
+    torch.testing.assert_close(out, eager)
+    torch.testing.assert_close(ga, gb)
+    x64 = x.double().requires_grad_()
+    ref = full_reference(x64, t, label_smoothing=0.1, z_loss=1e-3)
+    assert_tolerance("compiled loss", out, ref, full_reference(x, t, label_smoothing=0.1, z_loss=1e-3), None)
 
 
 def test_errors_name_the_argument():
@@ -399,10 +403,10 @@ def test_linear_cross_entropy(device, dtype, reduction, with_bias):
         grads = torch.autograd.grad(ours, leaves, up.to(ours.dtype))
         for name, g, r, p in zip(("hidden", "weight", "bias"), grads, ref_grads, peer_grads):
             assert g.dtype == dtype
-            # mean/sum: hidden's gradient is computed in the forward in its
-            # dtype and scaled by the (here random, not a power of two)
-            # upstream gradient in the backward: one more rounding in 16-bit
-            rescaled = name == "hidden" and reduction != "none" and dtype == torch.bfloat16
+            # mean/sum: the gradients are computed in the forward and scaled
+            # by the (here random, not a power of two) upstream gradient in
+            # the backward: one more rounding of each element
+            rescaled = reduction != "none"
             assert_tolerance(f"grad {name} chunk={chunk_size}", g, r, p, atol, per_element_eps=rescaled)
 
 
