@@ -146,6 +146,10 @@ def test_composite_formulas_match_the_kernel(dtype):
         assert_tolerance("composite grad", grad, ref_grad, kernel_grad, SOFTMAX_ATOL[dtype])
     with pytest.raises(ValueError, match="target"):
         ce_module._composite_forward(x, torch.full((N,), C), IGNORE, 0.0, 0.0)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        ce_module._composite_forward(x, t, IGNORE, 1.5, 0.0)
+    with pytest.raises(ValueError, match="lse"):
+        ce_module._composite_backward(g.to(loss.dtype), x, t, lse[:-1], IGNORE, 0.0, 0.0)
 
 
 def test_op_strided_logits():

@@ -36,6 +36,10 @@ def _stat_dtype(dtype):
 
 
 def _check_targets(target, classes, ignore_index):
+    # the argument checks of the CPU op (csrc/torch_ops.cpp), for this path
+    if target.dtype != torch.int64 or target.dim() != 1:
+        raise TypeError(f"cross_entropy: target must be 1-D int64 class indices, got {target.dtype} of shape "
+                        f"{tuple(target.shape)}")
     bad = (target != ignore_index) & ((target < 0) | (target >= classes))
     if bool(bad.any()):  # a host synchronisation: this path is the unfused one
         i = int(bad.nonzero()[0, 0])
@@ -45,7 +49,20 @@ def _check_targets(target, classes, ignore_index):
         )
 
 
+def _check_logits(logits, target, label_smoothing, z_loss):
+    if logits.dim() != 2 or not logits.is_floating_point():
+        raise ValueError(f"cross_entropy: logits must be 2-D (N, C) floating point, got {logits.dtype} of shape "
+                         f"{tuple(logits.shape)}")
+    if target.shape != logits.shape[:1] or target.device != logits.device:
+        raise ValueError(f"cross_entropy: target ({tuple(target.shape)} on {target.device}) must be (N,) = "
+                         f"({logits.shape[0]},) on the logits' device {logits.device}")
+    if not 0.0 <= label_smoothing <= 1.0 or not 0.0 <= z_loss < float("inf"):
+        raise ValueError(f"cross_entropy: label_smoothing={label_smoothing} must be in [0, 1] and z_loss={z_loss} "
+                         "finite and >= 0")
+
+
 def _composite_forward(logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0):
+    _check_logits(logits, target, label_smoothing, z_loss)
     classes = logits.shape[1]
     _check_targets(target, classes, ignore_index)
     x = logits.to(_stat_dtype(logits.dtype))
@@ -66,6 +83,11 @@ def _composite_forward(logits, target, ignore_index=-100, label_smoothing=0.0, z
 
 
 def _composite_backward(grad_loss, logits, target, lse, ignore_index, label_smoothing, z_loss):
+    _check_logits(logits, target, label_smoothing, z_loss)
+    for name, t in (("grad_loss", grad_loss), ("lse", lse)):
+        if t.shape != logits.shape[:1]:
+            raise ValueError(f"cross_entropy_backward: {name} has shape {tuple(t.shape)} but must be "
+                             f"({logits.shape[0]},)")
     classes = logits.shape[1]
     _check_targets(target, classes, ignore_index)
     dt = _stat_dtype(logits.dtype)
