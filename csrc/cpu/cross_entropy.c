@@ -26,7 +26,7 @@
 
 #include "cpu_common.h"
 
-enum { OSS_CE_CHUNK = 4096, OSS_CE_SUM_BLOCK = 64 };
+enum { OSS_CE_CHUNK = 4096, OSS_SUM_BLOCK = 64 };
 
 #define OSS_CE_BODY
 #define REAL float
@@ -125,36 +125,7 @@ oss_status oss_cross_entropy_backward_cpu(const oss_cross_entropy_backward_param
 
 #else /* OSS_CE_BODY: the row tasks, compiled once per REAL */
 
-/* Max of a run, NaN if the run holds a NaN. */
-static inline REAL FN(ce_max_of)(const REAL *x, int64_t n) {
-  REAL m = -INFINITY;
-  int nan = 0;
-#pragma omp simd reduction(max : m) reduction(| : nan)
-  for (int64_t i = 0; i < n; i++) {
-    m = x[i] > m ? x[i] : m;
-    nan |= x[i] != x[i];
-  }
-  return nan ? (REAL)NAN : m;
-}
-
-/* sum of exp(x - m) in blocks of REAL partials added in double; the terms
- * equal to 1 (x == m) are kept apart so they do not round the small ones away. */
-static inline double FN(ce_sum_exp)(const REAL *x, int64_t n, REAL m) {
-  double total = 0;
-  for (int64_t b = 0; b < n; b += OSS_CE_SUM_BLOCK) {
-    const int64_t e = n - b < OSS_CE_SUM_BLOCK ? n : b + OSS_CE_SUM_BLOCK;
-    REAL s = 0, top = 0;
-#pragma omp simd reduction(+ : s, top)
-    for (int64_t i = b; i < e; i++) {
-      const REAL t = EXP(x[i] - m);
-      const int is_top = x[i] == m;
-      s += is_top ? 0 : t;
-      top += is_top ? t : 0;
-    }
-    total += (double)s + (double)top;
-  }
-  return total;
-}
+#include "exp_sums_generic.h" /* max_of, sum_exp */
 
 static inline double FN(ce_sum)(const REAL *x, int64_t n) {
   double total = 0;
@@ -182,12 +153,12 @@ static void FN(ce_fwd_rows)(void *ctx, int64_t begin, int64_t end) {
     for (int64_t c = 0; c < C; c += OSS_CE_CHUNK) {
       const int64_t len = C - c < OSS_CE_CHUNK ? C - c : OSS_CE_CHUNK;
       const REAL *x = FN(ce_read)(p->logits, p->dtype, xo + c, buf, len);
-      const REAL cm = FN(ce_max_of)(x, len);
+      const REAL cm = FN(max_of)(x, len);
       /* online rescale: a NaN max sticks; while m is -inf, d is 0 */
       const REAL m_new = (cm > m || cm != cm) ? cm : m;
       if (m_new != m && m != -INFINITY) d *= (double)EXP(m - m_new);
       m = m_new;
-      if (m != -INFINITY) d += FN(ce_sum_exp)(x, len, m);
+      if (m != -INFINITY) d += FN(sum_exp)(x, len, m);
       if (eps != 0) sum_x += FN(ce_sum)(x, len);
       if (t >= c && t < c + len) x_t = (double)x[t - c];
     }
