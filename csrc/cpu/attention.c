@@ -18,37 +18,8 @@
  * block is 4 rows by 64 bytes of columns. */
 enum { OSS_BR = 32, OSS_BC = 64 };
 
-#define REAL float
-#define LSE_T float
-#define FN(name) name##_f32
-#define EXP oss_expf
-#define LOG logf
-#define LOAD oss_load_f32
-#define STORE oss_store_f32
-#include "attention_generic.h"
-#undef REAL
-#undef LSE_T
-#undef FN
-#undef EXP
-#undef LOG
-#undef LOAD
-#undef STORE
-
-#define REAL double
-#define LSE_T double
-#define FN(name) name##_f64
-#define EXP exp
-#define LOG log
-#define LOAD oss_load_f64
-#define STORE oss_store_f64
-#include "attention_generic.h"
-#undef REAL
-#undef LSE_T
-#undef FN
-#undef EXP
-#undef LOG
-#undef LOAD
-#undef STORE
+#define OSS_GENERIC_BODY "attention_generic.h"
+#include "cpu_precisions.h"
 
 /* ---- validation ------------------------------------------------------------------ */
 

@@ -29,33 +29,8 @@
 enum { OSS_CE_CHUNK = 4096, OSS_SUM_BLOCK = 64 };
 
 #define OSS_CE_BODY
-#define REAL float
-#define NATIVE OSS_FLOAT32
-#define FN(name) name##_f32
-#define EXP oss_expf
-#define LOAD oss_load_f32
-#define STORE oss_store_f32
-#include "cross_entropy.c"
-#undef REAL
-#undef NATIVE
-#undef FN
-#undef EXP
-#undef LOAD
-#undef STORE
-
-#define REAL double
-#define NATIVE OSS_FLOAT64
-#define FN(name) name##_f64
-#define EXP exp
-#define LOAD oss_load_f64
-#define STORE oss_store_f64
-#include "cross_entropy.c"
-#undef REAL
-#undef NATIVE
-#undef FN
-#undef EXP
-#undef LOAD
-#undef STORE
+#define OSS_GENERIC_BODY "cross_entropy.c"
+#include "cpu_precisions.h"
 #undef OSS_CE_BODY
 
 /* ---- validation ------------------------------------------------------------ */

@@ -13,33 +13,8 @@
 
 enum { OSS_ROW_CHUNK = 4096, OSS_COL_BLOCK = 64, OSS_COL_CHUNK = 16, OSS_SUM_BLOCK = 64 };
 
-#define REAL float
-#define NATIVE OSS_FLOAT32
-#define FN(name) name##_f32
-#define EXP oss_expf
-#define LOAD oss_load_f32
-#define STORE oss_store_f32
-#include "softmax_generic.h"
-#undef REAL
-#undef NATIVE
-#undef FN
-#undef EXP
-#undef LOAD
-#undef STORE
-
-#define REAL double
-#define NATIVE OSS_FLOAT64
-#define FN(name) name##_f64
-#define EXP exp
-#define LOAD oss_load_f64
-#define STORE oss_store_f64
-#include "softmax_generic.h"
-#undef REAL
-#undef NATIVE
-#undef FN
-#undef EXP
-#undef LOAD
-#undef STORE
+#define OSS_GENERIC_BODY "softmax_generic.h"
+#include "cpu_precisions.h"
 
 /* ---- validation ------------------------------------------------------------ */
 
