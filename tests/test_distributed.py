@@ -37,6 +37,22 @@ def _init(rank, world, init_file):
                             timeout=datetime.timedelta(seconds=60))
 
 
+def _finish(rank, result_file, payload):
+    """Rank 0 saves the results; every rank then leaves the group together."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        torch.save(payload, result_file)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _report_error(rank, result_file):
+    """Leaves the traceback where the spawning test reads it."""
+    with open(f"{result_file}.rank{rank}.err", "w") as f:
+        f.write(traceback.format_exc())
+
+
 def _run_case(case, group):
     import torch_oss.distributed as cp
 
@@ -122,13 +138,9 @@ def _worker(rank, world, init_file, cases_file, result_file):
         dist.all_gather_object(gathered, {"roundtrip": results["roundtrip"], "positions": results["positions"],
                                           "errors": results["errors"]})
         results["per_rank"] = gathered
-        if rank == 0:
-            torch.save(results, result_file)
-        dist.barrier()
-        dist.destroy_process_group()
+        _finish(rank, result_file, results)
     except Exception:
-        with open(f"{result_file}.rank{rank}.err", "w") as f:
-            f.write(traceback.format_exc())
+        _report_error(rank, result_file)
         raise
 
 
@@ -336,13 +348,9 @@ def _hf_worker(rank, world, init_file, spec_file, result_file):
                 dist.all_reduce(p.grad)  # each rank holds its tokens' share of the gradient
                 grads[name] = p.grad
         logits_full = cp.unshard(logits.detach(), None, "zigzag", dim=1)
-        if rank == 0:
-            torch.save({"logits": logits_full, "grads": grads}, result_file)
-        dist.barrier()
-        dist.destroy_process_group()
+        _finish(rank, result_file, {"logits": logits_full, "grads": grads})
     except Exception:
-        with open(f"{result_file}.rank{rank}.err", "w") as f:
-            f.write(traceback.format_exc())
+        _report_error(rank, result_file)
         raise
 
 

@@ -85,7 +85,9 @@ def attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
             causal_alignment,
         )
         return out.squeeze(1), lse.squeeze(1)
-    if ranks == (4, 4, 4) and query.shape[0] == key.shape[0] == value.shape[0]:
+    heads = {query.shape[1], key.shape[1], value.shape[1]} if ranks == (4, 4, 4) else set()
+    head_broadcast = not enable_gqa and len(heads) > 1 and 1 in heads  # SDPA stretches a single head
+    if ranks == (4, 4, 4) and query.shape[0] == key.shape[0] == value.shape[0] and not head_broadcast:
         return _attention_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment)
     return _attention_broadcast(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment)
 
