@@ -14,14 +14,37 @@ max|ours - ref64| <= 2 * max|sdpa - ref64| + atol * max|ref64| (atol scaled
 to each tensor, as gradients are far from 1). A failed check exits with status
 1 and times nothing.
 
+--generate times Hugging Face model.generate() on the same model instead
+(eager, the default DynamicCache, greedy, min_new_tokens = max_new_tokens so
+every run generates the same count), "oss" against "sdpa": a prompt of
+--prompt-len random tokens (default 2048; CPU 64), --new-tokens new tokens
+(default 256; CPU 16), per batch size of --gen-batches (default 1 16; CPU 1 2).
+Per batch: prefill time (time to the first token: generate with
+max_new_tokens=1), total time, decode tokens/s = batch * (new - 1) / (total -
+prefill), end-to-end tokens/s = batch * new / total, and oss / sdpa of the
+decode tokens/s. Times: wall clock between torch.cuda.synchronize() calls, one
+warm-up generate per implementation and batch, then the median of 3 runs (CPU:
+1). Checked first, per batch, by the same rule against float64: the logits of
+the first generated position (the prompt's last position) and those of one
+decoding step with a DynamicCache (the prompt with use_cache=True, then one
+token with that cache); the float64 reference runs one sequence at a time.
+Generated tokens are not required to agree (bf16 argmax ties may go either
+way); how many of the first 32 agree between oss and sdpa is printed, for
+information. Results go to model_generate_<device>.json.
+
     python bench/model.py                     # GPU if visible, else CPU
     python bench/model.py --seqlens 2048 4096 --batch 2
+    python bench/model.py --generate          # generation, GPU if visible, else CPU
+    python bench/model.py --generate --prompt-len 4096 --new-tokens 128 --gen-batches 1 4 16
 """
 
 import argparse
 import copy
+import inspect
 import os
+import statistics
 import sys
+import time
 
 import torch
 
@@ -53,12 +76,22 @@ def parse_args():
                    help="sequence length of the correctness check (default: the shortest timed one, at most 1024: the "
                    "float64 reference of the 1 B model must fit in 80 GB)")
     p.add_argument("--no-check", action="store_true", help="skip the float64 comparison")
+    p.add_argument("--generate", action="store_true", help="time model.generate() instead (see above)")
+    p.add_argument("--prompt-len", type=int, default=None, help="--generate: default 2048 (cuda), 64 (cpu)")
+    p.add_argument("--new-tokens", type=int, default=None, help="--generate: default 256 (cuda), 16 (cpu)")
+    p.add_argument("--gen-batches", type=int, nargs="+", default=None,
+                   help="--generate: batch sizes, default 1 16 (cuda), 1 2 (cpu)")
     args = p.parse_args()
     gpu = args.device == "cuda"
     args.config = args.config or ("1b" if gpu else "tiny")
     args.dtype = getattr(torch, args.dtype or ("bfloat16" if gpu else "float32"))
     args.seqlens = args.seqlens or ([2048, 4096, 8192] if gpu else [128, 256])
     args.check_seqlen = args.check_seqlen or min(1024, min(args.seqlens))
+    args.prompt_len = args.prompt_len or (2048 if gpu else 64)
+    args.new_tokens = args.new_tokens or (256 if gpu else 16)
+    args.gen_batches = args.gen_batches or ([1, 16] if gpu else [1, 2])
+    if args.new_tokens < 2:
+        p.error("--new-tokens must be at least 2 (decode tokens/s counts the tokens after the first)")
     return args
 
 
@@ -72,6 +105,30 @@ def build_model(transformers, name, device):
 
 def max_err(a, b):
     return (a.double() - b.double()).abs().max().item()
+
+
+def random_ids(model, shape, device, seed):
+    return torch.randint(0, model.config.vocab_size, shape, device=device,
+                         generator=torch.Generator(device).manual_seed(seed))
+
+
+def cast_with_reference(model, dtype):
+    """Casts `model` to dtype; returns its float64 copy with "sdpa" (the same,
+    rounded, weights computed in float64): the reference of the checks."""
+    model.to(dtype)
+    ref_model = copy.deepcopy(model).to(torch.float64)
+    ref_model.set_attn_implementation("sdpa")
+    return ref_model
+
+
+def compare(name, ref, ours, peer, dtype):
+    """tests/_util.py's rule on one tensor: max|ours - ref64| <= 2 * max|peer -
+    ref64| + atol * max|ref64|, atol scaled to the tensor (gradients are far from
+    1 in magnitude). Returns (ok, row of the check table)."""
+    e_ours, e_peer = max_err(ours, ref), max_err(peer, ref)
+    bound = 2 * e_peer + ATOL[dtype] * ref.abs().max().item()
+    good = bool(torch.isfinite(ours).all()) and e_ours <= bound
+    return good, [name, f"{e_peer:.3e}", f"{e_ours:.3e}", f"{bound:.3e}", "ok" if good else "FAIL"]
 
 
 def run_once(model, ids, params):
@@ -95,21 +152,19 @@ def run_once(model, ids, params):
             p.grad = None
 
 
-def check(model, args, batch):
+def check(model, args):
     """Casts `model` to the benchmark dtype; runs its float64 copy (the same
     weights) as the reference, then "sdpa" and "oss". Returns (ok, rows of the
     check table)."""
     device = args.device
-    ids = torch.randint(0, model.config.vocab_size, (batch, args.check_seqlen), device=device,
-                        generator=torch.Generator(device).manual_seed(1))
+    ids = random_ids(model, (args.batch, args.check_seqlen), device, 1)
     layers = model.model.layers
     names = [f"layers.{i}.self_attn.{p}_proj.weight" for i in (0, len(layers) - 1) for p in ("q", "k", "v", "o")]
 
     def chosen(m):
         return [m.get_parameter(f"model.{n}") for n in names]
 
-    model.to(args.dtype)
-    ref_model = copy.deepcopy(model).to(torch.float64)  # the same (rounded) weights, computed in float64; "sdpa"
+    ref_model = cast_with_reference(model, args.dtype)
     ref_logits, ref_grads = run_once(ref_model, ids, chosen(ref_model))
     del ref_model
     results = {}
@@ -121,14 +176,53 @@ def check(model, args, batch):
     tensors = [("logits", ref_logits, results["oss"][0], results["sdpa"][0])]
     tensors += [(n, r, o, s) for n, r, o, s in zip(names, ref_grads, results["oss"][1], results["sdpa"][1])]
     for name, ref, ours, peer in tensors:
-        e_ours, e_peer = max_err(ours, ref), max_err(peer, ref)
-        # atol scaled to the tensor: gradients are far from 1 in magnitude
-        bound = 2 * e_peer + ATOL[args.dtype] * ref.abs().max().item()
-        good = bool(torch.isfinite(ours).all()) and e_ours <= bound
+        good, row = compare(name, ref, ours, peer, args.dtype)
         ok &= good
-        rows.append([name, f"{e_peer:.3e}", f"{e_ours:.3e}", f"{bound:.3e}", "ok" if good else "FAIL"])
+        rows.append(row)
     del results, ref_logits, ref_grads, tensors
     if device == "cuda":
+        torch.cuda.empty_cache()
+    return ok, rows
+
+
+def prefill_and_step(model, ids, step, rows):
+    """The logits of the first generated position (the prompt's last) and of one
+    decoding step: ids (B, L) through the model with a DynamicCache, then the
+    token step (B, 1) with that cache; `rows` sequences at a time."""
+    from transformers import DynamicCache
+
+    # the argument is `cache` from transformers 5.24 on, `past_key_values` before (deprecated since)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    first, second = [], []
+    with torch.no_grad():
+        for i, s in zip(ids.split(rows), step.split(rows)):
+            cache = {name: DynamicCache(config=model.config)}  # filled in place by both calls
+            first.append(model(i, use_cache=True, logits_to_keep=1, **cache).logits[:, -1])
+            second.append(model(s, use_cache=True, logits_to_keep=1, **cache).logits[:, -1])
+    return torch.cat(first), torch.cat(second)
+
+
+def check_generate(model, args):
+    """check() for --generate, per batch of --gen-batches: prefill_and_step() of
+    a --prompt-len prompt and one more token, "sdpa" and "oss" against the
+    float64 copy. The reference runs one sequence at a time: its math attention
+    holds (H, L, L) float64 scores. Returns (ok, rows of the check table)."""
+    ref_model = cast_with_reference(model, args.dtype)
+    rows, ok = [], True
+    for batch in args.gen_batches:
+        ids = random_ids(model, (batch, args.prompt_len), args.device, 1)
+        step = random_ids(model, (batch, 1), args.device, 2)
+        ref = prefill_and_step(ref_model, ids, step, 1)
+        got = {}
+        for impl in ("sdpa", "oss"):
+            model.set_attn_implementation(impl)
+            got[impl] = prefill_and_step(model, ids, step, batch)
+        for j, what in enumerate(("first generated position logits", "decoding step logits (KV cache)")):
+            good, row = compare(f"batch {batch}: {what}", ref[j], got["oss"][j], got["sdpa"][j], args.dtype)
+            ok &= good
+            rows.append(row)
+    del ref_model, ref, got
+    if args.device == "cuda":
         torch.cuda.empty_cache()
     return ok, rows
 
@@ -159,31 +253,36 @@ def timed(model, impl, mode, ids):
     return ms, peak
 
 
-def main():
-    args = parse_args()
-    try:
-        import transformers
-    except ImportError:
-        print("bench/model.py: transformers is not installed (pip install transformers); nothing to do")
-        return 0
-    import torch_oss
+def timed_generate(model, impl, ids, new_tokens, runs):
+    """(prefill s, total s, tokens of the warm-up run): medians over `runs` of
+    greedy generate() of exactly 1 (the prefill) and of new_tokens tokens, after
+    one warm-up generate of new_tokens."""
+    model.set_attn_implementation(impl)
+    mask = torch.ones_like(ids)  # what a tokenizer gives; generate() would otherwise guess it from pad tokens
+    cuda = ids.device.type == "cuda"
 
-    torch_oss.register_transformers()
-    model = build_model(transformers, args.config, args.device)
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"Llama-style model '{args.config}': {n_params / 1e6:.1f} M parameters, {args.dtype}, batch {args.batch}, "
-          f"device {args.device}")
-    check_rows, ok = [], True
-    if not args.no_check:
-        ok, check_rows = check(model, args, args.batch)
-        print_table(f"check at seqlen {args.check_seqlen}: max|x - ref64| of sdpa and oss, bound = 2 x sdpa + atol x "
-                    "max|ref64|",
-                    ["tensor", "sdpa err", "oss err", "bound", ""], check_rows)
-        if not ok:
-            print("bench/model.py: attn_implementation='oss' does not match 'sdpa' by the tolerance rule; not timing")
-            return 1
-    else:
-        model.to(args.dtype)
+    def run(n):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             pad_token_id=model.config.eos_token_id)
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        if out.shape[1] != ids.shape[1] + n:
+            raise RuntimeError(f"generate() gave {out.shape[1] - ids.shape[1]} new tokens, not {n}")
+        return seconds, out[:, ids.shape[1]:]
+
+    tokens = run(new_tokens)[1]
+    prefill = statistics.median(run(1)[0] for _ in range(runs))
+    total = statistics.median(run(new_tokens)[0] for _ in range(runs))
+    return prefill, total, tokens
+
+
+def time_steps(model, args, title):
+    """The default mode: forward and forward+backward per --seqlens. Returns the
+    JSON results."""
     model.train()  # no dropout in this config; train() as in a training step
     rows, results = [], []
     for L in args.seqlens:
@@ -200,17 +299,85 @@ def main():
             peak = lambda impl: "-" if t[impl][1] is None else f"{t[impl][1]:.1f}"  # noqa: E731
             rows.append([L, mode, f"{t['sdpa'][0]:.2f}", f"{t['oss'][0]:.2f}", f"{tps['sdpa']:.0f}",
                          f"{tps['oss']:.0f}", f"{t['sdpa'][0] / t['oss'][0]:.3f}", peak("sdpa"), peak("oss")])
-    print_table(f"Llama-style {args.config} ({n_params / 1e6:.1f} M params, {str(args.dtype)[6:]}, batch {args.batch}) "
-                f"on {args.device}: attn_implementation 'oss' vs 'sdpa'",
+    print_table(f"{title}, batch {args.batch}) on {args.device}: attn_implementation 'oss' vs 'sdpa'",
                 ["seqlen", "mode", "sdpa ms", "oss ms", "sdpa tok/s", "oss tok/s", "oss speedup", "sdpa GiB",
                  "oss GiB"], rows)
+    return results
+
+
+def time_generation(model, args, title):
+    """--generate: generate() per --gen-batches. Returns the JSON results."""
+    model.eval()
+    runs = 3 if args.device == "cuda" else 1
+    new = args.new_tokens
+    n_agree = min(32, new)
+    rows, results = [], []
+    for batch in args.gen_batches:
+        ids = random_ids(model, (batch, args.prompt_len), args.device, 3)
+        t = {impl: timed_generate(model, impl, ids, new, runs) for impl in ("sdpa", "oss")}
+        decode = {impl: batch * (new - 1) / (t[impl][1] - t[impl][0]) for impl in t}
+        e2e = {impl: batch * new / t[impl][1] for impl in t}
+        agree = int((t["oss"][2][:, :n_agree] == t["sdpa"][2][:, :n_agree]).sum())
+        results.append({"batch": batch, "prompt_len": args.prompt_len, "new_tokens": new, "runs": runs,
+                        **{f"{impl}_prefill_ms": t[impl][0] * 1e3 for impl in t},
+                        **{f"{impl}_total_ms": t[impl][1] * 1e3 for impl in t},
+                        **{f"{impl}_decode_tokens_per_s": decode[impl] for impl in t},
+                        **{f"{impl}_e2e_tokens_per_s": e2e[impl] for impl in t},
+                        "decode_oss_over_sdpa": decode["oss"] / decode["sdpa"],
+                        "first_tokens_compared": batch * n_agree, "first_tokens_agreeing": agree})
+        rows.append([batch, f"{t['sdpa'][0] * 1e3:.1f}", f"{t['oss'][0] * 1e3:.1f}", f"{t['sdpa'][1] * 1e3:.1f}",
+                     f"{t['oss'][1] * 1e3:.1f}", f"{decode['sdpa']:.1f}", f"{decode['oss']:.1f}",
+                     f"{e2e['sdpa']:.1f}", f"{e2e['oss']:.1f}", f"{decode['oss'] / decode['sdpa']:.3f}",
+                     f"{agree}/{batch * n_agree}"])
+    print_table(f"{title}) on {args.device}: generate(), prompt {args.prompt_len} + {new} new tokens, greedy, "
+                f"DynamicCache, eager, median of {runs}; attn_implementation 'oss' vs 'sdpa'",
+                ["batch", "sdpa prefill ms", "oss prefill ms", "sdpa total ms", "oss total ms", "sdpa decode tok/s",
+                 "oss decode tok/s", "sdpa e2e tok/s", "oss e2e tok/s", "oss/sdpa decode",
+                 f"same first {n_agree}"], rows)
+    return results
+
+
+def main():
+    args = parse_args()
+    try:
+        import transformers
+    except ImportError:
+        print("bench/model.py: transformers is not installed (pip install transformers); nothing to do")
+        return 0
+    import torch_oss
+
+    torch_oss.register_transformers()
+    model = build_model(transformers, args.config, args.device)
+    n_params = sum(p.numel() for p in model.parameters())
+    shape = (f"batches {' '.join(map(str, args.gen_batches))}, prompt {args.prompt_len} + {args.new_tokens} new "
+             "tokens" if args.generate else f"batch {args.batch}")
+    print(f"Llama-style model '{args.config}': {n_params / 1e6:.1f} M parameters, {args.dtype}, {shape}, "
+          f"device {args.device}")
+    if args.generate:
+        where = {"prompt_len": args.prompt_len, "batches": args.gen_batches}
+        where_text = f"prompt length {args.prompt_len}, then one decoding step with a DynamicCache"
+    else:
+        where = {"seqlen": args.check_seqlen}
+        where_text = f"seqlen {args.check_seqlen}"
+    check_rows, ok = [], True
+    if not args.no_check:
+        ok, check_rows = (check_generate if args.generate else check)(model, args)
+        print_table(f"check at {where_text}: max|x - ref64| of sdpa and oss, bound = 2 x sdpa + atol x max|ref64|",
+                    ["tensor", "sdpa err", "oss err", "bound", ""], check_rows)
+        if not ok:
+            print("bench/model.py: attn_implementation='oss' does not match 'sdpa' by the tolerance rule; not timing")
+            return 1
+    else:
+        model.to(args.dtype)
+    title = f"Llama-style {args.config} ({n_params / 1e6:.1f} M params, {str(args.dtype)[6:]}"
+    results = (time_generation if args.generate else time_steps)(model, args, title)
     fallbacks = torch_oss.fallback_stats()
     if fallbacks:
         print(f"torch_oss fallbacks during the run: {fallbacks}")
-    write_json(f"model_{args.device}", {"environment": environment(args.device), "model": {"config": args.config,
-                         **CONFIGS[args.config], "parameters": n_params, "dtype": str(args.dtype)},
-                         "check": {"seqlen": args.check_seqlen, "rows": check_rows, "ok": ok},
-                         "results": results, "fallbacks": fallbacks})
+    name = f"model_generate_{args.device}" if args.generate else f"model_{args.device}"
+    write_json(name, {"environment": environment(args.device), "model": {"config": args.config,
+                      **CONFIGS[args.config], "parameters": n_params, "dtype": str(args.dtype)},
+                      "check": {**where, "rows": check_rows, "ok": ok}, "results": results, "fallbacks": fallbacks})
     return 0
 
 

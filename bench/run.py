@@ -17,7 +17,7 @@ def run(script, *args):
 
 
 def main():
-    codes = [run("softmax.py"), run("attention.py")]
+    codes = [run("softmax.py"), run("attention.py"), run("decode.py")]
     if os.path.exists(os.path.join(HERE, "model.py")):
         codes.append(run("model.py"))
     sys.exit(max(codes))

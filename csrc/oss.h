@@ -186,6 +186,23 @@ typedef struct oss_attention_params {
   const void *mask;
   oss_dtype mask_dtype;
   int64_t mask_stride[4];
+  /* Optional KV-cache addressing (forward only; NULL / 0: off). seqlens_k:
+   * int32 [batch] (device memory for CUDA, host memory for CPU): batch b
+   * attends to keys 0 .. seqlens_k[b] - 1 only, each in [0, len_k]; with
+   * OSS_CAUSAL_BOTTOM_RIGHT the diagonal follows that length (key j visible
+   * to query i iff j <= i + seqlens_k[b] - len_q). block_table: int32
+   * [batch][block_table_stride], k and v are then paged caches of num_pages
+   * pages of page_size rows: key j of batch b is row j % page_size of page
+   * block_table[b][j / page_size], k_stride / v_stride give the element
+   * strides of (page, head, row in page), and len_k is the capacity
+   * (block_table_stride * page_size). Each used entry must be in
+   * [0, num_pages); the CPU checks, the CUDA kernels read a page outside that
+   * range as zeros (the registration layer checks before launching). */
+  const int32_t *seqlens_k;
+  const int32_t *block_table;
+  int64_t block_table_stride;
+  int64_t page_size;
+  int64_t num_pages;
 } oss_attention_params;
 
 typedef struct oss_attention_backward_params {
@@ -208,7 +225,12 @@ oss_status oss_attention_backward_cpu(const oss_attention_backward_params *p,
 /* CUDA: the kernels accept any pointer alignment and any strides (16-byte
  * vector paths where rows are aligned, a correct element-wise path where they
  * are not), any head_dim / head_dim_v from 1 to the largest compiled one, and
- * float16/bfloat16 (tensor cores) or float32/float64 (exact-precision SIMT). */
+ * float16/bfloat16 (tensor cores) or float32/float64 (exact-precision SIMT).
+ * Calls with at most 16 query rows per head (decode) run a split-KV kernel
+ * that reads each kv head's K and V once for all its query heads; its key
+ * splits follow the SM count and the work (attention.cu) and need the
+ * forward workspace. The KV-cache fields (seqlens_k, block_table) need that
+ * kernel (any len_q): float16/bfloat16 and 16-byte aligned rows of q, k, v. */
 /* Largest head dim this build can serve (0 when CUDA attention is absent). */
 int64_t oss_attention_cuda_max_head_dim(void);
 size_t oss_attention_forward_workspace_size_cuda(const oss_attention_params *p);
@@ -227,6 +249,9 @@ typedef struct oss_attention_cuda_options {
   int forward_mma_only;  /* nonzero: the mma.sync forward also where a wgmma one exists */
   int backward_mma_only; /* nonzero: the same for the backward */
   int dq_centring;       /* nonzero: the 16-bit backward centres dQ (see attention.cu) */
+  int decode_splits;     /* the split-KV decode forward: 0 splits by its rule, n > 0 forces
+                            n key splits (fewer where there are fewer key tiles), -1 never
+                            runs it (where the other kernels can serve the call) */
 } oss_attention_cuda_options;
 oss_attention_cuda_options oss_attention_cuda_get_options(void);
 void oss_attention_cuda_set_options(const oss_attention_cuda_options *options);

@@ -742,6 +742,181 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op(const Tensor &grad_out,
 }
 
 // ---------------------------------------------------------------------------
+// Attention over a KV cache (FlashAttention's layout: q (B, Lq, Hq, D), caches
+// (B, Lmax, Hkv, D) or paged (num_pages, page_size, Hkv, D) with block_table
+// (B, pages per sequence)). New keys and values k, v (B, Lnew, Hkv, D/Dv) are
+// written into the caches at positions cache_seqlens[b] .. + Lnew - 1 (ATen
+// index_put_, no host synchronisation), then q attends to keys
+// 0 .. cache_seqlens[b] + Lnew - 1, causally aligned bottom-right. Checks here
+// cover shapes, dtypes and devices; the values of cache_seqlens and
+// block_table are checked by the CPU kernel and, on CUDA, by the Python
+// wrapper (torch_oss.attention_with_kvcache), which can do it only with a
+// host synchronisation.
+// ---------------------------------------------------------------------------
+
+std::tuple<Tensor, Tensor> attention_with_kvcache_op(const Tensor &q, const Tensor &k_cache, const Tensor &v_cache,
+                                                     const std::optional<Tensor> &k_new,
+                                                     const std::optional<Tensor> &v_new,
+                                                     const std::optional<Tensor> &cache_seqlens,
+                                                     const std::optional<Tensor> &block_table,
+                                                     std::optional<double> softmax_scale, bool causal) {
+  const char *op = "attention_with_kvcache";
+  const Tensor *named[3] = {&q, &k_cache, &v_cache};
+  const char *names[3] = {"q", "k_cache", "v_cache"};
+  for (int i = 0; i < 3; i++) {
+    const Tensor &t = *named[i];
+    OSS_CHECK(is_kernel_float(t.scalar_type()), Type,
+              "%s: %s has dtype %s but must be float16, bfloat16, float32 or float64", op, names[i],
+              dtype_name(t.scalar_type()));
+    OSS_CHECK(t.dim() == 4, Value, "%s: %s must be 4-D, got shape %s", op, names[i], shape_str(t.sizes()).c_str());
+    OSS_CHECK(t.scalar_type() == q.scalar_type(), Type, "%s: %s.dtype=%s must equal q.dtype=%s", op, names[i],
+              dtype_name(t.scalar_type()), dtype_name(q.scalar_type()));
+    OSS_CHECK(t.device() == q.device(), Value, "%s: %s is on %s but q is on %s", op, names[i],
+              device_str(t).c_str(), device_str(q).c_str());
+    check_device_supported(op, t, names[i]);
+    OSS_CHECK(t.size(3) <= 1 || t.stride(3) == 1, Value, "%s: %s must have a unit-stride last dim (strides %s)", op,
+              names[i], shape_str(t.strides()).c_str());
+  }
+  const bool paged = block_table.has_value() && block_table->defined();
+  const int64_t B = q.size(0), Lq = q.size(1), Hq = q.size(2), D = q.size(3);
+  const int64_t Hkv = k_cache.size(2), Dv = v_cache.size(3);
+  OSS_CHECK(v_cache.sizes().slice(0, 3) == k_cache.sizes().slice(0, 3), Value,
+            "%s: v_cache has shape %s but k_cache has %s (they may differ in the last dim only)", op,
+            shape_str(v_cache.sizes()).c_str(), shape_str(k_cache.sizes()).c_str());
+  OSS_CHECK(k_cache.size(3) == D, Value, "%s: k_cache.size(-1)=%lld must equal q.size(-1)=%lld", op,
+            LL(k_cache.size(3)), LL(D));
+  OSS_CHECK(D >= 1 && D <= kMaxHeadDim && Dv >= 1 && Dv <= kMaxHeadDim, Value,
+            "%s: head dims %lld (q) and %lld (v_cache) must be in [1, %lld]", op, LL(D), LL(Dv), LL(kMaxHeadDim));
+  OSS_CHECK(Hkv >= 1 && Hq % Hkv == 0, Value,
+            "%s: q has %lld heads, which must be a multiple of the caches' %lld heads", op, LL(Hq), LL(Hkv));
+  OSS_CHECK(paged || k_cache.size(0) == B, Value, "%s: k_cache.size(0)=%lld (batch) must equal q.size(0)=%lld", op,
+            LL(k_cache.size(0)), LL(B));
+  int64_t capacity = k_cache.size(1);
+  Tensor table;
+  if (paged) {
+    table = *block_table;
+    OSS_CHECK(table.scalar_type() == at::kInt, Type, "%s: block_table.dtype=%s must be torch.int32", op,
+              dtype_name(table.scalar_type()));
+    OSS_CHECK(table.dim() == 2 && table.size(0) == B, Value,
+              "%s: block_table must have shape (batch=%lld, pages per sequence), got %s", op, LL(B),
+              shape_str(table.sizes()).c_str());
+    OSS_CHECK(table.device() == q.device(), Value, "%s: block_table is on %s but q is on %s", op,
+              device_str(table).c_str(), device_str(q).c_str());
+    OSS_CHECK(table.size(1) >= 1 && k_cache.size(1) >= 1, Value,
+              "%s: block_table has %lld pages per sequence and the pages %lld rows; both must be >= 1", op,
+              LL(table.size(1)), LL(k_cache.size(1)));
+    table = table.contiguous();
+    capacity = table.size(1) * k_cache.size(1);
+  }
+  Tensor seqlens;
+  if (cache_seqlens.has_value() && cache_seqlens->defined()) {
+    const Tensor &c = *cache_seqlens;
+    OSS_CHECK(c.scalar_type() == at::kInt || c.scalar_type() == at::kLong, Type,
+              "%s: cache_seqlens.dtype=%s must be torch.int32 or torch.int64", op, dtype_name(c.scalar_type()));
+    OSS_CHECK(c.dim() == 1 && c.size(0) == B, Value, "%s: cache_seqlens must have shape (batch=%lld,), got %s", op,
+              LL(B), shape_str(c.sizes()).c_str());
+    OSS_CHECK(c.device() == q.device(), Value, "%s: cache_seqlens is on %s but q is on %s", op,
+              device_str(c).c_str(), device_str(q).c_str());
+    seqlens = c.to(at::kInt);
+  }
+  const bool has_k = k_new.has_value() && k_new->defined(), has_v = v_new.has_value() && v_new->defined();
+  if (seqlens.defined() && seqlens.is_cpu() && B > 0) {  // host values: checked here, naming the argument
+    const int64_t added = has_k ? k_new->size(1) : 0;
+    const int64_t low = seqlens.min().item<int64_t>(), high = seqlens.max().item<int64_t>() + added;
+    OSS_CHECK(low >= 0 && high <= capacity, Value,
+              "%s: cache_seqlens (from %lld to %lld) plus %lld new tokens must stay within [0, %lld], the tokens the "
+              "cache holds per sequence",
+              op, LL(low), LL(high - added), LL(added), LL(capacity));
+  }
+  OSS_CHECK(has_k == has_v, Value, "%s: k and v must be given together (k %s, v %s)", op, has_k ? "given" : "None",
+            has_v ? "given" : "None");
+  if (has_k) {
+    OSS_CHECK(seqlens.defined(), Value, "%s: appending k and v needs cache_seqlens (where to write them)", op);
+    const Tensor &kn = *k_new, &vn = *v_new;
+    for (const auto &[t, name, width] : {std::tuple<const Tensor &, const char *, int64_t>{kn, "k", D},
+                                         std::tuple<const Tensor &, const char *, int64_t>{vn, "v", Dv}}) {
+      OSS_CHECK(t.scalar_type() == q.scalar_type(), Type, "%s: %s.dtype=%s must equal q.dtype=%s", op, name,
+                dtype_name(t.scalar_type()), dtype_name(q.scalar_type()));
+      OSS_CHECK(t.device() == q.device(), Value, "%s: %s is on %s but q is on %s", op, name, device_str(t).c_str(),
+                device_str(q).c_str());
+      OSS_CHECK(t.dim() == 4 && t.size(0) == B && t.size(1) == kn.size(1) && t.size(2) == Hkv && t.size(3) == width,
+                Value, "%s: %s must have shape (batch=%lld, new tokens, heads=%lld, %lld), got %s", op, name, LL(B),
+                LL(Hkv), LL(width), shape_str(t.sizes()).c_str());
+    }
+    const int64_t Lnew = kn.size(1);
+    if (Lnew > 0) {
+      // positions (B, Lnew) of the new tokens, and their (batch or page, row) in the caches
+      Tensor pos = seqlens.to(at::kLong).unsqueeze(1) + at::arange(Lnew, seqlens.options().dtype(at::kLong));
+      Tensor first, row;
+      if (paged) {
+        const int64_t page_size = k_cache.size(1);
+        first = table.to(at::kLong).gather(1, at::div(pos, page_size, "floor").clamp_max(table.size(1) - 1));
+        row = at::remainder(pos, page_size);
+      } else {
+        first = at::arange(B, pos.options()).unsqueeze(1).expand({B, Lnew});
+        row = pos;
+      }
+      const c10::List<std::optional<Tensor>> where({first, row});
+      k_cache.index_put_(where, kn);
+      v_cache.index_put_(where, vn);
+    }
+    seqlens = (seqlens + Lnew).to(at::kInt);
+  }
+
+  oss_attention_params p{};
+  p.dtype = to_oss_dtype(q.scalar_type());
+  p.batch = B;
+  p.heads_q = Hq;
+  p.heads_kv = Hkv;
+  p.len_q = Lq;
+  p.len_k = capacity;
+  p.head_dim = D;
+  p.head_dim_v = Dv;
+  // [batch or page, heads, position] strides of the (B or pages, L, H, D) layout
+  const Tensor *views[3] = {&q, &k_cache, &v_cache};
+  int64_t *strides[3] = {p.q_stride, p.k_stride, p.v_stride};
+  for (int i = 0; i < 3; i++) {
+    strides[i][0] = views[i]->stride(0);
+    strides[i][1] = views[i]->stride(2);
+    strides[i][2] = views[i]->stride(1);
+  }
+  p.q = q.data_ptr();
+  p.k = k_cache.data_ptr();
+  p.v = v_cache.data_ptr();
+  p.scale = softmax_scale ? *softmax_scale : 1.0 / std::sqrt(static_cast<double>(D));
+  OSS_CHECK(std::isfinite(p.scale), Value, "%s: softmax_scale must be a finite number, got %g", op, p.scale);
+  p.causal = causal ? OSS_CAUSAL_BOTTOM_RIGHT : OSS_CAUSAL_NONE;
+  p.mask_kind = OSS_MASK_NONE;
+  p.mask_dtype = OSS_BOOL;
+  if (seqlens.defined()) seqlens = seqlens.contiguous();
+  p.seqlens_k = seqlens.defined() ? seqlens.data_ptr<int32_t>() : nullptr;
+  if (paged) {
+    p.block_table = table.data_ptr<int32_t>();
+    p.block_table_stride = table.size(1);
+    p.page_size = k_cache.size(1);
+    p.num_pages = k_cache.size(0);
+  }
+  Tensor out = at::empty({B, Lq, Hq, Dv}, q.options());
+  Tensor lse = at::empty({B, Hq, Lq}, q.options().dtype(lse_dtype(q.scalar_type())));
+  if (out.numel() == 0) return {out, lse};
+  p.out = out.data_ptr();
+  p.out_stride[0] = out.stride(0);
+  p.out_stride[1] = out.stride(2);
+  p.out_stride[2] = out.stride(1);
+  p.lse = lse.data_ptr();
+#ifdef OSS_WITH_CUDA
+  if (q.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(q.device());
+    Tensor ws = cuda_workspace(q, oss_attention_forward_workspace_size_cuda(&p));
+    check_status(op, oss_attention_forward_cuda(&p, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
+    return {out, lse};
+  }
+#endif
+  check_status(op, oss_attention_forward_cpu(&p, &cpu_exec));
+  return {out, lse};
+}
+
+// ---------------------------------------------------------------------------
 // Cross-entropy over class indices (CPU kernel; the CUDA device is served by
 // a composition of ATen ops registered from Python, torch_oss/cross_entropy.py)
 // ---------------------------------------------------------------------------
@@ -966,6 +1141,37 @@ std::tuple<Tensor, Tensor, Tensor> attention_with_residual_op_autograd(const Ten
   return {outs[0], outs[1], outs[2]};
 }
 
+// The KV-cache op has no backward: it refuses inputs that would need one
+// (instead of PyTorch's warning and outputs cut from the graph), and marks
+// the caches it writes as modified (their version counters) for autograd's
+// saved-tensor checks.
+std::tuple<Tensor, Tensor> attention_with_kvcache_autograd(const Tensor &q, const Tensor &k_cache,
+                                                           const Tensor &v_cache, const std::optional<Tensor> &k_new,
+                                                           const std::optional<Tensor> &v_new,
+                                                           const std::optional<Tensor> &cache_seqlens,
+                                                           const std::optional<Tensor> &block_table,
+                                                           std::optional<double> softmax_scale, bool causal) {
+  const bool needs_grad = at::GradMode::is_enabled() &&
+                          (q.requires_grad() || k_cache.requires_grad() || v_cache.requires_grad() ||
+                           (k_new && k_new->defined() && k_new->requires_grad()) ||
+                           (v_new && v_new->defined() && v_new->requires_grad()));
+  OSS_CHECK(!needs_grad, Runtime,
+            "attention_with_kvcache: an input requires grad, but this op is for inference and has no backward; call "
+            "it under torch.no_grad() or use torch_oss.attention for training");
+  std::tuple<Tensor, Tensor> result;
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("oss::attention_with_kvcache", "")
+                               .typed<decltype(attention_with_kvcache_op)>();
+    result = op.call(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, softmax_scale, causal);
+  }
+  if (k_new && k_new->defined())
+    for (const Tensor *cache : {&k_cache, &v_cache})
+      if (!cache->is_inference()) cache->unsafeGetTensorImpl()->bump_version();
+  return result;
+}
+
 // ---------------------------------------------------------------------------
 // Registration
 // ---------------------------------------------------------------------------
@@ -987,6 +1193,10 @@ TORCH_LIBRARY(oss, m) {
       "bool is_causal=False, float? scale=None, bool enable_gqa=False, str causal_alignment=\"top_left\") -> "
       "(Tensor out, Tensor lse, Tensor out_residual)");
   m.def(
+      "attention_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, Tensor? v=None, "
+      "Tensor? cache_seqlens=None, Tensor? block_table=None, float? softmax_scale=None, bool causal=True) -> "
+      "(Tensor out, Tensor lse)");
+  m.def(
       "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, float label_smoothing=0.0, "
       "float z_loss=0.0) -> (Tensor loss, Tensor lse)");
   m.def(
@@ -1002,6 +1212,7 @@ TORCH_LIBRARY_IMPL(oss, CPU, m) {
   m.impl("attention", &attention_op);
   m.impl("attention_with_residual", &attention_with_residual_op);
   m.impl("attention_backward", &attention_backward_op);
+  m.impl("attention_with_kvcache", &attention_with_kvcache_op);
   m.impl("cross_entropy", &cross_entropy_op);
   m.impl("cross_entropy_backward", &cross_entropy_backward_op);
 }
@@ -1014,6 +1225,7 @@ TORCH_LIBRARY_IMPL(oss, Autograd, m) {
   m.impl("attention", &attention_op_autograd);
   m.impl("attention_with_residual", &attention_with_residual_op_autograd);
   m.impl("attention_backward", &attention_backward_op_autograd);
+  m.impl("attention_with_kvcache", &attention_with_kvcache_autograd);
 }
 
 #ifdef OSS_WITH_CUDA
@@ -1025,6 +1237,7 @@ TORCH_LIBRARY_IMPL(oss, CUDA, m) {
   m.impl("attention", &attention_op);
   m.impl("attention_with_residual", &attention_with_residual_op);
   m.impl("attention_backward", &attention_backward_op);
+  m.impl("attention_with_kvcache", &attention_with_kvcache_op);
 }
 #endif
 
@@ -1034,30 +1247,34 @@ TORCH_LIBRARY_IMPL(oss, CUDA, m) {
 
 static PyObject *py_build_config(PyObject *, PyObject *) { return PyUnicode_FromString(oss_build_config()); }
 
-// attention_kernels(forward_mma_only, backward_mma_only, dq_centring): sets
-// each choice of oss_attention_cuda_options that is >= 0 and returns the
-// previous three (a build without CUDA has none to set: (0, 0, 1)).
+// attention_kernels(forward_mma_only, backward_mma_only, dq_centring,
+// decode_splits): sets each choice of oss_attention_cuda_options that is not
+// kKeep and returns the previous four (a build without CUDA has none to set:
+// (0, 0, 1, 0)).
 static PyObject *py_attention_kernels(PyObject *, PyObject *args) {
-  int set[3];
-  if (!PyArg_ParseTuple(args, "iii", &set[0], &set[1], &set[2])) return nullptr;
+  constexpr int kKeep = -1000;
+  int set[4];
+  if (!PyArg_ParseTuple(args, "iiii", &set[0], &set[1], &set[2], &set[3])) return nullptr;
 #ifdef OSS_WITH_CUDA
   oss_attention_cuda_options o = oss_attention_cuda_get_options();
-  PyObject *previous = Py_BuildValue("(iii)", o.forward_mma_only, o.backward_mma_only, o.dq_centring);
-  if (set[0] >= 0) o.forward_mma_only = set[0];
-  if (set[1] >= 0) o.backward_mma_only = set[1];
-  if (set[2] >= 0) o.dq_centring = set[2];
+  PyObject *previous =
+      Py_BuildValue("(iiii)", o.forward_mma_only, o.backward_mma_only, o.dq_centring, o.decode_splits);
+  if (set[0] != kKeep) o.forward_mma_only = set[0];
+  if (set[1] != kKeep) o.backward_mma_only = set[1];
+  if (set[2] != kKeep) o.dq_centring = set[2];
+  if (set[3] != kKeep) o.decode_splits = set[3];
   oss_attention_cuda_set_options(&o);
   return previous;
 #else
-  return Py_BuildValue("(iii)", 0, 0, 1);
+  return Py_BuildValue("(iiii)", 0, 0, 1, 0);
 #endif
 }
 
 static PyMethodDef oss_methods[] = {
     {"build_config", py_build_config, METH_NOARGS, "Describe what this build of torch_oss compiled."},
     {"attention_kernels", py_attention_kernels, METH_VARARGS,
-     "Set the CUDA attention's kernel choices (forward_mma_only, backward_mma_only, dq_centring; -1 keeps one); "
-     "returns the previous ones."},
+     "Set the CUDA attention's kernel choices (forward_mma_only, backward_mma_only, dq_centring, decode_splits; "
+     "-1000 keeps one); returns the previous ones."},
     {nullptr, nullptr, 0, nullptr},
 };
 

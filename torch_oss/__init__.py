@@ -11,12 +11,14 @@ from . import _C  # noqa: F401  registers the operator schemas and kernels
 from . import _registrations
 from .cross_entropy import cross_entropy, linear_cross_entropy  # noqa: F401
 from .functional import attention, attention_with_lse, log_softmax, softmax
+from .kv_cache import attention_with_kvcache
 from .patching import (FallbackError, FallbackWarning, disable, enable, enabled, fallback_stats, is_enabled,
                        reset_fallback_stats)
 from .transformers_integration import register_transformers
 
 __version__ = "0.1.0"
-__all__ = ["softmax", "log_softmax", "attention", "attention_with_lse", "build_info", "__version__"]
+__all__ = ["softmax", "log_softmax", "attention", "attention_with_lse", "attention_with_kvcache", "build_info",
+           "__version__"]
 __all__ += ["enable", "disable", "enabled", "is_enabled", "fallback_stats", "reset_fallback_stats", "FallbackWarning",
             "FallbackError", "register_transformers"]
 

@@ -1,28 +1,35 @@
-"""Which CUDA attention kernels run: for tests and benchmarks that compare the
-kernel families on one GPU. Not part of the public API."""
+"""Which CUDA attention kernels run: for tests and benchmarks that compare
+the kernel families on one GPU. Not part of the public API."""
 
 import contextlib
 
 from . import _C
 
+_KEEP = -1000  # the extension's "leave this choice as it is"
+
 
 @contextlib.contextmanager
-def attention_kernels(forward=None, backward=None, dq_centring=None):
+def attention_kernels(forward=None, backward=None, dq_centring=None, decode_splits=None):
     """Inside the block, forward="mma" / backward="mma" run the mma.sync
     kernels also where Hopper (wgmma) ones exist ("best" the default choice),
-    and dq_centring=False turns off the 16-bit backward's dQ centring. None
-    keeps a choice as it is. The choices are process-wide: not for use while
-    another thread runs attention."""
+    dq_centring=False turns off the 16-bit backward's dQ centring, and
+    decode_splits=n forces the split-KV decode forward to n key splits (0: its
+    own rule, -1: never run it where the other kernels can serve the call).
+    None keeps a choice as it is. The choices are process-wide: not for use
+    while another thread runs attention."""
 
     def family(value, name):
         if value is None:
-            return -1
+            return _KEEP
         if value not in ("mma", "best"):
             raise ValueError(f"attention_kernels: {name}={value!r} must be 'mma', 'best' or None")
         return int(value == "mma")
 
+    if decode_splits is not None and (not isinstance(decode_splits, int) or decode_splits < -1):
+        raise ValueError(f"attention_kernels: decode_splits={decode_splits!r} must be an int >= -1 or None")
     previous = _C.attention_kernels(family(forward, "forward"), family(backward, "backward"),
-                                    -1 if dq_centring is None else int(bool(dq_centring)))
+                                    _KEEP if dq_centring is None else int(bool(dq_centring)),
+                                    _KEEP if decode_splits is None else decode_splits)
     try:
         yield
     finally:

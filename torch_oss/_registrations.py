@@ -105,6 +105,18 @@ def _attention_backward_fake(grad_out, query, key, value, out, lse, attn_mask, i
 # ---------------------------------------------------------------------------
 
 
+def _attention_with_kvcache_fake(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
+                                 softmax_scale=None, causal=True):
+    _check_same_device("attention_with_kvcache", [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k),
+                                                  ("v", v), ("cache_seqlens", cache_seqlens),
+                                                  ("block_table", block_table)])
+    torch._check_value(q.dim() == 4 and k_cache.dim() == 4 and v_cache.dim() == 4,
+                       lambda: "attention_with_kvcache: q, k_cache and v_cache must be 4-D")
+    batch, len_q, heads_q, _ = q.shape
+    out = q.new_empty((batch, len_q, heads_q, v_cache.shape[-1]))
+    return out, q.new_empty((batch, heads_q, len_q), dtype=_lse_dtype(q.dtype))
+
+
 def _cross_entropy_fake(logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0):
     _check_same_device("cross_entropy", [("logits", logits), ("target", target)])
     torch._check_value(logits.dim() == 2, lambda: f"cross_entropy: logits must be 2-D (N, C), got {logits.dim()}-D")
@@ -196,6 +208,7 @@ def register():
     torch.library.register_fake(f"{lib}::attention", _attention_fake)
     torch.library.register_fake(f"{lib}::attention_with_residual", _attention_with_residual_fake)
     torch.library.register_fake(f"{lib}::attention_backward", _attention_backward_fake)
+    torch.library.register_fake(f"{lib}::attention_with_kvcache", _attention_with_kvcache_fake)
     torch.library.register_fake(f"{lib}::cross_entropy", _cross_entropy_fake)
     torch.library.register_fake(f"{lib}::cross_entropy_backward", _cross_entropy_backward_fake)
     # cross_entropy's formulas are here: the op is called once per loss, not per layer

@@ -8,7 +8,9 @@
  * forward and (batch, kv head) tasks in the backward; every task writes
  * disjoint outputs in a fixed order, so results are bitwise reproducible and
  * independent of the thread count. Each task allocates its own tile scratch
- * (O(tile) in the forward, O(len_k * head_dim) in the backward).
+ * (O(tile) in the forward, O(len_k * head_dim) in the backward). The
+ * forward also reads paged caches and per-batch key counts (oss.h's KV-cache
+ * fields).
  */
 #include <stdlib.h>
 
@@ -22,6 +24,33 @@ enum { OSS_BR = 32, OSS_BC = 64 };
 #include "cpu_precisions.h"
 
 /* ---- validation ------------------------------------------------------------------ */
+
+/* The KV-cache fields (oss.h): every length in [0, len_k] and every page a
+ * batch's keys use inside [0, num_pages). */
+static oss_status check_kv_cache(const char *op, const oss_attention_params *p) {
+  if (p->block_table != NULL &&
+      (p->page_size < 1 || p->num_pages < 0 || p->block_table_stride < 1 ||
+       p->len_k > p->block_table_stride * p->page_size))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT,
+                    "%s: a paged cache needs page_size >= 1 (got %lld), num_pages >= 0 (got %lld) and len_k=%lld "
+                    "<= block_table_stride=%lld * page_size",
+                    op, (long long)p->page_size, (long long)p->num_pages, (long long)p->len_k,
+                    (long long)p->block_table_stride);
+  for (int64_t b = 0; b < p->batch; b++) {
+    const int64_t keys = p->seqlens_k != NULL ? p->seqlens_k[b] : p->len_k;
+    if (keys < 0 || keys > p->len_k)
+      return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: seqlens_k[%lld]=%lld is outside [0, %lld]", op, (long long)b,
+                      (long long)keys, (long long)p->len_k);
+    if (p->block_table == NULL) continue;
+    for (int64_t j = 0; j * p->page_size < keys; j++) {
+      const int64_t page = p->block_table[b * p->block_table_stride + j];
+      if (page < 0 || page >= p->num_pages)
+        return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: block_table[%lld][%lld]=%lld is outside [0, %lld)", op,
+                        (long long)b, (long long)j, (long long)page, (long long)p->num_pages);
+    }
+  }
+  return OSS_OK;
+}
 
 static oss_status check_params(const char *op, const oss_attention_params *p) {
   if (p->dtype != OSS_FLOAT32 && p->dtype != OSS_FLOAT64 && p->dtype != OSS_FLOAT16 && p->dtype != OSS_BFLOAT16)
@@ -47,7 +76,7 @@ static oss_status check_params(const char *op, const oss_attention_params *p) {
   if (p->out_residual != NULL && p->dtype != OSS_FLOAT16 && p->dtype != OSS_BFLOAT16)
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: out_residual is only for float16/bfloat16 (dtype code %d)", op,
                     (int)p->dtype);
-  return OSS_OK;
+  return check_kv_cache(op, p);
 }
 
 oss_status oss_attention_forward_cpu(const oss_attention_params *p, const oss_cpu_exec *exec) {
@@ -70,6 +99,8 @@ oss_status oss_attention_forward_cpu(const oss_attention_params *p, const oss_cp
 oss_status oss_attention_backward_cpu(const oss_attention_backward_params *bp, const oss_cpu_exec *exec) {
   oss_status st = check_params("attention_backward", &bp->fwd);
   if (st != OSS_OK) return st;
+  if (bp->fwd.seqlens_k != NULL || bp->fwd.block_table != NULL)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED, "attention_backward: the KV-cache fields are for the forward only");
   const int64_t tasks = bp->fwd.batch * bp->fwd.heads_kv;
   if (bp->fwd.dtype == OSS_FLOAT64) {
     attention_task_ctx_f64 ctx = {.params = bp, .failed = 0};

@@ -41,6 +41,30 @@ static void FN(store_rows)(void *base, oss_dtype dtype, const int64_t stride[3],
     STORE(base, dtype, b * stride[0] + h * stride[1] + (row0 + r) * stride[2], 1, src + r * width, width);
 }
 
+/* Keys batch b attends to, and the causal rule's offset for it (oss.h's
+ * KV-cache fields: seqlens_k and a diagonal that follows it). */
+static int64_t FN(keys_of)(const oss_attention_params *p, int64_t b) {
+  return p->seqlens_k != NULL ? p->seqlens_k[b] : p->len_k;
+}
+static int64_t FN(causal_offset)(const oss_attention_params *p, int64_t b) {
+  return p->causal == OSS_CAUSAL_BOTTOM_RIGHT ? FN(keys_of)(p, b) - p->len_q : 0;
+}
+
+/* load_rows for k or v (their strides `stride`), through the page table when
+ * the cache is paged: key j of batch b is row j % page_size of page
+ * block_table[b][j / page_size]. */
+static void FN(load_kv_rows)(const oss_attention_params *p, const void *base, const int64_t stride[3], int64_t b,
+                             int64_t h, int64_t row0, int64_t rows, int64_t width, REAL *dst) {
+  if (p->block_table == NULL) {
+    FN(load_rows)(base, p->dtype, stride, b, h, row0, rows, width, dst);
+    return;
+  }
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t j = row0 + r, page = p->block_table[b * p->block_table_stride + j / p->page_size];
+    LOAD(base, p->dtype, page * stride[0] + h * stride[1] + j % p->page_size * stride[2], 1, dst + r * width, width);
+  }
+}
+
 /* dst[d * cols + c] = src[c * width + d]: a key tile transposed so that the
  * score loop runs over unit-stride keys. */
 static void FN(transpose)(const REAL *src, int64_t cols, int64_t width, REAL *dst) {
@@ -187,7 +211,7 @@ static void FN(score_tile)(const oss_attention_params *p, int64_t b, int64_t h, 
                            int64_t j0, int64_t cols, const double *Qd, const double *Ktd, double *S) {
   const int64_t D = p->head_dim;
   const double scale = p->scale;
-  const int64_t causal_offset = p->causal == OSS_CAUSAL_BOTTOM_RIGHT ? p->len_k - p->len_q : 0;
+  const int64_t causal_offset = FN(causal_offset)(p, b);
   FN(score_gemm)(rows, cols, D, Qd, D, Ktd, cols, S, cols);
   for (int64_t r = 0; r < rows; r++) {
     double *s = S + r * cols;
@@ -210,14 +234,14 @@ static void FN(score_tile)(const oss_attention_params *p, int64_t b, int64_t h, 
   }
 }
 
-/* Number of keys any of the query rows [i0, i0 + rows) may see under the
- * causal rule (all of them without one). */
-static int64_t FN(visible_keys)(const oss_attention_params *p, int64_t i0, int64_t rows) {
-  if (p->causal == OSS_CAUSAL_NONE) return p->len_k;
-  const int64_t offset = p->causal == OSS_CAUSAL_BOTTOM_RIGHT ? p->len_k - p->len_q : 0;
-  int64_t last = i0 + rows - 1 + offset + 1;
+/* Number of keys of batch b any of the query rows [i0, i0 + rows) may see
+ * under the causal rule (all of them without one). */
+static int64_t FN(visible_keys)(const oss_attention_params *p, int64_t b, int64_t i0, int64_t rows) {
+  const int64_t keys = FN(keys_of)(p, b);
+  if (p->causal == OSS_CAUSAL_NONE) return keys;
+  int64_t last = i0 + rows - 1 + FN(causal_offset)(p, b) + 1;
   if (last < 0) last = 0;
-  return last < p->len_k ? last : p->len_k;
+  return last < keys ? last : keys;
 }
 
 /* ---- forward ------------------------------------------------------------------- */
@@ -253,13 +277,13 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
     FN(widen)(Q, rows * D, Qd);
     for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0;
     for (int64_t x = 0; x < rows * Dv; x++) O[x] = 0;
-    const int64_t kend = FN(visible_keys)(p, i0, rows);
+    const int64_t kend = FN(visible_keys)(p, b, i0, rows);
     for (int64_t j0 = 0; j0 < kend; j0 += OSS_BC) {
       const int64_t cols = kend - j0 < OSS_BC ? kend - j0 : OSS_BC;
-      FN(load_rows)(p->k, p->dtype, p->k_stride, b, hk, j0, cols, D, K);
+      FN(load_kv_rows)(p, p->k, p->k_stride, b, hk, j0, cols, D, K);
       FN(transpose)(K, cols, D, Kt);
       FN(widen)(Kt, D * cols, Ktd);
-      FN(load_rows)(p->v, p->dtype, p->v_stride, b, hk, j0, cols, Dv, V);
+      FN(load_kv_rows)(p, p->v, p->v_stride, b, hk, j0, cols, Dv, V);
       FN(score_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, Sd);
       for (int64_t r = 0; r < rows; r++) { /* online softmax: P into S, rescale o */
         const double *sd = Sd + r * cols;
@@ -382,7 +406,7 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
     for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
       for (int64_t i0 = 0; i0 < p->len_q; i0 += OSS_BR) {
         const int64_t rows = p->len_q - i0 < OSS_BR ? p->len_q - i0 : OSS_BR;
-        const int64_t kend = FN(visible_keys)(p, i0, rows);
+        const int64_t kend = FN(visible_keys)(p, b, i0, rows);
         FN(load_rows)(p->q, p->dtype, p->q_stride, b, h, i0, rows, D, Q);
         FN(widen)(Q, rows * D, Qd);
         FN(load_rows)(bp->dout, p->dtype, bp->dout_stride, b, h, i0, rows, Dv, dO);

@@ -11,6 +11,10 @@
  * and 256, backward at 64 and 128);
  * the selection takes the most specific family compiled for the device.
  *
+ * Forward, few query rows (decode) and KV-cache calls: the split-KV kernel
+ * (mma/attention_decode.cuh; plan and split rule below), compiled per head dim
+ * of DECODE_HEAD_DIMS in the generator.
+ *
  * Forward, tensor cores: with params->out_residual, the epilogue also writes
  * out's rounding residual (oss_attn_fwd_write).
  *
@@ -82,6 +86,7 @@ static void oss_attn_options_from_env(void) {
   oss_attn_options.forward_mma_only = oss_attn_env_is("TORCH_OSS_ATTENTION_FORWARD", "mma");
   oss_attn_options.backward_mma_only = oss_attn_env_is("TORCH_OSS_ATTENTION_BACKWARD", "mma");
   oss_attn_options.dq_centring = !oss_attn_env_is("TORCH_OSS_ATTENTION_DQ_CENTRING", "0");
+  oss_attn_options.decode_splits = 0;
 }
 
 static const oss_attention_cuda_options *oss_attn_opts(void) {
@@ -177,6 +182,18 @@ static oss_status oss_attn_validate(const oss_attention_params *p) {
   if (nq > 0 && nkv > 0 && p->mask_kind != OSS_MASK_NONE && p->mask == NULL)
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->mask is NULL but mask_kind is %d",
                     (int)p->mask_kind);
+  if (p->block_table != NULL) {
+    if (p->page_size < 1 || p->page_size > INT_MAX || p->num_pages < 0 || p->num_pages > INT_MAX ||
+        p->block_table_stride < 1 || p->len_k > p->block_table_stride * p->page_size)
+      return oss_fail(OSS_ERROR_INVALID_ARGUMENT,
+                      "attention: a paged cache needs page_size >= 1 (got %lld), num_pages >= 0 (got %lld) and "
+                      "len_k=%lld <= block_table_stride=%lld * page_size",
+                      (long long)p->page_size, (long long)p->num_pages, (long long)p->len_k,
+                      (long long)p->block_table_stride);
+  }
+  if ((p->seqlens_k != NULL || p->block_table != NULL) && !oss_attn_is_tc(p->dtype))
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                    "attention: the KV-cache fields (seqlens_k, block_table) need float16 or bfloat16 inputs on CUDA");
   return OSS_OK;
 }
 
@@ -211,8 +228,17 @@ static void oss_attn_fill_args(const oss_attention_params *p, oss_attn_args *a) 
   a->mask_dtype = p->mask_dtype;
   a->mask = p->mask;
   for (int i = 0; i < 4; i++) a->m_s[i] = p->mask_stride[i];
+  a->seqlens_k = p->seqlens_k;
+  a->block_table = p->block_table;
+  a->bt_stride = p->block_table_stride;
+  a->page_size = (int)p->page_size;
+  a->num_pages = (int)p->num_pages;
+  a->causal_bottom_right = p->causal == OSS_CAUSAL_BOTTOM_RIGHT;
   const size_t es = oss_attn_elem_size(p->dtype);
-  const int64_t nq[3] = {p->batch, p->heads_q, p->len_q}, nk[3] = {p->batch, p->heads_kv, p->len_k};
+  /* a paged cache's first dim is its pages, and a page holds page_size rows */
+  const int64_t nq[3] = {p->batch, p->heads_q, p->len_q},
+                nk[3] = {p->block_table ? p->num_pages : p->batch, p->heads_kv,
+                         p->block_table ? p->page_size : p->len_k};
   if (oss_attn_rows_aligned(p->q, p->q_stride, nq, es)) a->vec |= OSS_ATTN_VEC_Q;
   if (oss_attn_rows_aligned(p->k, p->k_stride, nk, es)) a->vec |= OSS_ATTN_VEC_K;
   if (oss_attn_rows_aligned(p->v, p->v_stride, nk, es)) a->vec |= OSS_ATTN_VEC_V;
@@ -220,9 +246,79 @@ static void oss_attn_fill_args(const oss_attention_params *p, oss_attn_args *a) 
   if (oss_attn_rows_aligned(p->out_residual, p->out_stride, nq, es)) a->vec |= OSS_ATTN_VEC_OR;
 }
 
+static size_t oss_attn_round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+/* ---- split-KV decode -----------------------------------------------------------
+ * Calls with few query rows per head (len_q <= OSS_ATTN_DEC_MAX_LQ) and every
+ * KV-cache call run attention_decode.cuh, where the rows of q, k and v are
+ * 16-byte aligned and batch * kv heads fits a grid dim.
+ * Split rule: a CTA owns 16 packed rows of one (batch, kv head); when those
+ * CTAs alone would leave SMs idle, the keys are split so that the CTAs make
+ * one full wave (SMs times the CTAs an SM holds at the kernel's shared
+ * memory, never more), each split keeping at least OSS_ATTN_DEC_MIN_TILES key tiles
+ * (below that the partial outputs cost more than the parallelism gains) and
+ * at most OSS_ATTN_DEC_MAX_SPLITS. The key tiles are then dealt out evenly,
+ * so no split is empty. Splits follow len_k (a cache's capacity), never the
+ * device-side seqlens_k, so a shape always gets the same plan. */
+#define OSS_ATTN_DEC_MIN_TILES 2
+
+typedef struct oss_attn_dec_plan {
+  const oss_attn_kernel_entry *entry; /* NULL: the call does not run the decode kernel */
+  int splits, tiles;                  /* key splits of `tiles` key tiles each */
+  size_t off_lse, bytes;              /* workspace: partial outputs, then their lse */
+} oss_attn_dec_plan;
+
+static bool oss_attn_kv_cache(const oss_attention_params *p) {
+  return p->seqlens_k != NULL || p->block_table != NULL;
+}
+
+static oss_attn_dec_plan oss_attn_dec_make_plan(const oss_attention_params *p, const oss_attn_args *a,
+                                                const oss_device_info *dev) {
+  oss_attn_dec_plan plan;
+  memset(&plan, 0, sizeof plan);
+  if (!oss_attn_is_tc(p->dtype) || dev->cc_major < 8) return plan;
+  const int forced = oss_attn_opts()->decode_splits;
+  if (!oss_attn_kv_cache(p) && (p->len_q > OSS_ATTN_DEC_MAX_LQ || forced < 0)) return plan;
+  const int need_vec = OSS_ATTN_VEC_Q | OSS_ATTN_VEC_K | OSS_ATTN_VEC_V;
+  if ((a->vec & need_vec) != need_vec || p->batch * p->heads_kv > 65535) return plan;
+  const int64_t need = p->head_dim > p->head_dim_v ? p->head_dim : p->head_dim_v;
+  const oss_attn_kernel_entry *e = oss_attn_find(p->dtype, need, 0);
+  if (e == NULL || e->dec == NULL) return plan;
+  plan.entry = e;
+  const int64_t tiles = (p->len_k + OSS_ATTN_DEC_KEYS - 1) / OSS_ATTN_DEC_KEYS;
+  int64_t splits = 1;
+  if (forced > 0) {
+    splits = forced;
+  } else if (tiles > 0) {
+    const int64_t row_tiles = (p->heads_q / p->heads_kv * p->len_q + OSS_ATTN_DEC_ROWS - 1) / OSS_ATTN_DEC_ROWS;
+    const int64_t base = p->batch * p->heads_kv * row_tiles;
+    int64_t per_sm = dev->max_smem_per_sm / (int64_t)(oss_attn_dec_smem_bytes(e->dec_head_dim) + 1024);
+    per_sm = per_sm < 1 ? 1 : (per_sm > 16 ? 16 : per_sm);
+    const int64_t wave = dev->sm_count * per_sm;
+    if (base < wave) splits = wave / base; /* at most one wave: a second, partial one would cost a whole CTA time */
+    const int64_t most = tiles / OSS_ATTN_DEC_MIN_TILES;
+    if (splits > most) splits = most;
+  }
+  if (splits > OSS_ATTN_DEC_MAX_SPLITS) splits = OSS_ATTN_DEC_MAX_SPLITS;
+  if (splits > tiles) splits = tiles;
+  if (splits < 1) splits = 1;
+  plan.tiles = (int)(tiles > 0 ? (tiles + splits - 1) / splits : 1);
+  plan.splits = tiles > 0 ? (int)((tiles + plan.tiles - 1) / plan.tiles) : 1;
+  if (plan.splits > 1) {
+    const size_t rows = (size_t)(p->batch * p->heads_q * p->len_q) * (size_t)plan.splits;
+    plan.off_lse = oss_attn_round256(rows * (size_t)oss_attn_dec_part_ld((int)p->head_dim_v) * 4);
+    plan.bytes = plan.off_lse + oss_attn_round256(rows * 4);
+  }
+  return plan;
+}
+
 size_t oss_attention_forward_workspace_size_cuda(const oss_attention_params *p) {
-  (void)p;
-  return 0;
+  if (oss_attn_validate(p) != OSS_OK || p->batch == 0 || p->heads_q == 0 || p->len_q == 0) return 0;
+  oss_device_info dev;
+  if (oss_get_device_info(&dev) != OSS_OK) return 0;
+  oss_attn_args a;
+  oss_attn_fill_args(p, &a);
+  return oss_attn_dec_make_plan(p, &a, &dev).bytes;
 }
 
 oss_status oss_attention_forward_cuda(const oss_attention_params *p, void *workspace, void *cuda_stream) {
@@ -231,7 +327,6 @@ oss_status oss_attention_forward_cuda(const oss_attention_params *p, void *works
 
 oss_status oss_attn_forward_with(const oss_attention_params *p, void *workspace, void *cuda_stream,
                                  oss_attn_launch_fn override_fn) {
-  (void)workspace;
   oss_status st = oss_attn_validate(p);
   if (st != OSS_OK) return st;
   if (p->batch == 0 || p->heads_q == 0 || p->len_q == 0) return OSS_OK;
@@ -241,6 +336,25 @@ oss_status oss_attn_forward_with(const oss_attention_params *p, void *workspace,
   oss_attn_args a;
   oss_attn_fill_args(p, &a);
   cudaStream_t stream = (cudaStream_t)cuda_stream;
+  const oss_attn_dec_plan dec = override_fn ? (oss_attn_dec_plan){0} : oss_attn_dec_make_plan(p, &a, &dev);
+  if (dec.entry != NULL) {
+    if (dec.bytes > 0 && (workspace == NULL || ((uintptr_t)workspace) % 16 != 0))
+      return oss_fail(OSS_ERROR_INVALID_ARGUMENT,
+                      "attention: workspace must be 16-byte aligned with %zu bytes "
+                      "(oss_attention_forward_workspace_size_cuda)",
+                      dec.bytes);
+    a.dec_splits = dec.splits;
+    a.dec_tiles = dec.tiles;
+    a.part_o = dec.bytes ? (float *)workspace : NULL;
+    a.part_lse = dec.bytes ? (float *)((char *)workspace + dec.off_lse) : NULL;
+    return dec.entry->dec(&a, stream, &dev);
+  }
+  if (oss_attn_kv_cache(p))
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                    "attention: the KV-cache fields need 16-byte aligned rows of q, k and v, batch * heads_kv <= "
+                    "65535 and a decode kernel for head dim %lld (compiled head dims: %s)",
+                    (long long)(p->head_dim > p->head_dim_v ? p->head_dim : p->head_dim_v),
+                    oss_attention_cuda_head_dims_list());
   if (!oss_attn_is_tc(p->dtype)) return oss_attn_fwd_simt(&a, p->dtype, stream, &dev);
   if (dev.cc_major < 8)
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
@@ -267,8 +381,6 @@ typedef struct oss_attn_bwd_layout {
   int mean_ld; /* 0: no mean K rows (SIMT kernels) */
   size_t off_dsum, off_inv_l, off_kpart, off_kmean, off_eacc, off_dq, total;
 } oss_attn_bwd_layout;
-
-static size_t oss_attn_round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params *bp) {
   const oss_attention_params *p = &bp->fwd;
@@ -318,6 +430,8 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   const oss_attention_params *p = &bp->fwd;
   oss_status st = oss_attn_validate(p);
   if (st != OSS_OK) return st;
+  if (oss_attn_kv_cache(p))
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED, "attention_backward: the KV-cache fields are for the forward only");
   const int64_t nq = p->batch * p->heads_q * p->len_q, nkv = p->batch * p->heads_kv * p->len_k;
   if (nq > 0 && (bp->dout == NULL || bp->dq == NULL))
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention_backward: params->%s is NULL",

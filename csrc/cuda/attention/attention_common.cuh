@@ -80,6 +80,18 @@ typedef struct oss_attn_args {
   double *kmean_part;
   float *eacc;
   int mean_ld; /* the kernels' padded head dim */
+  /* split-KV decode forward (attention_decode.cuh) and the KV-cache fields of
+   * oss.h: keys per batch (NULL: lk), page table (NULL: k/v are [B, Hkv, Lk]),
+   * the split plan (dec_splits splits of dec_tiles key tiles each) and, with
+   * more than one split, the float32 partial outputs [splits][B*Hq*Lq][dv]
+   * and their lse [splits][B*Hq*Lq] in the workspace. */
+  const int *seqlens_k;
+  const int *block_table;
+  int64_t bt_stride;
+  int page_size, num_pages;
+  int causal_bottom_right; /* with seqlens_k: the diagonal follows each batch's length */
+  int dec_splits, dec_tiles;
+  float *part_o, *part_lse;
 } oss_attn_args;
 
 #define OSS_ATTN_LQ_PAD 128
@@ -101,7 +113,28 @@ typedef struct oss_attn_kernel_entry {
   oss_dtype dtype; /* OSS_FLOAT16 or OSS_BFLOAT16 */
   oss_attn_launch_fn fwd[OSS_ATTN_FAMILIES]; /* NULL where not compiled */
   oss_attn_launch_fn bwd[OSS_ATTN_FAMILIES]; /* backward kernels, NULL where not compiled */
+  oss_attn_launch_fn dec; /* split-KV decode forward (mma.sync), NULL where not compiled */
+  int dec_head_dim;       /* the head dim dec was compiled for (>= head_dim) */
 } oss_attn_kernel_entry;
+
+/* ---- split-KV decode (attention_decode.cuh) --------------------------------- */
+
+/* Head dim rounded up to the mma k-step, and the smem pitch for KD columns (a
+ * row is an odd number of 16-byte chunks, so ldmatrix is free of bank conflicts). */
+__host__ __device__ constexpr int oss_attn_kd(int hd) { return (hd + 15) / 16 * 16; }
+__host__ __device__ constexpr int oss_attn_pitch(int cols) { return (cols / 8) % 2 == 0 ? cols + 8 : cols; }
+
+#define OSS_ATTN_DEC_ROWS 16       /* packed query rows per CTA */
+#define OSS_ATTN_DEC_KEYS 64       /* keys per tile (16 per warp, 4 warps) */
+#define OSS_ATTN_DEC_MAX_SPLITS 256
+#define OSS_ATTN_DEC_MAX_LQ 16     /* the forward takes the decode kernel up to this len_q */
+/* Floats per partial output row in the workspace: Dv rounded up to 16 bytes. */
+__host__ __device__ constexpr int oss_attn_dec_part_ld(int dv) { return (dv + 3) / 4 * 4; }
+__host__ __device__ constexpr int oss_attn_dec_stages(int hd) { return hd <= 128 ? 3 : 2; }
+__host__ __device__ constexpr size_t oss_attn_dec_smem_bytes(int hd) {
+  return (size_t)(OSS_ATTN_DEC_ROWS + 2 * oss_attn_dec_stages(hd) * OSS_ATTN_DEC_KEYS) *
+         oss_attn_pitch(oss_attn_kd(hd)) * 2;
+}
 
 #ifdef __cplusplus
 extern "C" {

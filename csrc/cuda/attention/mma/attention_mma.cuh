@@ -26,9 +26,8 @@
 
 #include "cuda/attention/attention_common.cuh"
 
-/* Head dim rounded up to the mma k-step, and the smem pitch for KD columns. */
-__host__ __device__ constexpr int oss_attn_kd(int hd) { return (hd + 15) / 16 * 16; }
-__host__ __device__ constexpr int oss_attn_pitch(int cols) { return (cols / 8) % 2 == 0 ? cols + 8 : cols; }
+/* oss_attn_kd / oss_attn_pitch (attention_common.cuh): head dim rounded up to
+ * the mma k-step, and the smem pitch for KD columns. */
 
 // ---------------------------------------------------------------------------
 // PTX wrappers

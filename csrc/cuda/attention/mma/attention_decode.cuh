@@ -1,0 +1,375 @@
+/*
+ * attention_decode.cuh - split-KV attention forward for few query rows per
+ * head (decode, speculative decode, KV-cache calls; float16/bfloat16,
+ * mma.sync m16n8k16, sm_80 and newer): out and lse as the FA2 forward
+ * (attention_fwd.cuh) computes them, over contiguous or paged K/V with
+ * optional per-batch key counts.
+ *
+ * Rows: the query rows of the query heads that share a kv head are packed
+ * into one tile, packed row R = g * Lq + i being query i of query head
+ * hk * group + g, so each K/V byte is read once for the whole group. A CTA
+ * owns 16 packed rows (blockIdx.x), one split of the keys (blockIdx.y) and
+ * one (batch, kv head) (blockIdx.z).
+ * Keys: the split's keys stream through shared memory in tiles of 64 keys
+ * (K and V of a tile in one cp.async group; all oss_attn_dec_stages stages
+ * in flight while a tile is awaited, two barriers per tile); warp w takes keys 16w .. 16w+15 of every tile and runs its own
+ * online softmax (m, l, lr, o as in attention_fwd.cuh) over them, so the
+ * warps never wait for each other inside the key loop; at the end the four
+ * warp states are merged through shared memory.
+ * Output: with one split, out, its rounding residual and lse directly; with
+ * several, each split writes its normalised partial output (float32) and lse
+ * to the workspace and oss_attn_dec_combine_kernel merges them by their lse,
+ * always in split order, so a shape gives the same bits on every call.
+ * Paging: key j of batch b is row j % page_size of page
+ * block_table[b][j / page_size]; k_s[0] / v_s[0] are then the page strides. A
+ * page index outside [0, num_pages) reads as zeros (the host checks them).
+ * Limits: rows of q, k and v 16-byte aligned (the host falls back to the FA2
+ * kernel otherwise); head dims up to the compiled HD (zero padded); batch *
+ * kv heads and splits below 65536; lengths below 2^31.
+ */
+#ifndef OSS_ATTENTION_DECODE_CUH
+#define OSS_ATTENTION_DECODE_CUH
+
+#include "cuda/attention/mma/attention_fwd.cuh"
+
+/* Thread tid copies 16-byte chunk tid % CPR of key rows tid / CPR + it * STEP
+ * (it < N) of each tile, and finds each row's address once for K and V. */
+template <int KD> struct oss_attn_dec_rows {
+  static constexpr int CPR = KD / 8, STEP = 128 / CPR, N = OSS_ATTN_DEC_KEYS / STEP;
+  static_assert(128 % CPR == 0 && OSS_ATTN_DEC_KEYS % STEP == 0, "chunks tile the threads and the key tile");
+};
+
+/* With a page table, the page of each of this thread's rows of the tile at
+ * key j0 (-1 past n_end). Read a tile ahead of its copies, so that the
+ * table's latency does not delay them. */
+template <int KD>
+__device__ __forceinline__ void oss_attn_dec_pages(const oss_attn_args &a, int b, int j0, int n_end, int tid,
+                                                   int (&pg)[oss_attn_dec_rows<KD>::N]) {
+  typedef oss_attn_dec_rows<KD> R;
+  if (a.block_table == nullptr) return;
+  const int *bt = a.block_table + b * a.bt_stride;
+#pragma unroll
+  for (int it = 0; it < R::N; it++) {
+    const int j = j0 + tid / R::CPR + it * R::STEP;
+    pg[it] = j < n_end ? __ldg(bt + j / a.page_size) : -1;
+  }
+}
+
+/* Issues the cp.async copies of K and V rows j0 .. j0 + 63 of (batch b, kv
+ * head hk) into one stage (pages pg from oss_attn_dec_pages); rows at or past
+ * n_end and pages out of range are zero-filled. */
+template <typename T, int KD, int LDS>
+__device__ __forceinline__ void oss_attn_dec_load_kv(const oss_attn_args &a, T *sK, T *sV, int b, int hk, int j0,
+                                                     int n_end, int tid, const int (&pg)[oss_attn_dec_rows<KD>::N]) {
+  typedef oss_attn_dec_rows<KD> R;
+  const int col = tid % R::CPR * 8;
+  int kb = a.d - col, vb = a.dv - col;
+  kb = (kb < 0 ? 0 : (kb > 8 ? 8 : kb)) * 2;
+  vb = (vb < 0 ? 0 : (vb > 8 ? 8 : vb)) * 2;
+  const T *k0 = (const T *)a.k + hk * a.k_s[1] + col, *v0 = (const T *)a.v + hk * a.v_s[1] + col;
+  const bool paged = a.block_table != nullptr;
+#pragma unroll
+  for (int it = 0; it < R::N; it++) {
+    const int r = tid / R::CPR + it * R::STEP, j = j0 + r;
+    int64_t koff = 0, voff = 0;
+    bool ok = j < n_end;
+    if (ok) {
+      if (paged) {
+        const int row = j % a.page_size;
+        ok = pg[it] >= 0 && pg[it] < a.num_pages;
+        koff = (int64_t)pg[it] * a.k_s[0] + (int64_t)row * a.k_s[2];
+        voff = (int64_t)pg[it] * a.v_s[0] + (int64_t)row * a.v_s[2];
+      } else {
+        koff = (int64_t)b * a.k_s[0] + (int64_t)j * a.k_s[2];
+        voff = (int64_t)b * a.v_s[0] + (int64_t)j * a.v_s[2];
+      }
+    }
+    oss_cp_async16(oss_smem_u32(sK + r * LDS + col), ok ? k0 + koff : k0, ok ? kb : 0);
+    oss_cp_async16(oss_smem_u32(sV + r * LDS + col), ok ? v0 + voff : v0, ok ? vb : 0);
+  }
+}
+
+/* Scales a warp's 16 scores per row to log2 units and hides the invisible
+ * ones: keys after the row's last visible key last[hi] (its causal diagonal
+ * and the batch's key count; -1 for padding rows) and, with a mask tensor,
+ * its entries (row offsets mrow[hi]). */
+__device__ __forceinline__ void oss_attn_dec_mask(float (&s)[1][2][4], const oss_attn_args &a, const int (&last)[2],
+                                                  const int64_t (&mrow)[2], int c0, int lane) {
+  const int t2 = (lane & 3) * 2;
+#pragma unroll
+  for (int hi = 0; hi < 2; hi++)
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int C = c0 + n * 8 + t2 + e;
+        float x = s[0][n][2 * hi + e] * a.scale_log2;
+        if (C > last[hi]) x = -INFINITY;
+        else if (a.mask_kind != OSS_MASK_NONE)
+          x += oss_attn_mask_value<float>(a, mrow[hi] + (int64_t)C * a.m_s[3]) * (float)OSS_LOG2E;
+        s[0][n][2 * hi + e] = x;
+      }
+}
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a) {
+  constexpr int KD = oss_attn_kd(HD), LDS = oss_attn_pitch(KD), NO = KD / 8, BK = OSS_ATTN_DEC_KEYS;
+  constexpr int STAGES = oss_attn_dec_stages(HD), OP = KD + 4; /* OP: merge pitch, rows in other banks */
+  static_assert(OSS_ATTN_DEC_ROWS == 16 && BK == 64, "one m-tile of rows, 16 keys per warp");
+  static_assert((size_t)4 * 16 * OP * 4 + 4 * 16 * 3 * 4 <= (size_t)2 * STAGES * BK * LDS * 2,
+                "the warps' states fit the K/V stages for the merge");
+
+  extern __shared__ __align__(16) unsigned char oss_smem[];
+  T *sQ = reinterpret_cast<T *>(oss_smem);
+  T *sK = sQ + OSS_ATTN_DEC_ROWS * LDS;
+  T *sV = sK + STAGES * BK * LDS;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+  const int b = (int)(blockIdx.z / a.hkv), hk = (int)(blockIdx.z % a.hkv);
+  const int split = blockIdx.y, rows_total = a.group * a.lq, r0 = blockIdx.x * OSS_ATTN_DEC_ROWS;
+
+  /* keys of this batch, the causal offset, and this split's key range */
+  int kv_len = a.lk;
+  if (a.seqlens_k != nullptr) kv_len = min(max(__ldg(a.seqlens_k + b), 0), a.lk);
+  const int64_t off = a.seqlens_k != nullptr && a.causal_bottom_right ? (int64_t)kv_len - a.lq : a.causal_off;
+  int n_end = kv_len;
+  if (a.causal) {
+    const int64_t lim = (int64_t)(a.lq - 1) + off + 1;
+    n_end = (int)(lim < 0 ? 0 : (lim < kv_len ? lim : kv_len));
+  }
+  const int k_begin = split * a.dec_tiles * BK;
+  const int k_end = min(n_end, k_begin + a.dec_tiles * BK);
+  const int ntiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
+
+  /* Q rows (packed), zero beyond rows_total and d */
+  for (int idx = tid; idx < OSS_ATTN_DEC_ROWS * (KD / 8); idx += 128) {
+    const int r = idx / (KD / 8), col = (idx % (KD / 8)) * 8, R = r0 + r;
+    int nb = a.d - col;
+    nb = R < rows_total ? (nb < 0 ? 0 : (nb > 8 ? 8 : nb)) * 2 : 0;
+    const T *src = (const T *)a.q;
+    if (nb > 0)
+      src += (int64_t)b * a.q_s[0] + (int64_t)(hk * a.group + R / a.lq) * a.q_s[1] + (int64_t)(R % a.lq) * a.q_s[2] +
+             col;
+    oss_cp_async16(oss_smem_u32(sQ + r * LDS + col), src, nb);
+  }
+  /* every stage in flight: tiles t .. t + STAGES - 1 are loading while tile t is awaited */
+  int pg[oss_attn_dec_rows<KD>::N] = {};
+#pragma unroll
+  for (int st = 0; st < STAGES; st++) {
+    if (st < ntiles) {
+      oss_attn_dec_pages<KD>(a, b, k_begin + st * BK, k_end, tid, pg);
+      oss_attn_dec_load_kv<T, KD, LDS>(a, sK + st * BK * LDS, sV + st * BK * LDS, b, hk, k_begin + st * BK, k_end,
+                                        tid, pg);
+    }
+    oss_cp_async_commit(); /* Q joins the first group */
+  }
+  if (STAGES < ntiles) oss_attn_dec_pages<KD>(a, b, k_begin + STAGES * BK, k_end, tid, pg);
+
+  /* this thread's two fragment rows: last visible key and mask row offset */
+  int last[2];
+  int64_t mrow[2];
+#pragma unroll
+  for (int hi = 0; hi < 2; hi++) {
+    const int R = r0 + g + hi * 8;
+    const int i = R % a.lq, h = hk * a.group + R / a.lq;
+    int64_t lv = kv_len - 1;
+    if (a.causal && (int64_t)i + off < lv) lv = (int64_t)i + off;
+    last[hi] = R < rows_total ? (int)(lv < -1 ? -1 : lv) : -1;
+    mrow[hi] = R < rows_total && a.mask_kind != OSS_MASK_NONE
+                   ? oss_attn_mask_base(a, b, h) + (int64_t)i * a.m_s[2]
+                   : 0;
+  }
+
+  float o[1][NO][4];
+  float m[1][2], l[1][2], lr[1][2];
+#pragma unroll
+  for (int n = 0; n < NO; n++) o[0][n][0] = o[0][n][1] = o[0][n][2] = o[0][n][3] = 0.f;
+  m[0][0] = m[0][1] = -INFINITY;
+  l[0][0] = l[0][1] = lr[0][0] = lr[0][1] = 0.f;
+  const uint32_t sQa = oss_smem_u32(sQ);
+
+#pragma unroll 1
+  for (int t = 0; t < ntiles; t++) {
+    const int st = t % STAGES;
+    oss_cp_async_wait<STAGES - 1>(); /* tile t (and Q) landed for this thread */
+    __syncthreads();                 /* ... for all */
+    const int c0 = k_begin + t * BK + warp * 16;
+    if (c0 < k_end) {
+      float s[1][2][4];
+#pragma unroll
+      for (int n = 0; n < 2; n++) s[0][n][0] = s[0][n][1] = s[0][n][2] = s[0][n][3] = 0.f;
+      oss_warp_mma_ss<T, 1, 2, KD, LDS, LDS>(s, sQa, oss_smem_u32(sK + (st * BK + warp * 16) * LDS), lane);
+      oss_attn_dec_mask(s, a, last, mrow, c0, lane);
+      uint32_t pa[1][1][4];
+      oss_attn_online_softmax<T, 1, 2, NO>(s, o, m, l, lr, 1.f, pa);
+      oss_warp_mma_rs<T, 1, NO, 1, LDS>(o, pa, oss_smem_u32(sV + (st * BK + warp * 16) * LDS), lane);
+    }
+    __syncthreads(); /* stage st is read: it takes tile t + STAGES */
+    if (t + STAGES < ntiles) {
+      oss_attn_dec_load_kv<T, KD, LDS>(a, sK + st * BK * LDS, sV + st * BK * LDS, b, hk, k_begin + (t + STAGES) * BK,
+                                        k_end, tid, pg);
+      if (t + STAGES + 1 < ntiles) oss_attn_dec_pages<KD>(a, b, k_begin + (t + STAGES + 1) * BK, k_end, tid, pg);
+    }
+    oss_cp_async_commit();
+  }
+  oss_cp_async_wait<0>();
+  __syncthreads(); /* the stages are free: they hold the warp states now */
+
+  /* merge: warp w's state for row r is sm/sl/slr[w][r] and sO[w][r][0..KD) */
+  float *sO = reinterpret_cast<float *>(sK);
+  float *sm = sO + 4 * 16 * OP, *sl = sm + 4 * 16, *slr = sl + 4 * 16;
+  const int t2 = (lane & 3) * 2;
+#pragma unroll
+  for (int hi = 0; hi < 2; hi++) {
+    float lt = l[0][hi], lrt = lr[0][hi];
+    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+    lrt += __shfl_xor_sync(0xffffffffu, lrt, 1);
+    lrt += __shfl_xor_sync(0xffffffffu, lrt, 2);
+    const int r = g + hi * 8;
+    if ((lane & 3) == 0) {
+      sm[warp * 16 + r] = m[0][hi];
+      sl[warp * 16 + r] = lt;
+      slr[warp * 16 + r] = lrt;
+    }
+#pragma unroll
+    for (int n = 0; n < NO; n++) {
+      sO[(warp * 16 + r) * OP + n * 8 + t2] = o[0][n][2 * hi];
+      sO[(warp * 16 + r) * OP + n * 8 + t2 + 1] = o[0][n][2 * hi + 1];
+    }
+  }
+  __syncthreads();
+
+  /* thread tid: row tid / 8, columns tid % 8 + 8c */
+  const int r = tid >> 3, R = r0 + r;
+  if (R >= rows_total) return;
+  float mx = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < 4; w++) mx = fmaxf(mx, sm[w * 16 + r]);
+  float wt[4], lt = 0.f, lrt = 0.f;
+#pragma unroll
+  for (int w = 0; w < 4; w++) {
+    wt[w] = mx == -INFINITY ? 0.f : oss_ex2(sm[w * 16 + r] - mx);
+    lt += wt[w] * sl[w * 16 + r];
+    lrt += wt[w] * slr[w * 16 + r];
+  }
+  /* lr >= 1 when l > 0: the largest P of the row is exactly 1 */
+  const float inv = lt == 0.f ? 0.f : 1.f / lrt;
+  /* natural-log lse, in double: one rounding of m ln2 + ln l */
+  const float lse = lt == 0.f ? -INFINITY : (float)((double)mx * OSS_LN2 + (double)logf(lt));
+  const int h = hk * a.group + R / a.lq, i = R % a.lq;
+  const int64_t row = ((int64_t)b * a.hq + h) * a.lq + i;
+  if (a.dec_splits == 1) {
+    T *orow = (T *)a.out + (int64_t)b * a.o_s[0] + (int64_t)h * a.o_s[1] + (int64_t)i * a.o_s[2];
+    T *rrow = a.out_res == nullptr
+                  ? nullptr
+                  : (T *)a.out_res + (int64_t)b * a.o_s[0] + (int64_t)h * a.o_s[1] + (int64_t)i * a.o_s[2];
+    for (int c = tid & 7; c < a.dv; c += 8) {
+      float acc = 0.f;
+#pragma unroll
+      for (int w = 0; w < 4; w++) acc += wt[w] * sO[(w * 16 + r) * OP + c];
+      const float v = acc * inv;
+      orow[c] = oss_from_float<T>(v);
+      if (rrow != nullptr) rrow[c] = oss_from_float<T>(oss_rounding_residual<T>(v));
+    }
+    if ((tid & 7) == 0) ((float *)a.lse)[row] = lse;
+  } else {
+    const int64_t nrows = (int64_t)a.batch * a.hq * a.lq, prow = (int64_t)split * nrows + row;
+    float *po = a.part_o + prow * oss_attn_dec_part_ld(a.dv);
+    for (int c = tid & 7; c < a.dv; c += 8) {
+      float acc = 0.f;
+#pragma unroll
+      for (int w = 0; w < 4; w++) acc += wt[w] * sO[(w * 16 + r) * OP + c];
+      po[c] = acc * inv;
+    }
+    if ((tid & 7) == 0) a.part_lse[prow] = lse;
+  }
+}
+
+/* Merges the splits' partial outputs of one output row per CTA of 256
+ * threads: weights w_s = exp(lse_s - max_s lse_s) (thread s), out =
+ * sum_s w_s o_s / sum_s w_s, lse = max + log(sum_s w_s); a row no split saw
+ * gives 0 and -inf, a NaN lse of any split gives NaN (as the one-split kernel
+ * does). Warp w sums splits w, w + 8, ... over 16-byte column groups (lane
+ * c4 owns columns 4 c4 .. 4 c4 + 3, +128), so a row's loads are spread over
+ * the whole CTA and are in flight together: with few rows this kernel is
+ * bound by their latency. The eight warp sums are then added in order. */
+template <typename T>
+__global__ void __launch_bounds__(256) oss_attn_dec_combine_kernel(const oss_attn_args a) {
+  static_assert(OSS_ATTN_DEC_MAX_SPLITS <= 256, "one split per thread for the weights");
+  __shared__ float sw[OSS_ATTN_DEC_MAX_SPLITS];
+  __shared__ float red[2][8];
+  __shared__ __align__(16) float sacc[8][256];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t nrows = (int64_t)a.batch * a.hq * a.lq, row = blockIdx.x;
+  const int splits = a.dec_splits, ld = oss_attn_dec_part_ld(a.dv);
+  const float x = tid < splits ? a.part_lse[(int64_t)tid * nrows + row] : -INFINITY;
+  const bool nan = __syncthreads_or(x != x) != 0;
+  float mx = x;
+#pragma unroll
+  for (int k = 16; k >= 1; k >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, k));
+  if (lane == 0) red[0][warp] = mx;
+  __syncthreads();
+  mx = red[0][0];
+#pragma unroll
+  for (int w = 1; w < 8; w++) mx = fmaxf(mx, red[0][w]);
+  const float wt = tid < splits && mx != -INFINITY ? expf(x - mx) : 0.f;
+  if (tid < splits) sw[tid] = wt;
+  float sum = wt;
+#pragma unroll
+  for (int k = 16; k >= 1; k >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, k);
+  if (lane == 0) red[1][warp] = sum;
+  __syncthreads();
+  sum = 0.f;
+#pragma unroll
+  for (int w = 0; w < 8; w++) sum += red[1][w];
+
+  const float4 *po = reinterpret_cast<const float4 *>(a.part_o + row * ld);
+  const int64_t split_stride4 = nrows * ld / 4;
+  for (int c4 = lane; c4 < ld / 4; c4 += 32) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int s = warp; s < splits; s += 8) {
+      const float4 v = po[s * split_stride4 + c4];
+      const float w = sw[s];
+      acc.x += w * v.x;
+      acc.y += w * v.y;
+      acc.z += w * v.z;
+      acc.w += w * v.w;
+    }
+    reinterpret_cast<float4 *>(sacc[warp])[c4] = acc;
+  }
+  __syncthreads();
+  const float inv = nan ? NAN : (mx == -INFINITY ? 0.f : 1.f / sum);
+  const int i = (int)(row % a.lq), h = (int)(row / a.lq % a.hq), b = (int)(row / a.lq / a.hq);
+  T *orow = (T *)a.out + (int64_t)b * a.o_s[0] + (int64_t)h * a.o_s[1] + (int64_t)i * a.o_s[2];
+  T *rrow = a.out_res == nullptr
+                ? nullptr
+                : (T *)a.out_res + (int64_t)b * a.o_s[0] + (int64_t)h * a.o_s[1] + (int64_t)i * a.o_s[2];
+  for (int c = tid; c < a.dv; c += 256) {
+    float acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; w++) acc += sacc[w][c];
+    const float v = acc * inv;
+    orow[c] = oss_from_float<T>(v);
+    if (rrow != nullptr) rrow[c] = oss_from_float<T>(oss_rounding_residual<T>(v));
+  }
+  if (tid == 0) ((float *)a.lse)[row] = nan ? NAN : (mx == -INFINITY ? -INFINITY : mx + logf(sum));
+}
+
+/* Entry point instantiated once per (decode head dim, dtype) by the
+ * generator; a->dec_splits, a->dec_tiles and the partial buffers are set by
+ * the host (attention.cu). */
+template <typename T, int HD>
+oss_status oss_attn_dec_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+  const int64_t row_tiles = ((int64_t)a->group * a->lq + OSS_ATTN_DEC_ROWS - 1) / OSS_ATTN_DEC_ROWS;
+  const dim3 grid((unsigned)row_tiles, (unsigned)a->dec_splits, (unsigned)((int64_t)a->batch * a->hkv));
+  oss_status st = oss_attn_launch(oss_attn_dec_kernel<T, HD>, "attention decode forward (mma.sync)", HD,
+                                  oss_attn_dec_smem_bytes(HD), grid, 128, a, stream, dev);
+  if (st != OSS_OK || a->dec_splits == 1) return st;
+  const int64_t nrows = (int64_t)a->batch * a->hq * a->lq;
+  oss_attn_dec_combine_kernel<T><<<(unsigned)nrows, 256, 0, stream>>>(*a);
+  return oss_check_launch("attention decode combine");
+}
+
+#endif /* OSS_ATTENTION_DECODE_CUH */
