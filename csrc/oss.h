@@ -303,6 +303,24 @@ oss_status oss_cross_entropy_forward_cpu(const oss_cross_entropy_params *p, cons
 oss_status oss_cross_entropy_backward_cpu(const oss_cross_entropy_backward_params *p,
                                           const oss_cpu_exec *exec);
 
+/* CUDA, on the caller's stream (no synchronisation, no workspace), with the
+ * same math and the same argument checks, except that the targets, which
+ * live on the device, are not checked: a row whose target is neither
+ * ignore_index nor in [0, classes) reads nothing outside its row and gets
+ * loss = NaN (its lse is still written) and, in the backward, a gradient row
+ * of NaN. Any row stride and any pointer aligned to its element size (16-byte
+ * vectors where a row's 16-byte boundaries allow). In the backward,
+ * grad_logits may be the logits themselves (same pointer and row stride: the
+ * gradient is written in place); any other overlap is refused.
+ * csrc/cuda/cross_entropy/cross_entropy.cu describes the kernels. */
+oss_status oss_cross_entropy_forward_cuda(const oss_cross_entropy_params *p, void *cuda_stream);
+oss_status oss_cross_entropy_backward_cuda(const oss_cross_entropy_backward_params *p, void *cuda_stream);
+/* Both in one launch: writes p->fwd.loss and p->fwd.lse as the forward does
+ * and the gradient for the given grad_loss as the backward does (from the
+ * lse it just computed; p->fwd.lse is only written), reading each row once
+ * for the statistics and once more for the gradient. */
+oss_status oss_cross_entropy_forward_backward_cuda(const oss_cross_entropy_backward_params *p, void *cuda_stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -917,8 +917,11 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_op(const Tensor &q, const Tens
 }
 
 // ---------------------------------------------------------------------------
-// Cross-entropy over class indices (CPU kernel; the CUDA device is served by
-// a composition of ATen ops registered from Python, torch_oss/cross_entropy.py)
+// Cross-entropy over class indices: the C kernel on the CPU, the CUDA kernels
+// (csrc/cuda/cross_entropy/cross_entropy.cu) on CUDA. The CPU kernel checks
+// the targets on the host and raises for a bad one; the CUDA entry points do
+// not (the targets live on the device, and a check would synchronise with
+// it): there a bad target gives its row a NaN loss and a NaN gradient row.
 // ---------------------------------------------------------------------------
 
 // Checks shared by the forward and the backward; returns the loss dtype (lse is float64).
@@ -946,7 +949,8 @@ at::ScalarType check_cross_entropy(const char *op, const Tensor &logits, const T
 
 oss_cross_entropy_params cross_entropy_params(Tensor &logits, Tensor &target, int64_t ignore_index,
                                               double label_smoothing, double z_loss) {
-  if (logits.size(0) > 1 && logits.size(1) > 1 && logits.stride(1) != 1) logits = logits.contiguous();
+  // (a single row with a class stride too: the kernels read rows as unit-stride)
+  if (logits.size(1) > 1 && logits.stride(1) != 1) logits = logits.contiguous();
   target = target.contiguous();
   oss_cross_entropy_params p;
   p.rows = logits.size(0);
@@ -974,24 +978,34 @@ std::tuple<Tensor, Tensor> cross_entropy_op(const Tensor &logits_in, const Tenso
   oss_cross_entropy_params p = cross_entropy_params(logits, target, ignore_index, label_smoothing, z_loss);
   p.loss = loss.data_ptr();
   p.lse = lse.data_ptr();
+#ifdef OSS_WITH_CUDA
+  if (logits.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(logits.device());
+    check_status(op, oss_cross_entropy_forward_cuda(&p, at::cuda::getCurrentCUDAStream().stream()));
+    return {loss, lse};
+  }
+#endif
   check_status(op, oss_cross_entropy_forward_cpu(&p, &cpu_exec));
   return {loss, lse};
+}
+
+// The checks of a grad_loss (and, for the backward, an lse) argument: on the
+// logits' device, shape (N,), floating point.
+void check_row_vector(const char *op, const char *name, const Tensor &t, const Tensor &logits) {
+  OSS_CHECK(t.device() == logits.device(), Value, "%s: %s is on %s but logits are on %s", op, name,
+            device_str(t).c_str(), device_str(logits).c_str());
+  OSS_CHECK(t.dim() == 1 && t.size(0) == logits.size(0), Value, "%s: %s has shape %s but must be (N,) = (%lld,)", op,
+            name, shape_str(t.sizes()).c_str(), LL(logits.size(0)));
+  OSS_CHECK(is_kernel_float(t.scalar_type()), Type, "%s: %s has dtype %s but must be a floating type", op, name,
+            dtype_name(t.scalar_type()));
 }
 
 Tensor cross_entropy_backward_op(const Tensor &grad_loss_in, const Tensor &logits_in, const Tensor &target_in,
                                  const Tensor &lse_in, int64_t ignore_index, double label_smoothing, double z_loss) {
   const char *op = "cross_entropy_backward";
   const at::ScalarType stat_dtype = check_cross_entropy(op, logits_in, target_in, label_smoothing, z_loss);
-  for (const auto &named : {std::make_pair("grad_loss", &grad_loss_in), std::make_pair("lse", &lse_in)}) {
-    const Tensor &t = *named.second;
-    OSS_CHECK(t.device() == logits_in.device(), Value, "%s: %s is on %s but logits are on %s", op, named.first,
-              device_str(t).c_str(), device_str(logits_in).c_str());
-    OSS_CHECK(t.dim() == 1 && t.size(0) == logits_in.size(0), Value,
-              "%s: %s has shape %s but must be (N,) = (%lld,)", op, named.first, shape_str(t.sizes()).c_str(),
-              LL(logits_in.size(0)));
-    OSS_CHECK(is_kernel_float(t.scalar_type()), Type, "%s: %s has dtype %s but must be a floating type", op,
-              named.first, dtype_name(t.scalar_type()));
-  }
+  check_row_vector(op, "grad_loss", grad_loss_in, logits_in);
+  check_row_vector(op, "lse", lse_in, logits_in);
   Tensor logits = logits_in, target = target_in;
   const Tensor grad_loss = grad_loss_in.to(stat_dtype).contiguous();
   const Tensor lse = lse_in.to(at::kDouble).contiguous();
@@ -1003,8 +1017,74 @@ Tensor cross_entropy_backward_op(const Tensor &grad_loss_in, const Tensor &logit
   p.grad_loss = grad_loss.data_ptr();
   p.grad_logits = grad.data_ptr();
   p.grad_logits_stride_row = grad.size(1);
+#ifdef OSS_WITH_CUDA
+  if (logits.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(logits.device());
+    check_status(op, oss_cross_entropy_backward_cuda(&p, at::cuda::getCurrentCUDAStream().stream()));
+    return grad;
+  }
+#endif
   check_status(op, oss_cross_entropy_backward_cpu(&p, &cpu_exec));
   return grad;
+}
+
+// The forward and the backward for a grad_loss known in advance, in one call:
+// loss, lse and the gradient, written into a new tensor or (inplace) over the
+// logits, which must then be unit-stride along the classes (any row stride).
+// On CUDA one launch, which reads each row once for its statistics and once
+// more (from L2 where the rows in flight fit there) for its gradient; on the
+// CPU the two kernels one after the other.
+std::tuple<Tensor, Tensor, Tensor> cross_entropy_forward_backward(const char *op, const Tensor &grad_loss_in,
+                                                                  const Tensor &logits_in, const Tensor &target_in,
+                                                                  int64_t ignore_index, double label_smoothing,
+                                                                  double z_loss, bool inplace) {
+  const at::ScalarType stat_dtype = check_cross_entropy(op, logits_in, target_in, label_smoothing, z_loss);
+  check_row_vector(op, "grad_loss", grad_loss_in, logits_in);
+  if (inplace) {
+    OSS_CHECK(logits_in.size(1) <= 1 || logits_in.stride(1) == 1, Value,
+              "%s: logits have strides (%lld, %lld); to be overwritten with the gradient they must have unit stride "
+              "along the classes",
+              op, LL(logits_in.stride(0)), LL(logits_in.stride(1)));
+  }
+  Tensor logits = logits_in, target = target_in;
+  const Tensor grad_loss = grad_loss_in.to(stat_dtype).contiguous();
+  Tensor loss = at::empty({logits.size(0)}, logits.options().dtype(stat_dtype));
+  Tensor lse = at::empty({logits.size(0)}, logits.options().dtype(at::kDouble));
+  Tensor grad = inplace ? logits_in
+                        : at::empty(logits.sizes(), logits.options().memory_format(at::MemoryFormat::Contiguous));
+  if (logits.size(0) == 0) return {loss, lse, grad};
+  oss_cross_entropy_backward_params p;
+  p.fwd = cross_entropy_params(logits, target, ignore_index, label_smoothing, z_loss);
+  p.fwd.loss = loss.data_ptr();
+  p.fwd.lse = lse.data_ptr();
+  p.grad_loss = grad_loss.data_ptr();
+  p.grad_logits = grad.data_ptr();
+  p.grad_logits_stride_row = inplace ? p.fwd.logits_stride_row : grad.size(1);
+#ifdef OSS_WITH_CUDA
+  if (logits.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(logits.device());
+    check_status(op, oss_cross_entropy_forward_backward_cuda(&p, at::cuda::getCurrentCUDAStream().stream()));
+    return {loss, lse, grad};
+  }
+#endif
+  check_status(op, oss_cross_entropy_forward_cpu(&p.fwd, &cpu_exec));
+  check_status(op, oss_cross_entropy_backward_cpu(&p, &cpu_exec));
+  return {loss, lse, grad};
+}
+
+std::tuple<Tensor, Tensor, Tensor> cross_entropy_forward_backward_op(const Tensor &grad_loss, const Tensor &logits,
+                                                                     const Tensor &target, int64_t ignore_index,
+                                                                     double label_smoothing, double z_loss) {
+  return cross_entropy_forward_backward("cross_entropy_forward_backward", grad_loss, logits, target, ignore_index,
+                                        label_smoothing, z_loss, false);
+}
+
+std::tuple<Tensor, Tensor> cross_entropy_forward_backward_inplace_op(const Tensor &grad_loss, const Tensor &logits,
+                                                                     const Tensor &target, int64_t ignore_index,
+                                                                     double label_smoothing, double z_loss) {
+  auto [loss, lse, grad] = cross_entropy_forward_backward("cross_entropy_forward_backward_", grad_loss, logits,
+                                                          target, ignore_index, label_smoothing, z_loss, true);
+  return {loss, lse};
 }
 
 }  // namespace
@@ -1173,6 +1253,51 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_autograd(const Tensor &q, cons
 }
 
 // ---------------------------------------------------------------------------
+// The Autograd kernels of cross_entropy_forward_backward(_). These ops compute
+// a gradient themselves and are not differentiable (differentiate
+// oss::cross_entropy, whose backward is oss::cross_entropy_backward): on
+// inputs autograd would track they raise, rather than return results that
+// silently carry no gradient. The in-place one bumps the logits' version, so
+// a graph that saved them for a backward sees that they were overwritten.
+// ---------------------------------------------------------------------------
+
+void refuse_differentiation(const char *op, const Tensor &grad_loss, const Tensor &logits) {
+  OSS_CHECK(!will_differentiate(grad_loss) && !will_differentiate(logits), NotImplemented,
+            "%s computes the logits' gradient itself and is not differentiable (grad_loss or logits requires "
+            "grad); differentiate torch.ops.oss.cross_entropy instead, or call it on detached tensors",
+            op);
+}
+
+std::tuple<Tensor, Tensor, Tensor> cross_entropy_forward_backward_autograd(const Tensor &grad_loss,
+                                                                           const Tensor &logits, const Tensor &target,
+                                                                           int64_t ignore_index,
+                                                                           double label_smoothing, double z_loss) {
+  refuse_differentiation("cross_entropy_forward_backward", grad_loss, logits);
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("oss::cross_entropy_forward_backward", "")
+                             .typed<decltype(cross_entropy_forward_backward_op)>();
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return op.call(grad_loss, logits, target, ignore_index, label_smoothing, z_loss);
+}
+
+std::tuple<Tensor, Tensor> cross_entropy_forward_backward_inplace_autograd(const Tensor &grad_loss,
+                                                                           const Tensor &logits, const Tensor &target,
+                                                                           int64_t ignore_index,
+                                                                           double label_smoothing, double z_loss) {
+  refuse_differentiation("cross_entropy_forward_backward_", grad_loss, logits);
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("oss::cross_entropy_forward_backward_", "")
+                             .typed<decltype(cross_entropy_forward_backward_inplace_op)>();
+  std::tuple<Tensor, Tensor> out;
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    out = op.call(grad_loss, logits, target, ignore_index, label_smoothing, z_loss);
+  }
+  logits.unsafeGetTensorImpl()->bump_version();
+  return out;
+}
+
+// ---------------------------------------------------------------------------
 // Registration
 // ---------------------------------------------------------------------------
 
@@ -1202,6 +1327,12 @@ TORCH_LIBRARY(oss, m) {
   m.def(
       "cross_entropy_backward(Tensor grad_loss, Tensor logits, Tensor target, Tensor lse, int ignore_index, "
       "float label_smoothing, float z_loss) -> Tensor");
+  m.def(
+      "cross_entropy_forward_backward(Tensor grad_loss, Tensor logits, Tensor target, int ignore_index=-100, "
+      "float label_smoothing=0.0, float z_loss=0.0) -> (Tensor loss, Tensor lse, Tensor grad_logits)");
+  m.def(
+      "cross_entropy_forward_backward_(Tensor grad_loss, Tensor(a!) logits, Tensor target, int ignore_index=-100, "
+      "float label_smoothing=0.0, float z_loss=0.0) -> (Tensor loss, Tensor lse)");
 }
 
 TORCH_LIBRARY_IMPL(oss, CPU, m) {
@@ -1215,6 +1346,8 @@ TORCH_LIBRARY_IMPL(oss, CPU, m) {
   m.impl("attention_with_kvcache", &attention_with_kvcache_op);
   m.impl("cross_entropy", &cross_entropy_op);
   m.impl("cross_entropy_backward", &cross_entropy_backward_op);
+  m.impl("cross_entropy_forward_backward", &cross_entropy_forward_backward_op);
+  m.impl("cross_entropy_forward_backward_", &cross_entropy_forward_backward_inplace_op);
 }
 
 TORCH_LIBRARY_IMPL(oss, Autograd, m) {
@@ -1226,6 +1359,8 @@ TORCH_LIBRARY_IMPL(oss, Autograd, m) {
   m.impl("attention_with_residual", &attention_with_residual_op_autograd);
   m.impl("attention_backward", &attention_backward_op_autograd);
   m.impl("attention_with_kvcache", &attention_with_kvcache_autograd);
+  m.impl("cross_entropy_forward_backward", &cross_entropy_forward_backward_autograd);
+  m.impl("cross_entropy_forward_backward_", &cross_entropy_forward_backward_inplace_autograd);
 }
 
 #ifdef OSS_WITH_CUDA
@@ -1238,6 +1373,10 @@ TORCH_LIBRARY_IMPL(oss, CUDA, m) {
   m.impl("attention_with_residual", &attention_with_residual_op);
   m.impl("attention_backward", &attention_backward_op);
   m.impl("attention_with_kvcache", &attention_with_kvcache_op);
+  m.impl("cross_entropy", &cross_entropy_op);
+  m.impl("cross_entropy_backward", &cross_entropy_backward_op);
+  m.impl("cross_entropy_forward_backward", &cross_entropy_forward_backward_op);
+  m.impl("cross_entropy_forward_backward_", &cross_entropy_forward_backward_inplace_op);
 }
 #endif
 

@@ -7,18 +7,21 @@ and torch.compile.
 The ops' loss and lse are float32 for 16-bit logits, so their peer is
 F.cross_entropy computed in float32 on the same (16-bit) values; the
 gradient of the logits has their dtype, and its peer is F.cross_entropy's
-gradient in that dtype."""
+gradient in that dtype.
 
-import importlib
+The CUDA kernels (csrc/cuda/cross_entropy/cross_entropy.cu) run every case
+parametrised over DEVICES (among them vocabularies of 50257, 128256 and
+151936 in every dtype, rows on both sides of the warp-per-row / CTA-per-row
+switch at 2048 classes, misaligned and strided rows, ±1e4 and -inf logits, the
+fused and in-place forward+backward ops), plus the CUDA-only ones: bad
+targets (NaN rows instead of an error) and bitwise reproducibility."""
 
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import DEVICES, FLOAT_DTYPES, SOFTMAX_ATOL, assert_tolerance, awkward_randn
+from _util import DEVICES, FLOAT_DTYPES, SOFTMAX_ATOL, assert_tolerance, awkward_randn, cuda_param
 
 import torch_oss
-
-ce_module = importlib.import_module("torch_oss.cross_entropy")  # (torch_oss.cross_entropy is the function)
 
 IGNORE = -100
 # (label_smoothing, z_loss)
@@ -84,7 +87,9 @@ def grad_reference(x64, target, g, label_smoothing, z_loss):
 # The ops
 # ---------------------------------------------------------------------------
 
-OP_SHAPES = [(1, 1), (7, 3), (33, 1000), (3, 4099), (2, 50257), (2, 128256)]
+# (rows, classes): 1 and 3 classes, warp-per-row rows (up to 2048 classes on
+# CUDA) and CTA-per-row ones, LM vocabularies (row 0 of each ignored)
+OP_SHAPES = [(1, 1), (7, 3), (33, 1000), (64, 2048), (5, 2049), (3, 4099), (3, 50257), (3, 128256), (3, 151936)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -120,53 +125,132 @@ def test_op_forward_and_backward(device, dtype, shape, label_smoothing, z_loss):
     assert torch.all(grad[t == IGNORE] == 0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_composite_formulas_match_the_kernel(dtype):
-    """The ATen composition that serves CUDA, run on the CPU against the same
-    references as the kernel."""
-    N, C = 9, 5003
-    x = awkward_randn((N, C), dtype, "cpu")
-    t = random_target((N,), C, "cpu", ignored_every=4)
+FUSED_SHAPES = [(9, 5003), (40, 700), (3, 128256)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", FUSED_SHAPES)
+def test_forward_backward_ops(device, dtype, shape):
+    """cross_entropy_forward_backward against the float64 references, and its
+    in-place form (the gradient written over the logits) bitwise equal to it.
+    On the CPU both run the two kernels, so they also equal cross_entropy
+    followed by cross_entropy_backward bitwise; on CUDA the fused launch may
+    give a row more threads than the forward alone (another reduction tree),
+    so there it is held to the tolerance rule only."""
+    N, C = shape
+    x = awkward_randn((N, C), dtype, device)
+    t = random_target((N,), C, device, ignored_every=4)
     for label_smoothing, z_loss in SMOOTHING_Z:
         args = (IGNORE, label_smoothing, z_loss)
-        loss, lse = ce_module._composite_forward(x, t, *args)
-        x64 = x.double().requires_grad_()
+        g = (torch.rand(N, dtype=torch.float64, device=device) + 0.5).to(peer_dtype(dtype))
+        loss, lse, grad = torch.ops.oss.cross_entropy_forward_backward(g, x, t, *args)
+        assert loss.dtype == peer_dtype(dtype) and lse.dtype == torch.float64 and grad.dtype == dtype
+        xi = x.clone()
+        i_loss, i_lse = torch.ops.oss.cross_entropy_forward_backward_(g, xi, t, *args)
+        assert torch.equal(i_loss, loss) and torch.equal(i_lse, lse) and torch.equal(xi, grad)
+        if device == "cpu":
+            s_loss, s_lse = torch.ops.oss.cross_entropy(x, t, *args)
+            s_grad = torch.ops.oss.cross_entropy_backward(g, x, t, s_lse, *args)
+            assert torch.equal(s_loss, loss) and torch.equal(s_lse, lse) and torch.equal(s_grad, grad)
+        x64 = x.double()
         ref_loss, ref_lse = rows_reference(x64, t, label_smoothing, z_loss)
         peer_loss, peer_lse = rows_reference(x.to(peer_dtype(dtype)), t, label_smoothing, z_loss)
-        assert loss.dtype == peer_dtype(dtype)
-        assert lse.dtype == torch.float64
-        assert_tolerance("composite loss", loss, ref_loss, peer_loss, SOFTMAX_ATOL[peer_dtype(dtype)])
-        assert_tolerance("composite lse", lse, ref_lse, peer_lse, SOFTMAX_ATOL[peer_dtype(dtype)])
-        g = torch.rand(N, dtype=torch.float64) + 0.5
-        (ref_grad,) = torch.autograd.grad(ref_loss, x64, g)
-        grad = ce_module._composite_backward(g.to(loss.dtype), x, t, lse, *args)
-        kernel_grad = torch.ops.oss.cross_entropy_backward(g.to(loss.dtype), x, t, lse, *args)
-        assert grad.dtype == dtype
-        # two implementations of one formula: each within the other's error plus atol
-        assert_tolerance("composite grad", grad, ref_grad, kernel_grad, SOFTMAX_ATOL[dtype])
-    with pytest.raises(ValueError, match="target"):
-        ce_module._composite_forward(x, torch.full((N,), C), IGNORE, 0.0, 0.0)
-    with pytest.raises(ValueError, match="label_smoothing"):
-        ce_module._composite_forward(x, t, IGNORE, 1.5, 0.0)
-    with pytest.raises(ValueError, match="lse"):
-        ce_module._composite_backward(g.to(loss.dtype), x, t, lse[:-1], IGNORE, 0.0, 0.0)
+        atol = SOFTMAX_ATOL[peer_dtype(dtype)]
+        assert_tolerance("fused loss", loss, ref_loss, peer_loss, atol)
+        assert_tolerance("fused lse", lse, ref_lse, peer_lse, atol)
+        ref_grad = grad_reference(x64, t, g.double(), label_smoothing, z_loss)
+        xq = x.detach().requires_grad_()
+        peer_rows, _ = rows_reference(xq, t, label_smoothing, z_loss)
+        (peer_grad,) = torch.autograd.grad(peer_rows, xq, g.to(peer_rows.dtype))
+        assert_tolerance("fused grad", grad, ref_grad, peer_grad, SOFTMAX_ATOL[dtype])
+        assert torch.all(grad[t == IGNORE] == 0) and torch.all(loss[t == IGNORE] == 0)
 
 
-def test_op_strided_logits():
-    """Logits that are a column slice (rows not dense) and a transposed view."""
-    base = awkward_randn((6, 300), torch.float32, "cpu")
-    t = random_target((6,), 200, "cpu")
-    for x in (base[:, 50:250], base.t().contiguous().t()[:, :200]):
+def test_forward_backward_ops_are_not_differentiable():
+    """They compute a gradient and refuse to be differentiated; the in-place
+    one bumps the logits' version, so a graph that saved them notices."""
+    t = torch.tensor([0, 8, IGNORE, 3])
+    g = torch.ones(4)
+    for op in (torch.ops.oss.cross_entropy_forward_backward, torch.ops.oss.cross_entropy_forward_backward_):
+        with pytest.raises(NotImplementedError, match="not differentiable"):
+            op(g, torch.randn(4, 9, requires_grad=True), t)
+        with pytest.raises(NotImplementedError, match="not differentiable"):
+            op(torch.ones(4, requires_grad=True), torch.randn(4, 9), t)
+    w = torch.randn(9, requires_grad=True)
+    y = torch.randn(4, 9)
+    out = (y * w).sum()  # saves y for w's gradient
+    torch.ops.oss.cross_entropy_forward_backward_(g, y, t)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward()
+    with torch.no_grad():
+        torch.ops.oss.cross_entropy_forward_backward_(g, torch.randn(4, 9, requires_grad=True), t)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("classes", [37, 2049, 50257])
+def test_inplace_on_strided_rows(device, dtype, classes):
+    """The in-place op on rows that are a column slice of a wider buffer (row
+    stride above C, rows starting off a 16-byte boundary): the gradient lands
+    in the slice, and the columns around it are not touched."""
+    N, pad = 6, 5
+    base = awkward_randn((N, classes + 2 * pad), dtype, device)
+    for start in (1, pad):
+        buf = base.clone()
+        x = buf[:, start:start + classes]
+        t = random_target((N,), classes, device, ignored_every=3)
+        g = torch.rand(N, dtype=torch.float64, device=device).to(peer_dtype(dtype)) + 0.5
+        loss, lse, grad = torch.ops.oss.cross_entropy_forward_backward(g, x, t, IGNORE, 0.1, 1e-3)
+        i_loss, i_lse = torch.ops.oss.cross_entropy_forward_backward_(g, x, t, IGNORE, 0.1, 1e-3)
+        assert torch.equal(i_loss, loss) and torch.equal(i_lse, lse) and torch.equal(x, grad)
+        assert torch.equal(buf[:, :start], base[:, :start])
+        assert torch.equal(buf[:, start + classes:], base[:, start + classes:])
+        x0 = base[:, start:start + classes]
+        ref_grad = grad_reference(x0.double(), t, g.double(), 0.1, 1e-3)
+        xq = x0.detach().requires_grad_()
+        peer_rows, _ = rows_reference(xq, t, 0.1, 1e-3)
+        (peer_grad,) = torch.autograd.grad(peer_rows, xq, g.to(peer_rows.dtype))
+        assert_tolerance("strided in-place grad", x, ref_grad, peer_grad, SOFTMAX_ATOL[dtype])
+    rows = base.shape[1]
+    with pytest.raises(ValueError, match="unit stride"):
+        torch.ops.oss.cross_entropy_forward_backward_(torch.ones(rows, device=device), base.t(),
+                                                      torch.zeros(rows, dtype=torch.int64, device=device), IGNORE,
+                                                      0.0, 0.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("width", [300, 50300])
+def test_op_strided_logits(device, dtype, width):
+    """Logits that are a column slice (rows not dense, starting at any element,
+    so their 16-byte boundaries fall anywhere: the kernels' head, vector and
+    tail paths) and a transposed view (copied to rows by the op)."""
+    C = width - 100
+    base = awkward_randn((6, width), dtype, device)
+    t = random_target((6,), C, device, ignored_every=4)
+    views = [base[:, 50:50 + C], base[:, 1:1 + C], base[:, 3:3 + C], base.t().contiguous().t()[:, :C]]
+    # one row whose classes are not unit-stride (copied to a row by the op too)
+    x1 = base.t().contiguous().t()[:1, :C]
+    assert x1.stride(1) != 1
+    t1 = torch.tensor([C // 2], device=device)
+    loss1, _ = torch.ops.oss.cross_entropy(x1, t1, IGNORE, 0.0, 0.0)
+    assert_tolerance("one strided row", loss1, rows_reference(x1.double(), t1, 0.0, 0.0)[0],
+                     rows_reference(x1.to(peer_dtype(dtype)), t1, 0.0, 0.0)[0], SOFTMAX_ATOL[peer_dtype(dtype)])
+    for x in views:
         loss, lse = torch.ops.oss.cross_entropy(x, t, IGNORE, 0.1, 1e-3)
+        xp = x.to(peer_dtype(dtype))
         ref_loss, ref_lse = rows_reference(x.double(), t, 0.1, 1e-3)
-        assert_tolerance("loss", loss, ref_loss, rows_reference(x, t, 0.1, 1e-3)[0], None)
-        grad = torch.ops.oss.cross_entropy_backward(torch.ones(6), x, t, lse, IGNORE, 0.1, 1e-3)
+        atol = SOFTMAX_ATOL[peer_dtype(dtype)]
+        assert_tolerance("loss", loss, ref_loss, rows_reference(xp, t, 0.1, 1e-3)[0], atol)
+        assert_tolerance("lse", lse, ref_lse, rows_reference(xp, t, 0.1, 1e-3)[1], atol)
+        g = torch.rand(6, dtype=torch.float64, device=device) + 0.5
+        grad = torch.ops.oss.cross_entropy_backward(g.to(loss.dtype), x, t, lse, IGNORE, 0.1, 1e-3)
         assert grad.is_contiguous()
-        x64 = x.double().requires_grad_()
-        (ref_grad,) = torch.autograd.grad(rows_reference(x64, t, 0.1, 1e-3)[0].sum(), x64)
-        xp = x.detach().requires_grad_()
-        (peer_grad,) = torch.autograd.grad(rows_reference(xp, t, 0.1, 1e-3)[0].sum(), xp)
-        assert_tolerance("grad", grad, ref_grad, peer_grad, None)
+        ref_grad = grad_reference(x.double(), t, g, 0.1, 1e-3)
+        xq = x.detach().requires_grad_()
+        (peer_grad,) = torch.autograd.grad(rows_reference(xq, t, 0.1, 1e-3)[0], xq, g.to(peer_dtype(dtype)))
+        assert_tolerance("grad", grad, ref_grad, peer_grad, SOFTMAX_ATOL[dtype])
 
 
 # ---------------------------------------------------------------------------
@@ -222,18 +306,21 @@ def test_all_rows_ignored(device):
             assert torch.all(g == 0) if reduction != "mean" else torch.all(torch.isnan(g) | (g == 0))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-def test_extreme_logits(dtype):
-    """±1e4 logits and -inf in columns that are not the target."""
-    N, C = 12, 257
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("C", [257, 50257])
+def test_extreme_logits(device, dtype, C):
+    """±1e4 logits and -inf in columns that are not the target (float16,
+    whose largest value is 65504, takes them too)."""
+    N = 12
     x = awkward_randn((N, C), torch.float64, "cpu")
     x[0::3, 5] = 1e4
     x[1::3, 7] = -1e4
     x[2::3, 9] = 1e4
     x[2::3, 10] = -1e4
     x[:, 100:120] = float("-inf")
-    x = x.to(dtype)
-    t = random_target((N,), 100, "cpu")
+    x = x.to(dtype=dtype, device=device)
+    t = random_target((N,), 100, device)
     t[0] = 5  # the dominant column as target
     for label_smoothing, z_loss in [(0.0, 0.0), (0.0, 1e-4)]:
         xo = x.detach().requires_grad_()
@@ -254,6 +341,42 @@ def test_extreme_logits(dtype):
     ours = torch_oss.cross_entropy(x, t, reduction="none", label_smoothing=0.1)
     ref = F.cross_entropy(x.double(), t, reduction="none", label_smoothing=0.1)
     assert torch.equal(ours.double(), ref) and torch.isinf(ours).all()
+
+
+@pytest.mark.parametrize("device", [cuda_param("cuda")])
+@pytest.mark.parametrize("C", [40, 5000])
+def test_cuda_bad_target_gives_nan_row(device, C):
+    """On CUDA the targets are not checked on the host (that would
+    synchronise): a target outside [0, C) that is not ignore_index makes its
+    row's loss and gradient NaN, reads nothing outside the row, and leaves the
+    other rows as they would be."""
+    x = awkward_randn((5, C), torch.float32, device)
+    good = torch.tensor([0, 1, IGNORE, 3, C - 1], device=device)
+    bad = good.clone()
+    bad[1], bad[3] = C, -7
+    loss, lse = torch.ops.oss.cross_entropy(x, bad, IGNORE, 0.1, 1e-3)
+    ref_loss, ref_lse = torch.ops.oss.cross_entropy(x, good, IGNORE, 0.1, 1e-3)
+    assert torch.isnan(loss[[1, 3]]).all() and torch.equal(loss[[0, 2, 4]], ref_loss[[0, 2, 4]])
+    assert torch.equal(lse, ref_lse)
+    g = torch.ones(5, device=device)
+    grad = torch.ops.oss.cross_entropy_backward(g, x, bad, lse, IGNORE, 0.1, 1e-3)
+    ref = torch.ops.oss.cross_entropy_backward(g, x, good, lse, IGNORE, 0.1, 1e-3)
+    assert torch.isnan(grad[[1, 3]]).all() and torch.equal(grad[[0, 2, 4]], ref[[0, 2, 4]])
+    assert torch.isnan(torch_oss.cross_entropy(x, bad))
+
+
+@pytest.mark.parametrize("device", [cuda_param("cuda")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_bitwise_reproducible(device, dtype):
+    """Each row's reduction has a fixed shape: results are bitwise equal from
+    call to call, in every launch shape."""
+    for N, C in ((300, 1000), (7, 128256)):
+        x = awkward_randn((N, C), dtype, device)
+        t = random_target((N,), C, device, ignored_every=5)
+        g = torch.rand(N, device=device)
+        runs = [torch.ops.oss.cross_entropy_forward_backward(g, x, t, IGNORE, 0.1, 1e-3) for _ in range(3)]
+        for r in runs[1:]:
+            assert all(torch.equal(a, b) for a, b in zip(r, runs[0]))
 
 
 def test_gradcheck_float64():
@@ -300,6 +423,10 @@ def test_opcheck():
         _, lse = torch.ops.oss.cross_entropy(xd.detach(), t, IGNORE, 0.1, 0.01)
         torch.library.opcheck(torch.ops.oss.cross_entropy_backward,
                               (torch.rand(6, dtype=lse.dtype), xd.detach(), t, lse, IGNORE, 0.1, 0.01))
+        g = torch.rand(6, dtype=lse.dtype if dtype == torch.float64 else torch.float32)
+        torch.library.opcheck(torch.ops.oss.cross_entropy_forward_backward, (g, xd.detach(), t, IGNORE, 0.1, 0.01))
+        torch.library.opcheck(torch.ops.oss.cross_entropy_forward_backward_,
+                              (g, xd.detach().clone(), t, IGNORE, 0.1, 0.01))
 
 
 def test_compile_fullgraph():

@@ -139,6 +139,21 @@ def _cross_entropy_backward_fake(grad_loss, logits, target, lse, ignore_index, l
     return logits.new_empty(logits.shape)
 
 
+def _cross_entropy_forward_backward_fake(grad_loss, logits, target, ignore_index=-100, label_smoothing=0.0,
+                                        z_loss=0.0):
+    _check_same_device("cross_entropy_forward_backward", [("logits", logits), ("target", target),
+                                                          ("grad_loss", grad_loss)])
+    loss, lse = _cross_entropy_fake(logits, target, ignore_index, label_smoothing, z_loss)
+    return loss, lse, logits.new_empty(logits.shape)
+
+
+def _cross_entropy_forward_backward_inplace_fake(grad_loss, logits, target, ignore_index=-100, label_smoothing=0.0,
+                                                z_loss=0.0):
+    loss, lse, _ = _cross_entropy_forward_backward_fake(grad_loss, logits, target, ignore_index, label_smoothing,
+                                                        z_loss)
+    return loss, lse
+
+
 def _cross_entropy_setup_context(ctx, inputs, output):
     logits, target, ignore_index, label_smoothing, z_loss = inputs
     _, lse = output
@@ -211,6 +226,11 @@ def register():
     torch.library.register_fake(f"{lib}::attention_with_kvcache", _attention_with_kvcache_fake)
     torch.library.register_fake(f"{lib}::cross_entropy", _cross_entropy_fake)
     torch.library.register_fake(f"{lib}::cross_entropy_backward", _cross_entropy_backward_fake)
+    # (their Autograd kernels, in C++, refuse differentiation: they compute a
+    # gradient, e.g. in linear_cross_entropy's forward, and are not differentiated)
+    torch.library.register_fake(f"{lib}::cross_entropy_forward_backward", _cross_entropy_forward_backward_fake)
+    torch.library.register_fake(f"{lib}::cross_entropy_forward_backward_",
+                                _cross_entropy_forward_backward_inplace_fake)
     # cross_entropy's formulas are here: the op is called once per loss, not per layer
     torch.library.register_autograd(f"{lib}::cross_entropy", _cross_entropy_backward,
                                     setup_context=_cross_entropy_setup_context)

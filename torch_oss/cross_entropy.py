@@ -8,11 +8,14 @@
 torch.ops.oss.cross_entropy(logits, target, ignore_index, label_smoothing,
 z_loss) -> (loss, lse) gives the per-row loss (float32, float64 for float64
 logits) and log-sum-exp (float64) of 2-D logits;
-torch.ops.oss.cross_entropy_backward gives the gradient of the logits. On the
-CPU both run the C kernel (one pass over each row). On CUDA they are served,
-for now, by the ATen composition below (_composite_forward /
-_composite_backward): correct, but not fused (it reads the logits several
-times and makes float32 temporaries of their size).
+torch.ops.oss.cross_entropy_backward gives the gradient of the logits, and
+torch.ops.oss.cross_entropy_forward_backward both for a per-row upstream
+gradient known in advance (cross_entropy_forward_backward_ writes that
+gradient over the logits and returns the loss and lse). All run kernels that
+pass over each row once (C on the CPU, CUDA on the GPU; the fused op reads a
+row twice on the GPU, the second time from L2 where it still is there). On
+the CPU a target outside [0, C) that is not ignore_index raises ValueError;
+on CUDA (no host synchronisation) it makes its row's loss and gradient NaN.
 """
 
 import torch
@@ -27,87 +30,6 @@ DEFAULT_CHUNK_BYTES = 512 * 2**20
 
 def _stat_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-# ---------------------------------------------------------------------------
-# The CUDA implementation of the two ops: ATen ops, not fused. The same
-# formulas as the C kernel (oss.h), computed in float32 (float64 for float64).
-# ---------------------------------------------------------------------------
-
-
-def _check_targets(target, classes, ignore_index):
-    # the argument checks of the CPU op (csrc/torch_ops.cpp), for this path
-    if target.dtype != torch.int64 or target.dim() != 1:
-        raise TypeError(f"cross_entropy: target must be 1-D int64 class indices, got {target.dtype} of shape "
-                        f"{tuple(target.shape)}")
-    bad = (target != ignore_index) & ((target < 0) | (target >= classes))
-    if bool(bad.any()):  # a host synchronisation: this path is the unfused one
-        i = int(bad.nonzero()[0, 0])
-        raise ValueError(
-            f"cross_entropy: target[{i}] = {int(target[i])} is out of range: expected a class index in "
-            f"[0, {classes}) or ignore_index={ignore_index}"
-        )
-
-
-def _check_logits(logits, target, label_smoothing, z_loss):
-    if logits.dim() != 2 or not logits.is_floating_point():
-        raise ValueError(f"cross_entropy: logits must be 2-D (N, C) floating point, got {logits.dtype} of shape "
-                         f"{tuple(logits.shape)}")
-    if target.shape != logits.shape[:1] or target.device != logits.device:
-        raise ValueError(f"cross_entropy: target ({tuple(target.shape)} on {target.device}) must be (N,) = "
-                         f"({logits.shape[0]},) on the logits' device {logits.device}")
-    if not 0.0 <= label_smoothing <= 1.0 or not 0.0 <= z_loss < float("inf"):
-        raise ValueError(f"cross_entropy: label_smoothing={label_smoothing} must be in [0, 1] and z_loss={z_loss} "
-                         "finite and >= 0")
-
-
-def _composite_forward(logits, target, ignore_index=-100, label_smoothing=0.0, z_loss=0.0):
-    _check_logits(logits, target, label_smoothing, z_loss)
-    classes = logits.shape[1]
-    _check_targets(target, classes, ignore_index)
-    x = logits.to(_stat_dtype(logits.dtype))
-    # lse in float64 (see oss.h): the max, plus the log of the float32 sum of
-    # exp(x - max) taken in float64; a row whose max is infinite takes 0 as
-    # its shift, as torch.logsumexp does
-    m = x.amax(dim=1, keepdim=True)
-    m = torch.where(torch.isinf(m), 0, m)
-    lse = m[:, 0].double() + torch.exp(x - m).sum(dim=1).double().log()
-    counted = target != ignore_index
-    t = torch.where(counted, target, 0)
-    loss = (1 - label_smoothing) * (lse - x.gather(1, t[:, None])[:, 0].double())
-    if label_smoothing != 0:
-        loss = loss + label_smoothing * (lse - x.double().mean(dim=1))
-    if z_loss != 0:
-        loss = loss + z_loss * lse * lse
-    return torch.where(counted, loss, 0).to(x.dtype), lse
-
-
-def _composite_backward(grad_loss, logits, target, lse, ignore_index, label_smoothing, z_loss):
-    _check_logits(logits, target, label_smoothing, z_loss)
-    for name, t in (("grad_loss", grad_loss), ("lse", lse)):
-        if t.shape != logits.shape[:1]:
-            raise ValueError(f"cross_entropy_backward: {name} has shape {tuple(t.shape)} but must be "
-                             f"({logits.shape[0]},)")
-    classes = logits.shape[1]
-    _check_targets(target, classes, ignore_index)
-    dt = _stat_dtype(logits.dtype)
-    x = logits.to(dt)
-    lse = lse.double()
-    # lse as a pair hi + lo in x's dtype: x - hi is exact near the dominant class
-    hi = lse.to(dt)
-    lo = torch.where(torch.isfinite(lse), lse - hi.double(), 0).to(dt)
-    counted = target != ignore_index
-    g = torch.where(counted, grad_loss.to(dt), 0)
-    t = torch.where(counted, target, 0)
-    scale = (1 + 2 * z_loss * lse).to(dt)
-    grad = torch.exp((x - hi[:, None]) - lo[:, None]) * scale[:, None] - label_smoothing / classes
-    grad = grad.scatter_add(1, t[:, None], torch.full_like(hi[:, None], -(1 - label_smoothing)))
-    return (grad * g[:, None]).to(logits.dtype)
-
-
-# Registered on import (torch_oss imports torch_oss._C, which defines the ops, first).
-torch.library.impl("oss::cross_entropy", "CUDA")(_composite_forward)
-torch.library.impl("oss::cross_entropy_backward", "CUDA")(_composite_backward)
 
 
 # ---------------------------------------------------------------------------
@@ -267,11 +189,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
             end = min(begin + chunk, tokens)
             h, t = hidden[begin:end], target[begin:end]
             logits = _chunk_logits(h, weight, bias)
-            loss_c, lse_c = torch.ops.oss.cross_entropy(logits, t, *args)
+            if keep_grads:
+                # loss and gradient in one call (one launch on CUDA), the
+                # gradient written over the chunk's logits
+                loss_c, _ = torch.ops.oss.cross_entropy_forward_backward_(row_grad.expand(end - begin), logits, t,
+                                                                          *args)
+                g = logits
+                del logits
+            else:
+                loss_c, _ = torch.ops.oss.cross_entropy(logits, t, *args)
             losses[begin:end] = loss_c
             if keep_grads:
-                g = torch.ops.oss.cross_entropy_backward(row_grad.expand(end - begin), logits, t, lse_c, *args)
-                del logits
                 if want[0]:
                     grad_hidden[begin:end] = g @ weight
                 if want[1]:
@@ -311,8 +239,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             end = min(begin + chunk, tokens)
             h, t = hidden[begin:end], target[begin:end]
             logits = _chunk_logits(h, weight, bias)
-            _, lse_c = torch.ops.oss.cross_entropy(logits, t, *ctx.args)
-            g = torch.ops.oss.cross_entropy_backward(grad_output[begin:end], logits, t, lse_c, *ctx.args)
+            torch.ops.oss.cross_entropy_forward_backward_(grad_output[begin:end], logits, t, *ctx.args)
+            g = logits
             del logits
             if want_h:
                 grad_hidden[begin:end] = g @ weight
@@ -338,9 +266,10 @@ def linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, r
     every chunk's share), so for 16-bit inputs that product is a float32
     matrix product.
 
-    Memory beyond the inputs and their gradients: one chunk's logits, their
-    gradient and its float32 copy, plus the float32 accumulator of weight's
-    gradient: O(chunk x V + V x H), not O(tokens x V). chunk_size defaults to
+    Memory beyond the inputs and their gradients: one chunk's logits (their
+    gradient is written over them) and the gradient's float32 copy, plus the
+    float32 accumulator of weight's gradient: O(chunk x V + V x H), not
+    O(tokens x V). chunk_size defaults to
     512 MiB / (V * itemsize) tokens (2092 for a 128256 vocabulary in bfloat16).
 
     For reduction "mean"/"sum" the gradients are computed during the forward

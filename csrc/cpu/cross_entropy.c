@@ -19,6 +19,8 @@
  * lse is kept in double for every dtype; the float backward subtracts it as
  * a float pair (hi + lo), so x - hi is exact where x is close to lse (the
  * dominant class) and the gradient there keeps float accuracy.
+ * The backward may write in place (grad_logits the logits themselves, with
+ * the same row stride): each chunk is read before it is written.
  * Limits: rows must be contiguous (unit stride along classes); loss and
  * grad_loss are contiguous and float64 exactly when logits are.
  */
@@ -174,11 +176,13 @@ static void FN(ce_bwd_rows)(void *ctx, int64_t begin, int64_t end) {
         for (int64_t i = 0; i < len; i++) y[i] = 0;
       } else {
         const REAL *x = FN(ce_read)(p->logits, p->dtype, xo + c, xbuf, len);
+        /* x_t before the loop: in place (y == x) the loop overwrites it */
+        const double xt = t >= c && t < c + len ? (double)x[t - c] : 0.0;
 #pragma omp simd
         for (int64_t i = 0; i < len; i++) y[i] = a * EXP((x[i] - lse_hi) - lse_lo) - s;
         if (t >= c && t < c + len) {
           /* the target element in double: p_t - 1 cancels when p_t is near 1 */
-          const double pt = exp((double)x[t - c] - lse);
+          const double pt = exp(xt - lse);
           y[t - c] = (REAL)(g * ((pt * (1 + 2 * p->z_loss * lse) - 1) + eps * (1 - 1 / (double)C)));
         }
       }

@@ -1,0 +1,157 @@
+"""Cross-entropy benchmark: forward + backward of a mean loss over class-index
+targets (what a training step runs on an LM head's logits), for torch_oss
+against F.cross_entropy and torch.compile(F.cross_entropy) timed in the same
+run, as GB/s and % of the device-to-device copy ceiling measured in the same
+run. Bytes per call: the logits read once plus their gradient written once
+(the least any implementation moves), so an implementation that reads the
+logits twice (a forward, then a backward that reads them again) is at most at
+2/3 of the copy ceiling.
+
+    python3 bench/cross_entropy.py                       # GPU: vocab 32000, 50257, 128256, 262144; 16384 rows; bf16
+    python3 bench/cross_entropy.py --tokens 32768 --vocabs 128256 --rounds 3
+    python3 bench/cross_entropy.py --smoke                # tiny shapes on the CPU (checks the script runs)
+
+Implementations, each timed for forward + backward of the same mean loss:
+  torch_oss        torch_oss.cross_entropy(x, t) then autograd: the forward op
+                   (one read) and the backward op (one read, one write)
+  torch_oss fused  torch.ops.oss.cross_entropy_forward_backward with the mean's
+                   row gradient 1/N: loss and gradient in one launch (the
+                   second read of a row from L2 where it still is there), as
+                   linear_cross_entropy uses it
+  F.cross_entropy  eager PyTorch, then autograd
+  compile          torch.compile(F.cross_entropy), then autograd
+Every implementation's gradient is checked against a float64 reference (some
+rows) before it is timed. Results: a table on stdout and results/cross_entropy.json.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.dirname(HERE))  # this tree's torch_oss, before an installed one
+import common  # noqa: E402
+
+import torch_oss  # noqa: E402
+
+VOCABS = [32000, 50257, 128256, 262144]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CHECK_ROWS = 64
+
+
+def implementations(compile_too):
+    def autograd_of(loss_fn):
+        def run(x, t):
+            loss = loss_fn(x, t)
+            (g,) = torch.autograd.grad(loss, x)
+            return loss, g
+        return run
+
+    def fused(x, t):
+        n = x.shape[0]
+        row_grad = torch.full((1,), 1.0 / n, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32,
+                              device=x.device).expand(n)
+        loss, _, g = torch.ops.oss.cross_entropy_forward_backward(row_grad, x.detach(), t)
+        return loss.sum(dtype=torch.float64) / n, g
+
+    impls = {
+        "torch_oss": autograd_of(lambda x, t: torch_oss.cross_entropy(x, t)),
+        "torch_oss fused": fused,
+        "F.cross_entropy": autograd_of(lambda x, t: F.cross_entropy(x, t)),
+    }
+    if compile_too:
+        # one specialised graph per shape, as a user compiling for a fixed shape gets
+        torch._dynamo.config.recompile_limit = 1024
+        impls["compile"] = autograd_of(torch.compile(lambda x, t: F.cross_entropy(x, t), dynamic=False))
+    return impls
+
+
+def check(name, grad, x, t, peer_grad):
+    """Refuse to time an implementation whose gradient is wrong: on the first
+    CHECK_ROWS rows, max|ours - ref64| <= 2 max|peer - ref64| + atol, with one
+    rounding of each element's own magnitude allowed (the tests' rule)."""
+    rows = slice(0, min(CHECK_ROWS, x.shape[0]))
+    x64 = x[rows].double()
+    ref = torch.softmax(x64, dim=1)
+    ref[torch.arange(ref.shape[0], device=x.device), t[rows]] -= 1
+    ref /= x.shape[0]
+    eps = torch.finfo(grad.dtype).eps
+    err = ((grad[rows].double() - ref).abs() - eps * ref.abs()).max().item()
+    peer_err = (peer_grad[rows].double() - ref).abs().max().item()
+    atol = {torch.float32: 1e-9}.get(grad.dtype, 1e-7)
+    if not err <= 2 * peer_err + atol:
+        raise AssertionError(f"{name}: gradient error {err:.3e} > {2 * peer_err + atol:.3e}; not timing it")
+
+
+def time_rounds(fns, rounds, device):
+    """{name: (median ms, trimmed-mean ms)}: every round times every
+    implementation once, in alternating order, so a drift of the clocks falls
+    on all of them alike; each statistic is the median over the rounds."""
+    times = {name: ([], []) for name in fns}
+    order = list(fns)
+    for rnd in range(rounds):
+        for name in (order if rnd % 2 == 0 else order[::-1]):
+            med, trimmed = common.bench_stats(fns[name], device)
+            times[name][0].append(med)
+            times[name][1].append(trimmed)
+    return {name: (statistics.median(m), statistics.median(tr)) for name, (m, tr) in times.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, one round")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    ap.add_argument("--vocabs", default=None, help="comma-separated class counts")
+    ap.add_argument("--tokens", type=int, default=None, help="rows of logits (default 16384 GPU, 64 smoke)")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--no-compile", action="store_true")
+    args = ap.parse_args()
+    device = args.device or ("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+    vocabs = [int(v) for v in args.vocabs.split(",")] if args.vocabs else ([1000, 5003] if args.smoke else VOCABS)
+    tokens = args.tokens or (64 if args.smoke or device != "cuda" else 16384)
+    rounds = 1 if args.smoke else args.rounds
+    dtype = DTYPES[args.dtype]
+
+    env = common.environment(device)
+    copy_gbs = common.copy_bandwidth_gbs(device)
+    print(f"cross-entropy forward+backward on {env.get('gpu', env.get('cpu'))}, torch {env['torch']}, "
+          f"commit {env['commit']}; {args.dtype}, {tokens} rows")
+    print(f"copy ceiling: {copy_gbs:.0f} GB/s (read + write); bytes = logits read once + gradient written once")
+
+    impls = implementations(not args.no_compile)
+    records, table = [], []
+    for vocab in vocabs:
+        x = (torch.randn(tokens, vocab, device=device) * 3).to(dtype).requires_grad_()
+        t = torch.randint(0, vocab, (tokens,), device=device)
+        nbytes = 2 * x.numel() * x.element_size()
+        _, peer_grad = impls["F.cross_entropy"](x, t)
+        timed = {}
+        for name, fn in impls.items():
+            _, g = fn(x, t)
+            check(f"{name} {tokens}x{vocab}", g, x.detach(), t, peer_grad)
+            del g
+            timed[name] = lambda fn=fn: fn(x, t)
+        del peer_grad
+        stats = time_rounds(timed, rounds, device)
+        base = stats["F.cross_entropy"][0]
+        for name, (ms, ms_trimmed) in stats.items():
+            gbs = nbytes / ms / 1e6
+            rec = dict(vocab=vocab, tokens=tokens, dtype=args.dtype, impl=name, ms=ms, ms_trimmed=ms_trimmed, gbs=gbs,
+                       pct_copy=100 * gbs / copy_gbs, speedup_vs_F=base / ms)
+            records.append(rec)
+            table.append((vocab, name, f"{ms:.3f}", f"{gbs:.0f}", f"{rec['pct_copy']:.1f}", f"{base / ms:.2f}x"))
+        del x, t, timed
+
+    common.print_table("forward + backward (mean loss)", ["vocab", "impl", "ms", "GB/s", "% copy", "vs F"], table)
+    common.write_json("cross_entropy" + ("_smoke" if args.smoke else ""),
+                      dict(env=env, copy_gbs=copy_gbs, rounds=rounds, records=records))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,683 @@
+/*
+ * cross_entropy.cu - CUDA cross-entropy over class indices (oss.h): the
+ * forward (per-row loss and float64 lse), the backward (the logits' gradient
+ * from the saved lse) and both in one launch (loss, lse and gradient), with
+ * the CPU kernel's semantics (csrc/cpu/cross_entropy.c):
+ *   lse    = log sum_j exp(x_j)
+ *   loss   = (1 - eps) (lse - x_t) + eps (lse - mean_j x_j) + z lse^2   (0 on ignored rows)
+ *   grad_j = g (softmax_j (1 + 2 z lse) - (1 - eps) [j == t] - eps / C)  (0 on ignored rows)
+ *
+ * Thread mapping. A row is owned by a group of G threads: one warp (G = 32,
+ * eight rows per CTA of 256 threads) when the row has at most
+ * CE_WARP_MAX_CLASSES classes, else the whole CTA (G = blockDim.x, the
+ * smallest power of two from 128 up that gives each thread at most
+ * CE_VECS_PER_THREAD vectors, capped at 512 threads, or 1024 for forward +
+ * backward). At the 64 registers a thread may use, an SM holds 1024 threads:
+ * two 512-thread CTAs, so that one streams while the other is between rows
+ * (its reduction, its first loads); for forward + backward one row per SM, so
+ * that the rows in flight (132 on an H100: 33 MB of 128k bfloat16 classes)
+ * stay in L2 for the second read. Groups walk the rows grid-stride.
+ * Inside a row, the elements before the first 16-byte boundary (the head) and
+ * after the last whole 16-byte vector (the tail), fewer than 16 / sizeof(T)
+ * each, are read one by one by the group's first threads; the 16-byte vectors
+ * in between go to the group's threads round-robin (vector k to thread k mod
+ * G), CE_UNROLL of them (2 for float64) loaded before any is used. So any row
+ * stride and any element-aligned pointer take the vector path; no byte
+ * outside a row is read or written.
+ *
+ * Forward, one pass per row: each thread keeps an exp shift m (its running
+ * max, allowed to trail it by CE_SHIFT_SLACK so that it is rarely moved),
+ * d = sum exp(x - m) (rescaled by exp(m_old - m_new) in double when m moves)
+ * and the sum of x (for label smoothing). A batch's exp terms are summed in
+ * the compute type (float, or double for float64) and added to d and the x
+ * sum in double, as the CPU kernel's blocks are. The group then reduces the
+ * shifts to their max first (no exp in the tree), each thread rescales its d
+ * once to it and the d's and x sums are added in double: warp shuffles, and
+ * for CTA groups one shared-memory exchange per reduction. Every thread forms
+ * lse = m + log d in double; the group's first thread forms the loss in
+ * double, as the CPU kernel does, and writes both. The exp of 16-bit logits is
+ * the hardware 2^x of (x - m) log2(e) (the subtraction first, so it is exact
+ * near the shift); float32 and float64 logits use the accurate expf / exp.
+ *
+ * Backward, one pass per row reading x and writing grad_j = a exp((x - hi) -
+ * lo) - s, with a = g (1 + 2 z lse), s = g eps / C and lse split into the
+ * compute-type pair hi + lo (so x - hi is exact near the dominant class); the
+ * target element is recomputed in double from its own loaded value,
+ * g ((p_t (1 + 2 z lse) - 1) + eps (1 - 1/C)), where p_t - 1 cancels.
+ * Ignored rows are written as zeros without reading the logits. The gradient
+ * is stored with 16-byte stores where its rows have the logits' 16-byte phase
+ * (always for the contiguous gradient of contiguous logits, and in place),
+ * element by element otherwise.
+ * Forward + backward in one launch: the forward's pass, the reduction, then
+ * the backward's pass over the same row (read again, from L2 where the rows
+ * in flight fit there).
+ *
+ * In place: grad_logits may be the logits themselves (same pointer and row
+ * stride). Every element is read and then written by one thread; the one
+ * element read by another thread, x_t for the forward's loss, is read before
+ * the group's reduction, which orders it before any write of the second pass.
+ * Other overlaps of the two are refused.
+ *
+ * Targets are not checked on the host (they live on the device and the entry
+ * points never synchronise): a row whose target is neither ignore_index nor in
+ * [0, classes) reads nothing outside its row, gets loss = NaN (its lse is
+ * still written) and a gradient row of NaN.
+ *
+ * Results do not depend on the launch order: each row's reduction has a fixed
+ * shape (butterfly shuffles, whose pairwise sums are symmetric), so they are
+ * bitwise reproducible. Limits: classes <= INT32_MAX, pointers aligned to
+ * their element size, rows unit-stride along the classes.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/common.cuh"
+
+enum {
+  CE_WARP_MAX_CLASSES = 2048,  /* rows up to this wide: a warp per row */
+  CE_WARP_ROWS_THREADS = 256,  /* CTA size of the warp-per-row launch */
+  CE_VECS_PER_THREAD = 16,     /* CTA per row: threads grow until each reads at most this many vectors */
+  CE_MIN_THREADS = 128,
+  CE_MAX_THREADS = 512,        /* forward or backward alone */
+  CE_MAX_THREADS_FUSED = 1024, /* forward + backward (also the kernel's launch bound) */
+  CE_UNROLL = 4,               /* vectors a thread loads before using them (float64: 2, its exp needs registers) */
+  CE_SHIFT_SLACK = 8,          /* how far a thread's exp shift may trail its max (ce_stat) */
+};
+
+/* What a launch computes. */
+enum { CE_FWD = 1, CE_BWD = 2, CE_FWD_BWD = 3 };
+
+#define CE_LOG2E 1.4426950408889634
+
+// ---- element types ---------------------------------------------------------
+
+/* The compute type: float for float32/float16/bfloat16, double for float64. */
+template <typename T> struct ce_acc { typedef float type; };
+template <> struct ce_acc<double> { typedef double type; };
+
+template <typename T> __host__ __device__ constexpr int ce_vec_len() { return 16 / (int)sizeof(T); }
+
+template <typename T> __host__ __device__ constexpr int ce_unroll() { return sizeof(T) == 8 ? 2 : CE_UNROLL; }
+
+template <typename A, typename B> struct ce_same { static constexpr bool value = false; };
+template <typename A> struct ce_same<A, A> { static constexpr bool value = true; };
+
+/* 16 bytes of a row, read or written as one vector. */
+typedef union ce_vec {
+  uint4 u;
+  unsigned int w[4];
+  unsigned short h[8];
+  float f[4];
+  double d[2];
+} ce_vec;
+
+__device__ __forceinline__ float ce_to_acc(float x) { return x; }
+__device__ __forceinline__ double ce_to_acc(double x) { return x; }
+__device__ __forceinline__ float ce_to_acc(__half x) { return __half2float(x); }
+__device__ __forceinline__ float ce_to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T ce_from_acc(typename ce_acc<T>::type x);
+template <> __device__ __forceinline__ double ce_from_acc<double>(double x) { return x; }
+template <> __device__ __forceinline__ float ce_from_acc<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half ce_from_acc<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 ce_from_acc<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+/* Element e of a vector in the compute type (bfloat16 from its 32-bit word:
+ * a shift or a mask, exact). */
+template <typename T> __device__ __forceinline__ typename ce_acc<T>::type ce_elem(const ce_vec &v, int e) {
+  if constexpr (sizeof(T) == 8) return v.d[e];
+  else if constexpr (sizeof(T) == 4) return v.f[e];
+  else if constexpr (ce_same<T, __half>::value) return __half2float(__ushort_as_half(v.h[e]));
+  else return __uint_as_float((e & 1) ? v.w[e >> 1] & 0xffff0000u : v.w[e >> 1] << 16);
+}
+
+/* Element e of a vector set to x, rounded to nearest even. */
+template <typename T> __device__ __forceinline__ void ce_set(ce_vec &v, int e, typename ce_acc<T>::type x) {
+  if constexpr (sizeof(T) == 8) v.d[e] = x;
+  else if constexpr (sizeof(T) == 4) v.f[e] = x;
+  else if constexpr (ce_same<T, __half>::value) v.h[e] = __half_as_ushort(__float2half_rn(x));
+  else v.h[e] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
+/* exp(x - ms) per element. FAST (16-bit logits): 2^((x - ms) log2(e)) by the
+ * hardware (2 ulp), whose error is far below what 16-bit inputs and
+ * gradients carry; the subtraction comes first so that it is exact for the
+ * terms near the max. Else the accurate expf / exp. */
+__device__ __forceinline__ float ce_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+template <bool FAST> __device__ __forceinline__ float ce_exp_shift(float x, float ms) {
+  return FAST ? ce_ex2((x - ms) * (float)CE_LOG2E) : expf(x - ms);
+}
+template <bool FAST> __device__ __forceinline__ double ce_exp_shift(double x, double ms) { return exp(x - ms); }
+
+__device__ __forceinline__ float ce_max(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double ce_max(double a, double b) { return fmax(a, b); }
+
+/* The shift of the exponentials: the max, or 0 while it is -inf, so that
+ * -inf - -inf never makes a NaN by itself. */
+template <typename Acc> __device__ __forceinline__ Acc ce_safe(Acc m) { return m == (Acc)-INFINITY ? (Acc)0 : m; }
+
+// ---- loads and stores --------------------------------------------------------
+
+/* First-pass loads use the default policy; a load that is the element's last
+ * use (the backward's pass) and the gradient's stores are marked streaming
+ * (evict first), so they do not push the rows still to be re-read out of L2. */
+__device__ __forceinline__ ce_vec ce_ld(const void *p) {
+  ce_vec v;
+  v.u = *(const uint4 *)p;
+  return v;
+}
+__device__ __forceinline__ ce_vec ce_ld_last(const void *p) {
+  ce_vec v;
+  v.u = __ldcs((const uint4 *)p);
+  return v;
+}
+__device__ __forceinline__ void ce_st(void *p, const ce_vec &v) { __stcs((uint4 *)p, v.u); }
+
+// ---- a row's layout ------------------------------------------------------------
+
+/* Elements [0, head) and [tail, C) are read one by one; the nvec vectors in
+ * between start at element head, on a 16-byte boundary. */
+typedef struct ce_row_layout {
+  int head, nvec, tail;
+} ce_row_layout;
+
+template <typename T> __device__ __forceinline__ ce_row_layout ce_layout(const T *x, int C) {
+  constexpr int VEC = ce_vec_len<T>();
+  ce_row_layout L;
+  const int mis = (int)(((uintptr_t)x & 15) / sizeof(T)); /* elements past the last boundary */
+  L.head = mis == 0 ? 0 : (VEC - mis < C ? VEC - mis : C);
+  L.nvec = (C - L.head) / VEC;
+  L.tail = L.head + L.nvec * VEC;
+  return L;
+}
+
+// ---- forward statistics ------------------------------------------------------------
+
+/* A thread's statistics: the sum d of exp(x - ce_safe(m)) over the values it
+ * has read and their plain sum. The shift m trails the max by at most
+ * CE_SHIFT_SLACK: it moves (and d is rescaled, in double) only when a value
+ * exceeds it by more, so after a thread's first values it rarely moves, and
+ * the terms stay below e^CE_SHIFT_SLACK. After the reduction, m is the row's
+ * shift and d its sum relative to it: lse = m + log d. */
+template <typename Acc> struct ce_stat {
+  Acc m;
+  double d;
+  double sx;
+};
+
+/* exp in double, out of line: the rescale below is rare (about once per
+ * thread and row), and inlined its registers would be reserved in the loop
+ * that holds the loaded vectors. */
+__device__ __noinline__ double ce_exp_rare(double x) { return exp(x); }
+
+/* Moves the shift to bm when bm exceeds it by more than the slack. -inf +
+ * slack is -inf, so the first finite value sets it (no rescale: d is 0). */
+template <typename Acc> __device__ __forceinline__ void ce_move_shift(ce_stat<Acc> &st, Acc bm) {
+  if (bm > st.m + (Acc)CE_SHIFT_SLACK) {
+    if (st.m != (Acc)-INFINITY) st.d *= ce_exp_rare((double)st.m - (double)bm);
+    st.m = bm;
+  }
+}
+
+/* Adds one value to the statistics (the row's head and tail elements). The
+ * max ignores NaN, so the shift is never NaN, but a NaN value makes d NaN
+ * (its exp is NaN); +inf becomes the shift and its term exp(inf - inf) makes
+ * d NaN too, as the CPU kernel's row; -inf adds 0 to d, and a thread that saw
+ * only -inf keeps m = -inf and d = 0. */
+template <bool FAST, typename Acc> __device__ __forceinline__ void ce_fold1(ce_stat<Acc> &st, Acc x) {
+  ce_move_shift(st, x);
+  st.d += (double)ce_exp_shift<FAST>(x, ce_safe(st.m));
+  st.sx += (double)x;
+}
+
+/* An empty asm that "modifies" a vector: between the max and the sums it
+ * keeps the compiler from holding the converted values of every vector
+ * across both loops (twice the registers for 16-bit logits); the sums convert
+ * again from the raw bits (a shift or a mask for bfloat16). */
+__device__ __forceinline__ void ce_fence(ce_vec &v) {
+  asm volatile("" : "+r"(v.w[0]), "+r"(v.w[1]), "+r"(v.w[2]), "+r"(v.w[3]));
+}
+
+/* Adds U vectors of T to the statistics: the shift first (from their max),
+ * then their exp terms and their sum, each summed in Acc and added in
+ * double. Special values as in ce_fold1. */
+template <bool FAST, typename T, int U, typename Acc>
+__device__ __forceinline__ void ce_fold_vecs(ce_stat<Acc> &st, ce_vec (&v)[U]) {
+  constexpr int VEC = ce_vec_len<T>();
+  Acc bm[2] = {(Acc)-INFINITY, (Acc)-INFINITY};
+#pragma unroll
+  for (int k = 0; k < U; k++)
+#pragma unroll
+    for (int e = 0; e < VEC; e++) bm[e & 1] = ce_max(bm[e & 1], ce_elem<T>(v[k], e));
+  ce_move_shift(st, ce_max(bm[0], bm[1]));
+  const Acc ms = ce_safe(st.m);
+  Acc s[2] = {0, 0}, sx[2] = {0, 0};
+#pragma unroll
+  for (int k = 0; k < U; k++) {
+    ce_fence(v[k]);
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+      const Acc x = ce_elem<T>(v[k], e);
+      s[e & 1] += ce_exp_shift<FAST>(x, ms);
+      sx[e & 1] += x;
+    }
+  }
+  st.d += (double)(s[0] + s[1]);
+  st.sx += (double)(sx[0] + sx[1]);
+}
+
+/* The statistics of the row elements a thread owns (thread `lane` of G). */
+template <bool FAST, typename T, typename Acc>
+__device__ __forceinline__ ce_stat<Acc> ce_thread_stats(const T *x, const ce_row_layout &L, int C, int lane, int G) {
+  constexpr int U = ce_unroll<T>();
+  ce_stat<Acc> st;
+  st.m = (Acc)-INFINITY;
+  st.d = 0;
+  st.sx = 0;
+  if (lane < L.head) ce_fold1<FAST>(st, ce_to_acc(x[lane]));
+  if (lane < C - L.tail) ce_fold1<FAST>(st, ce_to_acc(x[L.tail + lane]));
+  const ce_vec *xv = (const ce_vec *)(x + L.head);
+  int k = lane;
+  for (; k + (U - 1) * G < L.nvec; k += U * G) {
+    ce_vec v[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) v[u] = ce_ld(xv + k + u * G);
+    ce_fold_vecs<FAST, T>(st, v);
+  }
+  for (; k < L.nvec; k += G) {
+    ce_vec v[1] = {ce_ld(xv + k)};
+    ce_fold_vecs<FAST, T>(st, v);
+  }
+  return st;
+}
+
+// ---- group reductions ------------------------------------------------------------------
+
+/* Butterfly reductions over a warp: every lane ends with the same value, and
+ * since each step combines the same two operands on both lanes (max and +
+ * are symmetric), bitwise the same. */
+template <typename Acc> __device__ __forceinline__ Acc ce_warp_max(Acc m) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) m = ce_max(m, __shfl_xor_sync(0xffffffffu, m, off));
+  return m;
+}
+__device__ __forceinline__ void ce_warp_sum2(double &a, double &b) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, off);
+    b += __shfl_xor_sync(0xffffffffu, b, off);
+  }
+}
+
+/* Shared memory of a CTA group's two exchanges (one slot per warp). */
+template <typename Acc> struct ce_smem {
+  Acc m[32];
+  double d[32], sx[32];
+};
+
+/* The row's statistics on every thread of the group: the max of the shifts
+ * first, then each thread's d rescaled once to it, then the d's and x sums
+ * added. A CTA group exchanges warp partials through shared memory with one
+ * barrier per reduction: a warp reads the max slots before the second
+ * barrier, and the sum slots before the next row's first one, so nothing is
+ * overwritten while still being read. Also the group's memory barrier: every
+ * read of the first pass is ordered before every write after it. */
+template <typename Acc>
+__device__ __forceinline__ ce_stat<Acc> ce_group_reduce(ce_stat<Acc> st, int G, ce_smem<Acc> *sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  Acc m = ce_warp_max(st.m);
+  if (G > 32) {
+    if (lane == 0) sh->m[warp] = m;
+    __syncthreads();
+    m = ce_warp_max(lane < nwarps ? sh->m[lane] : (Acc)-INFINITY);
+  } else {
+    __syncwarp();
+  }
+  /* this thread's d to the row's shift (0 when it read only -inf, or nothing) */
+  double d = st.m == (Acc)-INFINITY ? 0.0 : st.d * exp((double)st.m - (double)ce_safe(m));
+  double sx = st.sx;
+  ce_warp_sum2(d, sx);
+  if (G > 32) {
+    if (lane == 0) {
+      sh->d[warp] = d;
+      sh->sx[warp] = sx;
+    }
+    __syncthreads();
+    d = lane < nwarps ? sh->d[lane] : 0.0;
+    sx = lane < nwarps ? sh->sx[lane] : 0.0;
+    ce_warp_sum2(d, sx);
+  }
+  ce_stat<Acc> r;
+  r.m = m;
+  r.d = d;
+  r.sx = sx;
+  return r;
+}
+
+// ---- backward pass ------------------------------------------------------------------------
+
+/* What a row's gradient pass needs. */
+template <typename Acc> struct ce_grad_row {
+  Acc a, s, hi, lo; /* grad = a exp((x - hi) - lo) - s */
+  int t;            /* the target column, or -1 (no element is special) */
+  double g, lse, scale, smooth; /* the target element, in double */
+};
+
+template <typename Acc>
+__device__ __forceinline__ ce_grad_row<Acc> ce_grad_setup(double g, double lse, int64_t t, bool valid, double eps,
+                                                          double z, int C) {
+  ce_grad_row<Acc> R;
+  R.scale = 1 + 2 * z * lse;
+  R.a = valid ? (Acc)(g * R.scale) : (Acc)NAN; /* an invalid target: a row of NaN */
+  R.s = valid ? (Acc)(g * eps / (double)C) : (Acc)NAN;
+  R.hi = (Acc)lse;
+  R.lo = isfinite(lse) ? (Acc)(lse - (double)R.hi) : (Acc)0;
+  R.t = valid && t >= 0 && t < C ? (int)t : -1;
+  R.g = g;
+  R.lse = lse;
+  R.smooth = eps * (1 - 1 / (double)C);
+  return R;
+}
+
+/* The gradient of an element other than the target, in Acc. */
+template <bool FAST, typename Acc> __device__ __forceinline__ Acc ce_grad_elem(const ce_grad_row<Acc> &R, Acc x) {
+  Acc ex;
+  if constexpr (FAST && sizeof(Acc) == 4) ex = ce_ex2(((x - R.hi) - R.lo) * (float)CE_LOG2E);
+  else if constexpr (sizeof(Acc) == 4) ex = expf((x - R.hi) - R.lo);
+  else ex = exp((x - R.hi) - R.lo);
+  return R.a * ex - R.s;
+}
+
+/* The target element's gradient, in double from its value x. */
+template <typename Acc> __device__ __forceinline__ Acc ce_grad_target(const ce_grad_row<Acc> &R, Acc x) {
+  return (Acc)(R.g * ((exp((double)x - R.lse) * R.scale - 1) + R.smooth));
+}
+
+/* The thread of the group that owns element j (ce_row_layout). */
+__device__ __forceinline__ int ce_owner(const ce_row_layout &L, int j, int vec, int G) {
+  return j < L.head ? j : j >= L.tail ? j - L.tail : ((j - L.head) / vec) % G;
+}
+
+/* Writes the gradient of the elements a thread owns. zero: an ignored row,
+ * written as zeros without reading x. Every element first gets the Acc
+ * formula; then the target's owner, which read x_t before its own writes,
+ * overwrites it with the value computed in double (so the loop has no
+ * per-element test). The gradient goes out in 16-byte stores where y's rows
+ * have x's 16-byte boundaries, element by element otherwise. */
+template <bool FAST, typename T, typename Acc>
+__device__ __forceinline__ void ce_thread_grad(const T *x, T *y, const ce_row_layout &L, int C, int lane, int G,
+                                               const ce_grad_row<Acc> &R, bool zero) {
+  constexpr int VEC = ce_vec_len<T>(), U = ce_unroll<T>();
+  const bool own_t = !zero && R.t >= 0 && lane == ce_owner(L, R.t, VEC, G);
+  const Acc xt = own_t ? ce_to_acc(x[R.t]) : (Acc)0;
+  const bool vec_out = (((uintptr_t)(y + L.head)) & 15) == 0;
+  if (lane < L.head) y[lane] = ce_from_acc<T>(zero ? (Acc)0 : ce_grad_elem<FAST>(R, ce_to_acc(x[lane])));
+  if (lane < C - L.tail) {
+    const int j = L.tail + lane;
+    y[j] = ce_from_acc<T>(zero ? (Acc)0 : ce_grad_elem<FAST>(R, ce_to_acc(x[j])));
+  }
+  const ce_vec *xv = (const ce_vec *)(x + L.head);
+  T *y0 = y + L.head;
+  for (int k = lane; k < L.nvec; k += U * G) {
+    ce_vec v[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int kk = k + u * G;
+      if (kk < L.nvec) {
+        if (zero) v[u].u = make_uint4(0, 0, 0, 0);
+        else v[u] = ce_ld_last(xv + kk);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int kk = k + u * G;
+      if (kk < L.nvec) {
+        if (!zero) {
+#pragma unroll
+          for (int e = 0; e < VEC; e++) ce_set<T>(v[u], e, ce_grad_elem<FAST>(R, ce_elem<T>(v[u], e)));
+        }
+        if (vec_out) {
+          ce_st(y0 + (int64_t)kk * VEC, v[u]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < VEC; e++) y0[(int64_t)kk * VEC + e] = ce_from_acc<T>(ce_elem<T>(v[u], e));
+        }
+      }
+    }
+  }
+  if (own_t) y[R.t] = ce_from_acc<T>(ce_grad_target(R, xt));
+}
+
+// ---- the kernel --------------------------------------------------------------------------
+
+typedef struct ce_args {
+  const void *x;
+  int64_t x_stride;
+  void *y; /* gradient (CE_BWD) */
+  int64_t y_stride;
+  const int64_t *target;
+  int64_t ignore_index;
+  int64_t rows;
+  int classes;
+  int group; /* threads per row: 32, or blockDim.x */
+  double eps, z;
+  void *loss;           /* float32, or float64 for float64 logits (CE_FWD) */
+  double *lse;          /* written (CE_FWD) or read (CE_BWD alone) */
+  const void *grad_loss; /* loss's dtype (CE_BWD) */
+} ce_args;
+
+template <typename T, int MODE> __global__ void __launch_bounds__(CE_MAX_THREADS_FUSED) ce_kernel(ce_args A) {
+  typedef typename ce_acc<T>::type Acc;
+  constexpr bool FAST = sizeof(T) == 2;
+  constexpr bool F64 = sizeof(T) == 8;
+  __shared__ ce_smem<Acc> sh;
+  const int G = A.group, C = A.classes;
+  const int lane = (int)(threadIdx.x % (unsigned)G);
+  const int groups = (int)(blockDim.x / (unsigned)G);
+  for (int64_t row = (int64_t)blockIdx.x * groups + threadIdx.x / (unsigned)G; row < A.rows;
+       row += (int64_t)gridDim.x * groups) {
+    const T *x = (const T *)A.x + row * A.x_stride;
+    const ce_row_layout L = ce_layout(x, C);
+    const int64_t t = A.target[row];
+    const bool ignored = t == A.ignore_index;
+    const bool valid = ignored || (t >= 0 && t < C);
+    double lse;
+    if constexpr ((MODE & CE_FWD) != 0) {
+      /* x_t, read before the reduction (in place, its owner overwrites it after) */
+      Acc xt = 0;
+      if (lane == 0 && !ignored && valid) xt = ce_to_acc(x[t]);
+      ce_stat<Acc> st = ce_thread_stats<FAST, T, Acc>(x, L, C, lane, G);
+      st = ce_group_reduce(st, G, &sh);
+      lse = (double)st.m + log(st.d);
+      if (lane == 0) {
+        double loss = 0;
+        if (!valid) {
+          loss = NAN;
+        } else if (!ignored) {
+          loss = (1 - A.eps) * (lse - (double)xt);
+          if (A.eps != 0) loss += A.eps * (lse - st.sx / (double)C);
+          if (A.z != 0) loss += A.z * lse * lse;
+        }
+        if constexpr (F64) ((double *)A.loss)[row] = loss;
+        else ((float *)A.loss)[row] = (float)loss;
+        A.lse[row] = lse;
+      }
+    } else {
+      lse = A.lse[row];
+    }
+    if constexpr ((MODE & CE_BWD) != 0) {
+      const double g = ignored ? 0.0
+                       : F64   ? ((const double *)A.grad_loss)[row]
+                               : (double)((const float *)A.grad_loss)[row];
+      const ce_grad_row<Acc> R = ce_grad_setup<Acc>(g, lse, t, valid, A.eps, A.z, C);
+      ce_thread_grad<FAST, T, Acc>(x, (T *)A.y + row * A.y_stride, L, C, lane, G, R, ignored);
+    }
+  }
+}
+
+// ---- host side ----------------------------------------------------------------------------
+
+static size_t ce_dtype_size(oss_dtype t) { return t == OSS_FLOAT64 ? 8 : t == OSS_FLOAT32 ? 4 : 2; }
+
+static int ce_is_float(oss_dtype t) {
+  return t == OSS_FLOAT32 || t == OSS_FLOAT64 || t == OSS_FLOAT16 || t == OSS_BFLOAT16;
+}
+
+/* The CPU kernel's checks (same sentences), less its host scan of the
+ * targets, plus what the CUDA kernels rely on. */
+static oss_status ce_check(const char *op, const oss_cross_entropy_params *p) {
+  if (p == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: params is NULL", op);
+  if (!ce_is_float(p->dtype))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits have dtype code %d, expected a floating type", op,
+                    (int)p->dtype);
+  if (p->rows < 0 || p->classes < 1)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: rows=%lld, classes=%lld; need rows >= 0 and classes >= 1", op,
+                    (long long)p->rows, (long long)p->classes);
+  if (p->classes > INT32_MAX)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED, "%s: classes=%lld; the CUDA kernels take at most %d classes", op,
+                    (long long)p->classes, INT32_MAX);
+  if (!(p->label_smoothing >= 0.0 && p->label_smoothing <= 1.0))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: label_smoothing=%g must be in [0, 1]", op, p->label_smoothing);
+  if (!(p->z_loss >= 0.0) || isinf(p->z_loss))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: z_loss=%g must be finite and >= 0", op, p->z_loss);
+  if (p->rows > 0 && (p->logits == NULL || p->target == NULL || p->lse == NULL))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits, target or lse is NULL", op);
+  if (p->rows > 1 && p->logits_stride_row < p->classes)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits_stride_row=%lld is below classes=%lld", op,
+                    (long long)p->logits_stride_row, (long long)p->classes);
+  const size_t es = ce_dtype_size(p->dtype);
+  if ((uintptr_t)p->logits % es != 0 || (uintptr_t)p->target % 8 != 0 || (uintptr_t)p->lse % 8 != 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits, target or lse is not aligned to its element size", op);
+  return OSS_OK;
+}
+
+/* The backward's extra checks: grad_loss and grad_logits, and grad_logits
+ * either the logits themselves (in place) or apart from them. */
+static oss_status ce_check_backward(const char *op, const oss_cross_entropy_backward_params *b) {
+  const oss_cross_entropy_params *p = &b->fwd;
+  if (p->rows > 0 && (b->grad_loss == NULL || b->grad_logits == NULL))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: grad_loss or grad_logits is NULL", op);
+  if (p->rows > 1 && b->grad_logits_stride_row < p->classes)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: grad_logits_stride_row=%lld is below classes=%lld", op,
+                    (long long)b->grad_logits_stride_row, (long long)p->classes);
+  const size_t es = ce_dtype_size(p->dtype);
+  if ((uintptr_t)b->grad_logits % es != 0 || (uintptr_t)b->grad_loss % (p->dtype == OSS_FLOAT64 ? 8 : 4) != 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: grad_logits or grad_loss is not aligned to its element size",
+                    op);
+  if (p->rows == 0) return OSS_OK;
+  const int64_t xs = p->rows > 1 ? p->logits_stride_row : p->classes;
+  const int64_t ys = p->rows > 1 ? b->grad_logits_stride_row : p->classes;
+  const uintptr_t x0 = (uintptr_t)p->logits, y0 = (uintptr_t)b->grad_logits;
+  const uintptr_t x1 = x0 + ((uintptr_t)(p->rows - 1) * (uintptr_t)xs + (uintptr_t)p->classes) * es;
+  const uintptr_t y1 = y0 + ((uintptr_t)(p->rows - 1) * (uintptr_t)ys + (uintptr_t)p->classes) * es;
+  const int same = x0 == y0 && (p->rows == 1 || xs == ys);
+  if (!same && x0 < y1 && y0 < x1)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT,
+                    "%s: grad_logits overlaps the logits without being the same rows (in place needs the same "
+                    "pointer and row stride)",
+                    op);
+  return OSS_OK;
+}
+
+/* The launch shape (the rule of the header comment). */
+static void ce_shape(int64_t classes, oss_dtype dtype, int fused, int *threads, int *group) {
+  if (classes <= CE_WARP_MAX_CLASSES) {
+    *threads = CE_WARP_ROWS_THREADS;
+    *group = 32;
+    return;
+  }
+  const int64_t vec = 16 / (int64_t)ce_dtype_size(dtype);
+  const int64_t nvec = (classes + vec - 1) / vec;
+  const int max_threads = fused ? CE_MAX_THREADS_FUSED : CE_MAX_THREADS;
+  int t = CE_MIN_THREADS;
+  while (t < max_threads && (int64_t)t * CE_VECS_PER_THREAD < nvec) t *= 2;
+  *threads = t;
+  *group = t;
+}
+
+template <typename T, int MODE> static oss_status ce_launch_typed(const ce_args &A, int threads, cudaStream_t stream) {
+  const int64_t per_cta = threads / A.group;
+  const int64_t ctas = (A.rows + per_cta - 1) / per_cta;
+  const unsigned grid = (unsigned)(ctas < INT32_MAX ? ctas : INT32_MAX);
+  ce_kernel<T, MODE><<<grid, threads, 0, stream>>>(A);
+  return oss_check_launch("ce_kernel");
+}
+
+template <int MODE> static oss_status ce_launch(oss_dtype dtype, const ce_args &A, int threads, cudaStream_t stream) {
+  switch (dtype) {
+  case OSS_FLOAT32: return ce_launch_typed<float, MODE>(A, threads, stream);
+  case OSS_FLOAT64: return ce_launch_typed<double, MODE>(A, threads, stream);
+  case OSS_FLOAT16: return ce_launch_typed<__half, MODE>(A, threads, stream);
+  case OSS_BFLOAT16: return ce_launch_typed<__nv_bfloat16, MODE>(A, threads, stream);
+  default: return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "cross_entropy: logits have dtype code %d", (int)dtype);
+  }
+}
+
+static ce_args ce_args_from(const oss_cross_entropy_params *p, int group) {
+  ce_args A;
+  A.x = p->logits;
+  A.x_stride = p->rows > 1 ? p->logits_stride_row : p->classes;
+  A.y = NULL;
+  A.y_stride = 0;
+  A.target = p->target;
+  A.ignore_index = p->ignore_index;
+  A.rows = p->rows;
+  A.classes = (int)p->classes;
+  A.group = group;
+  A.eps = p->label_smoothing;
+  A.z = p->z_loss;
+  A.loss = p->loss;
+  A.lse = (double *)p->lse;
+  A.grad_loss = NULL;
+  return A;
+}
+
+extern "C" oss_status oss_cross_entropy_forward_cuda(const oss_cross_entropy_params *p, void *cuda_stream) {
+  const char *op = "cross_entropy";
+  oss_status st = ce_check(op, p);
+  if (st != OSS_OK) return st;
+  if (p->rows > 0 && p->loss == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: loss is NULL", op);
+  if ((uintptr_t)p->loss % (p->dtype == OSS_FLOAT64 ? 8 : 4) != 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: loss is not aligned to its element size", op);
+  if (p->rows == 0) return OSS_OK;
+  int threads, group;
+  ce_shape(p->classes, p->dtype, 0, &threads, &group);
+  return ce_launch<CE_FWD>(p->dtype, ce_args_from(p, group), threads, (cudaStream_t)cuda_stream);
+}
+
+/* The backward (fused = 0) or the forward and backward in one pass (fused = 1). */
+static oss_status ce_backward(const char *op, const oss_cross_entropy_backward_params *b, int fused,
+                              void *cuda_stream) {
+  if (b == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: params is NULL", op);
+  const oss_cross_entropy_params *p = &b->fwd;
+  oss_status st = ce_check(op, p);
+  if (st == OSS_OK) st = ce_check_backward(op, b);
+  if (st != OSS_OK) return st;
+  if (fused && p->rows > 0 && p->loss == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: loss is NULL", op);
+  if (fused && (uintptr_t)p->loss % (p->dtype == OSS_FLOAT64 ? 8 : 4) != 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: loss is not aligned to its element size", op);
+  if (p->rows == 0) return OSS_OK;
+  int threads, group;
+  ce_shape(p->classes, p->dtype, fused, &threads, &group);
+  ce_args A = ce_args_from(p, group);
+  A.y = b->grad_logits;
+  A.y_stride = p->rows > 1 ? b->grad_logits_stride_row : p->classes;
+  A.grad_loss = b->grad_loss;
+  const cudaStream_t stream = (cudaStream_t)cuda_stream;
+  return fused ? ce_launch<CE_FWD_BWD>(p->dtype, A, threads, stream) : ce_launch<CE_BWD>(p->dtype, A, threads, stream);
+}
+
+extern "C" oss_status oss_cross_entropy_backward_cuda(const oss_cross_entropy_backward_params *p, void *cuda_stream) {
+  return ce_backward("cross_entropy_backward", p, 0, cuda_stream);
+}
+
+extern "C" oss_status oss_cross_entropy_forward_backward_cuda(const oss_cross_entropy_backward_params *p,
+                                                              void *cuda_stream) {
+  return ce_backward("cross_entropy_forward_backward", p, 1, cuda_stream);
+}
