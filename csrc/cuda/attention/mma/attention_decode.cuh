@@ -11,8 +11,8 @@
  * owns 16 packed rows (blockIdx.x), one split of the keys (blockIdx.y) and
  * one (batch, kv head) (blockIdx.z).
  * Keys: the split's keys stream through shared memory in tiles of 64 keys
- * (K and V of a tile in one cp.async group; all oss_attn_dec_stages stages
- * in flight while a tile is awaited, two barriers per tile); warp w takes keys 16w .. 16w+15 of every tile and runs its own
+ * (K and V of a tile in one cp.async group, oss_attn_dec_stages tiles in
+ * flight, one barrier per tile); warp w takes keys 16w .. 16w+15 of every tile and runs its own
  * online softmax (m, l, lr, o as in attention_fwd.cuh) over them, so the
  * warps never wait for each other inside the key loop; at the end the four
  * warp states are merged through shared memory.
@@ -152,10 +152,9 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
              col;
     oss_cp_async16(oss_smem_u32(sQ + r * LDS + col), src, nb);
   }
-  /* every stage in flight: tiles t .. t + STAGES - 1 are loading while tile t is awaited */
   int pg[oss_attn_dec_rows<KD>::N] = {};
 #pragma unroll
-  for (int st = 0; st < STAGES; st++) {
+  for (int st = 0; st < STAGES - 1; st++) {
     if (st < ntiles) {
       oss_attn_dec_pages<KD>(a, b, k_begin + st * BK, k_end, tid, pg);
       oss_attn_dec_load_kv<T, KD, LDS>(a, sK + st * BK * LDS, sV + st * BK * LDS, b, hk, k_begin + st * BK, k_end,
@@ -163,7 +162,7 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
     }
     oss_cp_async_commit(); /* Q joins the first group */
   }
-  if (STAGES < ntiles) oss_attn_dec_pages<KD>(a, b, k_begin + STAGES * BK, k_end, tid, pg);
+  if (STAGES - 1 < ntiles) oss_attn_dec_pages<KD>(a, b, k_begin + (STAGES - 1) * BK, k_end, tid, pg);
 
   /* this thread's two fragment rows: last visible key and mask row offset */
   int last[2];
@@ -191,8 +190,16 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
 #pragma unroll 1
   for (int t = 0; t < ntiles; t++) {
     const int st = t % STAGES;
-    oss_cp_async_wait<STAGES - 1>(); /* tile t (and Q) landed for this thread */
-    __syncthreads();                 /* ... for all */
+    oss_cp_async_wait<STAGES - 2>(); /* tile t (and Q) landed for this thread */
+    __syncthreads();                 /* ... for all; the stage of tile t - 1 is free */
+    if (t + STAGES - 1 < ntiles) {
+      const int sn = (t + STAGES - 1) % STAGES;
+      oss_attn_dec_load_kv<T, KD, LDS>(a, sK + sn * BK * LDS, sV + sn * BK * LDS, b, hk,
+                                        k_begin + (t + STAGES - 1) * BK, k_end, tid, pg);
+      if (t + STAGES < ntiles) oss_attn_dec_pages<KD>(a, b, k_begin + (t + STAGES) * BK, k_end, tid, pg);
+    }
+    oss_cp_async_commit();
+
     const int c0 = k_begin + t * BK + warp * 16;
     if (c0 < k_end) {
       float s[1][2][4];
@@ -204,13 +211,6 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
       oss_attn_online_softmax<T, 1, 2, NO>(s, o, m, l, lr, 1.f, pa);
       oss_warp_mma_rs<T, 1, NO, 1, LDS>(o, pa, oss_smem_u32(sV + (st * BK + warp * 16) * LDS), lane);
     }
-    __syncthreads(); /* stage st is read: it takes tile t + STAGES */
-    if (t + STAGES < ntiles) {
-      oss_attn_dec_load_kv<T, KD, LDS>(a, sK + st * BK * LDS, sV + st * BK * LDS, b, hk, k_begin + (t + STAGES) * BK,
-                                        k_end, tid, pg);
-      if (t + STAGES + 1 < ntiles) oss_attn_dec_pages<KD>(a, b, k_begin + (t + STAGES + 1) * BK, k_end, tid, pg);
-    }
-    oss_cp_async_commit();
   }
   oss_cp_async_wait<0>();
   __syncthreads(); /* the stages are free: they hold the warp states now */
