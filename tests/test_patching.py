@@ -1,7 +1,7 @@
-"""torch_oss.enable() / disable() / enabled(): PyTorch's softmax, log_softmax and
-scaled_dot_product_attention (and their aliases) routed to torch.ops.oss in eager
-mode and under torch.compile(fullgraph=True); fallbacks, their accounting and
-strict mode; exact restoration of the original functions."""
+"""torch_oss.enable() / disable() / enabled(): PyTorch's softmax, log_softmax,
+scaled_dot_product_attention and cross_entropy (and their aliases) routed to
+torch.ops.oss in eager mode and under torch.compile(fullgraph=True); fallbacks,
+their accounting and strict mode; exact restoration of the original functions."""
 
 import subprocess
 import sys
@@ -19,6 +19,7 @@ import torch_oss
 from torch_oss import patching
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
+CROSS_ENTROPY = "torch.nn.functional.cross_entropy"
 
 
 @pytest.fixture(autouse=True)
@@ -300,9 +301,12 @@ def fallback_cases(device):
     mask = torch.randn(9, 9, device=device).requires_grad_()
     sub = x.as_subclass(MyTensor)
     buf = torch.empty(4, 10, device=device)
+    probs, labels = torch.rand(4, 10, device=device).softmax(-1), torch.randint(0, 10, (4,), device=device)
     return [
         # (function, reason substring, call, compare the value with PyTorch's)
         (SDPA, "dropout_p > 0", lambda: F.scaled_dot_product_attention(q, q, q, dropout_p=0.5), False),
+        (CROSS_ENTROPY, "probability targets", lambda: F.cross_entropy(x, probs), True),
+        (CROSS_ENTROPY, "size_average", lambda: F.cross_entropy(x, labels, size_average=False), True),
         (SDPA, "head dim 300 >", lambda: F.scaled_dot_product_attention(q300, q300, q300), True),
         ("torch.softmax", "out=", lambda: torch.softmax(x, -1, out=buf), True),
         ("torch.Tensor.softmax", "tensor subclass (MyTensor)", lambda: sub.softmax(-1), True),
@@ -505,3 +509,86 @@ def test_inductor_block_fullgraph(device):
         got = torch.compile(block, fullgraph=True)(x)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     assert torch_oss.fallback_stats() == {}
+
+
+# ---------------------------------------------------------------------------
+# F.cross_entropy
+# ---------------------------------------------------------------------------
+
+
+def _cross_entropy_cases(device, dtype):
+    classes = 1000
+    weight = torch.rand(classes, dtype=dtype, device=device) + 0.5
+    return [
+        {},
+        {"reduction": "none"},
+        {"reduction": "sum", "label_smoothing": 0.1},
+        {"weight": weight},
+        {"weight": weight, "label_smoothing": 0.2, "reduction": "none"},
+        {"ignore_index": 7},
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cross_entropy_routes_to_oss(device, dtype):
+    """Values, result dtype and gradients of F.cross_entropy while enabled,
+    against float64 with PyTorch's own result as the peer (tolerance rule)."""
+    x = awkward_randn((37, 1000), dtype, device)
+    target = torch.randint(0, 1000, (37,), device=device)
+    target[3] = -100
+    target[5] = 7
+    for kwargs in _cross_entropy_cases(device, dtype):
+        if kwargs.get("ignore_index", -100) != -100:
+            target = target.clone()
+            target[3] = 8  # -100 is a class index out of range there
+        wide = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+        leaves = {name: x.detach().to(torch.float64 if name == "ref" else dtype).requires_grad_()
+                  for name in ("ours", "peer", "ref")}
+        peer = F.cross_entropy(leaves["peer"], target, **kwargs)
+        ref = F.cross_entropy(leaves["ref"], target, **wide)
+        with enabled(), OpRecorder() as rec:
+            ours = F.cross_entropy(leaves["ours"], target, **kwargs)
+        label = f"{dtype} {device} {sorted(kwargs)}"
+        assert rec.has("oss.cross_entropy"), (label, rec.ops)
+        assert ours.dtype == peer.dtype and ours.shape == peer.shape, label
+        atol = SOFTMAX_ATOL[dtype]
+        assert_tolerance(f"loss {label}", ours, ref, peer, atol)
+        grad = torch.randn_like(ref)
+        for name, out in (("ours", ours), ("peer", peer), ("ref", ref)):
+            out.backward(grad.to(out.dtype))
+        assert leaves["ours"].grad.dtype == dtype
+        assert_tolerance(f"grad {label}", leaves["ours"].grad, leaves["ref"].grad, leaves["peer"].grad, atol)
+    assert torch_oss.fallback_stats() == {}
+
+
+def test_cross_entropy_under_autocast_returns_float32():
+    x = awkward_randn((8, 300), torch.bfloat16, "cpu").requires_grad_()
+    target = torch.randint(0, 300, (8,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = F.cross_entropy(x, target)
+        with enabled():
+            got = F.cross_entropy(x, target)
+    assert got.dtype == want.dtype == torch.float32
+    got.backward()
+    assert x.grad.dtype == torch.bfloat16
+    ref = F.cross_entropy(x.detach().double(), target)
+    assert_tolerance("autocast loss", got, ref, want, SOFTMAX_ATOL[torch.float32])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_cross_entropy_routes_to_oss(device):
+    torch._dynamo.reset()
+    x = awkward_randn((16, 500), torch.float32, device).requires_grad_()
+    target = torch.randint(0, 500, (16,), device=device)
+
+    def loss_of(x):
+        return F.cross_entropy(x * 2, target, label_smoothing=0.05)
+
+    with enabled():
+        explained = torch._dynamo.explain(loss_of)(x)
+        out, rec = compile_and_record(loss_of, x)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert mentions(graph_ops(rec.fw_graphs[0]), "oss.cross_entropy"), graph_ops(rec.fw_graphs[0])
+    assert_tolerance("compiled cross_entropy", out, loss_of(x.detach().double()), loss_of(x.detach()),
+                     SOFTMAX_ATOL[torch.float32])

@@ -1,4 +1,4 @@
-"""Route PyTorch's softmax, log_softmax and scaled_dot_product_attention to torch_oss.
+"""Route PyTorch's softmax, log_softmax, scaled_dot_product_attention and cross_entropy to torch_oss.
 
     torch_oss.enable()              # from now on F.softmax & co. run on torch.ops.oss.*
     torch_oss.disable()             # PyTorch's own functions again (the exact objects)
@@ -12,6 +12,11 @@ ops when they can serve the call and PyTorch's implementation otherwise:
     torch.Tensor.softmax               torch.Tensor.log_softmax
     torch.special.softmax              torch.special.log_softmax
     torch.nn.functional.scaled_dot_product_attention
+    torch.nn.functional.cross_entropy  (class-index targets; torch_oss.cross_entropy)
+
+Hugging Face models compute their language-modelling loss with
+``nn.functional.cross_entropy``, looked up at each call, so their losses take
+torch_oss's kernels while it is enabled.
 
 The wrappers are plain Python, so torch.compile (dynamo) inlines them: the
 compiled graph holds torch.ops.oss.* nodes, with no graph break, and dynamo's
@@ -49,7 +54,10 @@ replays the update), the warning appears once, at compile time. With
 
 Autocast is honoured as PyTorch's own kernels do it: under CUDA autocast,
 softmax and log_softmax without ``dtype=`` return float32; under autocast on
-either device, attention inputs are cast to the autocast dtype.
+either device, attention inputs are cast to the autocast dtype and
+cross_entropy returns float32 (computed from the 16-bit logits directly, which
+autocast would first copy to float32; the gradient keeps the logits' dtype).
+Without autocast cross_entropy returns the logits' dtype, as PyTorch does.
 """
 
 import contextlib
@@ -62,6 +70,7 @@ import torch.nn.functional as F
 
 from . import _C
 from . import functional as _oss
+from .cross_entropy import cross_entropy as _oss_cross_entropy
 
 __all__ = ["enable", "disable", "enabled", "is_enabled", "fallback_stats", "reset_fallback_stats", "FallbackWarning",
            "FallbackError"]
@@ -291,6 +300,30 @@ def _attention_reason(query, key, value, attn_mask, dropout_p, is_causal, scale,
     return None
 
 
+def _cross_entropy_reason(input, target, weight, size_average, reduce, reduction):
+    for name, t in (("input", input), ("target", target), ("weight", weight)):
+        if t is None and name == "weight":
+            continue
+        if not isinstance(t, torch.Tensor):
+            return f"{name} is not a Tensor"
+        reason = _tensor_reason(t, name)
+        if reason is not None:
+            return reason
+    if size_average is not None or reduce is not None:
+        return "the deprecated size_average / reduce arguments"
+    if input.dtype not in _FLOAT_DTYPES:
+        return f"input dtype {input.dtype}"
+    if target.dtype.is_floating_point:
+        return "probability targets (torch_oss takes class indices)"
+    if target.dtype != torch.int64:
+        return f"target dtype {target.dtype}"
+    if input.dim() < 1 or reduction not in ("none", "mean", "sum"):
+        return "input shape or reduction outside F.cross_entropy's class-index forms"
+    if target.device != input.device or (weight is not None and weight.device != input.device):
+        return "input, target and weight are on different devices"
+    return None
+
+
 # ---------------------------------------------------------------------------
 # Autocast, as PyTorch's own kernels apply it
 # ---------------------------------------------------------------------------
@@ -426,6 +459,25 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                              scale=scale, enable_gqa=enable_gqa)
 
 
+_CROSS_ENTROPY = "torch.nn.functional.cross_entropy"
+
+
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
+                  label_smoothing=0.0):
+    """torch_oss-routed torch.nn.functional.cross_entropy (see torch_oss.enable)."""
+    reason = _cross_entropy_reason(input, target, weight, size_average, reduce, reduction)
+    if reason is None:
+        loss = _oss_cross_entropy(input, target, weight=weight, ignore_index=ignore_index, reduction=reduction,
+                                  label_smoothing=label_smoothing)
+        device = input.device.type
+        autocast = device in ("cpu", "cuda") and torch.is_autocast_enabled(device)
+        return loss if autocast or loss.dtype == input.dtype else loss.to(input.dtype)
+    _note_fallback(_CROSS_ENTROPY, reason, stacklevel=2)
+    return _ORIGINALS[_CROSS_ENTROPY](input, target, weight=weight, size_average=size_average,
+                                      ignore_index=ignore_index, reduce=reduce, reduction=reduction,
+                                      label_smoothing=label_smoothing)
+
+
 # name -> (owner getter, attribute); owners are looked up when patching so
 # that torch.special and friends are imported modules, not stale copies.
 _TARGETS = {
@@ -438,6 +490,7 @@ _TARGETS = {
     "torch.Tensor.softmax": (lambda: torch.Tensor, "softmax"),
     "torch.Tensor.log_softmax": (lambda: torch.Tensor, "log_softmax"),
     _SDPA: (lambda: F, "scaled_dot_product_attention"),
+    _CROSS_ENTROPY: (lambda: F, "cross_entropy"),
 }
 
 _WRAPPERS = {
@@ -450,6 +503,7 @@ _WRAPPERS = {
     "torch.Tensor.softmax": _make_method("softmax", log=False),
     "torch.Tensor.log_softmax": _make_method("log_softmax", log=True),
     _SDPA: scaled_dot_product_attention,
+    _CROSS_ENTROPY: cross_entropy,
 }
 
 PATCHED_FUNCTIONS = tuple(_TARGETS)
@@ -477,9 +531,9 @@ def _register_transformers_if_available():
 
 
 def enable(*, strict=False, transformers=True):
-    """Routes F.softmax, F.log_softmax, F.scaled_dot_product_attention and
-    their aliases (see the module docstring) to torch_oss, in eager mode and
-    under torch.compile.
+    """Routes F.softmax, F.log_softmax, F.scaled_dot_product_attention,
+    F.cross_entropy and the aliases (see the module docstring) to torch_oss, in
+    eager mode and under torch.compile.
 
     strict: raise :class:`FallbackError` instead of falling back to PyTorch.
     transformers: when the transformers package is installed, also register
