@@ -68,6 +68,22 @@ def trimmed_mean(ts):
     return sum(mid) / len(mid)
 
 
+def time_rounds(fns, rounds, device):
+    """{name: (median ms, [median of each round], trimmed-mean ms, [trimmed mean of
+    each round])}: every round times every implementation once
+    (bench_stats), in alternating order, so a drift of the GPU's clocks or
+    of the memory system falls on all of them alike; each statistic is then the
+    median over the rounds."""
+    times = {name: ([], []) for name in fns}
+    order = list(fns)
+    for rnd in range(rounds):
+        for name in (order if rnd % 2 == 0 else order[::-1]):
+            med, trimmed = bench_stats(fns[name], device)
+            times[name][0].append(med)
+            times[name][1].append(trimmed)
+    return {name: (statistics.median(m), m, statistics.median(t), t) for name, (m, t) in times.items()}
+
+
 def call_times_ms(fn, device, warmup_ms=25, rep_ms=100):
     """The time of each timed call of fn() in ms, after warm-up: on CUDA
     triton.testing.do_bench's (the L2 flushed before each call) or CUDA events."""

@@ -26,7 +26,6 @@ rows) before it is timed. Results: a table on stdout and results/cross_entropy.j
 
 import argparse
 import os
-import statistics
 import sys
 
 import torch
@@ -88,20 +87,6 @@ def check(name, grad, x, t, peer_grad):
         raise AssertionError(f"{name}: gradient error {err:.3e} > {2 * peer_err + atol:.3e}; not timing it")
 
 
-def time_rounds(fns, rounds, device):
-    """{name: (median ms, trimmed-mean ms)}: every round times every
-    implementation once, in alternating order, so a drift of the clocks falls
-    on all of them alike; each statistic is the median over the rounds."""
-    times = {name: ([], []) for name in fns}
-    order = list(fns)
-    for rnd in range(rounds):
-        for name in (order if rnd % 2 == 0 else order[::-1]):
-            med, trimmed = common.bench_stats(fns[name], device)
-            times[name][0].append(med)
-            times[name][1].append(trimmed)
-    return {name: (statistics.median(m), statistics.median(tr)) for name, (m, tr) in times.items()}
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, one round")
@@ -138,7 +123,7 @@ def main():
             del g
             timed[name] = lambda fn=fn: fn(x, t)
         del peer_grad
-        stats = time_rounds(timed, rounds, device)
+        stats = {name: (m, t) for name, (m, _, t, _) in common.time_rounds(timed, rounds, device).items()}
         base = stats["F.cross_entropy"][0]
         for name, (ms, ms_trimmed) in stats.items():
             gbs = nbytes / ms / 1e6

@@ -8,7 +8,6 @@ Triton fused softmax, forward and backward, over widths 128 ... 16M.
 """
 
 import argparse
-import statistics
 import sys
 
 import torch
@@ -62,22 +61,6 @@ def check(name, got, ref64, peer, dtype):
     bound = 2 * (peer.double() - ref64).abs().max().item() + {torch.float32: 1e-6}.get(dtype, 1e-4)
     if not err <= bound:
         raise AssertionError(f"{name}: max error {err:.3e} > {bound:.3e}; not timing a wrong kernel")
-
-
-def time_rounds(fns, rounds, device):
-    """{name: (median ms, [median of each round], trimmed-mean ms, [trimmed mean of
-    each round])}: every round times every implementation once
-    (common.bench_stats), in alternating order, so a drift of the GPU's clocks or
-    of the memory system falls on all of them alike; each statistic is then the
-    median over the rounds."""
-    times = {name: ([], []) for name in fns}
-    order = list(fns)
-    for rnd in range(rounds):
-        for name in (order if rnd % 2 == 0 else order[::-1]):
-            med, trimmed = common.bench_stats(fns[name], device)
-            times[name][0].append(med)
-            times[name][1].append(trimmed)
-    return {name: (statistics.median(m), m, statistics.median(t), t) for name, (m, t) in times.items()}
 
 
 def record(op, dtype, rows, cols, name, stats, nbytes, copy_gbs):
@@ -156,7 +139,7 @@ def main():
                 check(f"{name} fwd {dname} {rows}x{cols}", y, ref, peer, dtype)
                 del y
                 timed[name] = lambda fn=fn: fn(x)
-            for name, stats in time_rounds(timed, args.rounds, device).items():
+            for name, stats in common.time_rounds(timed, args.rounds, device).items():
                 records.append(record("forward", dname, rows, cols, name, stats, nbytes, copy_gbs))
             if not args.no_backward:
                 y = peer
@@ -168,7 +151,7 @@ def main():
                 for name, fn in bwd_impls.items():
                     check(f"{name} bwd {dname} {rows}x{cols}", fn(dy, y), ref_dx, peer_dx, dtype)
                     timed[name] = lambda fn=fn: fn(dy, y)
-                for name, stats in time_rounds(timed, args.rounds, device).items():
+                for name, stats in common.time_rounds(timed, args.rounds, device).items():
                     records.append(record("backward", dname, rows, cols, name, stats, nbytes3, copy_gbs))
                 del dy, ref_dx, peer_dx
             del x, ref, peer
@@ -201,7 +184,7 @@ def main():
         )
         ours = {}
         for op, nb, fns in cases:
-            for name, stats in time_rounds(fns, args.rounds, device).items():
+            for name, stats in common.time_rounds(fns, args.rounds, device).items():
                 if name == "torch_oss":
                     ours[op] = stats[0]
                 records.append(record(op, dname, x.numel() // shape[1], shape[1], name, stats, nb, copy_gbs))

@@ -1,9 +1,11 @@
 /*
- * common.c - error reporting and build description for the C API (oss.h).
+ * common.c - error reporting, build description and the params checks shared
+ * by the CPU and CUDA entry points of the C API (oss.h).
  *
  * The failure sentence lives in thread-local storage so concurrent callers on
  * different threads never see each other's messages.
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -45,4 +47,24 @@ const char *oss_build_config(void) {
   snprintf(config, sizeof config, "cuda=0 archs= attention_head_dims= attention_hopper_head_dims=");
 #endif
   return config;
+}
+
+oss_status oss_cross_entropy_check_params(const char *op, const oss_cross_entropy_params *p) {
+  if (p == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: params is NULL", op);
+  if (p->dtype != OSS_FLOAT32 && p->dtype != OSS_FLOAT64 && p->dtype != OSS_FLOAT16 && p->dtype != OSS_BFLOAT16)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits have dtype code %d, expected a floating type", op,
+                    (int)p->dtype);
+  if (p->rows < 0 || p->classes < 1)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: rows=%lld, classes=%lld; need rows >= 0 and classes >= 1", op,
+                    (long long)p->rows, (long long)p->classes);
+  if (!(p->label_smoothing >= 0.0 && p->label_smoothing <= 1.0))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: label_smoothing=%g must be in [0, 1]", op, p->label_smoothing);
+  if (!(p->z_loss >= 0.0) || isinf(p->z_loss))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: z_loss=%g must be finite and >= 0", op, p->z_loss);
+  if (p->rows > 0 && (p->logits == NULL || p->target == NULL || p->lse == NULL))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits, target or lse is NULL", op);
+  if (p->rows > 1 && p->logits_stride_row < p->classes)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits_stride_row=%lld is below classes=%lld", op,
+                    (long long)p->logits_stride_row, (long long)p->classes);
+  return OSS_OK;
 }

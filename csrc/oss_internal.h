@@ -69,6 +69,10 @@ oss_status oss_fail(oss_status status, const char *fmt, ...)
 #endif
     ;
 
+/* The cross-entropy params checks the CPU and CUDA entry points share (dtype,
+ * sizes, label_smoothing, z_loss, pointers, row stride); each adds its own. */
+oss_status oss_cross_entropy_check_params(const char *op, const oss_cross_entropy_params *p);
+
 /* Comma-separated head dims compiled into the CUDA attention kernels
  * (defined by the generated dispatch file; absent in CPU-only builds). */
 const char *oss_attention_cuda_head_dims_list(void);

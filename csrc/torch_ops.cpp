@@ -484,6 +484,19 @@ Tensor last_dim_contiguous(const Tensor &t) {
   return t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
 }
 
+// The dtype and sizes of attention params (the rest is the caller's).
+void set_attention_sizes(oss_attention_params &p, at::ScalarType dtype, int64_t B, int64_t Hq, int64_t Hkv,
+                         int64_t Lq, int64_t Lk, int64_t D, int64_t Dv) {
+  p.dtype = to_oss_dtype(dtype);
+  p.batch = B;
+  p.heads_q = Hq;
+  p.heads_kv = Hkv;
+  p.len_q = Lq;
+  p.len_k = Lk;
+  p.head_dim = D;
+  p.head_dim_v = Dv;
+}
+
 // Validated attention inputs: q, k, v with a unit-stride last dim, the mask
 // broadcast (stride 0, never copied) to [B, Hq, Lq, Lk], and the forward
 // parameters filled in except out/lse.
@@ -557,14 +570,7 @@ AttentionInputs prepare_attention(const char *op, const Tensor &query, const Ten
   in.k = last_dim_contiguous(key);
   in.v = last_dim_contiguous(value);
   oss_attention_params &p = in.p;
-  p.dtype = to_oss_dtype(query.scalar_type());
-  p.batch = B;
-  p.heads_q = Hq;
-  p.heads_kv = Hkv;
-  p.len_q = Lq;
-  p.len_k = Lk;
-  p.head_dim = D;
-  p.head_dim_v = Dv;
+  set_attention_sizes(p, query.scalar_type(), B, Hq, Hkv, Lq, Lk, D, Dv);
   p.q = in.q.data_ptr();
   p.k = in.k.data_ptr();
   p.v = in.v.data_ptr();
@@ -864,14 +870,7 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_op(const Tensor &q, const Tens
   }
 
   oss_attention_params p{};
-  p.dtype = to_oss_dtype(q.scalar_type());
-  p.batch = B;
-  p.heads_q = Hq;
-  p.heads_kv = Hkv;
-  p.len_q = Lq;
-  p.len_k = capacity;
-  p.head_dim = D;
-  p.head_dim_v = Dv;
+  set_attention_sizes(p, q.scalar_type(), B, Hq, Hkv, Lq, capacity, D, Dv);
   // [batch or page, heads, position] strides of the (B or pages, L, H, D) layout
   const Tensor *views[3] = {&q, &k_cache, &v_cache};
   int64_t *strides[3] = {p.q_stride, p.k_stride, p.v_stride};

@@ -288,17 +288,24 @@ def test_kvcache_errors_name_the_argument(device):
             torch.ops.oss.attention_with_kvcache(q, kc, vc, None, None, seqlens, bad, None, True)
 
 
+def _decode_step(device, dtype, Hq, Hkv, D, capacity, page_size, lengths):
+    """The inputs of one decoding step over a paged cache holding `lengths`
+    tokens per sequence: caches, block table, one query and one new token per
+    sequence, and the lengths on the device."""
+    B = len(lengths)
+    kc, vc, table = _make_cache(device, dtype, B, capacity, Hkv, D, D, page_size)
+    _fill(kc, vc, table, lengths, dtype)
+    q = _randn((B, 1, Hq, D), dtype, device)
+    kn, vn = _randn((B, 1, Hkv, D), dtype, device), _randn((B, 1, Hkv, D), dtype, device)
+    return kc, vc, table, q, kn, vn, torch.tensor(lengths, dtype=torch.int32, device=device)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_kvcache_under_compile(device):
     """torch.compile(fullgraph=True) of a decode step (append + attend): the
     same output and the same cache content as eager."""
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    B, Hq, Hkv, D = 2, 8, 2, 64
-    kc, vc, table = _make_cache(device, dtype, B, 128, Hkv, D, D, 16)
-    _fill(kc, vc, table, [40, 100], dtype)
-    q = _randn((B, 1, Hq, D), dtype, device)
-    kn, vn = _randn((B, 1, Hkv, D), dtype, device), _randn((B, 1, Hkv, D), dtype, device)
-    seqlens = torch.tensor([40, 100], dtype=torch.int32, device=device)
+    kc, vc, table, q, kn, vn, seqlens = _decode_step(device, dtype, 8, 2, 64, 128, 16, [40, 100])
 
     def step(q, kc, vc, kn, vn, seqlens, table):
         return torch_oss.attention_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens, block_table=table) * 2
@@ -318,12 +325,7 @@ def test_kvcache_cuda_graph_decode_step(device):
     on the device), replayed for new inputs: equal to eager on a copy of the
     cache."""
     dtype = torch.float16
-    B, Hq, Hkv, D = 2, 16, 4, 128
-    kc, vc, table = _make_cache(device, dtype, B, 2048, Hkv, D, D, 256)
-    _fill(kc, vc, table, [700, 1500], dtype)
-    q = _randn((B, 1, Hq, D), dtype, device)
-    kn, vn = _randn((B, 1, Hkv, D), dtype, device), _randn((B, 1, Hkv, D), dtype, device)
-    seqlens = torch.tensor([700, 1500], dtype=torch.int32, device=device)
+    kc, vc, table, q, kn, vn, seqlens = _decode_step(device, dtype, 16, 4, 128, 2048, 256, [700, 1500])
     with torch.no_grad():
         torch_oss.attention_with_kvcache(q, kc.clone(), vc.clone(), kn, vn, cache_seqlens=seqlens,
                                          block_table=table)  # warm-up outside capture

@@ -37,26 +37,9 @@ enum { OSS_CE_CHUNK = 4096, OSS_SUM_BLOCK = 64 };
 
 /* ---- validation ------------------------------------------------------------ */
 
-static int ce_is_float_dtype(oss_dtype t) {
-  return t == OSS_FLOAT32 || t == OSS_FLOAT64 || t == OSS_FLOAT16 || t == OSS_BFLOAT16;
-}
-
 static oss_status ce_check(const char *op, const oss_cross_entropy_params *p) {
-  if (!ce_is_float_dtype(p->dtype))
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits have dtype code %d, expected a floating type", op,
-                    (int)p->dtype);
-  if (p->rows < 0 || p->classes < 1)
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: rows=%lld, classes=%lld; need rows >= 0 and classes >= 1", op,
-                    (long long)p->rows, (long long)p->classes);
-  if (!(p->label_smoothing >= 0.0 && p->label_smoothing <= 1.0))
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: label_smoothing=%g must be in [0, 1]", op, p->label_smoothing);
-  if (!(p->z_loss >= 0.0) || isinf(p->z_loss))
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: z_loss=%g must be finite and >= 0", op, p->z_loss);
-  if (p->rows > 0 && (p->logits == NULL || p->target == NULL || p->lse == NULL))
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits, target or lse is NULL", op);
-  if (p->rows > 1 && p->logits_stride_row < p->classes)
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits_stride_row=%lld is below classes=%lld", op,
-                    (long long)p->logits_stride_row, (long long)p->classes);
+  const oss_status st = oss_cross_entropy_check_params(op, p);
+  if (st != OSS_OK) return st;
   /* A serial scan, O(rows), so that no out-of-range target is ever used as an index. */
   for (int64_t r = 0; r < p->rows; r++) {
     const int64_t t = p->target[r];

@@ -525,32 +525,14 @@ template <typename T, int MODE> __global__ void __launch_bounds__(CE_MAX_THREADS
 
 static size_t ce_dtype_size(oss_dtype t) { return t == OSS_FLOAT64 ? 8 : t == OSS_FLOAT32 ? 4 : 2; }
 
-static int ce_is_float(oss_dtype t) {
-  return t == OSS_FLOAT32 || t == OSS_FLOAT64 || t == OSS_FLOAT16 || t == OSS_BFLOAT16;
-}
-
-/* The CPU kernel's checks (same sentences), less its host scan of the
- * targets, plus what the CUDA kernels rely on. */
+/* The checks the CPU kernel makes too (same sentences), less its host scan of
+ * the targets, plus what the CUDA kernels rely on. */
 static oss_status ce_check(const char *op, const oss_cross_entropy_params *p) {
-  if (p == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: params is NULL", op);
-  if (!ce_is_float(p->dtype))
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits have dtype code %d, expected a floating type", op,
-                    (int)p->dtype);
-  if (p->rows < 0 || p->classes < 1)
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: rows=%lld, classes=%lld; need rows >= 0 and classes >= 1", op,
-                    (long long)p->rows, (long long)p->classes);
+  const oss_status st = oss_cross_entropy_check_params(op, p);
+  if (st != OSS_OK) return st;
   if (p->classes > INT32_MAX)
     return oss_fail(OSS_ERROR_NOT_SUPPORTED, "%s: classes=%lld; the CUDA kernels take at most %d classes", op,
                     (long long)p->classes, INT32_MAX);
-  if (!(p->label_smoothing >= 0.0 && p->label_smoothing <= 1.0))
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: label_smoothing=%g must be in [0, 1]", op, p->label_smoothing);
-  if (!(p->z_loss >= 0.0) || isinf(p->z_loss))
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: z_loss=%g must be finite and >= 0", op, p->z_loss);
-  if (p->rows > 0 && (p->logits == NULL || p->target == NULL || p->lse == NULL))
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits, target or lse is NULL", op);
-  if (p->rows > 1 && p->logits_stride_row < p->classes)
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits_stride_row=%lld is below classes=%lld", op,
-                    (long long)p->logits_stride_row, (long long)p->classes);
   const size_t es = ce_dtype_size(p->dtype);
   if ((uintptr_t)p->logits % es != 0 || (uintptr_t)p->target % 8 != 0 || (uintptr_t)p->lse % 8 != 0)
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits, target or lse is not aligned to its element size", op);
