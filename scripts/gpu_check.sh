@@ -16,7 +16,10 @@
 # (extra pytest arguments), BENCH_ARGS_SOFTMAX,
 # BENCH_ARGS_ATTENTION (extra benchmark arguments), SANITIZE_TOOLS (default
 # "memcheck racecheck synccheck"), SANITIZE_PARTS (softmax and/or attention; default both),
-# STAGE_TIMEOUT (seconds per stage, default 900), FUZZ_SECONDS, FUZZ_CHUNK, FUZZ_TESTS.
+# STAGE_TIMEOUT (seconds per stage, default 900), FUZZ_SECONDS, FUZZ_CHUNK, FUZZ_TESTS,
+# TEST_DEADLINE (seconds after the script's start past which the test stage starts no
+# further file: those are listed as not run, so a run under a wall-clock limit still
+# reports what it did; each file's result is also printed as soon as it finishes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${TORCH_OSS_RESULTS:-results}
@@ -26,6 +29,7 @@ export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
 export MAX_JOBS=${MAX_JOBS:-16}
 export PYTHONUNBUFFERED=1
 STAGES=${*:-build test attention_selftest sanitize bench}
+T0=$(date +%s)
 status=0
 summary=()
 
@@ -67,20 +71,28 @@ for s in $STAGES; do
     ok=1
     files=(${TESTS:-$(ls tests/test_*.py)})
     log_of() { echo "$RESULTS/test_$(echo "$1" | sed 's|^tests/||; s|[^A-Za-z0-9_.-]|_|g').log"; }
+    summary_of() { grep -E '(passed|failed|error|skipped|no tests ran).* in [0-9.]+s' "$1" | tail -1; }
     for t in "${files[@]}"; do
       while [ "$(jobs -rp | wc -l)" -ge "${TEST_JOBS:-1}" ]; do wait -n; done
+      if [ -n "${TEST_DEADLINE:-}" ] && [ $(( $(date +%s) - T0 )) -ge "$TEST_DEADLINE" ]; then
+        echo "not run (TEST_DEADLINE)" >"$(log_of "$t")"
+        echo "deadline 0" >"$(log_of "$t").rc"
+        continue
+      fi
       (
         start=$(date +%s)
         COLUMNS=500 timeout ${FILE_TIMEOUT:-300} python3 -m pytest "$t" -q -rfE --tb=short -p no:cacheprovider \
           ${PYTEST_ARGS:-} >"$(log_of "$t")" 2>&1
-        echo "$? $(( $(date +%s) - start ))" >"$(log_of "$t").rc"
+        rc=$?
+        echo "$rc $(( $(date +%s) - start ))" >"$(log_of "$t").rc"
+        echo "  finished $t: rc $rc, $(( $(date +%s) - start )) s, $(summary_of "$(log_of "$t")")"
       ) &
     done
     wait
     for t in "${files[@]}"; do
       log=$(log_of "$t"); read -r rc secs <"$log.rc"
       cat "$log" >>"$RESULTS/tests.log"
-      echo "$t: rc $rc, $secs s, $(grep -E '(passed|failed|error|skipped|no tests ran).* in [0-9.]+s' "$log" | tail -1)"
+      echo "$t: rc $rc, $secs s, $(summary_of "$log")"
       grep -E '^(FAILED|ERROR) ' "$log" | cut -c1-700
       [ "$rc" = 0 ] || ok=0
     done
