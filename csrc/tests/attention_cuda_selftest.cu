@@ -634,9 +634,15 @@ static void run_case(const Case &c, bool verbose) {
   char msg[2048] = "";
   bool ok = true;
 
-  /* forward */
-  OK(oss_attention_forward_cuda(&p, nullptr, nullptr));
-  CK(cudaDeviceSynchronize());
+  /* forward (the split-KV decode kernel needs a workspace for its partial outputs) */
+  {
+    const size_t fws_size = oss_attention_forward_workspace_size_cuda(&p);
+    void *fws = nullptr;
+    if (fws_size) CK(cudaMalloc(&fws, fws_size));
+    OK(oss_attention_forward_cuda(&p, fws, nullptr));
+    CK(cudaDeviceSynchronize());
+    if (fws) CK(cudaFree(fws));
+  }
   int64_t stray = tensor_download(out);
   std::vector<double> lse_got(nlse);
   {
@@ -899,7 +905,8 @@ static void run_bench(bool tune) {
           const int H = 2048 / hd, B = 16384 / L;
           oss_attention_backward_params bp;
           bench_params(dt, B, H, L, hd, causal, b, bp);
-          size_t need = oss_attention_backward_workspace_size_cuda(&bp);
+          size_t need = std::max(oss_attention_backward_workspace_size_cuda(&bp),
+                                 oss_attention_forward_workspace_size_cuda(&bp.fwd));
           bp.deterministic = 1;
           need = std::max(need, oss_attention_backward_workspace_size_cuda(&bp));
           bp.deterministic = 0;
@@ -910,7 +917,7 @@ static void run_bench(bool tune) {
           }
           const double fl = 4.0 * B * H * (double)L * L * hd / (causal ? 2 : 1);
           const int reps = L >= 8192 ? 5 : 10;
-          const float tf = time_ms([&]() { OK(oss_attention_forward_cuda(&bp.fwd, nullptr, nullptr)); }, reps);
+          const float tf = time_ms([&]() { OK(oss_attention_forward_cuda(&bp.fwd, b.ws, nullptr)); }, reps);
           const float tb = time_ms([&]() { OK(oss_attention_backward_cuda(&bp, b.ws, nullptr)); }, reps);
           bp.deterministic = 1;
           const float tbd = time_ms([&]() { OK(oss_attention_backward_cuda(&bp, b.ws, nullptr)); }, reps);
