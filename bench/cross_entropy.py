@@ -97,7 +97,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--no-compile", action="store_true")
     args = ap.parse_args()
-    device = args.device or ("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+    if args.device is None and not torch.cuda.is_available():
+        args.smoke = True  # `make bench` on a machine without a GPU: check that the script runs
+    device = args.device or ("cpu" if args.smoke else "cuda")
     vocabs = [int(v) for v in args.vocabs.split(",")] if args.vocabs else ([1000, 5003] if args.smoke else VOCABS)
     tokens = args.tokens or (64 if args.smoke or device != "cuda" else 16384)
     rounds = 1 if args.smoke else args.rounds

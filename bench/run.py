@@ -1,7 +1,7 @@
 """`make bench`: the comparison benchmarks of docs/performance.md on the GPU when one
-is visible (else on the CPU, smaller grids): softmax, attention, and the
-Llama-style model when transformers is installed. Tables on stdout; JSON and
-PNG plots under results/ (or $TORCH_OSS_RESULTS)."""
+is visible (else on the CPU, smaller grids): softmax, attention, decode,
+cross-entropy, and the Llama-style model when transformers is installed. Tables
+on stdout; JSON and PNG plots under results/ (or $TORCH_OSS_RESULTS)."""
 
 import os
 import subprocess
@@ -17,7 +17,7 @@ def run(script, *args):
 
 
 def main():
-    codes = [run("softmax.py"), run("attention.py"), run("decode.py")]
+    codes = [run("softmax.py"), run("attention.py"), run("decode.py"), run("cross_entropy.py")]
     if os.path.exists(os.path.join(HERE, "model.py")):
         codes.append(run("model.py"))
     sys.exit(max(codes))
