@@ -214,6 +214,16 @@ def _seeded_cases(seed, builders):
     return [b() for b in builders]
 
 
+def _rank_positions(layout, n, rank, world):
+    """The sequence positions rank `rank` holds of n: one contiguous chunk, or
+    zigzag's chunks rank and 2 * world - 1 - rank of 2 * world."""
+    if layout == "contiguous":
+        return torch.arange(rank * n // world, (rank + 1) * n // world)
+    c = n // (2 * world)
+    return torch.cat([torch.arange(rank * c, (rank + 1) * c),
+                      torch.arange((2 * world - 1 - rank) * c, (2 * world - rank) * c)])
+
+
 def _check_common(world, spec, res):
     for case, got in zip(spec["cases"], res["cases"]):
         _judge(case, got)
@@ -224,22 +234,10 @@ def _check_common(world, spec, res):
         for (layout, dim), (s, back) in mine["roundtrip"].items():
             assert torch.equal(back, full), f"unshard(shard(x)) != x for {layout}, dim {dim}, rank {r}"
             d = dim % full.dim()
-            n = full.shape[d]
-            if layout == "contiguous":
-                idx = torch.arange(r * n // world, (r + 1) * n // world)
-            else:
-                c = n // (2 * world)
-                idx = torch.cat([torch.arange(r * c, (r + 1) * c),
-                                 torch.arange((2 * world - 1 - r) * c, (2 * world - r) * c)])
+            idx = _rank_positions(layout, full.shape[d], r, world)
             assert torch.equal(s, full.index_select(d, idx)), f"shard of rank {r} ({layout}, dim {dim})"
         for layout in ("zigzag", "contiguous"):
-            S = spec["seq_len"]
-            if layout == "contiguous":
-                idx = torch.arange(r * S // world, (r + 1) * S // world)
-            else:
-                c = S // (2 * world)
-                idx = torch.cat([torch.arange(r * c, (r + 1) * c),
-                                 torch.arange((2 * world - 1 - r) * c, (2 * world - r) * c)])
+            idx = _rank_positions(layout, spec["seq_len"], r, world)
             assert torch.equal(mine["positions"][(layout, r)], idx), f"position_ids of rank {r} ({layout})"
         for layout in ("zigzag", "contiguous"):
             assert torch.equal(mine["positions"][layout], torch.arange(spec["seq_len"]))
