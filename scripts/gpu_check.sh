@@ -12,7 +12,7 @@
 #
 # Knobs: TORCH_CUDA_ARCH_LIST (default 9.0a), MAX_JOBS (default 16),
 # TORCH_OSS_HEAD_DIMS, TESTS (test files or node ids, each run on its own; default every
-# tests/test_*.py), TEST_JOBS (pytest runs at once, default 1), FILE_TIMEOUT (seconds per pytest run, default 300), PYTEST_ARGS
+# tests/test_*.py; an entry may join node ids with commas to run them in one pytest run), TEST_JOBS (pytest runs at once, default 1), FILE_TIMEOUT (seconds per pytest run, default 300), PYTEST_ARGS
 # (extra pytest arguments), BENCH_ARGS_SOFTMAX,
 # BENCH_ARGS_ATTENTION (extra benchmark arguments), SANITIZE_TOOLS (default
 # "memcheck racecheck synccheck"), SANITIZE_PARTS (softmax and/or attention; default both),
@@ -70,7 +70,8 @@ for s in $STAGES; do
     : >"$RESULTS/tests.log"
     ok=1
     files=(${TESTS:-$(ls tests/test_*.py)})
-    log_of() { echo "$RESULTS/test_$(echo "$1" | sed 's|^tests/||; s|[^A-Za-z0-9_.-]|_|g').log"; }
+    # An entry may name several node ids joined by commas: they run in one pytest run.
+    log_of() { echo "$RESULTS/test_$(echo "$1" | sed 's|^tests/||; s|,.*|_and_more|; s|[^A-Za-z0-9_.-]|_|g').log"; }
     summary_of() { grep -E '(passed|failed|error|skipped|no tests ran).* in [0-9.]+s' "$1" | tail -1; }
     for t in "${files[@]}"; do
       while [ "$(jobs -rp | wc -l)" -ge "${TEST_JOBS:-1}" ]; do wait -n; done
@@ -81,7 +82,7 @@ for s in $STAGES; do
       fi
       (
         start=$(date +%s)
-        COLUMNS=500 timeout ${FILE_TIMEOUT:-300} python3 -m pytest "$t" -q -rfE --tb=short -p no:cacheprovider \
+        COLUMNS=500 timeout ${FILE_TIMEOUT:-300} python3 -m pytest $(echo "$t" | tr , ' ') -q -rfE --tb=short -p no:cacheprovider \
           ${PYTEST_ARGS:-} >"$(log_of "$t")" 2>&1
         rc=$?
         echo "$rc $(( $(date +%s) - start ))" >"$(log_of "$t").rc"
