@@ -203,6 +203,28 @@ typedef struct oss_attention_params {
   int64_t block_table_stride;
   int64_t page_size;
   int64_t num_pages;
+  /* Score variants (0 / NULL: off, so a zeroed struct has none), applied in
+   * this order to each score s = scale * q.k of query row i and key j, with
+   * d = i + off - j the signed
+   * distance from the diagonal: off = 0, or len_k - len_q (per batch
+   * seqlens_k[b] - len_q with seqlens_k) when window_diagonal is
+   * OSS_CAUSAL_BOTTOM_RIGHT or causal is OSS_CAUSAL_BOTTOM_RIGHT.
+   *   softcap > 0:   s <- softcap * tanh(s / softcap)
+   *   alibi_slopes:  s <- s - slope * |d|, slope = alibi_slopes[b * alibi_stride_batch + h]
+   *                  (float32; alibi_stride_batch 0 shares one row of heads_q slopes)
+   *   mask:          as above
+   *   window != 0:   key j is hidden when d > window_left (window_left >= 0) or
+   *                  -d > window_right (window_right >= 0); a negative side is open
+   *   causal:        as above (a causal window is window_right = 0)
+   * sinks: float32 [heads_q], one extra logit per query head that joins every
+   * row's softmax denominator (and its lse) and carries no value. */
+  int window;
+  int64_t window_left, window_right;
+  oss_causal window_diagonal;
+  double softcap;
+  const float *alibi_slopes;
+  int64_t alibi_stride_batch;
+  const float *sinks;
 } oss_attention_params;
 
 typedef struct oss_attention_backward_params {
@@ -216,6 +238,10 @@ typedef struct oss_attention_backward_params {
   void *dv;
   int64_t dv_stride[3];
   int deterministic; /* nonzero: bitwise identical gradients run to run */
+  /* With fwd.sinks: float32 [heads_q], written (not accumulated) with
+   * d sink_h = -sum over (b, i) of p_sink(b, h, i) * D(b, h, i), where
+   * p_sink = exp(sink_h - lse) and D = rowsum(dout * out). */
+  float *dsinks;
 } oss_attention_backward_params;
 
 oss_status oss_attention_forward_cpu(const oss_attention_params *p, const oss_cpu_exec *exec);

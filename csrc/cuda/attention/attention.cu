@@ -123,6 +123,9 @@ static oss_status oss_attn_validate(const oss_attention_params *p) {
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
                     "attention: params->dtype=%d but CUDA attention supports float16, bfloat16, float32 and float64",
                     (int)p->dtype);
+  if (p->window || p->softcap != 0.0 || p->alibi_slopes != NULL || p->sinks != NULL)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                    "attention: the score variants (window, softcap, alibi_slopes, sinks) run on the CPU only");
   const struct {
     const char *name;
     int64_t v;
