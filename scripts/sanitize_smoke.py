@@ -10,7 +10,7 @@ attention_tc (the attention cases in float16/bfloat16 only: the tensor-core kern
 attention_simt (the attention cases in float32/float64 only: the SIMT kernels),
 attention_simt_small (float32 only, one shape with several key tiles and query blocks:
 for racecheck, which finished neither attention_simt in 120 s nor three shapes in 90 s on
-an H100).
+an H100), decode (the split-KV decode kernel and the KV-cache entry point), cross_entropy.
 """
 
 import sys
@@ -126,8 +126,91 @@ def attention_cases(forward_only=False, kernels="all"):
     torch.use_deterministic_algorithms(False)
 
 
+def decode_cases():
+    """The split-KV decode kernel and its combine step (len_q <= 16, forced and
+    rule-chosen split counts) and attention_with_kvcache on contiguous and
+    paged caches with in-place appends, against the CPU kernels."""
+    from torch_oss._kernels import attention_kernels
+
+    torch.manual_seed(2)
+    dims = torch_oss.build_info()["attention_head_dims"]
+    for dtype, tol in ((torch.bfloat16, 3e-2), (torch.float16, 5e-3)):
+        for (B, Hq, Hkv, Lq, Lk, D) in ((1, 8, 2, 1, 1000, 128), (2, 4, 4, 3, 300, 64), (1, 16, 2, 16, 700, 256),
+                                        (3, 2, 1, 1, 77, 80)):
+            if D > max(dims):
+                continue
+            q = torch.randn(B, Hq, Lq, D, device="cuda", dtype=dtype)
+            k = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=dtype)
+            v = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=dtype)
+            mask = torch.rand(B, 1, Lq, Lk, device="cuda") > 0.3
+            cpu = [t.cpu().float() for t in (q, k, v)]
+            for splits in (0, 1, 3):
+                for m in (None, mask):
+                    with attention_kernels(decode_splits=splits):
+                        out, lse = torch_oss.attention_with_lse(q, k, v, attn_mask=m, is_causal=m is None,
+                                                                causal_alignment="bottom_right", enable_gqa=Hq != Hkv)
+                    cout, clse = torch_oss.attention_with_lse(*cpu, attn_mask=None if m is None else m.cpu(),
+                                                              is_causal=m is None, causal_alignment="bottom_right",
+                                                              enable_gqa=Hq != Hkv)
+                    name = f"decode {dtype} {(B, Hq, Hkv, Lq, Lk, D)} splits={splits} mask={m is not None}"
+                    close(name + " out", out, cout, tol)
+                    close(name + " lse", lse, clse, tol)
+        # KV cache (FlashAttention's layout): contiguous, then paged with a page size that
+        # does not divide the lengths, appending 2 new tokens in place
+        B, Hq, Hkv, D, cap, new = 3, 8, 2, 128, 320, 2
+        lens = torch.tensor([0, 130, 317], dtype=torch.int32, device="cuda")
+        q = torch.randn(B, 1, Hq, D, device="cuda", dtype=dtype)
+        kn = torch.randn(B, new, Hkv, D, device="cuda", dtype=dtype)
+        vn = torch.randn(B, new, Hkv, D, device="cuda", dtype=dtype)
+        kc = torch.randn(B, cap, Hkv, D, device="cuda", dtype=dtype)
+        vc = torch.randn(B, cap, Hkv, D, device="cuda", dtype=dtype)
+        page = 48
+        pages = (cap + page - 1) // page
+        perm = torch.randperm(B * pages, device="cuda").to(torch.int32)
+        table = perm.view(B, pages)
+        kp = torch.zeros(B * pages, page, Hkv, D, device="cuda", dtype=dtype)
+        vp = torch.zeros_like(kp)
+        for b in range(B):
+            for i in range(pages):
+                rows = kc[b, i * page:(i + 1) * page]
+                kp[table[b, i], :rows.shape[0]] = rows
+                vp[table[b, i], :rows.shape[0]] = vc[b, i * page:(i + 1) * page]
+        ref = None
+        for paged in (False, True):
+            kcache, vcache = (kp.clone(), vp.clone()) if paged else (kc.clone(), vc.clone())
+            out = torch_oss.attention_with_kvcache(q, kcache, vcache, kn, vn, cache_seqlens=lens,
+                                                   block_table=table if paged else None)
+            ccache = [kcache.cpu().float(), vcache.cpu().float()]
+            cout = torch_oss.attention_with_kvcache(q.cpu().float(), *ccache, cache_seqlens=(lens + new).cpu(),
+                                                    block_table=table.cpu() if paged else None)
+            close(f"kvcache {dtype} paged={paged} out", out, cout, tol)
+            ref = out if ref is None else ref
+            close(f"kvcache {dtype} paged vs contiguous", out, ref, tol)
+
+
+def cross_entropy_cases():
+    """The cross-entropy kernels torch_oss.cross_entropy runs (forward and
+    backward), against the CPU kernels."""
+    torch.manual_seed(3)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 2e-3)):
+        for rows, classes in ((7, 5), (33, 1000), (4, 50257), (2, 262147)):
+            x = torch.randn(rows, classes, device="cuda", dtype=dtype) * 3
+            t = torch.randint(0, classes, (rows,), device="cuda")
+            t[0] = -100
+            for smoothing, z in ((0.0, 0.0), (0.1, 1e-4)):
+                leaf = x.detach().clone().requires_grad_()
+                loss = torch_oss.cross_entropy(leaf, t, label_smoothing=smoothing, z_loss=z)
+                loss.backward()
+                cleaf = x.detach().cpu().float().clone().requires_grad_()
+                closs = torch_oss.cross_entropy(cleaf, t.cpu(), label_smoothing=smoothing, z_loss=z)
+                closs.backward()
+                name = f"cross_entropy {dtype} {(rows, classes)} smoothing={smoothing} z={z}"
+                close(name + " loss", loss, closs, tol)
+                close(name + " grad", leaf.grad, cleaf.grad, tol)
+
+
 if __name__ == "__main__":
-    parts = sys.argv[1:] or ["softmax", "attention"]
+    parts = sys.argv[1:] or ["softmax", "attention", "decode", "cross_entropy"]
     if "softmax" in parts:
         softmax_cases()
     if "attention" in parts:
@@ -140,5 +223,9 @@ if __name__ == "__main__":
         attention_cases(kernels="simt")
     if "attention_simt_small" in parts:
         attention_cases(kernels="simt_small")
+    if "decode" in parts:
+        decode_cases()
+    if "cross_entropy" in parts:
+        cross_entropy_cases()
     torch.cuda.synchronize()
     print("sanitize smoke: all CUDA paths ran and matched the CPU kernels")
