@@ -1313,11 +1313,12 @@ template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Func
                                           .findSchemaOrThrow("oss::attention_backward_with_sinks", "")
                                           .typed<decltype(attention_backward_with_sinks_op)>();
     variable_list none(kAttentionInputs);
-    const bool want_dsinks = ctx->needs_input_grad(kSinksInput);
-    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1) && !ctx->needs_input_grad(2) && !want_dsinks)
-      return none;
     const variable_list saved = ctx->get_saved_variables();
     const Tensor &mask = saved[3], &residual = saved[6], &alibi = saved[7], &sinks = saved[8];
+    // needs_input_grad counts the defined tensor inputs only: q, k, v, [mask], [alibi], sinks
+    const bool want_dsinks = sinks.defined() && ctx->needs_input_grad(3 + mask.defined() + alibi.defined());
+    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1) && !ctx->needs_input_grad(2) && !want_dsinks)
+      return none;
     auto opt = [](const Tensor &t) { return t.defined() ? std::optional<Tensor>(t) : std::nullopt; };
     const std::vector<int64_t> window_size = ctx->saved_data["window_size"].toIntVector();
     const double softcap = ctx->saved_data["softcap"].toDouble();
