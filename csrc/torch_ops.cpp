@@ -1237,8 +1237,11 @@ std::tuple<Tensor, Tensor> cross_entropy_forward_backward_inplace_op(const Tenso
 // ---------------------------------------------------------------------------
 // Attention's autograd (Autograd key). The forward runs the op below autograd
 // and saves q, k, v, the mask, out, lse (and the rounding residual of
-// attention_with_residual); the backward is oss::attention_backward. lse and
-// the residual carry no gradient, and a mask that requires grad is refused.
+// attention_with_residual, the ALiBi slopes and the sinks); the backward is
+// oss::attention_backward, or oss::attention_backward_with_sinks when the
+// sinks need their gradient. lse and the residual carry no gradient, and a
+// mask or ALiBi slopes that require grad are refused. The deterministic flag
+// of the backward is the call's (None: the global setting at the call).
 // As for softmax, a call nothing will differentiate skips the node.
 // ---------------------------------------------------------------------------
 

@@ -457,3 +457,14 @@ def test_sinks_gradient_formula():
     expected = -(torch.exp(sinks.detach()[None, :, None] - lse) * D).sum((0, 2))
     assert torch.allclose(sinks.grad, expected, rtol=2 ** -23, atol=1e-12)  # written as float32 (oss.h)
     assert math.isfinite(float(sinks.grad.sum()))
+
+
+def test_double_backward_with_sinks_is_refused():
+    torch.manual_seed(37)
+    q, k, v = (t.requires_grad_() for t in make_qkv((1, 2, 2, 6, 9, 8, 8), torch.float64, "cpu"))
+    sinks = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+    out = torch_oss.attention(q, k, v, sinks=sinks, softcap=2.0)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        torch.autograd.grad(out.sum(), (q, sinks), create_graph=True)
+    (ds,) = torch.autograd.grad(torch_oss.attention(q, k, v, sinks=sinks).sum(), (sinks,))
+    assert ds.shape == (2,) and ds.dtype == torch.float64
