@@ -55,9 +55,8 @@ def _is_int(x):
 
 def _check_variants(query, window_size, softcap, alibi_slopes, sinks, deterministic, op="torch_oss.attention"):
     """Checks the score variants' arguments (types, values, dtypes, devices;
-    shapes against the heads are checked where they are known) and returns
-    window_size as a tuple. Raises naming the argument; on CUDA, whose kernels
-    do not serve the variants yet, NotImplementedError."""
+    the op checks their shapes against the heads) and returns window_size as
+    a tuple. Raises naming the argument."""
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
             or not all(_is_int(w) and w >= -1 for w in window_size)):
         raise ValueError(f"{op}: window_size={window_size!r} must be a pair (left, right) of ints "
@@ -85,14 +84,9 @@ def _check_variants(query, window_size, softcap, alibi_slopes, sinks, determinis
             raise ValueError(f"{op}: sinks must have shape (heads_q,), got {tuple(sinks.shape)}")
     if deterministic is not None and not isinstance(deterministic, bool):
         raise TypeError(f"{op}: deterministic={deterministic!r} must be True, False or None")
-    window_size = tuple(window_size)
-    if query.is_cuda:
-        for name, used in (("window_size", window_size != (-1, -1)), ("softcap", softcap != 0),
-                           ("alibi_slopes", alibi_slopes is not None), ("sinks", sinks is not None)):
-            if used:
-                raise NotImplementedError(f"{op}: {name} is not supported on CUDA yet (the CPU "
-                                          "kernels serve it)")
-    return window_size
+    # (on CUDA, whose kernels do not serve the variants yet, the op raises
+    # NotImplementedError naming the variant, after its shape checks)
+    return tuple(window_size)
 
 
 def attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
