@@ -501,13 +501,86 @@ void set_attention_sizes(oss_attention_params &p, at::ScalarType dtype, int64_t 
 // broadcast (stride 0, never copied) to [B, Hq, Lq, Lk], and the forward
 // parameters filled in except out/lse.
 struct AttentionInputs {
-  Tensor q, k, v, mask;
+  Tensor q, k, v, mask, alibi, sinks;
   oss_attention_params p;
 };
 
+// The score variants of one call (oss.h): window_size (left, right), -1 =
+// unbounded on that side; softcap (0: off); ALiBi slopes float32 (Hq,) or
+// (B, Hq); sinks (Hq,) of any floating dtype (held as float32 by the kernels).
+struct AttentionVariants {
+  at::IntArrayRef window_size;
+  double softcap;
+  const std::optional<Tensor> &alibi_slopes;
+  const std::optional<Tensor> &sinks;
+};
+
+bool given(const std::optional<Tensor> &t) { return t.has_value() && t->defined(); }
+
+// Checks the variants of a call on `device` with B batches and Hq query heads
+// and fills their fields of p (the diagonal of the window and the ALiBi
+// distances is `diagonal`); alibi and sinks receive the float32 contiguous
+// tensors p points into. On CUDA, where the kernels do not serve the variants
+// yet, a call with any of them raises NotImplementedError naming it.
+void set_attention_variants(const char *op, const AttentionVariants &var, const Tensor &query, int64_t B,
+                            int64_t Hq, oss_causal diagonal, oss_attention_params &p, Tensor &alibi, Tensor &sinks) {
+  OSS_CHECK(var.window_size.size() == 2, Value, "%s: window_size must be a pair (left, right), got %lld values", op,
+            LL(var.window_size.size()));
+  const int64_t left = var.window_size[0], right = var.window_size[1];
+  OSS_CHECK(left >= -1 && right >= -1, Value,
+            "%s: window_size=(%lld, %lld) must hold ints >= -1 (-1: unbounded on that side)", op, LL(left), LL(right));
+  OSS_CHECK(std::isfinite(var.softcap) && var.softcap >= 0.0, Value,
+            "%s: softcap=%g must be a finite number >= 0 (0: off)", op, var.softcap);
+  const bool windowed = left != -1 || right != -1;
+  if (given(var.alibi_slopes)) {
+    const Tensor &a = *var.alibi_slopes;
+    OSS_CHECK(a.scalar_type() == at::kFloat, Type, "%s: alibi_slopes.dtype=%s must be torch.float32", op,
+              dtype_name(a.scalar_type()));
+    OSS_CHECK(a.device() == query.device(), Value, "%s: alibi_slopes is on %s but query is on %s", op,
+              device_str(a).c_str(), device_str(query).c_str());
+    OSS_CHECK((a.dim() == 1 && a.size(0) == Hq) || (a.dim() == 2 && a.size(0) == B && a.size(1) == Hq), Value,
+              "%s: alibi_slopes must have shape (heads_q,) = (%lld,) or (batch, heads_q) = (%lld, %lld), got %s", op,
+              LL(Hq), LL(B), LL(Hq), shape_str(a.sizes()).c_str());
+  }
+  if (given(var.sinks)) {
+    const Tensor &t = *var.sinks;
+    OSS_CHECK(is_kernel_float(t.scalar_type()), Type,
+              "%s: sinks has dtype %s but must be float16, bfloat16, float32 or float64", op,
+              dtype_name(t.scalar_type()));
+    OSS_CHECK(t.device() == query.device(), Value, "%s: sinks is on %s but query is on %s", op,
+              device_str(t).c_str(), device_str(query).c_str());
+    OSS_CHECK(t.dim() == 1 && t.size(0) == Hq, Value, "%s: sinks must have shape (heads_q,) = (%lld,), got %s", op,
+              LL(Hq), shape_str(t.sizes()).c_str());
+  }
+  if (query.is_cuda()) {
+    const char *variant = windowed                 ? "window_size"
+                          : var.softcap != 0.0     ? "softcap"
+                          : given(var.alibi_slopes) ? "alibi_slopes"
+                          : given(var.sinks)        ? "sinks"
+                                                    : nullptr;
+    OSS_CHECK(variant == nullptr, NotImplemented,
+              "torch_oss.%s: %s is not supported on CUDA yet (the CPU kernels serve it)", op, variant);
+  }
+  p.window = windowed ? 1 : 0;
+  p.window_left = left;
+  p.window_right = right;
+  p.window_diagonal = diagonal;
+  p.softcap = var.softcap;
+  if (given(var.alibi_slopes)) {
+    alibi = var.alibi_slopes->contiguous();
+    p.alibi_slopes = alibi.data_ptr<float>();
+    p.alibi_stride_batch = alibi.dim() == 2 ? Hq : 0;
+  }
+  if (given(var.sinks)) {
+    sinks = var.sinks->detach().to(at::kFloat).contiguous();
+    p.sinks = sinks.data_ptr<float>();
+  }
+}
+
 AttentionInputs prepare_attention(const char *op, const Tensor &query, const Tensor &key, const Tensor &value,
                                   const std::optional<Tensor> &attn_mask, bool is_causal,
-                                  std::optional<double> scale, bool enable_gqa, c10::string_view causal_alignment) {
+                                  std::optional<double> scale, bool enable_gqa, c10::string_view causal_alignment,
+                                  const AttentionVariants &variants) {
   const Tensor *named[3] = {&query, &key, &value};
   const char *names[3] = {"query", "key", "value"};
   for (int i = 0; i < 3; i++) {
@@ -555,6 +628,11 @@ AttentionInputs prepare_attention(const char *op, const Tensor &query, const Ten
   if (scale) {
     OSS_CHECK(std::isfinite(*scale), Value, "%s: scale must be a finite number, got %g", op, *scale);
   }
+  Tensor alibi, sinks;
+  oss_attention_params variant_fields{};
+  set_attention_variants(op, variants, query, B, Hq,
+                         alignment == "bottom_right" ? OSS_CAUSAL_BOTTOM_RIGHT : OSS_CAUSAL_TOP_LEFT, variant_fields,
+                         alibi, sinks);
 #ifdef OSS_WITH_CUDA
   if (query.is_cuda()) {
     const int64_t max_dim = oss_attention_cuda_max_head_dim();
@@ -586,6 +664,16 @@ AttentionInputs prepare_attention(const char *op, const Tensor &query, const Ten
   p.mask = nullptr;
   p.mask_dtype = OSS_BOOL;
   for (int i = 0; i < 4; i++) p.mask_stride[i] = 0;
+  in.alibi = alibi;
+  in.sinks = sinks;
+  p.window = variant_fields.window;
+  p.window_left = variant_fields.window_left;
+  p.window_right = variant_fields.window_right;
+  p.window_diagonal = variant_fields.window_diagonal;
+  p.softcap = variant_fields.softcap;
+  p.alibi_slopes = variant_fields.alibi_slopes;
+  p.alibi_stride_batch = variant_fields.alibi_stride_batch;
+  p.sinks = variant_fields.sinks;
 
   if (attn_mask && attn_mask->defined()) {
     const Tensor &m = *attn_mask;
@@ -624,9 +712,10 @@ bool is_half(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 std::tuple<Tensor, Tensor, Tensor> attention_forward(const char *op, const Tensor &query, const Tensor &key,
                                                      const Tensor &value, const std::optional<Tensor> &attn_mask,
                                                      bool is_causal, std::optional<double> scale, bool enable_gqa,
-                                                     c10::string_view causal_alignment, bool keep_residual) {
+                                                     c10::string_view causal_alignment, bool keep_residual,
+                                                     const AttentionVariants &variants) {
   AttentionInputs in =
-      prepare_attention(op, query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment);
+      prepare_attention(op, query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment, variants);
   oss_attention_params &p = in.p;
   Tensor out = at::empty({p.batch, p.heads_q, p.len_q, p.head_dim_v}, query.options());
   Tensor lse = at::empty({p.batch, p.heads_q, p.len_q}, query.options().dtype(lse_dtype(query.scalar_type())));
@@ -648,34 +737,39 @@ std::tuple<Tensor, Tensor, Tensor> attention_forward(const char *op, const Tenso
   return {out, lse, residual};
 }
 
+// `deterministic` (None: torch.are_deterministic_algorithms_enabled() at the
+// call) is for the backward the autograd kernel records; the forward is
+// always deterministic.
 std::tuple<Tensor, Tensor> attention_op(const Tensor &query, const Tensor &key, const Tensor &value,
                                         const std::optional<Tensor> &attn_mask, bool is_causal,
                                         std::optional<double> scale, bool enable_gqa,
-                                        c10::string_view causal_alignment) {
-  auto [out, lse, residual] = attention_forward("attention", query, key, value, attn_mask, is_causal, scale,
-                                                enable_gqa, causal_alignment, false);
+                                        c10::string_view causal_alignment, at::IntArrayRef window_size,
+                                        double softcap, const std::optional<Tensor> &alibi_slopes,
+                                        const std::optional<Tensor> &sinks, std::optional<bool> deterministic) {
+  auto [out, lse, residual] =
+      attention_forward("attention", query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
+                        false, AttentionVariants{window_size, softcap, alibi_slopes, sinks});
   return {out, lse};
 }
 
-std::tuple<Tensor, Tensor, Tensor> attention_with_residual_op(const Tensor &query, const Tensor &key,
-                                                              const Tensor &value,
-                                                              const std::optional<Tensor> &attn_mask, bool is_causal,
-                                                              std::optional<double> scale, bool enable_gqa,
-                                                              c10::string_view causal_alignment) {
+std::tuple<Tensor, Tensor, Tensor> attention_with_residual_op(
+    const Tensor &query, const Tensor &key, const Tensor &value, const std::optional<Tensor> &attn_mask,
+    bool is_causal, std::optional<double> scale, bool enable_gqa, c10::string_view causal_alignment,
+    at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes,
+    const std::optional<Tensor> &sinks, std::optional<bool> deterministic) {
   return attention_forward("attention_with_residual", query, key, value, attn_mask, is_causal, scale, enable_gqa,
-                           causal_alignment, true);
+                           causal_alignment, true, AttentionVariants{window_size, softcap, alibi_slopes, sinks});
 }
 
-std::tuple<Tensor, Tensor, Tensor> attention_backward_op(const Tensor &grad_out, const Tensor &query,
-                                                         const Tensor &key, const Tensor &value, const Tensor &out,
-                                                         const Tensor &lse, const std::optional<Tensor> &attn_mask,
-                                                         bool is_causal, std::optional<double> scale,
-                                                         bool enable_gqa, c10::string_view causal_alignment,
-                                                         bool deterministic,
-                                                         const std::optional<Tensor> &out_residual) {
-  const char *op = "attention_backward";
+// dq, dk, dv and, with want_dsinks (sinks given), the sinks' gradient in
+// their dtype (an undefined tensor otherwise).
+std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_impl(
+    const char *op, const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value,
+    const Tensor &out, const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal,
+    std::optional<double> scale, bool enable_gqa, c10::string_view causal_alignment, bool deterministic,
+    const std::optional<Tensor> &out_residual, const AttentionVariants &variants, bool want_dsinks) {
   AttentionInputs in =
-      prepare_attention(op, query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment);
+      prepare_attention(op, query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment, variants);
   oss_attention_backward_params bp{};
   bp.fwd = in.p;
   const oss_attention_params &p = bp.fwd;
@@ -719,7 +813,15 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op(const Tensor &grad_out,
   Tensor dq = at::empty(query.sizes(), query.options());
   Tensor dk = at::empty(key.sizes(), key.options());
   Tensor dv = at::empty(value.sizes(), value.options());
-  if (p.batch == 0 || p.heads_q == 0) return {dq, dk.zero_(), dv.zero_()};
+  Tensor dsinks = want_dsinks ? at::zeros({p.heads_q}, query.options().dtype(at::kFloat)) : Tensor();
+  auto result = [&]() -> std::tuple<Tensor, Tensor, Tensor, Tensor> {
+    return {dq, dk, dv, want_dsinks ? dsinks.to(variants.sinks->scalar_type()) : Tensor()};
+  };
+  if (p.batch == 0 || p.heads_q == 0) {
+    dk.zero_();
+    dv.zero_();
+    return result();
+  }
 
   bp.fwd.out = o.data_ptr();
   fill_strides3(o, bp.fwd.out_stride);
@@ -734,17 +836,44 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op(const Tensor &grad_out,
   bp.dv = dv.data_ptr();
   fill_strides3(dv, bp.dv_stride);
   bp.deterministic = deterministic;
+  bp.dsinks = want_dsinks ? dsinks.data_ptr<float>() : nullptr;
 #ifdef OSS_WITH_CUDA
   if (query.is_cuda()) {
     const c10::cuda::CUDAGuard guard(query.device());
     Tensor ws = cuda_workspace(query, oss_attention_backward_workspace_size_cuda(&bp));
     check_status(op,
                  oss_attention_backward_cuda(&bp, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
-    return {dq, dk, dv};
+    return result();
   }
 #endif
   check_status(op, oss_attention_backward_cpu(&bp, &cpu_exec));
+  return result();
+}
+
+std::tuple<Tensor, Tensor, Tensor> attention_backward_op(
+    const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value, const Tensor &out,
+    const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
+    bool enable_gqa, c10::string_view causal_alignment, bool deterministic, const std::optional<Tensor> &out_residual,
+    at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes,
+    const std::optional<Tensor> &sinks) {
+  auto [dq, dk, dv, dsinks] = attention_backward_impl(
+      "attention_backward", grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
+      causal_alignment, deterministic, out_residual, AttentionVariants{window_size, softcap, alibi_slopes, sinks},
+      false);
   return {dq, dk, dv};
+}
+
+// The same backward that also returns the sinks' gradient (oss.h dsinks), in
+// the sinks' dtype.
+std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_with_sinks_op(
+    const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value, const Tensor &out,
+    const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
+    bool enable_gqa, c10::string_view causal_alignment, bool deterministic, const std::optional<Tensor> &out_residual,
+    at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes, const Tensor &sinks) {
+  const std::optional<Tensor> sinks_opt(sinks);
+  return attention_backward_impl("attention_backward_with_sinks", grad_out, query, key, value, out, lse, attn_mask,
+                                 is_causal, scale, enable_gqa, causal_alignment, deterministic, out_residual,
+                                 AttentionVariants{window_size, softcap, alibi_slopes, sinks_opt}, true);
 }
 
 // ---------------------------------------------------------------------------
@@ -765,7 +894,10 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_op(const Tensor &q, const Tens
                                                      const std::optional<Tensor> &v_new,
                                                      const std::optional<Tensor> &cache_seqlens,
                                                      const std::optional<Tensor> &block_table,
-                                                     std::optional<double> softmax_scale, bool causal) {
+                                                     std::optional<double> softmax_scale, bool causal,
+                                                     at::IntArrayRef window_size, double softcap,
+                                                     const std::optional<Tensor> &alibi_slopes,
+                                                     const std::optional<Tensor> &sinks) {
   const char *op = "attention_with_kvcache";
   const Tensor *named[3] = {&q, &k_cache, &v_cache};
   const char *names[3] = {"q", "k_cache", "v_cache"};
@@ -797,6 +929,12 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_op(const Tensor &q, const Tens
             "%s: q has %lld heads, which must be a multiple of the caches' %lld heads", op, LL(Hq), LL(Hkv));
   OSS_CHECK(paged || k_cache.size(0) == B, Value, "%s: k_cache.size(0)=%lld (batch) must equal q.size(0)=%lld", op,
             LL(k_cache.size(0)), LL(B));
+  // the variants, checked before anything is written into the caches; their
+  // diagonal is the bottom-right one the causal rule follows
+  Tensor alibi, sinks_f;
+  oss_attention_params variant_fields{};
+  set_attention_variants(op, AttentionVariants{window_size, softcap, alibi_slopes, sinks}, q, B, Hq,
+                         OSS_CAUSAL_BOTTOM_RIGHT, variant_fields, alibi, sinks_f);
   int64_t capacity = k_cache.size(1);
   Tensor table;
   if (paged) {
@@ -887,6 +1025,14 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_op(const Tensor &q, const Tens
   p.causal = causal ? OSS_CAUSAL_BOTTOM_RIGHT : OSS_CAUSAL_NONE;
   p.mask_kind = OSS_MASK_NONE;
   p.mask_dtype = OSS_BOOL;
+  p.window = variant_fields.window;
+  p.window_left = variant_fields.window_left;
+  p.window_right = variant_fields.window_right;
+  p.window_diagonal = variant_fields.window_diagonal;
+  p.softcap = variant_fields.softcap;
+  p.alibi_slopes = variant_fields.alibi_slopes;
+  p.alibi_stride_batch = variant_fields.alibi_stride_batch;
+  p.sinks = variant_fields.sinks;
   if (seqlens.defined()) seqlens = seqlens.contiguous();
   p.seqlens_k = seqlens.defined() ? seqlens.data_ptr<int32_t>() : nullptr;
   if (paged) {
@@ -1091,52 +1237,74 @@ std::tuple<Tensor, Tensor> cross_entropy_forward_backward_inplace_op(const Tenso
 // ---------------------------------------------------------------------------
 // Attention's autograd (Autograd key). The forward runs the op below autograd
 // and saves q, k, v, the mask, out, lse (and the rounding residual of
-// attention_with_residual); the backward is oss::attention_backward. lse and
-// the residual carry no gradient, and a mask that requires grad is refused.
+// attention_with_residual, the ALiBi slopes and the sinks); the backward is
+// oss::attention_backward, or oss::attention_backward_with_sinks when the
+// sinks need their gradient. lse and the residual carry no gradient, and a
+// mask or ALiBi slopes that require grad are refused. The deterministic flag
+// of the backward is the call's (None: the global setting at the call).
 // As for softmax, a call nothing will differentiate skips the node.
 // ---------------------------------------------------------------------------
 
 // The forward op below autograd: (out, lse) or (out, lse, out_residual).
+// The arguments after causal_alignment, as the forward ops take them.
+#define OSS_ATTENTION_VARIANT_PARAMS                                                                      \
+  at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes,                 \
+      const std::optional<Tensor> &sinks, std::optional<bool> deterministic
+#define OSS_ATTENTION_VARIANT_ARGS window_size, softcap, alibi_slopes, sinks, deterministic
+
 template <bool RESIDUAL>
 variable_list attention_below_autograd(const Tensor &query, const Tensor &key, const Tensor &value,
                                        const std::optional<Tensor> &attn_mask, bool is_causal,
                                        std::optional<double> scale, bool enable_gqa,
-                                       c10::string_view causal_alignment) {
+                                       c10::string_view causal_alignment, OSS_ATTENTION_VARIANT_PARAMS) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   if constexpr (RESIDUAL) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("oss::attention_with_residual", "")
                                .typed<decltype(attention_with_residual_op)>();
-    auto [out, lse, residual] = op.call(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment);
+    auto [out, lse, residual] = op.call(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
+                                        OSS_ATTENTION_VARIANT_ARGS);
     return {out, lse, residual};
   } else {
     static const auto op =
         c10::Dispatcher::singleton().findSchemaOrThrow("oss::attention", "").typed<decltype(attention_op)>();
-    auto [out, lse] = op.call(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment);
+    auto [out, lse] = op.call(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
+                              OSS_ATTENTION_VARIANT_ARGS);
     return {out, lse};
   }
 }
 
+// The forward's inputs are (query, key, value, attn_mask, is_causal, scale,
+// enable_gqa, causal_alignment, window_size, softcap, alibi_slopes, sinks,
+// deterministic): gradients for query, key, value and sinks (its index).
+constexpr int kAttentionInputs = 13, kSinksInput = 11;
+
 template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Function<AttentionFunction<RESIDUAL>> {
   static variable_list forward(AutogradContext *ctx, const Tensor &query, const Tensor &key, const Tensor &value,
                                const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
-                               bool enable_gqa, c10::string_view causal_alignment) {
+                               bool enable_gqa, c10::string_view causal_alignment, OSS_ATTENTION_VARIANT_PARAMS) {
     OSS_CHECK(!(attn_mask.has_value() && attn_mask->defined() && attn_mask->requires_grad()), NotImplemented,
               "torch_oss.attention: attn_mask requires grad, but gradients with respect to the mask are not "
               "supported; pass attn_mask.detach()");
-    variable_list outs =
-        attention_below_autograd<RESIDUAL>(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment);
+    OSS_CHECK(!(given(alibi_slopes) && alibi_slopes->requires_grad()), NotImplemented,
+              "torch_oss.attention: alibi_slopes requires grad, but gradients with respect to the ALiBi slopes are "
+              "not supported; pass alibi_slopes.detach()");
+    variable_list outs = attention_below_autograd<RESIDUAL>(query, key, value, attn_mask, is_causal, scale,
+                                                            enable_gqa, causal_alignment, OSS_ATTENTION_VARIANT_ARGS);
     /* the residual exists for float16/bfloat16 only (else it is empty) */
     const bool half = query.scalar_type() == at::kHalf || query.scalar_type() == at::kBFloat16;
     const Tensor residual = RESIDUAL && half ? outs[2] : Tensor();
     if (RESIDUAL) ctx->mark_non_differentiable({outs[1], outs[2]});
     else ctx->mark_non_differentiable({outs[1]});
-    ctx->save_for_backward({query, key, value, attn_mask.value_or(Tensor()), outs[0], outs[1], residual});
+    ctx->save_for_backward({query, key, value, attn_mask.value_or(Tensor()), outs[0], outs[1], residual,
+                            alibi_slopes.value_or(Tensor()), sinks.value_or(Tensor())});
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["enable_gqa"] = enable_gqa;
     ctx->saved_data["causal_alignment"] = std::string(causal_alignment);
-    ctx->saved_data["deterministic"] = at::globalContext().deterministicAlgorithms();
+    ctx->saved_data["deterministic"] = deterministic.value_or(at::globalContext().deterministicAlgorithms());
+    ctx->saved_data["window_size"] = window_size.vec();
+    ctx->saved_data["softcap"] = softcap;
     return outs;
   }
 
@@ -1144,16 +1312,37 @@ template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Func
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("oss::attention_backward", "")
                                .typed<decltype(attention_backward_op)>();
-    variable_list none(8);
-    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1) && !ctx->needs_input_grad(2)) return none;
+    static const auto op_with_sinks = c10::Dispatcher::singleton()
+                                          .findSchemaOrThrow("oss::attention_backward_with_sinks", "")
+                                          .typed<decltype(attention_backward_with_sinks_op)>();
+    variable_list none(kAttentionInputs);
     const variable_list saved = ctx->get_saved_variables();
-    const Tensor &mask = saved[3], &residual = saved[6];
-    auto [dq, dk, dv] = op.call(
-        grads[0], saved[0], saved[1], saved[2], saved[4], saved[5],
-        mask.defined() ? std::optional<Tensor>(mask) : std::nullopt, ctx->saved_data["is_causal"].toBool(),
-        ctx->saved_data["scale"].toOptional<double>(), ctx->saved_data["enable_gqa"].toBool(),
-        ctx->saved_data["causal_alignment"].toStringRef(), ctx->saved_data["deterministic"].toBool(),
-        residual.defined() ? std::optional<Tensor>(residual) : std::nullopt);
+    const Tensor &mask = saved[3], &residual = saved[6], &alibi = saved[7], &sinks = saved[8];
+    // needs_input_grad counts the defined tensor inputs only: q, k, v, [mask], [alibi], sinks
+    const bool want_dsinks = sinks.defined() && ctx->needs_input_grad(3 + mask.defined() + alibi.defined());
+    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1) && !ctx->needs_input_grad(2) && !want_dsinks)
+      return none;
+    auto opt = [](const Tensor &t) { return t.defined() ? std::optional<Tensor>(t) : std::nullopt; };
+    const std::vector<int64_t> window_size = ctx->saved_data["window_size"].toIntVector();
+    const double softcap = ctx->saved_data["softcap"].toDouble();
+    const bool is_causal = ctx->saved_data["is_causal"].toBool(), enable_gqa = ctx->saved_data["enable_gqa"].toBool();
+    const std::optional<double> scale = ctx->saved_data["scale"].toOptional<double>();
+    const std::string alignment = ctx->saved_data["causal_alignment"].toStringRef();
+    const bool deterministic = ctx->saved_data["deterministic"].toBool();
+    if (want_dsinks) {
+      auto [dq, dk, dv, dsinks] =
+          op_with_sinks.call(grads[0], saved[0], saved[1], saved[2], saved[4], saved[5], opt(mask), is_causal, scale,
+                             enable_gqa, alignment, deterministic, opt(residual), window_size, softcap, opt(alibi),
+                             sinks);
+      none[0] = dq;
+      none[1] = dk;
+      none[2] = dv;
+      none[kSinksInput] = dsinks;
+      return none;
+    }
+    auto [dq, dk, dv] = op.call(grads[0], saved[0], saved[1], saved[2], saved[4], saved[5], opt(mask), is_causal,
+                                scale, enable_gqa, alignment, deterministic, opt(residual), window_size, softcap,
+                                opt(alibi), opt(sinks));
     none[0] = dq;
     none[1] = dk;
     none[2] = dv;
@@ -1167,56 +1356,79 @@ template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Func
 // create_graph=True while q, k, v or grad_out require grad) it raises, rather
 // than returning a gradient that silently lacks attention's share. Otherwise
 // it runs the kernel.
-std::tuple<Tensor, Tensor, Tensor> attention_backward_op_autograd(
-    const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value, const Tensor &out,
-    const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
-    bool enable_gqa, c10::string_view causal_alignment, bool deterministic, const std::optional<Tensor> &out_residual) {
+void refuse_double_backward(const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value,
+                            const Tensor &out, const Tensor &lse, const std::optional<Tensor> &attn_mask,
+                            const std::optional<Tensor> &out_residual, const std::optional<Tensor> &sinks) {
   const bool any = will_differentiate(grad_out) || will_differentiate(query) || will_differentiate(key) ||
                    will_differentiate(value) || will_differentiate(out) || will_differentiate(lse) ||
                    (attn_mask.has_value() && will_differentiate(*attn_mask)) ||
-                   (out_residual.has_value() && will_differentiate(*out_residual));
+                   (out_residual.has_value() && will_differentiate(*out_residual)) ||
+                   (sinks.has_value() && will_differentiate(*sinks));
   OSS_CHECK(!any, NotImplemented,
             "torch_oss.attention: double backward is not supported: the gradient of attention's backward (a "
             "second derivative, as autograd.grad(..., create_graph=True) or backward(create_graph=True) would "
             "build) is not implemented. Use torch.nn.functional.scaled_dot_product_attention where second "
             "derivatives are needed, or compute the first gradient without create_graph=True");
+}
+
+std::tuple<Tensor, Tensor, Tensor> attention_backward_op_autograd(
+    const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value, const Tensor &out,
+    const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
+    bool enable_gqa, c10::string_view causal_alignment, bool deterministic, const std::optional<Tensor> &out_residual,
+    at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes,
+    const std::optional<Tensor> &sinks) {
+  refuse_double_backward(grad_out, query, key, value, out, lse, attn_mask, out_residual, sinks);
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("oss::attention_backward", "")
                              .typed<decltype(attention_backward_op)>();
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return op.call(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
-                 deterministic, out_residual);
+                 deterministic, out_residual, window_size, softcap, alibi_slopes, sinks);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_with_sinks_op_autograd(
+    const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value, const Tensor &out,
+    const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
+    bool enable_gqa, c10::string_view causal_alignment, bool deterministic, const std::optional<Tensor> &out_residual,
+    at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes, const Tensor &sinks) {
+  refuse_double_backward(grad_out, query, key, value, out, lse, attn_mask, out_residual, sinks);
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("oss::attention_backward_with_sinks", "")
+                             .typed<decltype(attention_backward_with_sinks_op)>();
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return op.call(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
+                 deterministic, out_residual, window_size, softcap, alibi_slopes, sinks);
 }
 
 template <bool RESIDUAL>
 variable_list attention_autograd(const Tensor &query, const Tensor &key, const Tensor &value,
                                  const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
-                                 bool enable_gqa, c10::string_view causal_alignment) {
+                                 bool enable_gqa, c10::string_view causal_alignment, OSS_ATTENTION_VARIANT_PARAMS) {
   const bool any = will_differentiate(query) || will_differentiate(key) || will_differentiate(value) ||
-                   (attn_mask.has_value() && will_differentiate(*attn_mask));
+                   (attn_mask.has_value() && will_differentiate(*attn_mask)) ||
+                   (alibi_slopes.has_value() && will_differentiate(*alibi_slopes)) ||
+                   (sinks.has_value() && will_differentiate(*sinks));
   return any ? AttentionFunction<RESIDUAL>::apply(query, key, value, attn_mask, is_causal, scale, enable_gqa,
-                                                  causal_alignment)
+                                                  causal_alignment, OSS_ATTENTION_VARIANT_ARGS)
              : attention_below_autograd<RESIDUAL>(query, key, value, attn_mask, is_causal, scale, enable_gqa,
-                                                  causal_alignment);
+                                                  causal_alignment, OSS_ATTENTION_VARIANT_ARGS);
 }
 
 std::tuple<Tensor, Tensor> attention_op_autograd(const Tensor &query, const Tensor &key, const Tensor &value,
                                                  const std::optional<Tensor> &attn_mask, bool is_causal,
                                                  std::optional<double> scale, bool enable_gqa,
-                                                 c10::string_view causal_alignment) {
-  variable_list outs =
-      attention_autograd<false>(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment);
+                                                 c10::string_view causal_alignment, OSS_ATTENTION_VARIANT_PARAMS) {
+  variable_list outs = attention_autograd<false>(query, key, value, attn_mask, is_causal, scale, enable_gqa,
+                                                 causal_alignment, OSS_ATTENTION_VARIANT_ARGS);
   return {outs[0], outs[1]};
 }
 
-std::tuple<Tensor, Tensor, Tensor> attention_with_residual_op_autograd(const Tensor &query, const Tensor &key,
-                                                                       const Tensor &value,
-                                                                       const std::optional<Tensor> &attn_mask,
-                                                                       bool is_causal, std::optional<double> scale,
-                                                                       bool enable_gqa,
-                                                                       c10::string_view causal_alignment) {
-  variable_list outs =
-      attention_autograd<true>(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment);
+std::tuple<Tensor, Tensor, Tensor> attention_with_residual_op_autograd(
+    const Tensor &query, const Tensor &key, const Tensor &value, const std::optional<Tensor> &attn_mask,
+    bool is_causal, std::optional<double> scale, bool enable_gqa, c10::string_view causal_alignment,
+    OSS_ATTENTION_VARIANT_PARAMS) {
+  variable_list outs = attention_autograd<true>(query, key, value, attn_mask, is_causal, scale, enable_gqa,
+                                                causal_alignment, OSS_ATTENTION_VARIANT_ARGS);
   return {outs[0], outs[1], outs[2]};
 }
 
@@ -1229,7 +1441,10 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_autograd(const Tensor &q, cons
                                                            const std::optional<Tensor> &v_new,
                                                            const std::optional<Tensor> &cache_seqlens,
                                                            const std::optional<Tensor> &block_table,
-                                                           std::optional<double> softmax_scale, bool causal) {
+                                                           std::optional<double> softmax_scale, bool causal,
+                                                           at::IntArrayRef window_size, double softcap,
+                                                           const std::optional<Tensor> &alibi_slopes,
+                                                           const std::optional<Tensor> &sinks) {
   const bool needs_grad = at::GradMode::is_enabled() &&
                           (q.requires_grad() || k_cache.requires_grad() || v_cache.requires_grad() ||
                            (k_new && k_new->defined() && k_new->requires_grad()) ||
@@ -1243,7 +1458,8 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_autograd(const Tensor &q, cons
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("oss::attention_with_kvcache", "")
                                .typed<decltype(attention_with_kvcache_op)>();
-    result = op.call(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, softmax_scale, causal);
+    result = op.call(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, softmax_scale, causal,
+                     window_size, softcap, alibi_slopes, sinks);
   }
   if (k_new && k_new->defined())
     for (const Tensor *cache : {&k_cache, &v_cache})
@@ -1305,20 +1521,32 @@ TORCH_LIBRARY(oss, m) {
   m.def("softmax_backward(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype) -> Tensor");
   m.def("log_softmax(Tensor self, int dim, ScalarType? dtype=None) -> Tensor");
   m.def("log_softmax_backward(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype) -> Tensor");
+  // The score variants (window_size, softcap, alibi_slopes, sinks; oss.h) come
+  // last with defaults that turn them off, so calls without them keep working.
   m.def(
       "attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, bool is_causal=False, "
-      "float? scale=None, bool enable_gqa=False, str causal_alignment=\"top_left\") -> (Tensor out, Tensor lse)");
+      "float? scale=None, bool enable_gqa=False, str causal_alignment=\"top_left\", "
+      "int[2] window_size=[-1, -1], float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None, "
+      "bool? deterministic=None) -> (Tensor out, Tensor lse)");
   m.def(
       "attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, Tensor lse, "
       "Tensor? attn_mask, bool is_causal, float? scale, bool enable_gqa, str causal_alignment, "
-      "bool deterministic, Tensor? out_residual=None) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
+      "bool deterministic, Tensor? out_residual=None, int[2] window_size=[-1, -1], float softcap=0.0, "
+      "Tensor? alibi_slopes=None, Tensor? sinks=None) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
+  m.def(
+      "attention_backward_with_sinks(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, "
+      "Tensor lse, Tensor? attn_mask, bool is_causal, float? scale, bool enable_gqa, str causal_alignment, "
+      "bool deterministic, Tensor? out_residual, int[2] window_size, float softcap, Tensor? alibi_slopes, "
+      "Tensor sinks) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_sinks)");
   m.def(
       "attention_with_residual(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
-      "bool is_causal=False, float? scale=None, bool enable_gqa=False, str causal_alignment=\"top_left\") -> "
-      "(Tensor out, Tensor lse, Tensor out_residual)");
+      "bool is_causal=False, float? scale=None, bool enable_gqa=False, str causal_alignment=\"top_left\", "
+      "int[2] window_size=[-1, -1], float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None, "
+      "bool? deterministic=None) -> (Tensor out, Tensor lse, Tensor out_residual)");
   m.def(
       "attention_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, Tensor? v=None, "
-      "Tensor? cache_seqlens=None, Tensor? block_table=None, float? softmax_scale=None, bool causal=True) -> "
+      "Tensor? cache_seqlens=None, Tensor? block_table=None, float? softmax_scale=None, bool causal=True, "
+      "int[2] window_size=[-1, -1], float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None) -> "
       "(Tensor out, Tensor lse)");
   m.def(
       "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, float label_smoothing=0.0, "
@@ -1342,6 +1570,7 @@ TORCH_LIBRARY_IMPL(oss, CPU, m) {
   m.impl("attention", &attention_op);
   m.impl("attention_with_residual", &attention_with_residual_op);
   m.impl("attention_backward", &attention_backward_op);
+  m.impl("attention_backward_with_sinks", &attention_backward_with_sinks_op);
   m.impl("attention_with_kvcache", &attention_with_kvcache_op);
   m.impl("cross_entropy", &cross_entropy_op);
   m.impl("cross_entropy_backward", &cross_entropy_backward_op);
@@ -1357,6 +1586,7 @@ TORCH_LIBRARY_IMPL(oss, Autograd, m) {
   m.impl("attention", &attention_op_autograd);
   m.impl("attention_with_residual", &attention_with_residual_op_autograd);
   m.impl("attention_backward", &attention_backward_op_autograd);
+  m.impl("attention_backward_with_sinks", &attention_backward_with_sinks_op_autograd);
   m.impl("attention_with_kvcache", &attention_with_kvcache_autograd);
   m.impl("cross_entropy_forward_backward", &cross_entropy_forward_backward_autograd);
   m.impl("cross_entropy_forward_backward_", &cross_entropy_forward_backward_inplace_autograd);
@@ -1371,6 +1601,7 @@ TORCH_LIBRARY_IMPL(oss, CUDA, m) {
   m.impl("attention", &attention_op);
   m.impl("attention_with_residual", &attention_with_residual_op);
   m.impl("attention_backward", &attention_backward_op);
+  m.impl("attention_backward_with_sinks", &attention_backward_with_sinks_op);
   m.impl("attention_with_kvcache", &attention_with_kvcache_op);
   m.impl("cross_entropy", &cross_entropy_op);
   m.impl("cross_entropy_backward", &cross_entropy_backward_op);

@@ -439,10 +439,67 @@ def test_fallback_keeps_bottom_right_convention():
     torch.testing.assert_close(fell_back, served, atol=1e-9, rtol=1e-9)
 
 
-def test_unsupported_features_are_refused():
+def test_score_variant_kwargs_are_served():
+    """softcap, s_aux (sinks, with their gradient) and sliding_window reach
+    torch_oss.attention's variants; the eager fallback (taken here through
+    dropout, as on CUDA for the variants) computes the same."""
+    torch.manual_seed(0)
     module = torch.nn.Module()
-    q = torch.randn(1, 2, 3, 8)
-    with pytest.raises(ValueError, match="softcap"):
-        hf_oss.attention_forward(module, q, q, q, None, softcap=30.0)
-    with pytest.raises(ValueError, match="s_aux"):
-        hf_oss.attention_forward(module, q, q, q, None, s_aux=torch.zeros(2))
+    module.is_causal = True
+    q = torch.randn(2, 4, 5, 8, dtype=torch.float64)
+    k = torch.randn(2, 2, 12, 8, dtype=torch.float64)
+    v = torch.randn(2, 2, 12, 8, dtype=torch.float64)
+    sinks = torch.randn(4, dtype=torch.float32).double().requires_grad_()
+    kw = dict(softcap=3.0, s_aux=sinks, sliding_window=4)
+    served, _ = hf_oss.attention_forward(module, q, k, v, None, **kw)
+    served.sum().backward()
+    assert sinks.grad is not None and sinks.grad.abs().sum() > 0
+    want = torch_oss.attention(q, k, v, is_causal=True, causal_alignment="bottom_right", enable_gqa=True,
+                               softcap=3.0, sinks=sinks.detach(), window_size=(3, 3)).transpose(1, 2)
+    torch.testing.assert_close(served, want, atol=0, rtol=0)
+    with pytest.warns(torch_oss.FallbackWarning):
+        fell_back, _ = hf_oss.attention_forward(module, q, k, v, None, dropout=1e-12, **kw)
+    torch.testing.assert_close(fell_back, served.detach(), atol=1e-6, rtol=1e-6)
+    # with a mask the mask builder's window is in the mask: sliding_window adds nothing
+    mask = torch.rand(2, 1, 5, 12) > 0.3
+    a, _ = hf_oss.attention_forward(module, q, k, v, mask, sliding_window=2)
+    b, _ = hf_oss.attention_forward(module, q, k, v, mask)
+    assert torch.equal(a, b)
+
+
+def _variant_model(family):
+    common = dict(vocab_size=101, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, sliding_window=5, max_position_embeddings=128)
+    if family == "gpt_oss":  # attention sinks (s_aux) and sliding-window layers
+        cfg = transformers.GptOssConfig(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
+                                        layer_types=["sliding_attention", "full_attention"], **common)
+    else:  # gemma2: logit softcapping and sliding-window layers
+        cfg = transformers.Gemma2Config(intermediate_size=96, attn_logit_softcapping=2.0, **common)
+    cfg._attn_implementation = "eager"
+    return transformers.AutoModelForCausalLM.from_config(cfg).float()
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "gemma2"])
+def test_variant_models_match_eager(family):
+    """Models whose attention passes s_aux / softcap / sliding_window: logits and
+    every parameter's gradient (the sinks' included) as with 'eager', no fallback."""
+    torch_oss.register_transformers()
+    torch.manual_seed(0)
+    model = _variant_model(family)
+    ids = torch.randint(0, 101, (2, 13))
+    results = {}
+    for impl in ("eager", "oss"):
+        model.set_attn_implementation(impl)
+        model.zero_grad()
+        torch_oss.reset_fallback_stats()
+        out = model(ids, labels=ids)
+        out.loss.backward()
+        assert torch_oss.fallback_stats() == {}
+        results[impl] = (out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                               if p.grad is not None})
+    torch.testing.assert_close(results["oss"][0], results["eager"][0], atol=2e-5, rtol=1e-4)
+    assert results["oss"][1].keys() == results["eager"][1].keys()
+    if family == "gpt_oss":
+        assert any(name.endswith("sinks") for name in results["oss"][1])
+    for name, grad in results["eager"][1].items():
+        torch.testing.assert_close(results["oss"][1][name], grad, atol=2e-5, rtol=1e-3, msg=name)

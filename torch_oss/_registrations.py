@@ -67,8 +67,14 @@ def _softmax_backward_fake(name):
 
 
 def _attention_fake(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
-                    causal_alignment="top_left"):
-    _check_same_device("attention", [("query", query), ("key", key), ("value", value), ("attn_mask", attn_mask)])
+                    causal_alignment="top_left", window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
+                    deterministic=None):
+    _check_same_device("attention", [("query", query), ("key", key), ("value", value), ("attn_mask", attn_mask),
+                                     ("alibi_slopes", alibi_slopes), ("sinks", sinks)])
+    if sinks is not None:
+        torch._check_value(sinks.dim() == 1 and sinks.shape[0] == query.shape[1],
+                           lambda: f"attention: sinks must have shape (heads_q,) = ({query.shape[1]},), got "
+                           f"{tuple(sinks.shape)}")
     for name, t in (("query", query), ("key", key), ("value", value)):
         torch._check_value(t.dim() == 4, lambda: f"attention: {name} must be 4-D, got {t.dim()}-D")
     torch._check_type(
@@ -86,18 +92,31 @@ def _attention_fake(query, key, value, attn_mask=None, is_causal=False, scale=No
 
 
 def _attention_with_residual_fake(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
-                                  causal_alignment="top_left"):
-    out, lse = _attention_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment)
+                                  causal_alignment="top_left", window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                                  sinks=None, deterministic=None):
+    out, lse = _attention_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
+                               window_size, softcap, alibi_slopes, sinks, deterministic)
     half = query.dtype in (torch.float16, torch.bfloat16)
     return out, lse, out.new_empty(out.shape if half else (0,))
 
 
 def _attention_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
-                             causal_alignment, deterministic, out_residual=None):
+                             causal_alignment, deterministic, out_residual=None, window_size=(-1, -1), softcap=0.0,
+                             alibi_slopes=None, sinks=None):
     _check_same_device("attention_backward", [("query", query), ("key", key), ("value", value),
                                               ("attn_mask", attn_mask), ("grad_out", grad_out), ("out", out),
-                                              ("lse", lse), ("out_residual", out_residual)])
+                                              ("lse", lse), ("out_residual", out_residual),
+                                              ("alibi_slopes", alibi_slopes), ("sinks", sinks)])
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+
+
+def _attention_backward_with_sinks_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale,
+                                        enable_gqa, causal_alignment, deterministic, out_residual, window_size,
+                                        softcap, alibi_slopes, sinks):
+    dq, dk, dv = _attention_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale,
+                                          enable_gqa, causal_alignment, deterministic, out_residual, window_size,
+                                          softcap, alibi_slopes, sinks)
+    return dq, dk, dv, sinks.new_empty(sinks.shape)
 
 
 # ---------------------------------------------------------------------------
@@ -106,10 +125,12 @@ def _attention_backward_fake(grad_out, query, key, value, out, lse, attn_mask, i
 
 
 def _attention_with_kvcache_fake(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
-                                 softmax_scale=None, causal=True):
+                                 softmax_scale=None, causal=True, window_size=(-1, -1), softcap=0.0,
+                                 alibi_slopes=None, sinks=None):
     _check_same_device("attention_with_kvcache", [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k),
                                                   ("v", v), ("cache_seqlens", cache_seqlens),
-                                                  ("block_table", block_table)])
+                                                  ("block_table", block_table), ("alibi_slopes", alibi_slopes),
+                                                  ("sinks", sinks)])
     torch._check_value(q.dim() == 4 and k_cache.dim() == 4 and v_cache.dim() == 4,
                        lambda: "attention_with_kvcache: q, k_cache and v_cache must be 4-D")
     batch, len_q, heads_q, _ = q.shape
@@ -223,6 +244,7 @@ def register():
     torch.library.register_fake(f"{lib}::attention", _attention_fake)
     torch.library.register_fake(f"{lib}::attention_with_residual", _attention_with_residual_fake)
     torch.library.register_fake(f"{lib}::attention_backward", _attention_backward_fake)
+    torch.library.register_fake(f"{lib}::attention_backward_with_sinks", _attention_backward_with_sinks_fake)
     torch.library.register_fake(f"{lib}::attention_with_kvcache", _attention_with_kvcache_fake)
     torch.library.register_fake(f"{lib}::cross_entropy", _cross_entropy_fake)
     torch.library.register_fake(f"{lib}::cross_entropy_backward", _cross_entropy_backward_fake)

@@ -49,12 +49,54 @@ def _causal_bias_variant(attn_mask):
     return "top_left" if attn_mask.variant == CausalVariant.UPPER_LEFT else "bottom_right"
 
 
+def _is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_variants(query, window_size, softcap, alibi_slopes, sinks, deterministic, op="torch_oss.attention"):
+    """Checks the score variants' arguments (types, values, dtypes, devices;
+    the op checks their shapes against the heads) and returns window_size as
+    a tuple. Raises naming the argument."""
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(_is_int(w) and w >= -1 for w in window_size)):
+        raise ValueError(f"{op}: window_size={window_size!r} must be a pair (left, right) of ints "
+                         ">= -1 (-1: unbounded on that side)")
+    if (not isinstance(softcap, (int, float)) or isinstance(softcap, bool) or not math.isfinite(softcap)
+            or softcap < 0):
+        raise ValueError(f"{op}: softcap={softcap!r} must be a finite number >= 0 (0: off)")
+    for name, t in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a Tensor or None, got {type(t).__name__}")
+        if t.device != query.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but query is on {query.device}")
+    if alibi_slopes is not None:
+        if alibi_slopes.dtype != torch.float32:
+            raise TypeError(f"{op}: alibi_slopes.dtype={alibi_slopes.dtype} must be torch.float32")
+        if alibi_slopes.requires_grad and torch.is_grad_enabled():
+            raise NotImplementedError(f"{op}: alibi_slopes requires grad, but gradients with respect "
+                                      "to the ALiBi slopes are not supported; pass alibi_slopes.detach()")
+    if sinks is not None:
+        if sinks.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            raise TypeError(f"{op}: sinks.dtype={sinks.dtype} must be a floating type")
+        if sinks.dim() != 1:
+            raise ValueError(f"{op}: sinks must have shape (heads_q,), got {tuple(sinks.shape)}")
+    if deterministic is not None and not isinstance(deterministic, bool):
+        raise TypeError(f"{op}: deterministic={deterministic!r} must be True, False or None")
+    # (on CUDA, whose kernels do not serve the variants yet, the op raises
+    # NotImplementedError naming the variant, after its shape checks)
+    return tuple(window_size)
+
+
 def attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                       enable_gqa=False, *, causal_alignment="top_left"):
+                       enable_gqa=False, *, causal_alignment="top_left", window_size=(-1, -1), softcap=0.0,
+                       alibi_slopes=None, sinks=None, deterministic=None):
     """Like :func:`attention` but returns ``(out, lse)``; ``lse`` is the
-    natural-log log-sum-exp of each query row's scaled, masked scores, shape
-    ``(..., Hq, Lq)``, float32 (float64 for float64 inputs), ``-inf`` for a row
-    that sees no key. ``lse`` carries no gradient."""
+    natural-log log-sum-exp of each query row's scaled, masked scores (and of
+    the sink, with ``sinks``), shape ``(..., Hq, Lq)``, float32 (float64 for
+    float64 inputs), ``-inf`` for a row that sees no key and has no sink.
+    ``lse`` carries no gradient."""
     if not isinstance(dropout_p, (int, float)) or math.isnan(dropout_p) or not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"torch_oss.attention: dropout_p={dropout_p} must be a number in [0, 1]")
     if dropout_p != 0.0:
@@ -75,6 +117,8 @@ def attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"torch_oss.attention: {name} must be a Tensor, got {type(t).__name__}")
+    window_size = _check_variants(query, window_size, softcap, alibi_slopes, sinks, deterministic)
+    variants = (window_size, softcap, alibi_slopes, sinks, deterministic)
     ranks = (query.dim(), key.dim(), value.dim())
     if ranks == (3, 3, 3) and query.shape[0] == key.shape[0] == value.shape[0]:
         # (N, L, E): one head. A 3-D mask (N, L, S) gets the head dim too.
@@ -82,14 +126,15 @@ def attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
             attn_mask = attn_mask.unsqueeze(1)
         out, lse = _attention_op(
             query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1), attn_mask, is_causal, scale, enable_gqa,
-            causal_alignment,
+            causal_alignment, *variants,
         )
         return out.squeeze(1), lse.squeeze(1)
     heads = {query.shape[1], key.shape[1], value.shape[1]} if ranks == (4, 4, 4) else set()
     head_broadcast = not enable_gqa and len(heads) > 1 and 1 in heads  # SDPA stretches a single head
     if ranks == (4, 4, 4) and query.shape[0] == key.shape[0] == value.shape[0] and not head_broadcast:
-        return _attention_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment)
-    return _attention_broadcast(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment)
+        return _attention_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment, *variants)
+    return _attention_broadcast(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
+                                *variants)
 
 
 def _broadcast_plan(query, key, value, enable_gqa):
@@ -120,14 +165,17 @@ def _broadcast_plan(query, key, value, enable_gqa):
     return rank, batch, q_heads, kv_heads
 
 
-def _attention_broadcast(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment):
+def _attention_broadcast(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
+                         window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, deterministic=None):
     """SDPA's general shape contract: (..., L, E) with any number of leading
     dims, broadcast between query and key/value as SDPA's math does (leading
     dims aligned from the right, size-1 dims stretched). With enable_gqa the
     head dim (-3) is not broadcast: key and value have the query's heads or a
     divisor of them. The leading dims are expanded (no copy) and folded into
     one batch dim of the 4-D op; gradients of broadcast dims are summed by
-    autograd through the expand."""
+    autograd through the expand. The score variants pass through: sinks
+    (heads,), alibi_slopes (heads,) or (*leading dims, heads), folded like the
+    batch."""
     rank, batch, q_heads, kv_heads = _broadcast_plan(query, key, value, enable_gqa)
 
     def lift(t):  # prepend size-1 dims up to `rank`
@@ -150,29 +198,42 @@ def _attention_broadcast(query, key, value, attn_mask, is_causal, scale, enable_
         except RuntimeError:
             raise ValueError(f"torch_oss.attention: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast "
                              f"to the inputs' leading dims {tuple(batch)}") from None
+    if alibi_slopes is not None and alibi_slopes.dim() > 1:
+        try:
+            alibi_slopes = alibi_slopes.expand(*batch, q_heads).reshape(n, q_heads)
+        except RuntimeError:
+            raise ValueError(f"torch_oss.attention: alibi_slopes of shape {tuple(alibi_slopes.shape)} must be "
+                             f"(heads_q,) or (*leading dims, heads_q) = {(*batch, q_heads)}") from None
     out, lse = _attention_op(q4, k4, v4, mask, is_causal, scale, enable_gqa and q_heads != kv_heads,
-                             causal_alignment)
+                             causal_alignment, window_size, softcap, alibi_slopes, sinks, deterministic)
     out, lse = out.reshape(*batch, *out.shape[1:]), lse.reshape(*batch, *lse.shape[1:])
     drop = rank - max(query.dim(), key.dim(), value.dim())  # the head dim added to 2-D inputs
     return (out.squeeze(0), lse.squeeze(0)) if drop else (out, lse)
 
 
-def _attention_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment):
+def _attention_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
+                  window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, deterministic=None):
     """torch.ops.oss.attention, or, when a float16/bfloat16 backward will
     follow, torch.ops.oss.attention_with_residual: it also keeps the output's
     rounding residual, so the backward's D = rowsum(dO * O) is that of the
     unrounded output and the gradients do not carry the output's rounding
     (one more output-sized tensor saved for the backward)."""
+    if window_size == (-1, -1) and softcap == 0 and alibi_slopes is None and sinks is None and deterministic is None:
+        variants = ()  # the common call, with the schema's defaults
+    else:
+        variants = (list(window_size), float(softcap), alibi_slopes, sinks, deterministic)
     if (query.dtype in (torch.float16, torch.bfloat16) and torch.is_grad_enabled()
-            and any(t.requires_grad for t in (query, key, value))):
+            and any(t is not None and t.requires_grad for t in (query, key, value, sinks))):
         out, lse, _ = torch.ops.oss.attention_with_residual(query, key, value, attn_mask, is_causal, scale,
-                                                            enable_gqa, causal_alignment)
+                                                            enable_gqa, causal_alignment, *variants)
         return out, lse
-    return torch.ops.oss.attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment)
+    return torch.ops.oss.attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
+                                   *variants)
 
 
 def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
-              *, causal_alignment="top_left"):
+              *, causal_alignment="top_left", window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
+              deterministic=None):
     """Drop-in for torch.nn.functional.scaled_dot_product_attention.
 
     Same arguments and result. Extras: ``is_causal`` may be combined with
@@ -181,6 +242,28 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     with ``Lq < Lk``), as does passing
     ``torch.nn.attention.bias.causal_lower_right(Lq, Lk)`` as ``attn_mask``.
     ``dropout_p`` must be 0.
+
+    Score variants (keyword-only; CPU only for now, NotImplementedError on
+    CUDA), applied to each score s = scale * q.k of query i and key j in this
+    order, with d = i + off - j the distance from the diagonal that
+    ``causal_alignment`` chooses (off = 0 top-left, Lk - Lq bottom-right):
+
+    - ``softcap`` > 0: s = softcap * tanh(s / softcap) (0: off).
+    - ``alibi_slopes``: float32 (Hq,) or (B, Hq); s -= slope * |d|. No gradient.
+    - ``attn_mask``, then ``window_size=(left, right)``: key j is hidden when
+      d > left or -d > right; -1 leaves a side unbounded (FlashAttention's
+      convention; ``is_causal`` is the window's right = 0). Key tiles wholly
+      outside the window are skipped.
+    - then ``is_causal``.
+    - ``sinks``: (Hq,), any floating dtype (the kernels hold it in float32):
+      one extra logit per query head in every row's softmax denominator and
+      lse, with no value. Differentiable (its gradient is returned in its
+      dtype). A row that sees no key then outputs 0 with lse = the sink.
+
+    ``deterministic``: None follows ``torch.are_deterministic_algorithms_enabled()``
+    at the call; True / False overrides it for this call's backward (the CPU
+    backward is always deterministic).
     """
     return attention_with_lse(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                              causal_alignment=causal_alignment)[0]
+                              causal_alignment=causal_alignment, window_size=window_size, softcap=softcap,
+                              alibi_slopes=alibi_slopes, sinks=sinks, deterministic=deterministic)[0]

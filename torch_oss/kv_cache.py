@@ -46,7 +46,8 @@ def _cache_value_checks(k_cache, k, cache_seqlens, block_table):
 
 
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
-                           softmax_scale=None, causal=True, return_lse=False, *, validate=True):
+                           softmax_scale=None, causal=True, return_lse=False, *, validate=True, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, sinks=None):
     """Attention of ``q`` over a KV cache, FlashAttention's
     ``flash_attn_with_kvcache`` layout and rules.
 
@@ -74,12 +75,22 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
     capture and under torch.compile; pass False in a hot loop whose inputs are
     known good (a length past the capacity is then clamped to it, a page index
     out of range reads as zeros, and an append past the end is undefined).
+
+    window_size, softcap, alibi_slopes, sinks: the score variants of
+    :func:`torch_oss.attention`, their distances measured from the
+    bottom-right diagonal that follows each sequence's length (CPU only for
+    now; NotImplementedError on CUDA).
     """
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k, v)):
         raise RuntimeError("attention_with_kvcache is for inference and has no backward; call it under "
                            "torch.no_grad() or use torch_oss.attention for training")
     if validate and not torch.compiler.is_compiling() and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         _cache_value_checks(k_cache, k, cache_seqlens, block_table)
+    from .functional import _check_variants
+
+    window_size = _check_variants(q, window_size, softcap, alibi_slopes, sinks, None, op="attention_with_kvcache")
+    variants = () if (window_size == (-1, -1) and softcap == 0 and alibi_slopes is None and sinks is None) else (
+        list(window_size), float(softcap), alibi_slopes, sinks)
     out, lse = torch.ops.oss.attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
-                                                    softmax_scale, causal)
+                                                    softmax_scale, causal, *variants)
     return (out, lse) if return_lse else out

@@ -32,8 +32,17 @@ unsupported dtypes or devices, head dims over the limit, a ``position_bias``
 or mask that requires grad. Fallbacks are counted in torch_oss.fallback_stats()
 under ``"transformers attn_implementation='oss'"`` and warned once per reason;
 ``torch_oss.enable(strict=True)`` / ``register_transformers(strict=True)``
-raise instead. Logit soft-capping and attention sinks are refused (ValueError),
-as the sdpa implementation cannot serve them either.
+raise instead.
+
+The score variants models pass as keyword arguments are served by
+torch_oss.attention's: ``softcap`` (Gemma 2) as ``softcap``, ``s_aux`` (the
+learnable attention sinks of gpt-oss; also accepted as ``sinks``) as
+``sinks``, with their gradient, and ``sliding_window`` as
+``window_size=(sliding_window - 1, sliding_window - 1)`` (FlashAttention's
+rule) where no mask is passed; where a mask is passed, the mask builder has
+already put the window into it. On CUDA, whose kernels do not serve these
+variants yet, the call falls back to an eager PyTorch computation of the same
+definition (counted in fallback_stats() like the other fallbacks).
 
 Importing this module does not import transformers; register_transformers()
 does.
@@ -143,7 +152,9 @@ def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function
 # ---------------------------------------------------------------------------
 
 
-def _unsupported_reason(query, key, value, attention_mask, dropout, position_bias):
+def _unsupported_reason(query, key, value, attention_mask, dropout, position_bias, variants=()):
+    if query.device.type == "cuda" and variants:
+        return f"{variants[0]} on CUDA (the CUDA kernels do not serve the score variants yet)"
     if not (isinstance(dropout, (int, float)) and dropout == 0):
         return "dropout > 0 (torch_oss attention has no dropout; model.eval() or attention_dropout=0 serve it)"
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -204,6 +215,46 @@ def _torch_sdpa_fallback(query, key, value, attention_mask, dropout, scaling, is
                 **kwargs)
 
 
+def _torch_eager_fallback(query, key, value, attention_mask, dropout, scaling, is_causal, position_bias,
+                          window_size, softcap, sinks):
+    """The score variants in PyTorch ops (float32 for 16-bit inputs), with the
+    conventions of :func:`attention_forward` (bottom-right causal and window
+    when no mask): the fallback for what SDPA cannot express (softcap, sinks)."""
+    Lq, Lk = query.shape[2], key.shape[2]
+    compute = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    s = (query.to(compute) @ key.to(compute).transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if position_bias is not None:
+        attention_mask = _additive_bias(position_bias, attention_mask, compute)
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            s = s.masked_fill(~attention_mask, float("-inf"))
+        else:
+            s = s + attention_mask.to(compute)
+    i = torch.arange(Lq, device=query.device)[:, None]
+    j = torch.arange(Lk, device=query.device)[None, :]
+    d = i + (Lk - Lq) - j
+    hidden = torch.zeros(Lq, Lk, dtype=torch.bool, device=query.device)
+    if window_size[0] >= 0:
+        hidden |= d > window_size[0]
+    if window_size[1] >= 0:
+        hidden |= -d > window_size[1]
+    if is_causal:
+        hidden |= d < 0
+    s = s.masked_fill(hidden, float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.to(compute).reshape(1, -1, 1, 1).expand(*s.shape[:-1], 1)], dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)[..., :Lk]  # a row that sees nothing: 0
+    if dropout:
+        p = torch.nn.functional.dropout(p, dropout)
+    return (p @ value.to(compute)).to(query.dtype)
+
+
 def _warn_no_attention_weights():  # marked for dynamo by register_transformers (see patching)
     global _WARNED_WEIGHTS
     if not _WARNED_WEIGHTS:
@@ -224,12 +275,11 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     boolean mask (True = attend) or an additive float mask broadcastable to
     (B, Hq, Lq, Lk). Returns (output (B, Lq, Hq, Dv), None).
     """
-    for unsupported in ("softcap", "s_aux", "sinks"):
-        if kwargs.get(unsupported) is not None:
-            raise ValueError(
-                f"attn_implementation='oss' does not support `{unsupported}` (like 'sdpa'); use attn_implementation="
-                "'eager' for this model"
-            )
+    softcap = kwargs.get("softcap") or 0.0
+    sinks = kwargs.get("s_aux")
+    if sinks is None:
+        sinks = kwargs.get("sinks")
+    sliding_window = kwargs.get("sliding_window")
     if kwargs.get("output_attentions", False):
         _warn_no_attention_weights()
     if is_causal is None:
@@ -237,11 +287,22 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     # No mask + causal module: the mask builder guarantees the queries are the
     # last keys, which is FlashAttention's bottom-right alignment.
     is_causal = bool(is_causal) and attention_mask is None
+    # FlashAttention's window for HF's sliding_window (keys i - sliding_window < j),
+    # needed only without a mask: a mask from the mask builder holds the window already
+    window_size = (-1, -1)
+    if sliding_window is not None and attention_mask is None:
+        window_size = (int(sliding_window) - 1, int(sliding_window) - 1)
+    variants = [name for name, used in (("sliding_window", window_size != (-1, -1)), ("softcap", softcap != 0),
+                                        ("s_aux", sinks is not None)) if used]
 
-    reason = _unsupported_reason(query, key, value, attention_mask, dropout, position_bias)
+    reason = _unsupported_reason(query, key, value, attention_mask, dropout, position_bias, variants)
     if reason is not None:
         _patching._note_fallback(_FUNCTION, reason, stacklevel=3)
-        out = _torch_sdpa_fallback(query, key, value, attention_mask, dropout, scaling, is_causal, position_bias)
+        if variants:
+            out = _torch_eager_fallback(query, key, value, attention_mask, dropout, scaling, is_causal,
+                                        position_bias, window_size, softcap, sinks)
+        else:
+            out = _torch_sdpa_fallback(query, key, value, attention_mask, dropout, scaling, is_causal, position_bias)
         return out.transpose(1, 2).contiguous(), None
 
     if position_bias is not None:
@@ -250,5 +311,6 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         attention_mask = attention_mask.to(query.dtype)
     query, key, value, attention_mask = _patching.autocast_attention_inputs(query, key, value, attention_mask)
     out = _oss.attention(query, key, value, attn_mask=attention_mask, is_causal=is_causal, scale=scaling,
-                         enable_gqa=query.shape[1] != key.shape[1], causal_alignment="bottom_right")
+                         enable_gqa=query.shape[1] != key.shape[1], causal_alignment="bottom_right",
+                         window_size=window_size, softcap=float(softcap), sinks=sinks)
     return out.transpose(1, 2).contiguous(), None

@@ -10,7 +10,9 @@
  * independent of the thread count. Each task allocates its own tile scratch
  * (O(tile) in the forward, O(len_k * head_dim) in the backward). The
  * forward also reads paged caches and per-batch key counts (oss.h's KV-cache
- * fields).
+ * fields). Both directions serve the score variants (sliding window,
+ * softcap, ALiBi, sinks and the sinks' gradient), skipping the key tiles a
+ * window hides.
  */
 #include <stdlib.h>
 
@@ -73,6 +75,15 @@ static oss_status check_params(const char *op, const oss_attention_params *p) {
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: mask_kind is set but mask is NULL", op);
   if (p->scale != p->scale)
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: scale is NaN", op);
+  if (!(p->softcap >= 0) || p->softcap == INFINITY)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: softcap=%g must be finite and >= 0 (0: off)", op, p->softcap);
+  if (p->window && p->window_diagonal != OSS_CAUSAL_NONE && p->window_diagonal != OSS_CAUSAL_TOP_LEFT &&
+      p->window_diagonal != OSS_CAUSAL_BOTTOM_RIGHT)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: window_diagonal code %d is not an oss_causal", op,
+                    (int)p->window_diagonal);
+  if (p->alibi_slopes != NULL && p->alibi_stride_batch < 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: alibi_stride_batch=%lld must be >= 0", op,
+                    (long long)p->alibi_stride_batch);
   if (p->out_residual != NULL && p->dtype != OSS_FLOAT16 && p->dtype != OSS_BFLOAT16)
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: out_residual is only for float16/bfloat16 (dtype code %d)", op,
                     (int)p->dtype);
@@ -85,11 +96,11 @@ oss_status oss_attention_forward_cpu(const oss_attention_params *p, const oss_cp
   const int64_t qblocks = (p->len_q + OSS_BR - 1) / OSS_BR;
   const int64_t tasks = p->batch * p->heads_q * qblocks;
   if (p->dtype == OSS_FLOAT64) {
-    attention_task_ctx_f64 ctx = {.params = p, .failed = 0};
+    attention_task_ctx_f64 ctx = {.params = p, .dsink_partial = NULL, .failed = 0};
     oss_cpu_parallel_for(exec, tasks, 1, &ctx, attention_fwd_range_f64);
     if (ctx.failed) return oss_fail(OSS_ERROR_OUT_OF_MEMORY, "attention: out of host memory for tile scratch");
   } else {
-    attention_task_ctx_f32 ctx = {.params = p, .failed = 0};
+    attention_task_ctx_f32 ctx = {.params = p, .dsink_partial = NULL, .failed = 0};
     oss_cpu_parallel_for(exec, tasks, 1, &ctx, attention_fwd_range_f32);
     if (ctx.failed) return oss_fail(OSS_ERROR_OUT_OF_MEMORY, "attention: out of host memory for tile scratch");
   }
@@ -102,16 +113,32 @@ oss_status oss_attention_backward_cpu(const oss_attention_backward_params *bp, c
   if (bp->fwd.seqlens_k != NULL || bp->fwd.block_table != NULL)
     return oss_fail(OSS_ERROR_NOT_SUPPORTED, "attention_backward: the KV-cache fields are for the forward only");
   const int64_t tasks = bp->fwd.batch * bp->fwd.heads_kv;
-  if (bp->fwd.dtype == OSS_FLOAT64) {
-    attention_task_ctx_f64 ctx = {.params = bp, .failed = 0};
-    oss_cpu_parallel_for(exec, tasks, 1, &ctx, attention_bwd_range_f64);
-    if (ctx.failed)
-      return oss_fail(OSS_ERROR_OUT_OF_MEMORY, "attention_backward: out of host memory for tile scratch");
-  } else {
-    attention_task_ctx_f32 ctx = {.params = bp, .failed = 0};
-    oss_cpu_parallel_for(exec, tasks, 1, &ctx, attention_bwd_range_f32);
-    if (ctx.failed)
-      return oss_fail(OSS_ERROR_OUT_OF_MEMORY, "attention_backward: out of host memory for tile scratch");
+  /* d sink: each task leaves its (batch, query head) shares here; summed over
+   * the batch below, in a fixed order (deterministic, any thread count) */
+  const int want_dsinks = bp->fwd.sinks != NULL && bp->dsinks != NULL;
+  double *partial = NULL;
+  if (want_dsinks && bp->fwd.batch > 0) {
+    partial = (double *)calloc((size_t)(bp->fwd.batch * bp->fwd.heads_q), sizeof(double));
+    if (partial == NULL)
+      return oss_fail(OSS_ERROR_OUT_OF_MEMORY, "attention_backward: out of host memory for the sinks' gradient");
   }
+  int failed;
+  if (bp->fwd.dtype == OSS_FLOAT64) {
+    attention_task_ctx_f64 ctx = {.params = bp, .dsink_partial = partial, .failed = 0};
+    oss_cpu_parallel_for(exec, tasks, 1, &ctx, attention_bwd_range_f64);
+    failed = ctx.failed;
+  } else {
+    attention_task_ctx_f32 ctx = {.params = bp, .dsink_partial = partial, .failed = 0};
+    oss_cpu_parallel_for(exec, tasks, 1, &ctx, attention_bwd_range_f32);
+    failed = ctx.failed;
+  }
+  if (!failed && want_dsinks)
+    for (int64_t h = 0; h < bp->fwd.heads_q; h++) {
+      double sum = 0;
+      for (int64_t b = 0; b < bp->fwd.batch; b++) sum += partial[b * bp->fwd.heads_q + h];
+      bp->dsinks[h] = (float)sum;
+    }
+  free(partial);
+  if (failed) return oss_fail(OSS_ERROR_OUT_OF_MEMORY, "attention_backward: out of host memory for tile scratch");
   return OSS_OK;
 }

@@ -23,6 +23,17 @@
  * P = exp(S - m) / l, dV += P^T dO, dP = dO V^T, dS = P * (dP - D),
  * dK += scale * dS^T Q and dQ += scale * dS K, accumulating in double.
  * Only OSS_BR x OSS_BC tiles of scores exist at any time.
+ *
+ * Score variants (oss.h): score_tile applies softcap, ALiBi, the mask, the
+ * window and the causal rule to each tile, in that order. The key loops of
+ * both directions visit only [key_begin, key_end), the keys some row of the
+ * query block may see under the causal rule and the window, so the tiles
+ * wholly outside a sliding window are skipped, not masked. A sink starts each
+ * row's online softmax at m = sink, l = 1 (its exp(sink - m) term, no value),
+ * so a row that sees no key gets output 0 and lse = sink. The backward's
+ * softcap factor 1 - tanh^2 multiplies dS, and each (batch, query head)
+ * leaves its share of d sink = -sum_i exp(sink - lse_i) D_i in dsink_partial,
+ * summed over the batch in a fixed order once every task is done.
  */
 
 /* ---- tile helpers ------------------------------------------------------------ */
@@ -48,6 +59,13 @@ static int64_t FN(keys_of)(const oss_attention_params *p, int64_t b) {
 }
 static int64_t FN(causal_offset)(const oss_attention_params *p, int64_t b) {
   return p->causal == OSS_CAUSAL_BOTTOM_RIGHT ? FN(keys_of)(p, b) - p->len_q : 0;
+}
+/* off of the distance d = i + off - j that ALiBi and the window measure
+ * (oss.h): bottom-right when the window's diagonal or the causal rule is. */
+static int64_t FN(variant_offset)(const oss_attention_params *p, int64_t b) {
+  return p->window_diagonal == OSS_CAUSAL_BOTTOM_RIGHT || p->causal == OSS_CAUSAL_BOTTOM_RIGHT
+             ? FN(keys_of)(p, b) - p->len_q
+             : 0;
 }
 
 /* load_rows for k or v (their strides `stride`), through the page table when
@@ -200,26 +218,38 @@ static REAL FN(mask_value)(const oss_attention_params *p, int64_t offset) {
   }
 }
 
-/* S[r][c] = scale * Q[r] . K[c] for a rows x cols tile, computed in double
+/* S[r][c] for a rows x cols tile: scale * Q[r] . K[c] computed in double
  * by score_gemm from Qd (the query block) and Ktd (the key tile transposed),
- * both already widened to double; then the causal rule and the mask: hidden
- * scores become -inf, additive mask values are added. Scores stay in double through
- * the row max, so exp() sees only S - m rounded once: a float32 score of 1e4
- * is only good to 1e-3, which exp() would turn into a 1e-3 relative error of P.
- * The forward and the backward's recomputation get the same bits. */
+ * both already widened to double; then the variants in oss.h's order:
+ * softcap, ALiBi, the mask (additive values added, false entries hidden), the
+ * window and the causal rule (hidden scores become -inf, whatever the mask
+ * put there). With softcap > 0 and G != NULL, G[r][c] = 1 - tanh^2, the
+ * derivative of the cap (the backward's factor). Scores stay in double
+ * through the row max, so exp() sees only S - m rounded once: a float32 score
+ * of 1e4 is only good to 1e-3, which exp() would turn into a 1e-3 relative
+ * error of P. The forward and the backward's recomputation get the same bits. */
 static void FN(score_tile)(const oss_attention_params *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                           int64_t j0, int64_t cols, const double *Qd, const double *Ktd, double *S) {
+                           int64_t j0, int64_t cols, const double *Qd, const double *Ktd, double *S, double *G) {
   const int64_t D = p->head_dim;
-  const double scale = p->scale;
-  const int64_t causal_offset = FN(causal_offset)(p, b);
+  const double scale = p->scale, softcap = p->softcap;
+  const int64_t causal_offset = FN(causal_offset)(p, b), off = FN(variant_offset)(p, b);
+  const double slope = p->alibi_slopes != NULL ? (double)p->alibi_slopes[b * p->alibi_stride_batch + h] : 0.0;
   FN(score_gemm)(rows, cols, D, Qd, D, Ktd, cols, S, cols);
   for (int64_t r = 0; r < rows; r++) {
     double *s = S + r * cols;
     for (int64_t c = 0; c < cols; c++) s[c] *= scale;
     const int64_t i = i0 + r;
-    if (p->causal != OSS_CAUSAL_NONE)
-      for (int64_t c = 0; c < cols; c++)
-        if (j0 + c > i + causal_offset) s[c] = -INFINITY;
+    if (softcap > 0)
+      for (int64_t c = 0; c < cols; c++) {
+        const double t = tanh(s[c] / softcap);
+        s[c] = softcap * t;
+        if (G != NULL) G[r * cols + c] = 1 - t * t;
+      }
+    if (p->alibi_slopes != NULL)
+      for (int64_t c = 0; c < cols; c++) {
+        const int64_t d = i + off - (j0 + c);
+        s[c] -= slope * (double)(d < 0 ? -d : d);
+      }
     if (p->mask_kind != OSS_MASK_NONE) {
       const int64_t mrow = b * p->mask_stride[0] + h * p->mask_stride[1] + i * p->mask_stride[2];
       for (int64_t c = 0; c < cols; c++) {
@@ -231,23 +261,51 @@ static void FN(score_tile)(const oss_attention_params *p, int64_t b, int64_t h, 
         }
       }
     }
+    if (p->window)
+      for (int64_t c = 0; c < cols; c++) {
+        const int64_t d = i + off - (j0 + c);
+        if ((p->window_left >= 0 && d > p->window_left) || (p->window_right >= 0 && -d > p->window_right))
+          s[c] = -INFINITY;
+      }
+    if (p->causal != OSS_CAUSAL_NONE)
+      for (int64_t c = 0; c < cols; c++)
+        if (j0 + c > i + causal_offset) s[c] = -INFINITY;
   }
 }
 
-/* Number of keys of batch b any of the query rows [i0, i0 + rows) may see
- * under the causal rule (all of them without one). */
-static int64_t FN(visible_keys)(const oss_attention_params *p, int64_t b, int64_t i0, int64_t rows) {
-  const int64_t keys = FN(keys_of)(p, b);
-  if (p->causal == OSS_CAUSAL_NONE) return keys;
-  int64_t last = i0 + rows - 1 + FN(causal_offset)(p, b) + 1;
-  if (last < 0) last = 0;
-  return last < keys ? last : keys;
+/* The keys [*begin, *end) of batch b that some query row of [i0, i0 + rows)
+ * may see under the causal rule and the window (all of them without either):
+ * the key loops visit only these, so tiles outside a window are skipped. */
+static void FN(key_range)(const oss_attention_params *p, int64_t b, int64_t i0, int64_t rows, int64_t *begin,
+                          int64_t *end) {
+  const int64_t keys = FN(keys_of)(p, b), last = i0 + rows - 1;
+  int64_t lo = 0, hi = keys;
+  if (p->causal != OSS_CAUSAL_NONE && last + FN(causal_offset)(p, b) + 1 < hi) hi = last + FN(causal_offset)(p, b) + 1;
+  if (p->window) {
+    /* |d| <= len_q + keys: a side wider than that is open (and cannot overflow) */
+    const int64_t off = FN(variant_offset)(p, b), span = p->len_q + keys;
+    if (p->window_right >= 0 && p->window_right <= span && last + off + p->window_right + 1 < hi)
+      hi = last + off + p->window_right + 1;
+    if (p->window_left >= 0 && p->window_left <= span && i0 + off - p->window_left > lo)
+      lo = i0 + off - p->window_left;
+  }
+  if (hi < 0) hi = 0;
+  if (lo > hi) lo = hi;
+  *begin = lo;
+  *end = hi;
+}
+
+/* A row's online-softmax state before any key: the sink's term (m = sink,
+ * l = exp(sink - m) = 1) or nothing (m = -inf, l = 0). */
+static double FN(sink_of)(const oss_attention_params *p, int64_t h) {
+  return p->sinks != NULL ? (double)p->sinks[h] : -INFINITY;
 }
 
 /* ---- forward ------------------------------------------------------------------- */
 
 typedef struct FN(attention_task_ctx) {
   const void *params;
+  double *dsink_partial; /* backward with sinks and dsinks: [batch][heads_q] shares of d sink */
   _Atomic int failed;
 } FN(attention_task_ctx);
 
@@ -275,16 +333,18 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
     const int64_t rows = p->len_q - i0 < OSS_BR ? p->len_q - i0 : OSS_BR;
     FN(load_rows)(p->q, p->dtype, p->q_stride, b, h, i0, rows, D, Q);
     FN(widen)(Q, rows * D, Qd);
-    for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0;
+    const double sink = FN(sink_of)(p, h);
+    for (int64_t r = 0; r < rows; r++) m[r] = sink, l[r] = sink == -INFINITY ? 0 : 1;
     for (int64_t x = 0; x < rows * Dv; x++) O[x] = 0;
-    const int64_t kend = FN(visible_keys)(p, b, i0, rows);
-    for (int64_t j0 = 0; j0 < kend; j0 += OSS_BC) {
+    int64_t kbegin, kend;
+    FN(key_range)(p, b, i0, rows, &kbegin, &kend);
+    for (int64_t j0 = kbegin; j0 < kend; j0 += OSS_BC) {
       const int64_t cols = kend - j0 < OSS_BC ? kend - j0 : OSS_BC;
       FN(load_kv_rows)(p, p->k, p->k_stride, b, hk, j0, cols, D, K);
       FN(transpose)(K, cols, D, Kt);
       FN(widen)(Kt, D * cols, Ktd);
       FN(load_kv_rows)(p, p->v, p->v_stride, b, hk, j0, cols, Dv, V);
-      FN(score_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, Sd);
+      FN(score_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, Sd, NULL);
       for (int64_t r = 0; r < rows; r++) { /* online softmax: P into S, rescale o */
         const double *sd = Sd + r * cols;
         REAL *s = S + r * cols, *o = O + r * Dv;
@@ -310,7 +370,7 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
     }
     for (int64_t r = 0; r < rows; r++) {
       REAL *o = O + r * Dv;
-      if (l[r] == 0) { /* fully masked row */
+      if (l[r] == 0) { /* fully masked row, no sink */
         for (int64_t d = 0; d < Dv; d++) o[d] = 0;
         lse[r] = -INFINITY;
       } else {
@@ -338,8 +398,8 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
 /* S (scores) and dP = dO V^T for one tile. */
 static void FN(score_and_dp_tile)(const oss_attention_params *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
                                   int64_t j0, int64_t cols, const double *Qd, const double *Ktd, const REAL *Vt,
-                                  const REAL *dO, double *S, REAL *dP) {
-  FN(score_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, S);
+                                  const REAL *dO, double *S, double *G, REAL *dP) {
+  FN(score_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, S, G);
   FN(tile_gemm)(rows, cols, p->head_dim_v, dO, p->head_dim_v, Vt, cols, dP, cols, 0);
 }
 
@@ -398,25 +458,29 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
        *prod = Tt + OSS_BR * OSS_BC, *row_tmp = prod + OSS_BC * W;
   double *dK = acc, *dV = dK + Lk * D, *dQ = dV + Lk * Dv, *Drow = dQ + OSS_BR * D, *m = Drow + OSS_BR,
          *l = m + OSS_BR, *inv_l = l + OSS_BR, *Qd = inv_l + OSS_BR, *Ktd = Qd + OSS_BR * D;
-  double S[OSS_BR * OSS_BC];
+  double S[OSS_BR * OSS_BC], G[OSS_BR * OSS_BC]; /* scores; softcap's 1 - tanh^2 */
+  double *Gp = p->softcap > 0 ? G : NULL;
   const double scale = p->scale;
   for (int64_t task = begin; task < end; task++) {
     const int64_t b = task / p->heads_kv, hk = task % p->heads_kv;
     for (int64_t x = 0; x < Lk * (D + Dv); x++) dK[x] = 0; /* dV follows dK */
     for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+      const double sink = FN(sink_of)(p, h);
+      double dsink = 0; /* this (b, h)'s share of d sink_h */
       for (int64_t i0 = 0; i0 < p->len_q; i0 += OSS_BR) {
         const int64_t rows = p->len_q - i0 < OSS_BR ? p->len_q - i0 : OSS_BR;
-        const int64_t kend = FN(visible_keys)(p, b, i0, rows);
+        int64_t kbegin, kend;
+        FN(key_range)(p, b, i0, rows, &kbegin, &kend);
         FN(load_rows)(p->q, p->dtype, p->q_stride, b, h, i0, rows, D, Q);
         FN(widen)(Q, rows * D, Qd);
         FN(load_rows)(bp->dout, p->dtype, bp->dout_stride, b, h, i0, rows, Dv, dO);
 
         /* pass 1: m, l and D per row */
-        for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0, Drow[r] = 0;
-        for (int64_t j0 = 0; j0 < kend; j0 += OSS_BC) {
+        for (int64_t r = 0; r < rows; r++) m[r] = sink, l[r] = sink == -INFINITY ? 0 : 1, Drow[r] = 0;
+        for (int64_t j0 = kbegin; j0 < kend; j0 += OSS_BC) {
           const int64_t cols = kend - j0 < OSS_BC ? kend - j0 : OSS_BC;
           FN(load_kv_tile)(p, b, hk, j0, cols, K, Kt, Ktd, V, Vt);
-          FN(score_and_dp_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, Vt, dO, S, dS);
+          FN(score_and_dp_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, Vt, dO, S, NULL, dS);
           for (int64_t r = 0; r < rows; r++) {
             const double *sr = S + r * cols;
             const REAL *dpr = dS + r * cols;
@@ -438,19 +502,21 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
         for (int64_t r = 0; r < rows; r++) { /* l == 0: no visible key, so no gradient */
           inv_l[r] = l[r] > 0 ? 1 / l[r] : (l[r] == 0 ? 0 : l[r]);
           Drow[r] *= inv_l[r];
+          if (p->sinks != NULL && l[r] != 0) dsink -= exp(sink - m[r]) * inv_l[r] * Drow[r]; /* -p_sink D */
         }
 
         /* pass 2: P, dS and the gradients */
         for (int64_t x = 0; x < rows * D; x++) dQ[x] = 0;
-        for (int64_t j0 = 0; j0 < kend; j0 += OSS_BC) {
+        for (int64_t j0 = kbegin; j0 < kend; j0 += OSS_BC) {
           const int64_t cols = kend - j0 < OSS_BC ? kend - j0 : OSS_BC;
           FN(load_kv_tile)(p, b, hk, j0, cols, K, Kt, Ktd, V, Vt);
-          FN(score_and_dp_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, Vt, dO, S, dS);
-          for (int64_t r = 0; r < rows; r++) /* P = exp(S - m) / l, dS = P * (dP - D) * scale */
+          FN(score_and_dp_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, Vt, dO, S, Gp, dS);
+          for (int64_t r = 0; r < rows; r++) /* P = exp(S - m) / l, dS = P * (dP - D) * scale (* 1 - tanh^2) */
             for (int64_t c = 0; c < cols; c++) {
               const double pc = inv_l[r] == 0 ? 0.0 : exp(S[r * cols + c] - m[r]) * inv_l[r];
+              const double ds = pc * ((double)dS[r * cols + c] - Drow[r]) * scale;
               P[r * cols + c] = (REAL)pc;
-              dS[r * cols + c] = (REAL)(pc * ((double)dS[r * cols + c] - Drow[r]) * scale);
+              dS[r * cols + c] = (REAL)(Gp != NULL ? ds * Gp[r * cols + c] : ds);
             }
           FN(transpose)(P, rows, cols, Tt); /* dV += P^T dO */
           FN(tile_gemm)(cols, Dv, rows, Tt, rows, dO, Dv, prod, Dv, 0);
@@ -463,6 +529,7 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
         }
         FN(store_acc_rows)(bp->dq, p->dtype, bp->dq_stride, b, h, i0, rows, D, dQ, row_tmp);
       }
+      if (ctx->dsink_partial != NULL) ctx->dsink_partial[b * p->heads_q + h] = dsink;
     }
     FN(store_acc_rows)(bp->dk, p->dtype, bp->dk_stride, b, hk, 0, Lk, D, dK, row_tmp);
     FN(store_acc_rows)(bp->dv, p->dtype, bp->dv_stride, b, hk, 0, Lk, Dv, dV, row_tmp);

@@ -1,0 +1,470 @@
+"""The attention score variants (sliding window, logit softcap, ALiBi slopes,
+attention sinks) and the per-call deterministic flag: out, lse and the
+gradients dq, dk, dv and d sinks against a float64 reference built from the
+variants' definition (a dense bias, a boolean mask, an extra sink column),
+combined with both causal alignments, boolean and additive masks, GQA,
+Lq != Lk and awkward lengths, in every dtype; gradcheck; rows that see no key
+but a sink; long key ranges under a tiny window; the broadcasting path, the
+KV-cache op, opcheck and torch.compile.
+
+The peer of the tolerance rule (docs/testing.md) is the same definition
+computed with PyTorch ops in float32 (float64 for float64 inputs) and rounded
+to the inputs' dtype: PyTorch has no kernel for softcap or sinks.
+
+DEVICES includes "cuda" wherever a GPU is visible: the CUDA cases run the same
+checks and fail until the CUDA kernels implement the variants (they raise
+NotImplementedError now); they are not skipped.
+"""
+
+import math
+import zlib
+
+import pytest
+import torch
+from _util import ATTENTION_ATOL, FLOAT_DTYPES, assert_tolerance
+
+import torch_oss
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+CAUSAL = [(False, "top_left"), (False, "bottom_right"), (True, "top_left"), (True, "bottom_right")]
+CAUSAL_IDS = ["none-tl", "none-br", "causal-tl", "causal-br"]
+
+# (batch, heads_q, heads_kv, len_q, len_k, head_dim, head_dim_v)
+SHAPES = [
+    (2, 4, 2, 17, 67, 32, 32),
+    (1, 2, 2, 130, 130, 64, 48),
+    (1, 3, 1, 67, 17, 16, 24),
+    (1, 1, 1, 1, 1, 8, 8),
+]
+
+# name -> keyword arguments; "alibi" / "alibi_batch" / "sinks" are drawn per shape
+VARIANTS = {
+    "window_3_5": dict(window_size=(3, 5)),
+    "window_0_0": dict(window_size=(0, 0)),
+    "window_left_only": dict(window_size=(6, -1)),
+    "window_right_only": dict(window_size=(-1, 2)),
+    "window_0_open": dict(window_size=(0, -1)),
+    "window_wider_than_seq": dict(window_size=(1000, 1000)),
+    "softcap": dict(softcap=2.0),
+    "alibi": dict(alibi="heads"),
+    "alibi_batch": dict(alibi="batch"),
+    "sinks": dict(sinks=True),
+    "all": dict(window_size=(9, 3), softcap=3.0, alibi="batch", sinks=True),
+}
+
+
+def variant_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, alignment="top_left",
+                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, compute_dtype=torch.float64):
+    """Attention with the variants, from their definition (oss.h), in
+    compute_dtype; differentiable in q, k, v and sinks. Returns (out, lse)."""
+    q, k, v = (t.to(compute_dtype) for t in (q, k, v))
+    B, Hq, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    if Hq != Hkv:
+        k, v = (t.repeat_interleave(Hq // Hkv, dim=1) for t in (k, v))
+    scale = D ** -0.5 if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    off = Lk - Lq if alignment == "bottom_right" else 0
+    i = torch.arange(Lq, device=q.device)[:, None]
+    j = torch.arange(Lk, device=q.device)[None, :]
+    d = i + off - j
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to(compute_dtype).reshape(-1 if alibi_slopes.dim() == 2 else 1, Hq, 1, 1)
+        s = s - slopes * d.abs().to(compute_dtype)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            s = s.masked_fill(~attn_mask, float("-inf"))
+        else:
+            s = s + attn_mask.to(compute_dtype)
+    hidden = torch.zeros(Lq, Lk, dtype=torch.bool, device=q.device)
+    left, right = window_size
+    if left >= 0:
+        hidden |= d > left
+    if right >= 0:
+        hidden |= -d > right
+    if is_causal:
+        hidden |= j > i + off
+    s = s.masked_fill(hidden, float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.to(compute_dtype).reshape(1, Hq, 1, 1).expand(B, Hq, Lq, 1)], -1)
+    empty = (s == float("-inf")).all(-1, keepdim=True)
+    s = s.masked_fill(empty, 0.0)
+    p = torch.softmax(s, -1).masked_fill(empty, 0.0)
+    lse = torch.logsumexp(s, -1).masked_fill(empty.squeeze(-1), float("-inf"))
+    return p[..., :Lk] @ v, lse
+
+
+def draw_variants(spec, B, Hq, device, sinks_dtype=torch.float32):
+    """The keyword arguments of a VARIANTS entry with its tensors drawn. Sinks
+    are float32 values (the kernels hold sinks in float32) in sinks_dtype."""
+    kw = {k: v for k, v in spec.items() if k in ("window_size", "softcap")}
+    if spec.get("alibi") == "heads":
+        kw["alibi_slopes"] = torch.rand(Hq, device=device) * 0.5
+    elif spec.get("alibi") == "batch":
+        kw["alibi_slopes"] = torch.rand(B, Hq, device=device) * 0.5
+    if spec.get("sinks"):
+        kw["sinks"] = (torch.randn(Hq) * 2).to(sinks_dtype).float().to(sinks_dtype).to(device)
+    return kw
+
+
+def make_qkv(shape, dtype, device):
+    B, Hq, Hkv, Lq, Lk, D, Dv = shape
+    return (torch.randn(B, Hq, Lq, D, dtype=dtype, device=device) * 1.5,
+            torch.randn(B, Hkv, Lk, D, dtype=dtype, device=device) * 1.5,
+            torch.randn(B, Hkv, Lk, Dv, dtype=dtype, device=device))
+
+
+def check_variant(q, k, v, kw, mask=None, is_causal=False, alignment="top_left", label="", grads=True):
+    """out, lse and (with grads) dq, dk, dv and d sinks of torch_oss against
+    the float64 reference, with the float32 (float64) computation as the peer."""
+    dtype = q.dtype
+    gqa = q.shape[1] != k.shape[1]
+    sinks = kw.get("sinks")
+    peer_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    leaves = {}
+    for name, cdt in (("ours", dtype), ("peer", peer_dtype), ("ref", torch.float64)):
+        qkv = [t.detach().to(dtype if name == "ours" else cdt).requires_grad_(grads) for t in (q, k, v)]
+        s = None if sinks is None else sinks.detach().to(sinks.dtype if name == "ours" else cdt).requires_grad_(grads)
+        leaves[name] = (qkv, s)
+    other = {key: val for key, val in kw.items() if key != "sinks"}
+    qkv, s = leaves["ours"]
+    out, lse = torch_oss.attention_with_lse(*qkv, attn_mask=mask, is_causal=is_causal, enable_gqa=gqa,
+                                            causal_alignment=alignment, sinks=s, **other)
+    results = {"ours": (out, lse)}
+    for name in ("peer", "ref"):
+        qkv_n, s_n = leaves[name]
+        results[name] = variant_reference(*qkv_n, attn_mask=mask, is_causal=is_causal, alignment=alignment,
+                                          sinks=s_n, compute_dtype=qkv_n[0].dtype, **other)
+    atol = ATTENTION_ATOL[dtype]
+    assert out.dtype == dtype and lse.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    peer_out = results["peer"][0].to(dtype)
+    assert_tolerance(f"out {label}", out, results["ref"][0], peer_out, atol)
+    assert_tolerance(f"lse {label}", lse, results["ref"][1], results["peer"][1], atol)
+    if not grads:
+        return out, lse
+    dout = torch.randn_like(out)
+    for name in ("ours", "peer", "ref"):
+        o = results[name][0]
+        o.backward(dout.to(o.dtype))
+    names = ["dq", "dk", "dv"] + (["dsinks"] if sinks is not None else [])
+    for idx, gname in enumerate(names):
+        get = (lambda n: leaves[n][1].grad) if gname == "dsinks" else (lambda n, idx=idx: leaves[n][0][idx].grad)
+        ours = get("ours")
+        expected_dtype = sinks.dtype if gname == "dsinks" else dtype
+        assert ours is not None and ours.dtype == expected_dtype, f"{gname} {label}: {ours}"
+        peer = get("peer").to(expected_dtype)
+        if gname == "dsinks":
+            # a sum over batch and rows of the kernel's double terms, written as float32
+            # (oss.h dsinks), then cast to the sinks' dtype: one rounding of its own
+            # magnitude, in float32 at best
+            ours, peer = (t.float() if t.dtype == torch.float64 else t for t in (ours, peer))
+        assert_tolerance(f"{gname} {label}", ours, get("ref"), peer, atol, per_element_eps=gname == "dsinks")
+    return out, lse
+
+
+# ---------------------------------------------------------------------------
+# Each variant, every dtype, causal alignments, GQA, Lq != Lk, awkward lengths
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("is_causal,alignment", CAUSAL, ids=CAUSAL_IDS)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_variant_forward_and_backward(device, dtype, is_causal, alignment, variant):
+    torch.manual_seed(zlib.crc32(f"{variant} {alignment} {is_causal}".encode()))
+    for shape in SHAPES:
+        q, k, v = make_qkv(shape, dtype, device)
+        kw = draw_variants(VARIANTS[variant], shape[0], shape[1], device)
+        check_variant(q, k, v, kw, is_causal=is_causal, alignment=alignment,
+                      label=f"{variant} {dtype} causal={is_causal}/{alignment} shape={shape}")
+
+
+MASKS = ["bool", "additive", "bool_some_rows_empty"]
+
+
+def draw_mask(kind, B, Hq, Lq, Lk, dtype, device):
+    if kind == "bool":
+        return torch.rand(B, 1, Lq, Lk, device=device) > 0.3
+    if kind == "additive":
+        m = torch.randn(1, Hq, Lq, Lk, dtype=torch.float64) * 2
+        m[torch.rand(1, Hq, Lq, Lk) < 0.2] = float("-inf")
+        return m.to(dtype=dtype, device=device)
+    m = torch.rand(Lq, Lk, device=device) > 0.3
+    m[::3] = False  # every third row sees no key: 0 output, lse -inf, or the sink alone
+    return m
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("variant", ["window_3_5", "softcap", "alibi_batch", "sinks", "all"])
+def test_variant_with_masks(device, dtype, mask_kind, variant):
+    torch.manual_seed(zlib.crc32(f"{variant} {mask_kind}".encode()))
+    shape = (2, 4, 2, 33, 70, 32, 32)
+    B, Hq, _, Lq, Lk, _, _ = shape
+    for is_causal, alignment in ((False, "top_left"), (True, "bottom_right")):
+        q, k, v = make_qkv(shape, dtype, device)
+        mask = draw_mask(mask_kind, B, Hq, Lq, Lk, dtype, device)
+        kw = draw_variants(VARIANTS[variant], B, Hq, device)
+        check_variant(q, k, v, kw, mask=mask, is_causal=is_causal, alignment=alignment,
+                      label=f"{variant} {mask_kind} {dtype} causal={is_causal}/{alignment}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sinks_dtype", FLOAT_DTYPES, ids=str)
+def test_sinks_any_dtype_gradient_in_its_dtype(device, sinks_dtype):
+    torch.manual_seed(3)
+    q, k, v = make_qkv((2, 4, 4, 20, 45, 16, 16), torch.float32, device)
+    kw = draw_variants({"sinks": True}, 2, 4, device, sinks_dtype=sinks_dtype)
+    check_variant(q, k, v, kw, is_causal=True, alignment="bottom_right", label=f"sinks {sinks_dtype}")
+
+
+# ---------------------------------------------------------------------------
+# Rows that see no key
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_row_with_no_key_but_a_sink(device, dtype):
+    """A row whose keys are all hidden: without a sink, output 0 and lse -inf;
+    with one, output 0 and lse = the sink (it takes all the probability), no
+    gradient through the row (its D is 0, so it adds nothing to d sinks)."""
+    torch.manual_seed(5)
+    B, H, Lq, Lk, D = 2, 3, 9, 12, 16
+    q, k, v = make_qkv((B, H, H, Lq, Lk, D, D), dtype, device)
+    mask = torch.ones(B, H, Lq, Lk, dtype=torch.bool, device=device)
+    mask[:, :, 4] = False                      # row 4: nothing visible
+    sinks = torch.tensor([0.5, -1.25, 3.0], device=device)
+    out, lse = check_variant(q, k, v, {"sinks": sinks}, mask=mask, label=f"dead row {dtype}")
+    assert (out[:, :, 4] == 0).all()
+    assert torch.equal(lse[:, :, 4], sinks.to(lse.dtype).expand(B, H))
+    out0, lse0 = torch_oss.attention_with_lse(q, k, v, attn_mask=mask)
+    assert (out0[:, :, 4] == 0).all() and torch.isneginf(lse0[:, :, 4]).all()
+    # a window that hides every key of some rows (Lq > Lk, top-left: rows past Lk + 1)
+    q2, k2, v2 = make_qkv((1, 3, 3, 20, 6, 16, 16), dtype, device)
+    out2, lse2 = check_variant(q2, k2, v2, {"window_size": (1, 1), "sinks": sinks},
+                               label=f"window dead rows {dtype}")
+    assert (out2[:, :, 8:] == 0).all()
+    assert torch.equal(lse2[:, :, 8:], sinks.to(lse2.dtype)[None, :, None].expand(1, 3, 12))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_shapes(device):
+    sinks = torch.zeros(2, device=device, requires_grad=True)
+    q = torch.randn(0, 2, 5, 8, device=device, requires_grad=True)
+    k = torch.randn(0, 2, 7, 8, device=device, requires_grad=True)
+    out = torch_oss.attention(q, k, k, sinks=sinks, window_size=(1, 1))
+    out.sum().backward()
+    assert sinks.grad is not None and (sinks.grad == 0).all()
+    q = torch.randn(1, 2, 5, 8, device=device)
+    k = torch.randn(1, 2, 0, 8, device=device)
+    out, lse = torch_oss.attention_with_lse(q, k, k, sinks=sinks.detach())
+    assert (out == 0).all() and torch.equal(lse, sinks.detach()[None, :, None].expand(1, 2, 5))
+
+
+# ---------------------------------------------------------------------------
+# gradcheck (float64)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", ["all", "sinks_causal_window"])
+def test_gradcheck(device, variant):
+    """Numerical gradients of q, k, v and the sinks. The sinks are float32
+    values and the step 2^-12 keeps sink +- step exact in float32 (the
+    kernels hold sinks in float32)."""
+    torch.manual_seed(11)
+    B, Hq, Hkv, Lq, Lk, D = 1, 2, 1, 5, 7, 4
+    q, k, v = (t.double().requires_grad_() for t in make_qkv((B, Hq, Hkv, Lq, Lk, D, D), torch.float64, device))
+    sinks = torch.tensor([0.75, -0.5], dtype=torch.float64, device=device, requires_grad=True)
+    if variant == "all":
+        kw = dict(window_size=(2, 1), softcap=1.5, alibi_slopes=torch.tensor([0.25, 0.5], device=device))
+        causal, alignment = False, "bottom_right"
+    else:
+        kw = dict(window_size=(1, -1))
+        causal, alignment = True, "top_left"
+
+    def f(q, k, v, sinks):
+        return torch_oss.attention(q, k, v, is_causal=causal, causal_alignment=alignment, enable_gqa=True,
+                                   sinks=sinks, **kw)
+
+    assert torch.autograd.gradcheck(f, (q, k, v, sinks), eps=2 ** -12, atol=1e-6, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------
+# Windows over long key ranges (the kernel skips the tiles outside)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+def test_tiny_window_over_long_keys(device, alignment):
+    """Lk = 20000 keys, a window of a few keys: the forward and backward visit
+    only the tiles around the diagonal; every gradient outside them is 0."""
+    torch.manual_seed(7)
+    shape = (1, 2, 1, 70, 20000, 16, 16)
+    q, k, v = make_qkv(shape, torch.float32, device)
+    kw = {"window_size": (5, 2), "sinks": torch.randn(2, device=device)}
+    check_variant(q, k, v, kw, is_causal=True, alignment=alignment, label=f"long keys {alignment}")
+    k = k.detach().requires_grad_()
+    torch_oss.attention(q, k, v, window_size=(5, 2), causal_alignment=alignment, enable_gqa=True).sum().backward()
+    off = 20000 - 70 if alignment == "bottom_right" else 0
+    touched = k.grad.abs().sum(-1)[0, 0] != 0
+    assert not touched[: max(off - 5, 0)].any() and not touched[off + 70 + 2:].any()
+
+
+# ---------------------------------------------------------------------------
+# deterministic=
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deterministic_flag(device):
+    """deterministic=None / True / False: the same values (the CPU backward is
+    always deterministic), bit for bit, under either global setting."""
+    torch.manual_seed(13)
+    q, k, v = make_qkv((2, 4, 2, 40, 50, 32, 32), torch.float32, device)
+    sinks = torch.randn(4, device=device)
+    dout = torch.randn(2, 4, 40, 32, device=device)
+    grads = []
+    for det in (None, True, False):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v, sinks)]
+        out = torch_oss.attention(*leaves[:3], enable_gqa=True, sinks=leaves[3], window_size=(7, 7),
+                                  deterministic=det)
+        out.backward(dout)
+        grads.append([t.grad for t in leaves])
+    for other in grads[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(grads[0], other))
+    prior = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        torch_oss.attention(*leaves, enable_gqa=True, deterministic=False).backward(dout)
+    finally:
+        torch.use_deterministic_algorithms(prior)
+
+
+# ---------------------------------------------------------------------------
+# Other entry points: broadcasting, 3-D, the KV cache, opcheck, compile
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_broadcast_and_3d_paths(device):
+    torch.manual_seed(17)
+    q = torch.randn(2, 3, 4, 11, 16, device=device, dtype=torch.float64)
+    k = torch.randn(2, 3, 4, 13, 16, device=device, dtype=torch.float64)
+    v = torch.randn(1, 3, 4, 13, 16, device=device, dtype=torch.float64)
+    sinks = torch.randn(4, device=device)
+    alibi = torch.rand(2, 3, 4, device=device)
+    kw = dict(window_size=(3, 2), softcap=4.0, sinks=sinks, is_causal=True, causal_alignment="bottom_right")
+    out, lse = torch_oss.attention_with_lse(q, k, v, alibi_slopes=alibi, **kw)
+    for a in range(2):
+        for b in range(3):
+            ref_out, ref_lse = variant_reference(q[a, b][None], k[a, b][None], v[0, b][None], is_causal=True,
+                                                 alignment="bottom_right", window_size=(3, 2), softcap=4.0,
+                                                 alibi_slopes=alibi[a, b], sinks=sinks)
+            assert_tolerance("broadcast out", out[a, b], ref_out[0], None, 1e-10)
+            assert_tolerance("broadcast lse", lse[a, b], ref_lse[0], None, 1e-10)
+    q3, k3, v3 = q[0, 0, :1], k[0, 0, :1], v[0, 0, :1]  # (N=1, L, E): one head
+    out3, lse3 = torch_oss.attention_with_lse(q3, k3, v3, sinks=sinks[:1], window_size=(2, 2))
+    ref_out, ref_lse = variant_reference(q3[:, None], k3[:, None], v3[:, None], window_size=(2, 2), sinks=sinks[:1])
+    assert_tolerance("3-D out", out3, ref_out[:, 0], None, 1e-10)
+    assert_tolerance("3-D lse", lse3, ref_lse[:, 0], None, 1e-10)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_kvcache_variants(device, dtype):
+    """attention_with_kvcache with the variants: per-sequence lengths, the
+    window and ALiBi distances from the bottom-right diagonal of each length."""
+    torch.manual_seed(19)
+    B, Lq, Hq, Hkv, D, Lmax = 3, 4, 4, 2, 32, 90
+    q = torch.randn(B, Lq, Hq, D, dtype=dtype, device=device)
+    k_cache = torch.randn(B, Lmax, Hkv, D, dtype=dtype, device=device)
+    v_cache = torch.randn(B, Lmax, Hkv, D, dtype=dtype, device=device)
+    seqlens = torch.tensor([90, 37, 4], dtype=torch.int32, device=device)
+    kw = dict(window_size=(20, 0), softcap=3.0, alibi_slopes=torch.rand(B, Hq, device=device) * 0.1,
+              sinks=torch.randn(Hq, device=device))
+    with torch.no_grad():
+        out, lse = torch_oss.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, return_lse=True,
+                                                    **kw)
+    for b in range(B):
+        n = int(seqlens[b])
+        qb, kb, vb = q[b:b + 1].transpose(1, 2), k_cache[b:b + 1, :n].transpose(1, 2), v_cache[b:b + 1, :n].transpose(1, 2)
+        args = dict(is_causal=True, alignment="bottom_right", window_size=(20, 0), softcap=3.0,
+                    alibi_slopes=kw["alibi_slopes"][b:b + 1], sinks=kw["sinks"])
+        ref_out, ref_lse = variant_reference(qb, kb, vb, **args)
+        peer_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        peer_out, peer_lse = variant_reference(qb, kb, vb, compute_dtype=peer_dtype, **args)
+        atol = ATTENTION_ATOL[dtype]
+        assert_tolerance(f"kvcache out b={b}", out[b:b + 1].transpose(1, 2), ref_out, peer_out.to(dtype), atol)
+        assert_tolerance(f"kvcache lse b={b}", lse[b:b + 1], ref_lse, peer_lse, atol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    torch.manual_seed(23)
+    q, k, v = (t.requires_grad_() for t in make_qkv((2, 4, 2, 9, 21, 16, 16), torch.float32, device))
+    sinks = torch.randn(4, device=device, requires_grad=True)
+    alibi = torch.rand(2, 4, device=device)
+    args = (q, k, v, None, True, None, True, "bottom_right", [4, 1], 2.5, alibi, sinks, True)
+    torch.library.opcheck(torch.ops.oss.attention.default, args)
+    torch.library.opcheck(torch.ops.oss.attention_with_residual.default, args)
+    out, lse = torch.ops.oss.attention(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
+    bwd = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, None, True, None, True,
+           "bottom_right", False, None, [4, 1], 2.5, alibi, sinks.detach())
+    torch.library.opcheck(torch.ops.oss.attention_backward.default, bwd)
+    torch.library.opcheck(torch.ops.oss.attention_backward_with_sinks.default, bwd)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile(device):
+    torch.manual_seed(29)
+    q, k, v = make_qkv((1, 4, 2, 24, 40, 16, 16), torch.float32, device)
+    sinks = torch.randn(4, device=device)
+    alibi = torch.rand(4, device=device)
+
+    def f(q, k, v, sinks):
+        return torch_oss.attention(q, k, v, is_causal=True, enable_gqa=True, window_size=(6, 0), softcap=5.0,
+                                   alibi_slopes=alibi, sinks=sinks, deterministic=True)
+
+    compiled = torch.compile(f, fullgraph=True)
+    grads = []
+    for fn in (f, compiled):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v, sinks)]
+        out = fn(*leaves)
+        out.square().sum().backward()
+        grads.append([out] + [t.grad for t in leaves])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_sinks_gradient_formula():
+    """d sink_h = -sum_{b,i} exp(sink_h - lse_{b,h,i}) * D_{b,h,i}, D = rowsum(dout * out) (oss.h)."""
+    torch.manual_seed(31)
+    q, k, v = make_qkv((3, 2, 2, 10, 15, 8, 8), torch.float64, "cpu")
+    sinks = torch.tensor([0.5, -2.0], dtype=torch.float64, requires_grad=True)
+    out, lse = torch_oss.attention_with_lse(q, k, v, sinks=sinks, window_size=(3, 3))
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    D = (dout * out.detach()).sum(-1)
+    expected = -(torch.exp(sinks.detach()[None, :, None] - lse) * D).sum((0, 2))
+    assert torch.allclose(sinks.grad, expected, rtol=2 ** -23, atol=1e-12)  # written as float32 (oss.h)
+    assert math.isfinite(float(sinks.grad.sum()))
+
+
+def test_double_backward_with_sinks_is_refused():
+    torch.manual_seed(37)
+    q, k, v = (t.requires_grad_() for t in make_qkv((1, 2, 2, 6, 9, 8, 8), torch.float64, "cpu"))
+    sinks = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+    out = torch_oss.attention(q, k, v, sinks=sinks, softcap=2.0)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        torch.autograd.grad(out.sum(), (q, sinks), create_graph=True)
+    (ds,) = torch.autograd.grad(torch_oss.attention(q, k, v, sinks=sinks).sum(), (sinks,))
+    assert ds.shape == (2,) and ds.dtype == torch.float64
