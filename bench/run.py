@@ -1,6 +1,7 @@
 """`make bench`: the comparison benchmarks of docs/performance.md on the GPU when one
-is visible (else on the CPU, smaller grids): softmax, attention, decode,
-cross-entropy, and the Llama-style model when transformers is installed. Tables
+is visible (else on the CPU, smaller grids): softmax, attention, the attention
+score variants, decode, cross-entropy, and the Llama-style model when
+transformers is installed. Tables
 on stdout; JSON and PNG plots under results/ (or $TORCH_OSS_RESULTS)."""
 
 import os
@@ -17,7 +18,7 @@ def run(script, *args):
 
 
 def main():
-    codes = [run("softmax.py"), run("attention.py"), run("decode.py"), run("cross_entropy.py")]
+    codes = [run("softmax.py"), run("attention.py"), run("variants.py"), run("decode.py"), run("cross_entropy.py")]
     if os.path.exists(os.path.join(HERE, "model.py")):
         codes.append(run("model.py"))
     sys.exit(max(codes))

@@ -523,7 +523,8 @@ bool given(const std::optional<Tensor> &t) { return t.has_value() && t->defined(
 // tensors p points into. On CUDA, where the kernels do not serve the variants
 // yet, a call with any of them raises NotImplementedError naming it.
 void set_attention_variants(const char *op, const AttentionVariants &var, const Tensor &query, int64_t B,
-                            int64_t Hq, oss_causal diagonal, oss_attention_params &p, Tensor &alibi, Tensor &sinks) {
+                            int64_t Hq, oss_causal diagonal, oss_attention_params &p, Tensor &alibi, Tensor &sinks,
+                            bool kv_cache = false) {
   OSS_CHECK(var.window_size.size() == 2, Value, "%s: window_size must be a pair (left, right), got %lld values", op,
             LL(var.window_size.size()));
   const int64_t left = var.window_size[0], right = var.window_size[1];
@@ -558,8 +559,9 @@ void set_attention_variants(const char *op, const AttentionVariants &var, const 
                           : given(var.alibi_slopes) ? "alibi_slopes"
                           : given(var.sinks)        ? "sinks"
                                                     : nullptr;
-    OSS_CHECK(variant == nullptr, NotImplemented,
-              "torch_oss.%s: %s is not supported on CUDA yet (the CPU kernels serve it)", op, variant);
+    OSS_CHECK(variant == nullptr || !kv_cache, NotImplemented,
+              "torch_oss.%s: %s on CUDA is not supported with a KV cache yet (the CPU kernels serve it)", op,
+              variant);
   }
   p.window = windowed ? 1 : 0;
   p.window_left = left;
@@ -934,7 +936,7 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_op(const Tensor &q, const Tens
   Tensor alibi, sinks_f;
   oss_attention_params variant_fields{};
   set_attention_variants(op, AttentionVariants{window_size, softcap, alibi_slopes, sinks}, q, B, Hq,
-                         OSS_CAUSAL_BOTTOM_RIGHT, variant_fields, alibi, sinks_f);
+                         OSS_CAUSAL_BOTTOM_RIGHT, variant_fields, alibi, sinks_f, /*kv_cache=*/true);
   int64_t capacity = k_cache.size(1);
   Tensor table;
   if (paged) {

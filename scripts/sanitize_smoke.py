@@ -10,7 +10,8 @@ attention_tc (the attention cases in float16/bfloat16 only: the tensor-core kern
 attention_simt (the attention cases in float32/float64 only: the SIMT kernels),
 attention_simt_small (float32 only, one shape with several key tiles and query blocks:
 for racecheck, which finished neither attention_simt in 120 s nor three shapes in 90 s on
-an H100), decode (the split-KV decode kernel and the KV-cache entry point), cross_entropy.
+an H100), decode (the split-KV decode kernel and the KV-cache entry point), cross_entropy,
+variants (the attention score variants).
 """
 
 import sys
@@ -188,6 +189,35 @@ def decode_cases():
             close(f"kvcache {dtype} paged vs contiguous", out, ref, tol)
 
 
+def variants_cases():
+    """The attention kernels with the score variants (window, softcap, ALiBi,
+    sinks and their gradient), forward and backward, in every dtype, default
+    and deterministic, against the CPU kernels."""
+    torch.manual_seed(4)
+    for dtype, tol in ((torch.bfloat16, 3e-2), (torch.float16, 5e-3), (torch.float32, 1e-4)):
+        for (B, Hq, Hkv, Lq, Lk, D) in ((1, 4, 2, 130, 300, 64), (2, 2, 2, 70, 45, 100), (1, 2, 1, 65, 190, 256)):
+            q = torch.randn(B, Hq, Lq, D, device="cuda", dtype=dtype)
+            k = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=dtype)
+            v = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=dtype)
+            kw = dict(window_size=(40, 3), softcap=5.0, alibi_slopes=torch.rand(B, Hq, device="cuda") * 0.1,
+                      causal_alignment="bottom_right", enable_gqa=Hq != Hkv)
+            sinks = torch.randn(Hq, device="cuda")
+            for det in (False, True):
+                leaves = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+                out, lse = torch_oss.attention_with_lse(*leaves[:3], sinks=leaves[3], deterministic=det, **kw)
+                cpu = [t.detach().cpu().float().requires_grad_() for t in (q, k, v, sinks)]
+                ckw = dict(kw, alibi_slopes=kw["alibi_slopes"].cpu())
+                cout, clse = torch_oss.attention_with_lse(*cpu[:3], sinks=cpu[3], **ckw)
+                name = f"variants {dtype} {(B, Hq, Hkv, Lq, Lk, D)} deterministic={det}"
+                close(name + " out", out, cout, tol)
+                close(name + " lse", lse, clse, tol)
+                dout = torch.randn_like(out)
+                out.backward(dout)
+                cout.backward(dout.cpu().float())
+                for g, cg, n in zip(leaves, cpu, ("q", "k", "v", "sinks")):
+                    close(name + f" d{n}", g.grad, cg.grad, tol * 20)
+
+
 def cross_entropy_cases():
     """The cross-entropy kernels torch_oss.cross_entropy runs (forward and
     backward), against the CPU kernels."""
@@ -210,7 +240,7 @@ def cross_entropy_cases():
 
 
 if __name__ == "__main__":
-    parts = sys.argv[1:] or ["softmax", "attention", "decode", "cross_entropy"]
+    parts = sys.argv[1:] or ["softmax", "attention", "decode", "cross_entropy", "variants"]
     if "softmax" in parts:
         softmax_cases()
     if "attention" in parts:
@@ -227,5 +257,7 @@ if __name__ == "__main__":
         decode_cases()
     if "cross_entropy" in parts:
         cross_entropy_cases()
+    if "variants" in parts:
+        variants_cases()
     torch.cuda.synchronize()
     print("sanitize smoke: all CUDA paths ran and matched the CPU kernels")

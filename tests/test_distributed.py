@@ -1,4 +1,5 @@
-"""torch_oss.distributed (context parallelism) on the CPU with gloo.
+"""torch_oss.distributed (context parallelism): on the CPU with gloo, and on
+GPUs with NCCL (one GPU per rank).
 
 Each test spawns one process group (2 or 4 processes, torch.multiprocessing
 with the "spawn" start method, file:// rendezvous in tmp_path) that runs a
@@ -29,13 +30,17 @@ import torch_oss
 # ---------------------------------------------------------------------------
 
 
-def _init(rank, world, init_file):
+def _init(rank, world, init_file, backend="gloo"):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    kw = {}
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        kw["device_id"] = torch.device("cuda", rank)
     # a timeout, so that a hang in the ring fails the test instead of stalling it
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60), **kw)
 
 
 def _finish(rank, result_file, payload):
@@ -62,18 +67,18 @@ def _report_error(rank, result_file):
         f.write(traceback.format_exc())
 
 
-def _run_case(case, group):
+def _run_case(case, group, device="cpu"):
     import torch_oss.distributed as cp
 
     layout, comm = case["layout"], case["comm"]
-    q, k, v, dout = (cp.shard(case[n], group, layout) for n in ("q", "k", "v", "dout"))
+    q, k, v, dout = (cp.shard(case[n].to(device), group, layout) for n in ("q", "k", "v", "dout"))
     q.requires_grad_(True)
     k.requires_grad_(True)
     v.requires_grad_(True)
     out, lse = cp.ring_attention(q, k, v, group=group, is_causal=case["causal"], scale=case["scale"],
                                  layout=layout, return_lse=True, enable_gqa=case["gqa"], comm=comm)
     out.backward(dout)
-    res = {n: cp.unshard(t, group, layout) for n, t in
+    res = {n: cp.unshard(t, group, layout).cpu() for n, t in
            (("out", out), ("lse", lse), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad))}
     res["out_dtype"] = out.dtype
     res["lse_dtype"] = lse.dtype
@@ -153,12 +158,24 @@ def _worker(rank, world, init_file, cases_file, result_file):
         raise
 
 
-def _spawn(world, tmp_path, spec):
+def _nccl_worker(rank, world, init_file, cases_file, result_file):
+    """The cases alone, on GPU `rank` over NCCL."""
+    try:
+        _init(rank, world, init_file, "nccl")
+        spec = torch.load(cases_file)
+        results = {"cases": [_run_case(case, None, f"cuda:{rank}") for case in spec["cases"]]}
+        _finish(rank, result_file, results)
+    except Exception:
+        _report_error(rank, result_file)
+        raise
+
+
+def _spawn(world, tmp_path, spec, worker=_worker):
     cases_file = tmp_path / "cases.pt"
     result_file = tmp_path / "result.pt"
     torch.save(spec, cases_file)
     try:
-        mp.start_processes(_worker, args=(world, str(tmp_path / "rdzv"), str(cases_file), str(result_file)),
+        mp.start_processes(worker, args=(world, str(tmp_path / "rdzv"), str(cases_file), str(result_file)),
                            nprocs=world, start_method="spawn", join=True)
     except Exception:
         errs = [p.read_text() for p in sorted(tmp_path.glob("result.pt.rank*.err"))]
@@ -183,7 +200,9 @@ def _case(world, dtype, layout, causal, hq=2, hkv=2, local=16, d=16, dv=None, co
                      f"L={local} D={d} Dv={dv} scale={scale}")
 
 
-def _judge(case, got):
+def _judge(case, got, device="cpu"):
+    """The unsharded result `got` against float64, with single-device
+    torch_oss.attention on `device` as the peer."""
     name = case["name"]
     dtype = case["q"].dtype
     assert got["out_dtype"] == dtype, f"{name}: out dtype {got['out_dtype']}"
@@ -192,10 +211,10 @@ def _judge(case, got):
     out64, lse64 = attention_reference(*leaves64, is_causal=case["causal"], scale=case["scale"],
                                        enable_gqa=case["gqa"])
     out64.backward(case["dout"].double())
-    leaves = [case[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v")]
+    leaves = [case[n].detach().to(device, copy=True).requires_grad_(True) for n in ("q", "k", "v")]
     peer, peer_lse = torch_oss.attention_with_lse(*leaves, is_causal=case["causal"], scale=case["scale"],
                                                   enable_gqa=case["gqa"])
-    peer.backward(case["dout"])
+    peer.backward(case["dout"].to(device))
     atol = ATTENTION_ATOL[dtype]
     assert_tolerance(f"{name} out", got["out"], out64, peer, atol)
     assert_tolerance(f"{name} lse", got["lse"], lse64, peer_lse, ATTENTION_ATOL[torch.float32]
@@ -291,6 +310,33 @@ def test_four_ranks(tmp_path):
     _check_common(W, spec, res)
     # groups {0, 2} and {1, 3}: rank 0 reports group {0, 2}'s result
     _judge(spec["pair"][0], res["pair"][0])
+
+
+def _nccl_cases(world):
+    f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
+    return [
+        lambda: _case(world, bf16, "zigzag", True, hq=8, hkv=2, local=256, d=128),
+        lambda: _case(world, bf16, "zigzag", False, hq=4, hkv=4, local=192, d=64),
+        lambda: _case(world, f16, "contiguous", True, hq=4, hkv=2, local=130, d=64),
+        lambda: _case(world, f16, "contiguous", False, hq=2, hkv=1, local=64, d=128, scale=0.2),
+        lambda: _case(world, bf16, "zigzag", True, hq=4, hkv=1, local=128, d=128, comm="allgather"),
+        lambda: _case(world, f32, "zigzag", True, hq=4, hkv=2, local=64, d=32),
+        lambda: _case(world, bf16, "zigzag", True, hq=2, hkv=2, local=96, d=256),
+    ]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("world", [1, 2])
+def test_nccl_ranks_on_gpus(tmp_path, world):
+    """The ring over NCCL, one GPU per rank (CUDA streams, P2P and the GPU
+    kernels), judged with single-GPU torch_oss.attention as the peer; one rank
+    (plain attention through the module) on any GPU machine."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA GPU(s)")
+    spec = {"cases": _seeded_cases(5 + world, _nccl_cases(world))}
+    res = _spawn(world, tmp_path, spec, _nccl_worker)
+    for case, got in zip(spec["cases"], res["cases"]):
+        _judge(case, got, "cuda")
 
 
 def test_uninitialised_group():

@@ -16,8 +16,8 @@ about a minute; each test holds at most ~22 GB and frees it afterwards.
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import (ATTENTION_ATOL, BUILD, CUDA_OK, CUDA_SKIP_REASON, SOFTMAX_ATOL, assert_tolerance,
-                   attention_reference, sdpa_peer)
+from _util import (ATTENTION_ATOL, BUILD, CUDA_OK, CUDA_SKIP_REASON, SOFTMAX_ATOL, assert_rounded_to_nearest,
+                   assert_tolerance, attention_reference, sdpa_peer, ulp)
 
 import torch_oss
 
@@ -134,8 +134,17 @@ def test_softmax_one_row_of_2_31_plus_1024_elements():
     y = torch_oss.log_softmax(x, -1)
     for s in pieces:
         ref = x[0, s].double() - lse
-        assert_tolerance(f"log_softmax one row, elements {s.start}..{s.stop}", y[0, s], ref, None,
-                         SOFTMAX_ATOL[dtype])
+        name = f"log_softmax one row, elements {s.start}..{s.stop}"
+        # y = x - lse is about -26 +- 15 here (x = 3 randn): bfloat16 rounds it by up to 0.125, so no
+        # absolute atol can judge it. Each element must be the reference rounded to nearest (the bias
+        # bound is loose: x's coarse bfloat16 grid leaves only a few rounding offsets), and the row's
+        # log-sum-exp the kernel used, bracketed by every element's rounding interval, must be lse.
+        assert_rounded_to_nearest(name, y[0, s], ref, max_bias=0.1)
+        xd, yd = x[0, s].double(), y[0, s].double().cpu()
+        half = ulp(yd, dtype) / 2  # the binade's half ulp, never below the true half gap
+        lo = (xd.cpu() - yd - half).max().item() - 1e-4  # 1e-4: the float32 statistics and x - lse
+        hi = (xd.cpu() - yd + half).min().item() + 1e-4
+        assert lo <= lse <= hi, f"{name}: the kernel's log-sum-exp is in [{lo:.6f}, {hi:.6f}], not {lse:.6f}"
     del y
     y = torch_oss.softmax(x, -1)
     for s in pieces:

@@ -479,14 +479,15 @@ def _variant_model(family):
     return transformers.AutoModelForCausalLM.from_config(cfg).float()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("family", ["gpt_oss", "gemma2"])
-def test_variant_models_match_eager(family):
+def test_variant_models_match_eager(family, device):
     """Models whose attention passes s_aux / softcap / sliding_window: logits and
     every parameter's gradient (the sinks' included) as with 'eager', no fallback."""
     torch_oss.register_transformers()
     torch.manual_seed(0)
-    model = _variant_model(family)
-    ids = torch.randint(0, 101, (2, 13))
+    model = _variant_model(family).to(device)
+    ids = torch.randint(0, 101, (2, 13), device=device)
     results = {}
     for impl in ("eager", "oss"):
         model.set_attn_implementation(impl)

@@ -9,11 +9,14 @@ KV-cache op, opcheck and torch.compile.
 
 The peer of the tolerance rule (docs/testing.md) is the same definition
 computed with PyTorch ops in float32 (float64 for float64 inputs) and rounded
-to the inputs' dtype: PyTorch has no kernel for softcap or sinks.
+to the inputs' dtype: PyTorch has no kernel for softcap or sinks. For CUDA
+float16/bfloat16 inputs, whose kernels multiply P and dS in 16 bits as
+FlashAttention does, the peer is that computation emulated in PyTorch
+(fa_style_peer): float32 scores and sums, P and dS rounded to the dtype before
+they multiply, every result rounded once.
 
-DEVICES includes "cuda" wherever a GPU is visible: the CUDA cases run the same
-checks and fail until the CUDA kernels implement the variants (they raise
-NotImplementedError now); they are not skipped.
+The CUDA cases (DEVICES) run the same checks; the KV-cache entry point refuses
+the variants on CUDA, and its test checks that refusal.
 """
 
 import math
@@ -21,11 +24,9 @@ import zlib
 
 import pytest
 import torch
-from _util import ATTENTION_ATOL, FLOAT_DTYPES, assert_tolerance
+from _util import ATTENTION_ATOL, DEVICES, FLOAT_DTYPES, assert_tolerance
 
 import torch_oss
-
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 CAUSAL = [(False, "top_left"), (False, "bottom_right"), (True, "top_left"), (True, "bottom_right")]
 CAUSAL_IDS = ["none-tl", "none-br", "causal-tl", "causal-br"]
@@ -97,6 +98,78 @@ def variant_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, alig
     return p[..., :Lk] @ v, lse
 
 
+def _variant_scores(q, k, attn_mask, is_causal, scale, alignment, window_size, softcap, alibi_slopes):
+    """The float32 scores of fa_style_peer with the variants applied, and the
+    softcap's derivative (1 - tanh^2, or 1)."""
+    B, Hq, Lq, D = q.shape
+    Lk = k.shape[2]
+    scale = D ** -0.5 if scale is None else scale
+    s = (q.float() @ k.float().transpose(-1, -2)) * scale
+    dcap = torch.ones_like(s)
+    if softcap:
+        t = torch.tanh(s / softcap)
+        s, dcap = softcap * t, 1 - t * t
+    off = Lk - Lq if alignment == "bottom_right" else 0
+    i = torch.arange(Lq, device=q.device)[:, None]
+    j = torch.arange(Lk, device=q.device)[None, :]
+    d = i + off - j
+    if alibi_slopes is not None:
+        s = s - alibi_slopes.float().reshape(-1 if alibi_slopes.dim() == 2 else 1, Hq, 1, 1) * d.abs().float()
+    if attn_mask is not None:
+        s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask.float()
+    hidden = torch.zeros(Lq, Lk, dtype=torch.bool, device=q.device)
+    left, right = window_size
+    if left >= 0:
+        hidden |= d > left
+    if right >= 0:
+        hidden |= -d > right
+    if is_causal:
+        hidden |= j > i + off
+    return s.masked_fill(hidden, float("-inf")), dcap
+
+
+def fa_style_peer(q, k, v, dout, sinks=None, attn_mask=None, is_causal=False, scale=None, alignment="top_left",
+                  window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """A same-dtype FlashAttention-style computation of the variants, forward
+    and backward by hand: float32 scores and sums, the unnormalised P rounded
+    to the dtype before it multiplies V, out = (P V) / l rounded once, D from
+    the rounded out, dS = P (dP - D) (times the softcap's derivative) rounded
+    to the dtype before it multiplies K and Q. Returns out, lse, dq, dk, dv
+    and d sinks (float32, or None)."""
+    dt = q.dtype
+    B, Hq, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    groups = Hq // Hkv
+    kr, vr = (t.repeat_interleave(groups, dim=1) for t in (k, v))
+    scale_ = D ** -0.5 if scale is None else scale
+    s, dcap = _variant_scores(q, kr, attn_mask, is_causal, scale, alignment, window_size, softcap, alibi_slopes)
+    m = s.amax(-1, keepdim=True)
+    if sinks is not None:
+        sink = sinks.float().reshape(1, Hq, 1, 1)
+        m = torch.maximum(m, sink)
+    m_use = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
+    p = torch.exp(s - m_use)
+    l = p.sum(-1, keepdim=True)
+    if sinks is not None:
+        l = l + torch.exp(sink - m_use)
+    dead = l == 0
+    l_safe = torch.where(dead, torch.ones_like(l), l)
+    out = ((p.to(dt).float() @ vr.float()) / l_safe).masked_fill(dead, 0.0).to(dt)
+    lse = (m_use + torch.log(l_safe)).masked_fill(dead, float("-inf")).squeeze(-1)
+    P = p / l_safe
+    Dsum = (dout.float() * out.float()).sum(-1, keepdim=True)
+    dP = dout.float() @ vr.float().transpose(-1, -2)
+    dS = (P * (dP - Dsum) * dcap).to(dt).float()
+    dq = (dS @ kr.float() * scale_).to(dt)
+    dk = (dS.transpose(-1, -2) @ q.float() * scale_).reshape(B, Hkv, groups, Lk, D).sum(2).to(dt)
+    dv = (P.to(dt).float().transpose(-1, -2) @ dout.float()).reshape(B, Hkv, groups, Lk, -1).sum(2).to(dt)
+    dsinks = None
+    if sinks is not None:
+        p_sink = torch.exp(sink - m_use) / l_safe
+        dsinks = -(p_sink * Dsum).sum((0, 2, 3))
+    return out, lse, dq, dk, dv, dsinks
+
+
 def draw_variants(spec, B, Hq, device, sinks_dtype=torch.float32):
     """The keyword arguments of a VARIANTS entry with its tensors drawn. Sinks
     are float32 values (the kernels hold sinks in float32) in sinks_dtype."""
@@ -133,6 +206,8 @@ def check_variant(q, k, v, kw, mask=None, is_causal=False, alignment="top_left",
     qkv, s = leaves["ours"]
     out, lse = torch_oss.attention_with_lse(*qkv, attn_mask=mask, is_causal=is_causal, enable_gqa=gqa,
                                             causal_alignment=alignment, sinks=s, **other)
+    if q.is_cuda and dtype in (torch.float16, torch.bfloat16):
+        return _check_variant_fa_style(q, k, v, kw, other, mask, is_causal, alignment, label, grads, out, lse, leaves)
     results = {"ours": (out, lse)}
     for name in ("peer", "ref"):
         qkv_n, s_n = leaves[name]
@@ -162,6 +237,33 @@ def check_variant(q, k, v, kw, mask=None, is_causal=False, alignment="top_left",
             # magnitude, in float32 at best
             ours, peer = (t.float() if t.dtype == torch.float64 else t for t in (ours, peer))
         assert_tolerance(f"{gname} {label}", ours, get("ref"), peer, atol, per_element_eps=gname == "dsinks")
+    return out, lse
+
+
+def _check_variant_fa_style(q, k, v, kw, other, mask, is_causal, alignment, label, grads, out, lse, leaves):
+    """check_variant for CUDA float16/bfloat16: fa_style_peer is the peer."""
+    dtype = q.dtype
+    sinks = kw.get("sinks")
+    qkv64, s64 = leaves["ref"]
+    ref_out, ref_lse = variant_reference(*qkv64, attn_mask=mask, is_causal=is_causal, alignment=alignment,
+                                         sinks=s64, compute_dtype=torch.float64, **other)
+    dout = torch.randn_like(out)
+    peer = fa_style_peer(q, k, v, dout, sinks=sinks, attn_mask=mask, is_causal=is_causal, alignment=alignment,
+                         **other)
+    atol = ATTENTION_ATOL[dtype]
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert_tolerance(f"out {label}", out, ref_out, peer[0], atol)
+    assert_tolerance(f"lse {label}", lse, ref_lse, peer[1], atol)
+    if not grads:
+        return out, lse
+    out.backward(dout)
+    ref_out.backward(dout.double())
+    qkv, s = leaves["ours"]
+    for idx, gname in enumerate(("dq", "dk", "dv")):
+        assert_tolerance(f"{gname} {label}", qkv[idx].grad, qkv64[idx].grad, peer[2 + idx], atol)
+    if sinks is not None:
+        assert s.grad.dtype == sinks.dtype, f"dsinks {label}: {s.grad.dtype}"
+        assert_tolerance(f"dsinks {label}", s.grad.float(), s64.grad, peer[5], atol, per_element_eps=True)
     return out, lse
 
 
@@ -228,6 +330,17 @@ def test_sinks_any_dtype_gradient_in_its_dtype(device, sinks_dtype):
 # ---------------------------------------------------------------------------
 
 
+def assert_sink_lse(lse, sinks):
+    """The lse of rows that see only their sink is the sink: exactly where the
+    kernels keep statistics in natural-log units (CPU, CUDA float32/float64),
+    to within 2 float32 roundings where they keep them in log2 units (CUDA
+    float16/bfloat16: sink * log2(e) * ln(2))."""
+    if lse.is_cuda and lse.dtype == torch.float32:
+        torch.testing.assert_close(lse, sinks, rtol=2 * 2 ** -24, atol=0)
+    else:
+        assert torch.equal(lse, sinks)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_row_with_no_key_but_a_sink(device, dtype):
@@ -242,7 +355,7 @@ def test_row_with_no_key_but_a_sink(device, dtype):
     sinks = torch.tensor([0.5, -1.25, 3.0], device=device)
     out, lse = check_variant(q, k, v, {"sinks": sinks}, mask=mask, label=f"dead row {dtype}")
     assert (out[:, :, 4] == 0).all()
-    assert torch.equal(lse[:, :, 4], sinks.to(lse.dtype).expand(B, H))
+    assert_sink_lse(lse[:, :, 4], sinks.to(lse.dtype).expand(B, H))
     out0, lse0 = torch_oss.attention_with_lse(q, k, v, attn_mask=mask)
     assert (out0[:, :, 4] == 0).all() and torch.isneginf(lse0[:, :, 4]).all()
     # a window that hides every key of some rows (Lq > Lk, top-left: rows past Lk + 1)
@@ -250,7 +363,7 @@ def test_row_with_no_key_but_a_sink(device, dtype):
     out2, lse2 = check_variant(q2, k2, v2, {"window_size": (1, 1), "sinks": sinks},
                                label=f"window dead rows {dtype}")
     assert (out2[:, :, 8:] == 0).all()
-    assert torch.equal(lse2[:, :, 8:], sinks.to(lse2.dtype)[None, :, None].expand(1, 3, 12))
+    assert_sink_lse(lse2[:, :, 8:], sinks.to(lse2.dtype)[None, :, None].expand(1, 3, 12))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -391,6 +504,10 @@ def test_kvcache_variants(device, dtype):
     seqlens = torch.tensor([90, 37, 4], dtype=torch.int32, device=device)
     kw = dict(window_size=(20, 0), softcap=3.0, alibi_slopes=torch.rand(B, Hq, device=device) * 0.1,
               sinks=torch.randn(Hq, device=device))
+    if device == "cuda":
+        with pytest.raises(NotImplementedError, match="KV cache"):
+            torch_oss.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, **kw)
+        return
     with torch.no_grad():
         out, lse = torch_oss.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, return_lse=True,
                                                     **kw)

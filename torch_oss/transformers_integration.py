@@ -40,9 +40,7 @@ learnable attention sinks of gpt-oss; also accepted as ``sinks``) as
 ``sinks``, with their gradient, and ``sliding_window`` as
 ``window_size=(sliding_window - 1, sliding_window - 1)`` (FlashAttention's
 rule) where no mask is passed; where a mask is passed, the mask builder has
-already put the window into it. On CUDA, whose kernels do not serve these
-variants yet, the call falls back to an eager PyTorch computation of the same
-definition (counted in fallback_stats() like the other fallbacks).
+already put the window into it.
 
 Importing this module does not import transformers; register_transformers()
 does.
@@ -153,8 +151,6 @@ def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function
 
 
 def _unsupported_reason(query, key, value, attention_mask, dropout, position_bias, variants=()):
-    if query.device.type == "cuda" and variants:
-        return f"{variants[0]} on CUDA (the CUDA kernels do not serve the score variants yet)"
     if not (isinstance(dropout, (int, float)) and dropout == 0):
         return "dropout > 0 (torch_oss attention has no dropout; model.eval() or attention_dropout=0 serve it)"
     for name, t in (("query", query), ("key", key), ("value", value)):

@@ -117,15 +117,25 @@ static int64_t oss_attn_max_dim(oss_dtype dtype) {
   return oss_attn_is_tc(dtype) ? oss_attention_cuda_max_head_dim() : 256;
 }
 
+static bool oss_attn_has_variants(const oss_attention_params *p) {
+  return p->window || p->softcap != 0.0 || p->alibi_slopes != NULL || p->sinks != NULL;
+}
+
 static oss_status oss_attn_validate(const oss_attention_params *p) {
   if (p == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params is NULL");
   if (p->dtype != OSS_FLOAT16 && p->dtype != OSS_BFLOAT16 && p->dtype != OSS_FLOAT32 && p->dtype != OSS_FLOAT64)
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
                     "attention: params->dtype=%d but CUDA attention supports float16, bfloat16, float32 and float64",
                     (int)p->dtype);
-  if (p->window || p->softcap != 0.0 || p->alibi_slopes != NULL || p->sinks != NULL)
+  if (oss_attn_has_variants(p) && (p->seqlens_k != NULL || p->block_table != NULL))
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
-                    "attention: the score variants (window, softcap, alibi_slopes, sinks) run on the CPU only");
+                    "attention: the score variants (window, softcap, alibi_slopes, sinks) are not supported with the "
+                    "KV-cache fields on CUDA");
+  if (p->alibi_slopes != NULL && p->alibi_stride_batch < 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->alibi_stride_batch=%lld must be >= 0",
+                    (long long)p->alibi_stride_batch);
+  if (!(p->softcap >= 0.0) || !isfinite(p->softcap))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->softcap=%g must be finite and >= 0", p->softcap);
   const struct {
     const char *name;
     int64_t v;
@@ -237,6 +247,22 @@ static void oss_attn_fill_args(const oss_attention_params *p, oss_attn_args *a) 
   a->page_size = (int)p->page_size;
   a->num_pages = (int)p->num_pages;
   a->causal_bottom_right = p->causal == OSS_CAUSAL_BOTTOM_RIGHT;
+  a->win_left = a->win_right = -1;
+  if (oss_attn_has_variants(p)) {
+    a->variants = 1;
+    a->var_off = p->window_diagonal == OSS_CAUSAL_BOTTOM_RIGHT || p->causal == OSS_CAUSAL_BOTTOM_RIGHT
+                     ? p->len_k - p->len_q
+                     : 0;
+    if (p->window) {
+      a->win_left = p->window_left < 0 ? -1 : p->window_left;
+      a->win_right = p->window_right < 0 ? -1 : p->window_right;
+    }
+    a->softcap_l2 = (float)(p->softcap * OSS_LOG2E);
+    a->softcap = p->softcap;
+    a->alibi = p->alibi_slopes;
+    a->alibi_sb = p->alibi_stride_batch;
+    a->sinks = p->sinks;
+  }
   const size_t es = oss_attn_elem_size(p->dtype);
   /* a paged cache's first dim is its pages, and a page holds page_size rows */
   const int64_t nq[3] = {p->batch, p->heads_q, p->len_q},
@@ -279,7 +305,7 @@ static oss_attn_dec_plan oss_attn_dec_make_plan(const oss_attention_params *p, c
                                                 const oss_device_info *dev) {
   oss_attn_dec_plan plan;
   memset(&plan, 0, sizeof plan);
-  if (!oss_attn_is_tc(p->dtype) || dev->cc_major < 8) return plan;
+  if (!oss_attn_is_tc(p->dtype) || dev->cc_major < 8 || a->variants) return plan;
   const int forced = oss_attn_opts()->decode_splits;
   if (!oss_attn_kv_cache(p) && (p->len_q > OSS_ATTN_DEC_MAX_LQ || forced < 0)) return plan;
   const int need_vec = OSS_ATTN_VEC_Q | OSS_ATTN_VEC_K | OSS_ATTN_VEC_V;
@@ -369,8 +395,14 @@ oss_status oss_attn_forward_with(const oss_attention_params *p, void *workspace,
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
                     "attention: no forward kernel compiled for head dim %lld (compiled head dims: %s)",
                     (long long)need, oss_attention_cuda_head_dims_list());
-  return (override_fn ? override_fn : oss_attn_select(e->fwd, &dev, false))(&a, stream,
-                                                                                                     &dev);
+  if (a.variants && e->fwd_var == NULL)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED, "attention: no forward kernel with the score variants for head dim %lld",
+                    (long long)need);
+  /* the score variants run in their own mma.sync kernels */
+  const oss_attn_launch_fn fn = override_fn   ? override_fn
+                                : a.variants ? e->fwd_var
+                                             : oss_attn_select(e->fwd, &dev, false);
+  return fn(&a, stream, &dev);
 }
 
 /* Workspace layout of the backward; every piece 256-byte aligned: the row
@@ -400,7 +432,8 @@ static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params
   const int64_t need = p->head_dim > p->head_dim_v ? p->head_dim : p->head_dim_v;
   const oss_attn_kernel_entry *e = oss_attn_find(p->dtype, need, 1);
   if (e == NULL) return L;
-  const int kd = (e->head_dim + 15) / 16 * 16;
+  /* the padded head dim of the kernel that will run (the variants' may be wider) */
+  const int kd = ((oss_attn_has_variants(p) ? e->var_head_dim : e->head_dim) + 15) / 16 * 16;
   L.mean_ld = kd;
   L.off_kpart = L.total;
   L.total += oss_attn_round256((size_t)(p->batch * p->heads_kv) *
@@ -442,6 +475,12 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   if (nkv > 0 && (bp->dk == NULL || bp->dv == NULL))
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention_backward: params->%s is NULL",
                     bp->dk == NULL ? "dk" : "dv");
+  if (p->sinks != NULL && p->heads_q > 0 && nq == 0) { /* no rows: the sinks' gradient is 0 */
+    if (bp->dsinks == NULL)
+      return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention_backward: params->dsinks is NULL but sinks are given");
+    if (cudaMemsetAsync(bp->dsinks, 0, (size_t)p->heads_q * sizeof(float), (cudaStream_t)cuda_stream) != cudaSuccess)
+      return oss_fail(OSS_ERROR_CUDA, "attention_backward: clearing dsinks failed");
+  }
   if (nq == 0 && nkv == 0) return OSS_OK;
   const oss_attn_bwd_layout L = oss_attn_bwd_plan(bp);
   if (L.total > 0 && workspace == NULL)
@@ -473,6 +512,9 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   if (oss_attn_rows_aligned(bp->dq, bp->dq_stride, nq3, es)) a.vec |= OSS_ATTN_VEC_DQ;
   if (oss_attn_rows_aligned(bp->dk, bp->dk_stride, nk3, es)) a.vec |= OSS_ATTN_VEC_DK;
   if (oss_attn_rows_aligned(bp->dv, bp->dv_stride, nk3, es)) a.vec |= OSS_ATTN_VEC_DV;
+  a.dsinks = p->sinks != NULL ? bp->dsinks : NULL;
+  if (p->sinks != NULL && bp->dsinks == NULL && nq > 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention_backward: params->dsinks is NULL but sinks are given");
   a.lq_pad = L.lq_pad;
   a.lse_adj = workspace;
   a.dsum = (char *)workspace + L.off_dsum;
@@ -501,16 +543,29 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
                       "attention_backward: no backward kernel compiled for head dim %lld (compiled head dims: %s)",
                       (long long)need, oss_attention_cuda_head_dims_list());
   }
-  if (e == NULL) return oss_attn_bwd_simt(&a, p->dtype, stream, &dev);
+  if (e == NULL) {
+    st = oss_attn_bwd_simt(&a, p->dtype, stream, &dev);
+    if (st != OSS_OK || nq == 0) return st;
+    return oss_attn_bwd_dsinks(&a, p->dtype, stream);
+  }
   if (nq > 0) {
     st = oss_attn_bwd_prepare(&a, p->dtype, stream);
     if (st != OSS_OK) return st;
   }
   st = oss_attn_bwd_means(&a, p->dtype, stream);
   if (st != OSS_OK) return st;
-  st = (override_fn ? override_fn : oss_attn_select(e->bwd, &dev, true))(&a, stream,
-                                                                                                  &dev);
+  if (a.variants && e->bwd_var == NULL)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                    "attention_backward: no backward kernel with the score variants for head dim %d", e->head_dim);
+  const oss_attn_launch_fn fn = override_fn   ? override_fn
+                                : a.variants ? e->bwd_var
+                                             : oss_attn_select(e->bwd, &dev, true);
+  st = fn(&a, stream, &dev);
   if (st != OSS_OK) return st;
+  if (nq > 0) {
+    st = oss_attn_bwd_dsinks(&a, p->dtype, stream);
+    if (st != OSS_OK) return st;
+  }
   if (a.dq_acc != NULL && nq > 0) return oss_attn_bwd_dq_convert(&a, p->dtype, stream);
   return OSS_OK;
 }

@@ -92,6 +92,19 @@ typedef struct oss_attn_args {
   int causal_bottom_right; /* with seqlens_k: the diagonal follows each batch's length */
   int dec_splits, dec_tiles;
   float *part_o, *part_lse;
+  /* Score variants (oss.h; all off when `variants` is 0): d = i + var_off - j
+   * is a score's distance from the window's and ALiBi's diagonal; a window
+   * side below 0 is open; softcap_l2 = softcap log2(e) (0: off); ALiBi slopes
+   * [batch][hq] with batch stride alibi_sb; sinks [hq] and, in the backward,
+   * their gradient dsinks [hq]. */
+  int variants;
+  int64_t var_off, win_left, win_right;
+  float softcap_l2;
+  double softcap; /* the SIMT kernels' (natural units) */
+  const float *alibi;
+  int64_t alibi_sb;
+  const float *sinks;
+  float *dsinks;
 } oss_attn_args;
 
 #define OSS_ATTN_LQ_PAD 128
@@ -115,6 +128,8 @@ typedef struct oss_attn_kernel_entry {
   oss_attn_launch_fn bwd[OSS_ATTN_FAMILIES]; /* backward kernels, NULL where not compiled */
   oss_attn_launch_fn dec; /* split-KV decode forward (mma.sync), NULL where not compiled */
   int dec_head_dim;       /* the head dim dec was compiled for (>= head_dim) */
+  oss_attn_launch_fn fwd_var, bwd_var; /* mma.sync forward / backward with the score variants */
+  int var_head_dim;                    /* the head dim they were compiled for (>= head_dim) */
 } oss_attn_kernel_entry;
 
 /* ---- split-KV decode (attention_decode.cuh) --------------------------------- */
@@ -153,6 +168,9 @@ oss_status oss_attn_bwd_simt(const oss_attn_args *a, oss_dtype dtype, cudaStream
                              const oss_device_info *dev);
 oss_status oss_attn_bwd_prepare(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream);
 oss_status oss_attn_bwd_dq_convert(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream);
+/* Writes a->dsinks (nothing without sinks), after the row statistics of the
+ * backward are in the workspace (oss_attn_bwd_prepare, or the SIMT dQ kernel). */
+oss_status oss_attn_bwd_dsinks(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream);
 /* Rows of K summed per chunk of kmean_part (the chunks are added in order). */
 #define OSS_ATTN_MEAN_CHUNK 128
 /* Fills a->kmean (nothing when it is NULL). */
@@ -188,6 +206,41 @@ __device__ __forceinline__ Acc oss_attn_mask_value(const oss_attn_args &a, int64
 
 __device__ __forceinline__ int64_t oss_attn_mask_base(const oss_attn_args &a, int64_t b, int64_t h) {
   return b * a.m_s[0] + h * a.m_s[1];
+}
+
+/* Is key j inside query i's window (always, without one)? */
+__device__ __forceinline__ bool oss_attn_in_window(const oss_attn_args &a, int64_t i, int64_t j) {
+  const int64_t d = i + a.var_off - j;
+  return !((a.win_left >= 0 && d > a.win_left) || (a.win_right >= 0 && -d > a.win_right));
+}
+
+/* The tensor-core kernels' score of query i and key j under the variants, in
+ * log2 units, from the raw product q.k: scaled, capped (softcap), ALiBi's
+ * -slope |d| and the mask added, -inf where the key is hidden (bounds, causal
+ * rule, window, bool mask). slope_l2: this (batch, head)'s ALiBi slope times
+ * log2(e) (0 without ALiBi); mbase: oss_attn_mask_base. *dcap: the derivative
+ * of the capped score by the scaled one, 1 - tanh^2 (1 without softcap), for
+ * the backward's dS. */
+__device__ __forceinline__ float oss_attn_var_score(const oss_attn_args &a, float raw, int i, int j, float slope_l2,
+                                                    int64_t mbase, float *dcap) {
+  *dcap = 1.f;
+  if (i >= a.lq || j >= a.lk || (a.causal && (int64_t)j > (int64_t)i + a.causal_off) || !oss_attn_in_window(a, i, j))
+    return -INFINITY;
+  float x = raw * a.scale_log2;
+  if (a.softcap_l2 > 0.f) {
+    const float t = tanhf(x / a.softcap_l2);
+    x = a.softcap_l2 * t;
+    *dcap = 1.f - t * t;
+  }
+  if (slope_l2 != 0.f) x -= slope_l2 * fabsf((float)((int64_t)i + a.var_off - j));
+  if (a.mask_kind) x += oss_attn_mask_value<float>(a, mbase + (int64_t)i * a.m_s[2] + (int64_t)j * a.m_s[3]) *
+                        (float)OSS_LOG2E;
+  return x;
+}
+
+/* This (batch, query head)'s ALiBi slope times log2(e), 0 without ALiBi. */
+__device__ __forceinline__ float oss_attn_alibi_slope_l2(const oss_attn_args &a, int b, int h) {
+  return a.alibi == nullptr ? 0.f : a.alibi[(int64_t)b * a.alibi_sb + h] * (float)OSS_LOG2E;
 }
 
 #endif /* OSS_ATTENTION_COMMON_CUH */

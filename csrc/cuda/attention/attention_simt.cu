@@ -66,9 +66,10 @@ __device__ __forceinline__ void oss_simt_load(S *s, int ld, const S *g, int64_t 
   }
 }
 
-/* Is key j visible to query i (bounds and causal rule)? */
+/* Is key j visible to query i (bounds, causal rule and window)? */
 __device__ __forceinline__ bool oss_simt_visible(const oss_attn_args &a, int i, int j) {
-  return i < a.lq && j < a.lk && (!a.causal || (int64_t)j <= (int64_t)i + a.causal_off);
+  return i < a.lq && j < a.lk && (!a.causal || (int64_t)j <= (int64_t)i + a.causal_off) &&
+         (!a.variants || oss_attn_in_window(a, i, j));
 }
 
 /* x . y in double, in order 0, 1, ..., n-1 (the same bits in every kernel). */
@@ -78,15 +79,32 @@ template <typename S> __device__ __forceinline__ double oss_simt_dot(const S *x,
   return acc;
 }
 
-/* Score of query i (row q) and key j (row k): scale * q.k plus the additive
- * mask, or -inf where the key is hidden (causal rule, bounds, bool mask). */
+/* Score of query i (row q) and key j (row k): scale * q.k, capped (softcap),
+ * minus ALiBi's slope |d| (slope: this (batch, head)'s, 0 without ALiBi),
+ * plus the additive mask, or -inf where the key is hidden (causal rule,
+ * bounds, window, bool mask). *dcap (when given): the derivative of the
+ * capped score by the scaled one, 1 - tanh^2 (1 without softcap). */
 template <typename S>
 __device__ __forceinline__ double oss_simt_score(const oss_attn_args &a, const S *q, const S *k, int64_t mbase, int i,
-                                                 int j) {
+                                                 int j, double slope = 0.0, double *dcap = nullptr) {
+  if (dcap) *dcap = 1.0;
   if (!oss_simt_visible(a, i, j)) return -INFINITY;
   double v = oss_simt_dot<S>(q, k, a.d) * a.scale;
+  if (a.variants) {
+    if (a.softcap > 0.0) {
+      const double t = tanh(v / a.softcap);
+      v = a.softcap * t;
+      if (dcap) *dcap = 1.0 - t * t;
+    }
+    if (slope != 0.0) v -= slope * fabs((double)((int64_t)i + a.var_off - j));
+  }
   if (a.mask_kind) v += oss_attn_mask_value<double>(a, mbase + i * a.m_s[2] + j * a.m_s[3]);
   return v;
+}
+
+/* This (batch, query head)'s ALiBi slope, 0 without ALiBi. */
+__device__ __forceinline__ double oss_simt_slope(const oss_attn_args &a, int b, int h) {
+  return a.alibi == nullptr ? 0.0 : (double)a.alibi[(int64_t)b * a.alibi_sb + h];
 }
 
 /* Row statistics of the backward: m = max score, l = sum exp(s - m) and
@@ -149,20 +167,23 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_fwd_simt_kernel(con
   const S *gK = (const S *)a.k + b * a.k_s[0] + hk * a.k_s[1];
   const S *gV = (const S *)a.v + b * a.v_s[0] + hk * a.v_s[1];
   const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
+  const double slope = oss_simt_slope(a, b, h);
 
   oss_simt_load<S>(sQ, D, (const S *)a.q + b * a.q_s[0] + h * a.q_s[1] + (int64_t)i0 * a.q_s[2], a.q_s[2],
                    OSS_SIMT_ROWS, rows, D, tid);
 
+  /* A sink starts each row as its first term: m = the sink, and the first
+   * lane of the row group holds its exp(sink - m) = 1 in l. */
   S o[R][OSS_SIMT_NCOL], lpart[RL];
   double m[R];
 #pragma unroll
   for (int r = 0; r < R; r++) {
-    m[r] = -INFINITY;
+    m[r] = a.sinks == nullptr ? -INFINITY : (double)a.sinks[h];
 #pragma unroll
     for (int c = 0; c < OSS_SIMT_NCOL; c++) o[r][c] = 0;
   }
 #pragma unroll
-  for (int t = 0; t < RL; t++) lpart[t] = 0;
+  for (int t = 0; t < RL; t++) lpart[t] = (a.sinks != nullptr && kl == 0) ? (S)1 : (S)0;
 
   for (int j0 = 0; j0 < n_end; j0 += KT) {
     __syncthreads();
@@ -176,7 +197,7 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_fwd_simt_kernel(con
 #pragma unroll
     for (int t = 0; t < RL; t++) {
       const int rl = warp * R + rg * RL + t;
-      x[t] = oss_simt_score<S>(a, sQ + rl * D, sK + kl * LDK, mbase, i0 + rl, j);
+      x[t] = oss_simt_score<S>(a, sQ + rl * D, sK + kl * LDK, mbase, i0 + rl, j, slope);
     }
     /* row max over the KT lanes of each row group, then to every lane */
     double mx[RL];
@@ -285,6 +306,7 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dq_simt_kernel(
   const S *gK = (const S *)a.k + b * a.k_s[0] + hk * a.k_s[1];
   const S *gV = (const S *)a.v + b * a.v_s[0] + hk * a.v_s[1];
   const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
+  const double slope = oss_simt_slope(a, b, h);
   const S scale = (S)a.scale;
 
   oss_simt_load<S>(sQ, D, (const S *)a.q + b * a.q_s[0] + h * a.q_s[1] + (int64_t)i0 * a.q_s[2], a.q_s[2],
@@ -310,7 +332,7 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dq_simt_kernel(
 #pragma unroll
     for (int t = 0; t < RL; t++) {
       const int rl = warp * R + rg * RL + t;
-      const double v = oss_simt_score<S>(a, sQ + rl * D, sK + kl * LDK, mbase, i0 + rl, j0 + kl);
+      const double v = oss_simt_score<S>(a, sQ + rl * D, sK + kl * LDK, mbase, i0 + rl, j0 + kl, slope);
       if (v != -INFINITY) oss_simt_stat_add<S>(st[t], v, oss_simt_dot<S>(sdO + rl * DV, sV + kl * LDV, DV));
     }
   }
@@ -326,6 +348,11 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dq_simt_kernel(
       o.l = __shfl_xor_sync(0xffffffffu, st[t].l, off);
       o.d = __shfl_xor_sync(0xffffffffu, st[t].d, off);
       st[t] = oss_simt_stat_merge<S>(st[t], o);
+    }
+    if (a.sinks != nullptr) { /* the sink's term: exp(sink - m) in l, nothing in d (no value) */
+      oss_simt_stat sk;
+      sk.m = (double)a.sinks[h], sk.l = 1.0, sk.d = 0.0;
+      st[t] = oss_simt_stat_merge<S>(st[t], sk);
     }
     rm[t] = st[t].m;
     rinv[t] = st[t].l == 0 ? 0.0 : 1.0 / st[t].l; /* NaN stays NaN */
@@ -351,11 +378,12 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dq_simt_kernel(
 #pragma unroll
     for (int t = 0; t < RL; t++) {
       const int rl = warp * R + rg * RL + t;
-      const double v = oss_simt_score<S>(a, sQ + rl * D, sK + kl * LDK, mbase, i0 + rl, j0 + kl);
+      double dcap;
+      const double v = oss_simt_score<S>(a, sQ + rl * D, sK + kl * LDK, mbase, i0 + rl, j0 + kl, slope, &dcap);
       double ds = 0;
       if (v != -INFINITY) {
         const double p = oss_simt_exp<S>(v - rm[t]) * rinv[t];
-        ds = p * (oss_simt_dot<S>(sdO + rl * DV, sV + kl * LDV, DV) - rd[t]);
+        ds = p * (oss_simt_dot<S>(sdO + rl * DV, sV + kl * LDV, DV) - rd[t]) * dcap;
       }
       sdS[rl * KT + kl] = (S)ds;
     }
@@ -445,6 +473,7 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dkdv_simt_kerne
     const double *ws_m = (const double *)a.lse_adj + ro, *ws_inv = (const double *)a.inv_l + ro;
     const double *ws_d = (const double *)a.dsum + ro;
     const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
+    const double slope = oss_simt_slope(a, b, h);
     for (int q0 = q_start; q0 < a.lq; q0 += KT) {
       __syncthreads();
       const int qv = min(KT, a.lq - q0);
@@ -460,11 +489,12 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dkdv_simt_kerne
 #pragma unroll
       for (int t = 0; t < RL; t++) {
         const int kr = warp * R + rg * RL + t;
-        const double v = oss_simt_score<S>(a, sQ + ql * LDQ, sK + kr * D, mbase, q0 + ql, j0 + kr);
+        double dcap;
+        const double v = oss_simt_score<S>(a, sQ + ql * LDQ, sK + kr * D, mbase, q0 + ql, j0 + kr, slope, &dcap);
         double p = 0, ds = 0;
         if (v != -INFINITY) {
           p = oss_simt_exp<S>(v - sM[ql]) * sInv[ql];
-          ds = p * (oss_simt_dot<S>(sdO + ql * LDO, sV + kr * DV, DV) - sDs[ql]);
+          ds = p * (oss_simt_dot<S>(sdO + ql * LDO, sV + kr * DV, DV) - sDs[ql]) * dcap;
         }
         sP[kr * KT + ql] = (S)p;
         sdS[kr * KT + ql] = (S)ds;
@@ -711,4 +741,42 @@ oss_status oss_attn_bwd_dq_convert(const oss_attn_args *a, oss_dtype dtype, cuda
   if (dtype == OSS_FLOAT16) oss_attn_bwd_dq_convert_kernel<__half><<<grid, 256, 0, stream>>>(*a);
   else oss_attn_bwd_dq_convert_kernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(*a);
   return oss_check_launch("oss_attn_bwd_dq_convert_kernel");
+}
+
+/* The sinks' gradient: one CTA of 256 threads per query head h,
+ * dsinks[h] = -sum over (b, i) of p_sink D, each thread summing every 256th
+ * row in float64, then the threads' sums added in a fixed tree: the same bits
+ * every run. p_sink = exp(sink_h - lse) from the forward's lse (tensor-core
+ * kernels), or exp(sink_h - m) / l from the SIMT dQ kernel's row statistics. */
+template <bool SIMT> __global__ void __launch_bounds__(256) oss_attn_bwd_dsinks_kernel(const oss_attn_args a) {
+  __shared__ double part[256];
+  const int h = blockIdx.x;
+  const double sink = (double)a.sinks[h];
+  double acc = 0;
+  const int64_t n = (int64_t)a.batch * a.lq;
+  for (int64_t r = threadIdx.x; r < n; r += 256) {
+    const int b = (int)(r / a.lq), i = (int)(r % a.lq);
+    const int64_t row = ((int64_t)b * a.hq + h) * a.lq_pad + i;
+    if (SIMT) {
+      const double *m = (const double *)a.lse_adj, *inv = (const double *)a.inv_l, *d = (const double *)a.dsum;
+      acc -= exp(sink - m[row]) * inv[row] * d[row];
+    } else {
+      const double lse = (double)((const float *)a.lse)[((int64_t)b * a.hq + h) * a.lq + i];
+      acc -= exp(sink - lse) * (double)((const float *)a.dsum)[row];
+    }
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = 128; w > 0; w >>= 1) {
+    if ((int)threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) a.dsinks[h] = (float)part[0];
+}
+
+oss_status oss_attn_bwd_dsinks(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream) {
+  if (a->sinks == nullptr || a->dsinks == nullptr || a->hq == 0) return OSS_OK;
+  if (dtype == OSS_FLOAT32 || dtype == OSS_FLOAT64) oss_attn_bwd_dsinks_kernel<true><<<(unsigned)a->hq, 256, 0, stream>>>(*a);
+  else oss_attn_bwd_dsinks_kernel<false><<<(unsigned)a->hq, 256, 0, stream>>>(*a);
+  return oss_check_launch("oss_attn_bwd_dsinks_kernel");
 }

@@ -46,6 +46,12 @@
  * atomics and the dq conversion subtracts eacc kbar; the dQ kernel sums it in
  * registers and subtracts R kbar at its end. kbar: oss_attn_bwd_means.
  *
+ * VAR (a separate instantiation of both kernels): each score through the
+ * score variants of oss.h (oss_attn_var_score), and dS' times the softcap's
+ * derivative, in one pass per element; the dK/dV kernel visits only the query
+ * blocks whose window reaches its keys. The sinks need nothing here: they are
+ * in lse, and their gradient comes after (oss_attn_bwd_dsinks).
+ *
  * Fully masked rows have lse = -inf, stored as +inf in lse_adj, so P = 0 and
  * every gradient they touch is 0.
  */
@@ -105,20 +111,26 @@ __device__ __forceinline__ void oss_attn_bwd_load_query_block(const oss_attn_arg
   oss_attn_load_rowstats<BR, NTHREADS>(sL, sD, (const float *)a.lse_adj + ro, (const float *)a.dsum + ro, tid);
 }
 
-/* The blocks of BR query rows that see some key of the key block starting at
- * j0: blocks qb0 .. qb0 + nqe - 1 (causal: from the diagonal on). */
+/* The blocks of BR query rows that see some key of the key block of bc keys
+ * starting at j0: blocks qb0 .. qb0 + nqe - 1 (causal: from the diagonal on;
+ * a window: only the rows whose window reaches the block). */
 template <int BR>
-__device__ __forceinline__ void oss_attn_bwd_query_blocks(const oss_attn_args &a, int j0, int *qb0, int *nqe) {
-  int first_block = 0;
-  if (a.causal) {
-    const int64_t first = (int64_t)j0 - a.causal_off; /* first row i with j0 <= i + off */
-    first_block = first <= 0 ? 0 : (first >= a.lq ? (a.lq + BR - 1) / BR : (int)(first / BR));
-  }
+__device__ __forceinline__ void oss_attn_bwd_query_blocks(const oss_attn_args &a, int j0, int *qb0, int *nqe,
+                                                          int bc = 1) {
+  const int nblocks = (a.lq + BR - 1) / BR;
+  int64_t first = 0, last = a.lq - 1; /* the rows that may see the block */
+  if (a.causal) first = (int64_t)j0 - a.causal_off; /* first row i with j0 <= i + off */
+  if (a.variants && a.win_right >= 0 && (int64_t)j0 - a.var_off - a.win_right > first)
+    first = (int64_t)j0 - a.var_off - a.win_right;
+  if (a.variants && a.win_left >= 0 && (int64_t)(j0 + bc - 1) - a.var_off + a.win_left < last)
+    last = (int64_t)(j0 + bc - 1) - a.var_off + a.win_left;
+  const int first_block = first <= 0 ? 0 : (first >= a.lq ? nblocks : (int)(first / BR));
+  const int end_block = last < 0 ? 0 : (last >= a.lq ? nblocks : (int)(last / BR) + 1);
   *qb0 = first_block;
-  *nqe = (a.lq + BR - 1) / BR - first_block;
+  *nqe = end_block > first_block ? end_block - first_block : 0;
 }
 
-template <typename T, int HD, int BR, int NKW, int NCS, int MINB>
+template <typename T, int HD, int BR, int NKW, int NCS, int MINB, bool VAR>
 __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_kernel(const oss_attn_args a) {
   constexpr int NW = NKW * NCS, NTHREADS = NW * 32, BC = 16 * NKW;
   constexpr int KD = oss_attn_kd(HD), LDS = oss_attn_pitch(KD), LDSS = oss_attn_pitch(BR);
@@ -154,7 +166,7 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
   const int krows = min(BC, a.lk - j0);
 
   int qb0, nqe;
-  oss_attn_bwd_query_blocks<BR>(a, j0, &qb0, &nqe);
+  oss_attn_bwd_query_blocks<BR>(a, j0, &qb0, &nqe, BC);
   const int niter = a.group * nqe;
 
   const bool vk = a.vec & OSS_ATTN_VEC_K, vv = a.vec & OSS_ATTN_VEC_V;
@@ -210,24 +222,44 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
 
     /* P^T and scale * dS^T (element (key r, query c)). The scores are scaled
      * (and masked) first, rounding s*c as the forward rounds its row max. */
-    const bool need_mask = a.mask_kind != OSS_MASK_NONE || j0 + BC > a.lk ||
-                           (a.causal && (int64_t)(j0 + BC - 1) > (int64_t)i0 + a.causal_off);
+    if constexpr (VAR) {
+      /* one pass per element: the variants' score, P, and dS through the softcap's derivative */
+      const float slope_l2 = oss_attn_alibi_slope_l2(a, b, h);
+      const int64_t mb = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
 #pragma unroll
-    for (int n = 0; n < NTQ; n++)
+      for (int n = 0; n < NTQ; n++) {
+        const float2 lv = *reinterpret_cast<const float2 *>(cL + n * 8 + t2);
+        const float2 dd = *reinterpret_cast<const float2 *>(cD + n * 8 + t2);
 #pragma unroll
-      for (int e = 0; e < 4; e++) sT[0][n][e] *= a.scale_log2;
-    if (need_mask)
-      oss_attn_mask_tile<T, true, 1, NTQ>(sT, a, a.mask_kind ? oss_attn_mask_base(a, b, h) : 0, j0 + kg * 16, i0,
-                                          lane);
+        for (int e = 0; e < 4; e++) {
+          float dcap;
+          const float x = oss_attn_var_score(a, sT[0][n][e], i0 + n * 8 + t2 + (e & 1), j0 + kg * 16 + g + (e >> 1) * 8,
+                                             slope_l2, mb, &dcap);
+          const float p = oss_ex2(x - ((e & 1) ? lv.y : lv.x));
+          sT[0][n][e] = p;
+          pT[0][n][e] = (p * sc * dcap) * (pT[0][n][e] - ((e & 1) ? dd.y : dd.x));
+        }
+      }
+    } else {
+      const bool need_mask = a.mask_kind != OSS_MASK_NONE || j0 + BC > a.lk ||
+                             (a.causal && (int64_t)(j0 + BC - 1) > (int64_t)i0 + a.causal_off);
 #pragma unroll
-    for (int n = 0; n < NTQ; n++) {
-      const float2 lv = *reinterpret_cast<const float2 *>(cL + n * 8 + t2);
-      const float2 dd = *reinterpret_cast<const float2 *>(cD + n * 8 + t2);
+      for (int n = 0; n < NTQ; n++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const float p = oss_ex2(sT[0][n][e] - ((e & 1) ? lv.y : lv.x));
-        sT[0][n][e] = p;
-        pT[0][n][e] = (p * sc) * (pT[0][n][e] - ((e & 1) ? dd.y : dd.x));
+        for (int e = 0; e < 4; e++) sT[0][n][e] *= a.scale_log2;
+      if (need_mask)
+        oss_attn_mask_tile<T, true, 1, NTQ>(sT, a, a.mask_kind ? oss_attn_mask_base(a, b, h) : 0, j0 + kg * 16, i0,
+                                            lane);
+#pragma unroll
+      for (int n = 0; n < NTQ; n++) {
+        const float2 lv = *reinterpret_cast<const float2 *>(cL + n * 8 + t2);
+        const float2 dd = *reinterpret_cast<const float2 *>(cD + n * 8 + t2);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const float p = oss_ex2(sT[0][n][e] - ((e & 1) ? lv.y : lv.x));
+          sT[0][n][e] = p;
+          pT[0][n][e] = (p * sc) * (pT[0][n][e] - ((e & 1) ? dd.y : dd.x));
+        }
       }
     }
     uint32_t pa[1][NTQ / 2][4], dsa[1][NTQ / 2][4];
@@ -325,7 +357,7 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
   }
 }
 
-template <typename T, int HD, int BR, int BC, int NW>
+template <typename T, int HD, int BR, int BC, int NW, bool VAR>
 __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const oss_attn_args a) {
   constexpr int KD = oss_attn_kd(HD), LDS = oss_attn_pitch(KD);
   constexpr int MT = BR / (16 * NW), NT = BC / 8, NO = KD / 8, NTHREADS = NW * 32;
@@ -342,7 +374,7 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t2 = (lane & 3) * 2;
   oss_attn_query_block qblk;
-  if (!oss_attn_query_block_of<BR, BC>(a, &qblk)) return;
+  if (!oss_attn_query_block_of<BR, BC, VAR>(a, &qblk)) return;
   const int64_t bh = qblk.bh;
   const int b = qblk.b, h = qblk.h, hk = qblk.hk, i0 = qblk.i0, rows = qblk.rows, ntiles = qblk.ntiles;
   const int wrow = warp * MT * 16;
@@ -427,24 +459,40 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
         for (int n = 0; n < NT; n++) dp[mt][n][0] = dp[mt][n][1] = dp[mt][n][2] = dp[mt][n][3] = 0.f;
       oss_warp_mma_ss<T, MT, NT, KD, LDS, LDS>(dp, sdOw, oss_smem_u32(sV + st * BC * LDS), lane);
 
-      const bool need_mask = a.mask_kind != OSS_MASK_NONE || j0 + BC > a.lk ||
-                             (a.causal && (int64_t)(j0 + BC - 1) > (int64_t)(i0 + wrow) + a.causal_off);
+      if constexpr (VAR) {
+        const float slope_l2 = oss_attn_alibi_slope_l2(a, b, h);
 #pragma unroll
-      for (int mt = 0; mt < MT; mt++)
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int n = 0; n < NT; n++)
+          for (int n = 0; n < NT; n++)
 #pragma unroll
-          for (int e = 0; e < 4; e++) s[mt][n][e] *= a.scale_log2;
-      if (need_mask) oss_attn_mask_tile<T, false, MT, NT>(s, a, mbase, i0 + wrow, j0, lane);
+            for (int e = 0; e < 4; e++) {
+              float dcap;
+              const float x = oss_attn_var_score(a, s[mt][n][e], i0 + wrow + mt * 16 + g + (e >> 1) * 8,
+                                                 j0 + n * 8 + t2 + (e & 1), slope_l2, mbase, &dcap);
+              const float p = oss_ex2(x - lrow[mt][e >> 1]);
+              s[mt][n][e] = (p * sc * dcap) * (dp[mt][n][e] - drow[mt][e >> 1]);
+            }
+      } else {
+        const bool need_mask = a.mask_kind != OSS_MASK_NONE || j0 + BC > a.lk ||
+                               (a.causal && (int64_t)(j0 + BC - 1) > (int64_t)(i0 + wrow) + a.causal_off);
 #pragma unroll
-      for (int mt = 0; mt < MT; mt++)
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int n = 0; n < NT; n++)
+          for (int n = 0; n < NT; n++)
 #pragma unroll
-          for (int e = 0; e < 4; e++) {
-            const float p = oss_ex2(s[mt][n][e] - lrow[mt][e >> 1]);
-            s[mt][n][e] = (p * sc) * (dp[mt][n][e] - drow[mt][e >> 1]);
-          }
+            for (int e = 0; e < 4; e++) s[mt][n][e] *= a.scale_log2;
+        if (need_mask) oss_attn_mask_tile<T, false, MT, NT>(s, a, mbase, i0 + wrow, j0, lane);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+          for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+              const float p = oss_ex2(s[mt][n][e] - lrow[mt][e >> 1]);
+              s[mt][n][e] = (p * sc) * (dp[mt][n][e] - drow[mt][e >> 1]);
+            }
+      }
       uint32_t dsa[MT][BC / 16][4];
       oss_acc_to_a<T, MT, NT>(s, dsa);
       if (centre) {
@@ -491,10 +539,10 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
 
 /* Deterministic mode (no float32 dQ accumulator): dQ by the query-major
  * kernel, after a dK/dV kernel that skipped it. */
-template <typename T, int HD, int DQ_BR, int DQ_BC, int DQ_NW>
+template <typename T, int HD, int DQ_BR, int DQ_BC, int DQ_NW, bool VAR = false>
 oss_status oss_attn_bwd_dq_det_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   if (a->dq_acc != nullptr || a->lq == 0) return OSS_OK;
-  return oss_attn_launch(oss_attn_bwd_dq_mma_kernel<T, HD, DQ_BR, DQ_BC, DQ_NW>,
+  return oss_attn_launch(oss_attn_bwd_dq_mma_kernel<T, HD, DQ_BR, DQ_BC, DQ_NW, VAR>,
                          "deterministic attention backward (dQ, mma.sync)", HD,
                          oss_attn_bwd_dq_smem_bytes<HD, DQ_BR, DQ_BC>(),
                          oss_attn_grid((a->lq + DQ_BR - 1) / DQ_BR, (int64_t)a->batch * a->hq), DQ_NW * 32, a, stream,
@@ -507,24 +555,32 @@ oss_status oss_attn_bwd_dq_det_launch(const oss_attn_args *a, cudaStream_t strea
   return oss_attn_bwd_dq_det_run<T, HD, C::DQ_BR, C::DQ_BC, C::DQ_NW>(a, stream, dev);
 }
 
-template <typename T, int HD, int BR, int NKW, int NCS, int MINB, int DQ_BR, int DQ_BC, int DQ_NW>
+template <typename T, int HD, int BR, int NKW, int NCS, int MINB, int DQ_BR, int DQ_BC, int DQ_NW, bool VAR = false>
 oss_status oss_attn_bwd_mma_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   if (a->lk > 0) {
     const oss_status st = oss_attn_launch(
-        oss_attn_bwd_dkdv_mma_kernel<T, HD, BR, NKW, NCS, MINB>, "attention backward (dK/dV, mma.sync)", HD,
+        oss_attn_bwd_dkdv_mma_kernel<T, HD, BR, NKW, NCS, MINB, VAR>,
+        VAR ? "attention backward with score variants (dK/dV, mma.sync)" : "attention backward (dK/dV, mma.sync)", HD,
         oss_attn_bwd_dkdv_smem_bytes<HD, BR, NKW>(),
         oss_attn_grid((a->lk + 16 * NKW - 1) / (16 * NKW), (int64_t)a->batch * a->hkv), NKW * NCS * 32, a, stream,
         dev);
     if (st != OSS_OK) return st;
   }
-  return oss_attn_bwd_dq_det_run<T, HD, DQ_BR, DQ_BC, DQ_NW>(a, stream, dev);
+  return oss_attn_bwd_dq_det_run<T, HD, DQ_BR, DQ_BC, DQ_NW, VAR>(a, stream, dev);
 }
 
-/* Entry point instantiated once per (head dim, dtype) by the generator. */
+/* Entry points instantiated once per (head dim, dtype) by the generator: the
+ * plain kernels and (VARIANT_HEAD_DIMS) those with the score variants. */
 template <typename T, int HD>
 oss_status oss_attn_bwd_mma_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   typedef oss_attn_bwd_cfg<HD> C;
   return oss_attn_bwd_mma_run<T, HD, C::BR, C::NKW, C::NCS, C::MINB, C::DQ_BR, C::DQ_BC, C::DQ_NW>(a, stream, dev);
+}
+template <typename T, int HD>
+oss_status oss_attn_bwd_var_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+  typedef oss_attn_bwd_cfg<HD> C;
+  return oss_attn_bwd_mma_run<T, HD, C::BR, C::NKW, C::NCS, C::MINB, C::DQ_BR, C::DQ_BC, C::DQ_NW, true>(a, stream,
+                                                                                                          dev);
 }
 
 #endif /* OSS_ATTENTION_BWD_CUH */

@@ -21,6 +21,9 @@
  *     tile when a mask tensor is given (read from global, tile by tile).
  *   - end: o / l written with rows < Lq and cols < Dv only, lse = m ln2 + ln l
  *     (float32); a row with no visible key gives 0 and -inf.
+ *   - VAR (a separate instantiation): the score variants of oss.h per element
+ *     (oss_attn_var_tile), a row's softmax starting at its sink, and a window's
+ *     key tiles only (the query block's first visible tile to its last).
  * Limits: head dims up to the compiled HD (D and Dv padded with zero columns);
  * lengths below 2^31; any strides (16-byte cp.async where rows are aligned,
  * element loads otherwise).
@@ -163,7 +166,7 @@ template <int HD, int BR, int BC> __host__ __device__ constexpr size_t oss_attn_
   return (size_t)(BR + 4 * BC) * oss_attn_pitch(oss_attn_kd(HD)) * 2;
 }
 
-template <typename T, int HD, int BR, int BC, int NW, int MINB>
+template <typename T, int HD, int BR, int BC, int NW, int MINB, bool VAR>
 __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const oss_attn_args a) {
   constexpr int KD = oss_attn_kd(HD), LDS = oss_attn_pitch(KD);
   constexpr int MT = BR / (16 * NW), NT = BC / 8, NO = KD / 8, NTHREADS = NW * 32;
@@ -177,10 +180,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   oss_attn_query_block qblk;
-  if (!oss_attn_query_block_of<BR, BC>(a, &qblk)) return;
+  if (!oss_attn_query_block_of<BR, BC, VAR>(a, &qblk)) return;
   const int64_t bh = qblk.bh;
   const int b = qblk.b, h = qblk.h, hk = qblk.hk, i0 = qblk.i0, rows = qblk.rows, ntiles = qblk.ntiles;
+  const int jt0 = VAR ? qblk.jt0 : 0; /* a window's first tile (the plain kernel starts at 0) */
   const int wrow = warp * MT * 16; /* this warp's first row in the tile */
+  const float slope_l2 = VAR ? oss_attn_alibi_slope_l2(a, b, h) : 0.f;
 
   const T *gQ = (const T *)a.q + b * a.q_s[0] + h * a.q_s[1] + (int64_t)i0 * a.q_s[2];
   const T *gK = (const T *)a.k + b * a.k_s[0] + hk * a.k_s[1];
@@ -188,30 +193,36 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
   const bool vq = a.vec & OSS_ATTN_VEC_Q, vk = a.vec & OSS_ATTN_VEC_K, vv = a.vec & OSS_ATTN_VEC_V;
   const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
 
+  /* A sink starts each row's softmax as its first term: m = the sink, and
+   * one quad lane's l and lr hold its exp(sink - m) = 1 (the quad's lanes
+   * are summed at the end). */
+  const float sink_l2 = (!VAR || a.sinks == nullptr) ? -INFINITY : a.sinks[h] * (float)OSS_LOG2E;
+  const float sink_l = (VAR && a.sinks != nullptr && (lane & 3) == 0) ? 1.f : 0.f;
   float o[MT][NO][4];
   float m[MT][2], l[MT][2], lr[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
     for (int n = 0; n < NO; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
-    m[mt][0] = m[mt][1] = -INFINITY;
-    l[mt][0] = l[mt][1] = lr[mt][0] = lr[mt][1] = 0.f;
+    m[mt][0] = m[mt][1] = sink_l2;
+    l[mt][0] = l[mt][1] = lr[mt][0] = lr[mt][1] = sink_l;
   }
 
-  if (ntiles > 0) {
+  if (jt0 < ntiles) {
+    const int64_t jf = (int64_t)jt0 * BC;
     oss_load_tile<T, BR, KD, LDS, NTHREADS>(sQ, gQ, a.q_s[2], rows, a.d, vq, tid);
-    oss_load_tile<T, BC, KD, LDS, NTHREADS>(sK, gK, a.k_s[2], min(BC, a.lk), a.d, vk, tid);
+    oss_load_tile<T, BC, KD, LDS, NTHREADS>(sK, gK + jf * a.k_s[2], a.k_s[2], min(BC, a.lk - (int)jf), a.d, vk, tid);
     oss_cp_async_commit();
-    oss_load_tile<T, BC, KD, LDS, NTHREADS>(sV, gV, a.v_s[2], min(BC, a.lk), a.dv, vv, tid);
+    oss_load_tile<T, BC, KD, LDS, NTHREADS>(sV, gV + jf * a.v_s[2], a.v_s[2], min(BC, a.lk - (int)jf), a.dv, vv, tid);
     oss_cp_async_commit();
   }
 
   const uint32_t sQw = oss_smem_u32(sQ + wrow * LDS);
 
 #pragma unroll 1
-  for (int j = 0; j < ntiles; j++) {
+  for (int j = jt0; j < ntiles; j++) {
     const int j0 = j * BC;
-    const int st = j & 1;
+    const int st = (j - jt0) & 1;
     oss_cp_async_wait<1>(); /* K_j (and Q) landed; V_j may still be in flight */
     __syncthreads();        /* ... for every thread; and stage st^1 is free again */
     if (j + 1 < ntiles) {
@@ -227,8 +238,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
       oss_cp_async_commit();
     }
 
-    /* Keys of this tile visible to some row of this warp? (causal skip) */
-    const bool warp_live = !a.causal || (int64_t)j0 <= (int64_t)(i0 + wrow + MT * 16 - 1) + a.causal_off;
+    /* Keys of this tile visible to some row of this warp? (causal and window skip) */
+    bool warp_live = !a.causal || (int64_t)j0 <= (int64_t)(i0 + wrow + MT * 16 - 1) + a.causal_off;
+    if constexpr (VAR)
+      warp_live = warp_live &&
+                  (a.win_right < 0 || (int64_t)j0 <= (int64_t)(i0 + wrow + MT * 16 - 1) + a.var_off + a.win_right) &&
+                  (a.win_left < 0 || (int64_t)(j0 + BC - 1) >= (int64_t)(i0 + wrow) + a.var_off - a.win_left);
     uint32_t pa[MT][BC / 16][4];
     if (warp_live) {
       float s[MT][NT][4];
@@ -238,7 +253,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
         for (int n = 0; n < NT; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
       oss_warp_mma_ss<T, MT, NT, KD, LDS, LDS>(s, sQw, oss_smem_u32(sK + st * BC * LDS), lane);
 
-      const float c = oss_attn_fwd_mask_scores<T, MT, NT>(s, a, mbase, i0 + wrow, j0, lane);
+      float c = 1.f;
+      if constexpr (VAR) oss_attn_var_tile<MT, NT, false>(s, a, slope_l2, mbase, i0 + wrow, j0, lane);
+      else c = oss_attn_fwd_mask_scores<T, MT, NT>(s, a, mbase, i0 + wrow, j0, lane);
       oss_attn_online_softmax<T, MT, NT, NO>(s, o, m, l, lr, c, pa);
     }
 
@@ -250,18 +267,27 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
   oss_attn_fwd_write<T, MT, NO>(a, o, m, l, lr, b, h, bh, i0 + wrow, lane);
 }
 
-template <typename T, int HD, int BR, int BC, int NW, int MINB>
+template <typename T, int HD, int BR, int BC, int NW, int MINB, bool VAR = false>
 oss_status oss_attn_fwd_mma_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
-  return oss_attn_launch(oss_attn_fwd_mma_kernel<T, HD, BR, BC, NW, MINB>, "attention forward (mma.sync)", HD,
+  return oss_attn_launch(oss_attn_fwd_mma_kernel<T, HD, BR, BC, NW, MINB, VAR>,
+                         VAR ? "attention forward with score variants (mma.sync)" : "attention forward (mma.sync)", HD,
                          oss_attn_fwd_smem_bytes<HD, BR, BC>(),
                          oss_attn_grid((a->lq + BR - 1) / BR, (int64_t)a->batch * a->hq), NW * 32, a, stream, dev);
 }
 
-/* Entry point instantiated once per (head dim, dtype) by the generator. */
+/* Entry points instantiated once per (head dim, dtype) by the generator: the
+ * plain kernel, and (for the head dims of VARIANT_HEAD_DIMS) the one with the
+ * score variants (a separate instantiation, so they cost the plain kernel no
+ * registers). */
 template <typename T, int HD>
 oss_status oss_attn_fwd_mma_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   typedef oss_attn_fwd_cfg<HD> C;
   return oss_attn_fwd_mma_run<T, HD, C::BR, C::BC, C::NW, C::MINB>(a, stream, dev);
+}
+template <typename T, int HD>
+oss_status oss_attn_fwd_var_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+  typedef oss_attn_fwd_cfg<HD> C;
+  return oss_attn_fwd_mma_run<T, HD, C::BR, C::BC, C::NW, C::MINB, true>(a, stream, dev);
 }
 
 #endif /* OSS_ATTENTION_FWD_CUH */

@@ -337,6 +337,25 @@ __device__ __forceinline__ void oss_attn_mask_frag(float (&s)[MT][NT][4], const 
     }
 }
 
+/* The score variants (oss_attn_var_score) on a tile of raw scores held as C
+ * fragments, in place: fragment row R = r0 + mt*16 + g (+8), column
+ * C = c0 + n*8 + 2t (+1); KEY_MAJOR = false: R is the query and C the key. */
+template <int MT, int NT, bool KEY_MAJOR>
+__device__ __forceinline__ void oss_attn_var_tile(float (&s)[MT][NT][4], const oss_attn_args &a, float slope_l2,
+                                                  int64_t mbase, int r0, int c0, int lane) {
+  const int g = lane >> 2, t2 = (lane & 3) * 2;
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int R = r0 + mt * 16 + g + (e >> 1) * 8, C = c0 + n * 8 + t2 + (e & 1);
+        float dcap;
+        s[mt][n][e] = oss_attn_var_score(a, s[mt][n][e], KEY_MAJOR ? C : R, KEY_MAJOR ? R : C, slope_l2, mbase, &dcap);
+      }
+}
+
 /* oss_attn_mask_frag for the mask tensor's dtype (bool, float32 or T). */
 template <typename T, bool KEY_MAJOR, int MT, int NT>
 __device__ __forceinline__ void oss_attn_mask_tile(float (&s)[MT][NT][4], const oss_attn_args &a, int64_t mbase,
@@ -373,9 +392,10 @@ __device__ __forceinline__ void oss_store_pair(T *row, int c, int ncols, float v
 typedef struct oss_attn_query_block {
   int64_t bh;
   int b, h, hk, i0, rows, ntiles;
+  int jt0; /* the first key tile some row can see (a window's left edge; else 0) */
 } oss_attn_query_block;
 
-template <int BR, int BC>
+template <int BR, int BC, bool VAR = false>
 __device__ __forceinline__ void oss_attn_query_block_at(const oss_attn_args &a, int64_t bh, int block,
                                                         oss_attn_query_block *q) {
   q->bh = bh;
@@ -390,14 +410,27 @@ __device__ __forceinline__ void oss_attn_query_block_at(const oss_attn_args &a, 
     const int64_t lim = (int64_t)(q->i0 + q->rows) + a.causal_off;
     n_end = (int)(lim < 0 ? 0 : (lim < a.lk ? lim : a.lk));
   }
+  int n_start = 0;
+  if (VAR) { /* a window: keys [i0 + off - left, i0 + rows - 1 + off + right] */
+    if (a.win_right >= 0) {
+      const int64_t lim = (int64_t)(q->i0 + q->rows - 1) + a.var_off + a.win_right + 1;
+      n_end = (int)(lim < 0 ? 0 : (lim < n_end ? lim : n_end));
+    }
+    if (a.win_left >= 0) {
+      const int64_t first = (int64_t)q->i0 + a.var_off - a.win_left;
+      n_start = (int)(first < 0 ? 0 : (first < n_end ? first : n_end));
+    }
+  }
   q->ntiles = (n_end + BC - 1) / BC;
+  q->jt0 = n_start / BC;
+  if (q->jt0 > q->ntiles) q->jt0 = q->ntiles;
 }
 
-template <int BR, int BC>
+template <int BR, int BC, bool VAR = false>
 __device__ __forceinline__ bool oss_attn_query_block_of(const oss_attn_args &a, oss_attn_query_block *q) {
   const int64_t bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
   if (bh >= (int64_t)a.batch * a.hq) return false;
-  oss_attn_query_block_at<BR, BC>(a, bh, (int)blockIdx.x, q);
+  oss_attn_query_block_at<BR, BC, VAR>(a, bh, (int)blockIdx.x, q);
   return true;
 }
 
