@@ -238,9 +238,15 @@ typedef struct oss_attention_backward_params {
   void *dv;
   int64_t dv_stride[3];
   int deterministic; /* nonzero: bitwise identical gradients run to run */
+  /* Nonzero: fwd.out and fwd.lse come from attention over more keys than k
+   * and v (one block of ring attention). The 16-bit CUDA backward, which takes
+   * P and D from them, then gives this block's share of that attention's
+   * gradient and does not centre dQ (centring needs dS's rows to sum to 0
+   * over k). The other kernels recompute the statistics from k and v. */
+  int keys_subset;
   /* With fwd.sinks: float32 [heads_q], written (not accumulated) with
    * d sink_h = -sum over (b, i) of p_sink(b, h, i) * D(b, h, i), where
-   * p_sink = exp(sink_h - lse) and D = rowsum(dout * out). */
+   * p_sink = exp(sink_h - lse) and D = rowsum(dout * out); NULL: not wanted. */
   float *dsinks;
 } oss_attention_backward_params;
 

@@ -769,7 +769,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_impl(
     const char *op, const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value,
     const Tensor &out, const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal,
     std::optional<double> scale, bool enable_gqa, c10::string_view causal_alignment, bool deterministic,
-    const std::optional<Tensor> &out_residual, const AttentionVariants &variants, bool want_dsinks) {
+    const std::optional<Tensor> &out_residual, const AttentionVariants &variants, bool want_dsinks,
+    bool keys_subset = false) {
   AttentionInputs in =
       prepare_attention(op, query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment, variants);
   oss_attention_backward_params bp{};
@@ -838,6 +839,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_impl(
   bp.dv = dv.data_ptr();
   fill_strides3(dv, bp.dv_stride);
   bp.deterministic = deterministic;
+  bp.keys_subset = keys_subset;
   bp.dsinks = want_dsinks ? dsinks.data_ptr<float>() : nullptr;
 #ifdef OSS_WITH_CUDA
   if (query.is_cuda()) {
@@ -857,11 +859,11 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op(
     const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
     bool enable_gqa, c10::string_view causal_alignment, bool deterministic, const std::optional<Tensor> &out_residual,
     at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes,
-    const std::optional<Tensor> &sinks) {
+    const std::optional<Tensor> &sinks, bool keys_subset) {
   auto [dq, dk, dv, dsinks] = attention_backward_impl(
       "attention_backward", grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
       causal_alignment, deterministic, out_residual, AttentionVariants{window_size, softcap, alibi_slopes, sinks},
-      false);
+      false, keys_subset);
   return {dq, dk, dv};
 }
 
@@ -1344,7 +1346,7 @@ template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Func
     }
     auto [dq, dk, dv] = op.call(grads[0], saved[0], saved[1], saved[2], saved[4], saved[5], opt(mask), is_causal,
                                 scale, enable_gqa, alignment, deterministic, opt(residual), window_size, softcap,
-                                opt(alibi), opt(sinks));
+                                opt(alibi), opt(sinks), false);
     none[0] = dq;
     none[1] = dk;
     none[2] = dv;
@@ -1378,14 +1380,14 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op_autograd(
     const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
     bool enable_gqa, c10::string_view causal_alignment, bool deterministic, const std::optional<Tensor> &out_residual,
     at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes,
-    const std::optional<Tensor> &sinks) {
+    const std::optional<Tensor> &sinks, bool keys_subset) {
   refuse_double_backward(grad_out, query, key, value, out, lse, attn_mask, out_residual, sinks);
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("oss::attention_backward", "")
                              .typed<decltype(attention_backward_op)>();
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return op.call(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
-                 deterministic, out_residual, window_size, softcap, alibi_slopes, sinks);
+                 deterministic, out_residual, window_size, softcap, alibi_slopes, sinks, keys_subset);
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_with_sinks_op_autograd(
@@ -1534,7 +1536,8 @@ TORCH_LIBRARY(oss, m) {
       "attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, Tensor lse, "
       "Tensor? attn_mask, bool is_causal, float? scale, bool enable_gqa, str causal_alignment, "
       "bool deterministic, Tensor? out_residual=None, int[2] window_size=[-1, -1], float softcap=0.0, "
-      "Tensor? alibi_slopes=None, Tensor? sinks=None) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
+      "Tensor? alibi_slopes=None, Tensor? sinks=None, bool keys_subset=False) -> (Tensor grad_query, Tensor grad_key, "
+      "Tensor grad_value)");
   m.def(
       "attention_backward_with_sinks(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, "
       "Tensor lse, Tensor? attn_mask, bool is_causal, float? scale, bool enable_gqa, str causal_alignment, "

@@ -102,7 +102,7 @@ def _attention_with_residual_fake(query, key, value, attn_mask=None, is_causal=F
 
 def _attention_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
                              causal_alignment, deterministic, out_residual=None, window_size=(-1, -1), softcap=0.0,
-                             alibi_slopes=None, sinks=None):
+                             alibi_slopes=None, sinks=None, keys_subset=False):
     _check_same_device("attention_backward", [("query", query), ("key", key), ("value", value),
                                               ("attn_mask", attn_mask), ("grad_out", grad_out), ("out", out),
                                               ("lse", lse), ("out_residual", out_residual),

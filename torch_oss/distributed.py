@@ -399,7 +399,7 @@ def _block_backward(dout, q, k, v, out, lse, residual, d_global, causal, scale, 
     acc = _acc_dtype(q.dtype)
     if _reads_lse(q):
         dq, dk, dv = torch.ops.oss.attention_backward(dout, q, k, v, out, lse, None, causal, scale, enable_gqa,
-                                                      "top_left", deterministic, residual)
+                                                      "top_left", deterministic, residual, keys_subset=True)
         return dq.to(acc), dk.to(acc), dv.to(acc)
     sc = scale if scale is not None else q.shape[-1] ** -0.5
     work = torch.float64 if q.device.type == "cpu" else acc
@@ -561,45 +561,51 @@ def _reduce_scatter_seq(full, group, size, dim):
 
 
 class _AllGatherKV(torch.autograd.Function):
-    """Every rank's K (or V) shard in global sequence order; the backward sums
-    the gradient over the ranks (in float32) and gives each its shard's part."""
+    """Every rank's K (or V) shard in global sequence order (in `dtype`, exact);
+    the backward sums the gradient over the ranks in the accumulation dtype and
+    gives each its shard's part, rounded once to the shard's dtype."""
 
     @staticmethod
-    def forward(ctx, x, group, size, layout):
-        ctx.cfg = (group, size, layout)
+    def forward(ctx, x, group, size, layout, dtype):
+        ctx.cfg = (group, size, layout, x.dtype)
         parts = _all_gather_seq(x, group, size, 2)
-        return _reorder_gathered(parts, layout, 2)
+        return _reorder_gathered(parts, layout, 2).to(dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        group, size, layout = ctx.cfg
-        g = grad.to(_acc_dtype(grad.dtype))
+        group, size, layout, x_dtype = ctx.cfg
+        g = grad.to(_acc_dtype(x_dtype))
         if layout == "zigzag":
             # back to rank order (rank r's shard is chunks r and 2P-1-r)
             n = 2 * size
             c = g.shape[2] // n
             g = torch.cat([g.narrow(2, i * c, c) for r in range(size) for i in (r, n - 1 - r)], dim=2)
-        return _reduce_scatter_seq(g, group, size, 2).to(grad.dtype), None, None, None
+        return _reduce_scatter_seq(g, group, size, 2).to(x_dtype), None, None, None, None
 
 
 def _allgather_forward(q, k, v, group, rank, size, is_causal, scale, layout, enable_gqa):
     from .functional import attention_with_lse
 
-    k_all = _AllGatherKV.apply(k, group, size, layout)
-    v_all = _AllGatherKV.apply(v, group, size, layout)
     if not is_causal:
+        k_all = _AllGatherKV.apply(k, group, size, layout, k.dtype)
+        v_all = _AllGatherKV.apply(v, group, size, layout, v.dtype)
         return attention_with_lse(q, k_all, v_all, scale=scale, enable_gqa=enable_gqa)
     L = q.shape[2]
     chunks, _ = _chunks(layout, rank, size)
     c = L // len(chunks)
+    # each chunk's call gives K and V a gradient: gathered in the accumulation
+    # dtype (exactly), those are summed there, over the chunks and the ranks,
+    # and rounded to K's dtype once, at the end of the backward
+    k_all = _AllGatherKV.apply(k, group, size, layout, _acc_dtype(k.dtype))
+    v_all = _AllGatherKV.apply(v, group, size, layout, _acc_dtype(v.dtype))
     outs, lses = [], []
     for j, chunk in enumerate(chunks):
         # queries of global chunk `chunk` see the keys up to the end of that chunk:
         # causal with the queries at the end of the keys (bottom-right)
         n_keys = (chunk + 1) * c
-        o, lse = attention_with_lse(q.narrow(2, j * c, c), k_all.narrow(2, 0, n_keys), v_all.narrow(2, 0, n_keys),
-                                    is_causal=True, scale=scale, enable_gqa=enable_gqa,
-                                    causal_alignment="bottom_right")
+        o, lse = attention_with_lse(q.narrow(2, j * c, c), k_all.narrow(2, 0, n_keys).to(q.dtype),
+                                    v_all.narrow(2, 0, n_keys).to(q.dtype), is_causal=True, scale=scale,
+                                    enable_gqa=enable_gqa, causal_alignment="bottom_right")
         outs.append(o)
         lses.append(lse)
     if len(outs) == 1:

@@ -475,9 +475,7 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   if (nkv > 0 && (bp->dk == NULL || bp->dv == NULL))
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention_backward: params->%s is NULL",
                     bp->dk == NULL ? "dk" : "dv");
-  if (p->sinks != NULL && p->heads_q > 0 && nq == 0) { /* no rows: the sinks' gradient is 0 */
-    if (bp->dsinks == NULL)
-      return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention_backward: params->dsinks is NULL but sinks are given");
+  if (p->sinks != NULL && bp->dsinks != NULL && p->heads_q > 0 && nq == 0) { /* no rows: d sinks is 0 */
     if (cudaMemsetAsync(bp->dsinks, 0, (size_t)p->heads_q * sizeof(float), (cudaStream_t)cuda_stream) != cudaSuccess)
       return oss_fail(OSS_ERROR_CUDA, "attention_backward: clearing dsinks failed");
   }
@@ -513,15 +511,17 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   if (oss_attn_rows_aligned(bp->dk, bp->dk_stride, nk3, es)) a.vec |= OSS_ATTN_VEC_DK;
   if (oss_attn_rows_aligned(bp->dv, bp->dv_stride, nk3, es)) a.vec |= OSS_ATTN_VEC_DV;
   a.dsinks = p->sinks != NULL ? bp->dsinks : NULL;
-  if (p->sinks != NULL && bp->dsinks == NULL && nq > 0)
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention_backward: params->dsinks is NULL but sinks are given");
   a.lq_pad = L.lq_pad;
   a.lse_adj = workspace;
   a.dsum = (char *)workspace + L.off_dsum;
   a.inv_l = L.off_inv_l ? (char *)workspace + L.off_inv_l : NULL;
   a.dq_acc = L.dq_ld > 0 ? (float *)((char *)workspace + L.off_dq) : NULL;
   a.dq_ld = L.dq_ld;
-  if (L.mean_ld > 0 && nq > 0 && nkv > 0 && oss_attn_opts()->dq_centring) {
+  /* dQ's centring needs dS's rows to sum to 0 over these keys: not so for a
+   * block of a larger key set, nor with sinks (the rows sum to D p_sink) or a
+   * softcap (dS carries its derivative) */
+  if (L.mean_ld > 0 && nq > 0 && nkv > 0 && oss_attn_opts()->dq_centring && !bp->keys_subset && p->sinks == NULL &&
+      p->softcap == 0.0) {
     a.kmean_part = (double *)((char *)workspace + L.off_kpart);
     a.kmean = (float *)((char *)workspace + L.off_kmean);
     a.eacc = L.dq_ld > 0 ? (float *)((char *)workspace + L.off_eacc) : NULL;
