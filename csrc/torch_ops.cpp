@@ -522,6 +522,18 @@ bool given(const std::optional<Tensor> &t) { return t.has_value() && t->defined(
 // distances is `diagonal`); alibi and sinks receive the float32 contiguous
 // tensors p points into. On CUDA, where the kernels do not serve the variants
 // yet, a call with any of them raises NotImplementedError naming it.
+// The score-variant fields of `from` (set_attention_variants) into `to`.
+void copy_variant_fields(const oss_attention_params &from, oss_attention_params &to) {
+  to.window = from.window;
+  to.window_left = from.window_left;
+  to.window_right = from.window_right;
+  to.window_diagonal = from.window_diagonal;
+  to.softcap = from.softcap;
+  to.alibi_slopes = from.alibi_slopes;
+  to.alibi_stride_batch = from.alibi_stride_batch;
+  to.sinks = from.sinks;
+}
+
 void set_attention_variants(const char *op, const AttentionVariants &var, const Tensor &query, int64_t B,
                             int64_t Hq, oss_causal diagonal, oss_attention_params &p, Tensor &alibi, Tensor &sinks,
                             bool kv_cache = false) {
@@ -668,14 +680,7 @@ AttentionInputs prepare_attention(const char *op, const Tensor &query, const Ten
   for (int i = 0; i < 4; i++) p.mask_stride[i] = 0;
   in.alibi = alibi;
   in.sinks = sinks;
-  p.window = variant_fields.window;
-  p.window_left = variant_fields.window_left;
-  p.window_right = variant_fields.window_right;
-  p.window_diagonal = variant_fields.window_diagonal;
-  p.softcap = variant_fields.softcap;
-  p.alibi_slopes = variant_fields.alibi_slopes;
-  p.alibi_stride_batch = variant_fields.alibi_stride_batch;
-  p.sinks = variant_fields.sinks;
+  copy_variant_fields(variant_fields, p);
 
   if (attn_mask && attn_mask->defined()) {
     const Tensor &m = *attn_mask;
@@ -1029,14 +1034,7 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_op(const Tensor &q, const Tens
   p.causal = causal ? OSS_CAUSAL_BOTTOM_RIGHT : OSS_CAUSAL_NONE;
   p.mask_kind = OSS_MASK_NONE;
   p.mask_dtype = OSS_BOOL;
-  p.window = variant_fields.window;
-  p.window_left = variant_fields.window_left;
-  p.window_right = variant_fields.window_right;
-  p.window_diagonal = variant_fields.window_diagonal;
-  p.softcap = variant_fields.softcap;
-  p.alibi_slopes = variant_fields.alibi_slopes;
-  p.alibi_stride_batch = variant_fields.alibi_stride_batch;
-  p.sinks = variant_fields.sinks;
+  copy_variant_fields(variant_fields, p);
   if (seqlens.defined()) seqlens = seqlens.contiguous();
   p.seqlens_k = seqlens.defined() ? seqlens.data_ptr<int32_t>() : nullptr;
   if (paged) {

@@ -55,6 +55,19 @@ VARIANTS = {
 }
 
 
+def hidden_keys(d, window_size, is_causal):
+    """The (Lq, Lk) keys the window and the causal rule hide, from d = i + off - j."""
+    left, right = window_size
+    hidden = torch.zeros(d.shape, dtype=torch.bool, device=d.device)
+    if left >= 0:
+        hidden |= d > left
+    if right >= 0:
+        hidden |= -d > right
+    if is_causal:
+        hidden |= d < 0
+    return hidden
+
+
 def variant_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, alignment="top_left",
                       window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, compute_dtype=torch.float64):
     """Attention with the variants, from their definition (oss.h), in
@@ -80,15 +93,7 @@ def variant_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, alig
             s = s.masked_fill(~attn_mask, float("-inf"))
         else:
             s = s + attn_mask.to(compute_dtype)
-    hidden = torch.zeros(Lq, Lk, dtype=torch.bool, device=q.device)
-    left, right = window_size
-    if left >= 0:
-        hidden |= d > left
-    if right >= 0:
-        hidden |= -d > right
-    if is_causal:
-        hidden |= j > i + off
-    s = s.masked_fill(hidden, float("-inf"))
+    s = s.masked_fill(hidden_keys(d, window_size, is_causal), float("-inf"))
     if sinks is not None:
         s = torch.cat([s, sinks.to(compute_dtype).reshape(1, Hq, 1, 1).expand(B, Hq, Lq, 1)], -1)
     empty = (s == float("-inf")).all(-1, keepdim=True)
@@ -117,15 +122,7 @@ def _variant_scores(q, k, attn_mask, is_causal, scale, alignment, window_size, s
         s = s - alibi_slopes.float().reshape(-1 if alibi_slopes.dim() == 2 else 1, Hq, 1, 1) * d.abs().float()
     if attn_mask is not None:
         s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask.float()
-    hidden = torch.zeros(Lq, Lk, dtype=torch.bool, device=q.device)
-    left, right = window_size
-    if left >= 0:
-        hidden |= d > left
-    if right >= 0:
-        hidden |= -d > right
-    if is_causal:
-        hidden |= j > i + off
-    return s.masked_fill(hidden, float("-inf")), dcap
+    return s.masked_fill(hidden_keys(d, window_size, is_causal), float("-inf")), dcap
 
 
 def fa_style_peer(q, k, v, dout, sinks=None, attn_mask=None, is_causal=False, scale=None, alignment="top_left",
