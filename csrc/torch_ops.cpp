@@ -517,11 +517,6 @@ struct AttentionVariants {
 
 bool given(const std::optional<Tensor> &t) { return t.has_value() && t->defined(); }
 
-// Checks the variants of a call on `device` with B batches and Hq query heads
-// and fills their fields of p (the diagonal of the window and the ALiBi
-// distances is `diagonal`); alibi and sinks receive the float32 contiguous
-// tensors p points into. On CUDA, where the kernels do not serve the variants
-// yet, a call with any of them raises NotImplementedError naming it.
 // The score-variant fields of `from` (set_attention_variants) into `to`.
 void copy_variant_fields(const oss_attention_params &from, oss_attention_params &to) {
   to.window = from.window;
@@ -534,6 +529,11 @@ void copy_variant_fields(const oss_attention_params &from, oss_attention_params 
   to.sinks = from.sinks;
 }
 
+// Checks the variants of a call on `device` with B batches and Hq query heads
+// and fills their fields of p (the diagonal of the window and the ALiBi
+// distances is `diagonal`); alibi and sinks receive the float32 contiguous
+// tensors p points into. A KV-cache call on CUDA with any of them raises
+// NotImplementedError naming it (the decode kernel does not take them).
 void set_attention_variants(const char *op, const AttentionVariants &var, const Tensor &query, int64_t B,
                             int64_t Hq, oss_causal diagonal, oss_attention_params &p, Tensor &alibi, Tensor &sinks,
                             bool kv_cache = false) {

@@ -84,8 +84,7 @@ def _check_variants(query, window_size, softcap, alibi_slopes, sinks, determinis
             raise ValueError(f"{op}: sinks must have shape (heads_q,), got {tuple(sinks.shape)}")
     if deterministic is not None and not isinstance(deterministic, bool):
         raise TypeError(f"{op}: deterministic={deterministic!r} must be True, False or None")
-    # (on CUDA, whose kernels do not serve the variants yet, the op raises
-    # NotImplementedError naming the variant, after its shape checks)
+    # (the op checks the shapes; with a KV cache on CUDA it refuses the variants)
     return tuple(window_size)
 
 
@@ -243,9 +242,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     ``torch.nn.attention.bias.causal_lower_right(Lq, Lk)`` as ``attn_mask``.
     ``dropout_p`` must be 0.
 
-    Score variants (keyword-only; CPU only for now, NotImplementedError on
-    CUDA), applied to each score s = scale * q.k of query i and key j in this
-    order, with d = i + off - j the distance from the diagonal that
+    Score variants (keyword-only; CPU and CUDA, every dtype), applied to each
+    score s = scale * q.k of query i and key j in this order, with d = i + off - j the distance from the diagonal that
     ``causal_alignment`` chooses (off = 0 top-left, Lk - Lq bottom-right):
 
     - ``softcap`` > 0: s = softcap * tanh(s / softcap) (0: off).
