@@ -239,10 +239,12 @@ typedef struct oss_attention_backward_params {
   int64_t dv_stride[3];
   int deterministic; /* nonzero: bitwise identical gradients run to run */
   /* Nonzero: fwd.out and fwd.lse come from attention over more keys than k
-   * and v (one block of ring attention). The 16-bit CUDA backward, which takes
-   * P and D from them, then gives this block's share of that attention's
-   * gradient and does not centre dQ (centring needs dS's rows to sum to 0
-   * over k). The other kernels recompute the statistics from k and v. */
+   * and v (one block of ring attention): the backward takes P and D from them
+   * (P = exp(s - lse), D = rowsum(dout * out), plus out_residual where given)
+   * and so gives this block's share of that attention's gradient; the 16-bit
+   * CUDA kernels then do not centre dQ (centring needs dS's rows to sum to 0
+   * over k). CPU, and float16/bfloat16 on CUDA (the float32/float64 CUDA
+   * kernels refuse it: OSS_ERROR_NOT_SUPPORTED). */
   int keys_subset;
   /* With fwd.sinks: float32 [heads_q], written (not accumulated) with
    * d sink_h = -sum over (b, i) of p_sink(b, h, i) * D(b, h, i), where

@@ -70,16 +70,23 @@ def _report_error(rank, result_file):
 def _run_case(case, group, device="cpu"):
     import torch_oss.distributed as cp
 
+    import torch.distributed as dist
+
     layout, comm = case["layout"], case["comm"]
     q, k, v, dout = (cp.shard(case[n].to(device), group, layout) for n in ("q", "k", "v", "dout"))
     q.requires_grad_(True)
     k.requires_grad_(True)
     v.requires_grad_(True)
+    sinks = None if case["sinks"] is None else case["sinks"].to(device).requires_grad_(True)
     out, lse = cp.ring_attention(q, k, v, group=group, is_causal=case["causal"], scale=case["scale"],
-                                 layout=layout, return_lse=True, enable_gqa=case["gqa"], comm=comm)
+                                 layout=layout, return_lse=True, enable_gqa=case["gqa"], comm=comm,
+                                 softcap=case["softcap"], sinks=sinks)
     out.backward(dout)
     res = {n: cp.unshard(t, group, layout).cpu() for n, t in
            (("out", out), ("lse", lse), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad))}
+    if sinks is not None:  # each rank's share of the replicated sinks' gradient, summed over the group
+        dist.all_reduce(sinks.grad, group=group)
+        res["dsinks"] = sinks.grad.cpu()
     res["out_dtype"] = out.dtype
     res["lse_dtype"] = lse.dtype
     return res
@@ -109,6 +116,8 @@ def _error_cases(rank, world):
         "gqa": _expect_error(lambda: cp.ring_attention(x, x[:, :1], x[:, :1]), ValueError),
         "odd_zigzag": _expect_error(lambda: cp.ring_attention(x[:, :, :7], x[:, :, :7], x[:, :, :7]), ValueError),
         "shard_len": _expect_error(lambda: cp.shard(torch.randn(1, 2, 6, 4), layout="zigzag"), ValueError),
+        "softcap": _expect_error(lambda: cp.ring_attention(x, x, x, softcap=-1.0), ValueError),
+        "sinks": _expect_error(lambda: cp.ring_attention(x, x, x, sinks=torch.zeros(3)), ValueError),
     }
     # shard lengths that differ across ranks: every rank must raise (not hang)
     L = 8 if rank == 0 else 10
@@ -188,16 +197,20 @@ def _spawn(world, tmp_path, spec, worker=_worker):
 # ---------------------------------------------------------------------------
 
 
-def _case(world, dtype, layout, causal, hq=2, hkv=2, local=16, d=16, dv=None, comm="ring", scale=None):
+def _case(world, dtype, layout, causal, hq=2, hkv=2, local=16, d=16, dv=None, comm="ring", scale=None, softcap=0.0,
+          sinks=False):
     S = local * world
     dv = d if dv is None else dv
     q = awkward_randn((1, hq, S, d), dtype, "cpu", scale=2.0, outliers=False)
     k = awkward_randn((1, hkv, S, d), dtype, "cpu", scale=2.0, outliers=False)
     v = awkward_randn((1, hkv, S, dv), dtype, "cpu", scale=2.0, outliers=False)
     dout = awkward_randn((1, hq, S, dv), dtype, "cpu", scale=2.0, outliers=False)
+    # sinks: float32 values (the kernels hold sinks in float32) in the inputs' dtype
+    s = (torch.randn(hq) * 2).to(dtype).float().to(dtype) if sinks else None
     return dict(q=q, k=k, v=v, dout=dout, layout=layout, causal=causal, gqa=hq != hkv, comm=comm, scale=scale,
+                softcap=softcap, sinks=s,
                 name=f"P={world} {comm} {layout} {'causal' if causal else 'full'} {dtype} Hq={hq} Hkv={hkv} "
-                     f"L={local} D={d} Dv={dv} scale={scale}")
+                     f"L={local} D={d} Dv={dv} scale={scale} softcap={softcap} sinks={sinks}")
 
 
 def _judge(case, got, device="cpu"):
@@ -208,12 +221,21 @@ def _judge(case, got, device="cpu"):
     assert got["out_dtype"] == dtype, f"{name}: out dtype {got['out_dtype']}"
     assert got["lse_dtype"] == (torch.float64 if dtype == torch.float64 else torch.float32), name
     leaves64 = [case[n].detach().to(torch.float64, copy=True).requires_grad_(True) for n in ("q", "k", "v")]
-    out64, lse64 = attention_reference(*leaves64, is_causal=case["causal"], scale=case["scale"],
-                                       enable_gqa=case["gqa"])
+    sinks = case["sinks"]
+    s64 = None if sinks is None else sinks.detach().double().requires_grad_(True)
+    if case["softcap"] or sinks is not None:
+        from test_variants import variant_reference
+
+        out64, lse64 = variant_reference(*leaves64, is_causal=case["causal"], scale=case["scale"],
+                                         softcap=case["softcap"], sinks=s64)
+    else:
+        out64, lse64 = attention_reference(*leaves64, is_causal=case["causal"], scale=case["scale"],
+                                           enable_gqa=case["gqa"])
     out64.backward(case["dout"].double())
     leaves = [case[n].detach().to(device, copy=True).requires_grad_(True) for n in ("q", "k", "v")]
+    s_peer = None if sinks is None else sinks.detach().to(device).requires_grad_(True)
     peer, peer_lse = torch_oss.attention_with_lse(*leaves, is_causal=case["causal"], scale=case["scale"],
-                                                  enable_gqa=case["gqa"])
+                                                  enable_gqa=case["gqa"], softcap=case["softcap"], sinks=s_peer)
     peer.backward(case["dout"].to(device))
     atol = ATTENTION_ATOL[dtype]
     assert_tolerance(f"{name} out", got["out"], out64, peer, atol)
@@ -224,6 +246,10 @@ def _judge(case, got, device="cpu"):
     half = dtype in (torch.float16, torch.bfloat16)
     for n, ref, p in zip(("dq", "dk", "dv"), leaves64, leaves):
         assert_tolerance(f"{name} {n}", got[n], ref.grad, p.grad, atol, per_element_eps=half)
+    if sinks is not None:
+        # a sum over the ranks' rows in the accumulation dtype, cast to the sinks' dtype
+        assert got["dsinks"].dtype == sinks.dtype, f"{name}: dsinks dtype {got['dsinks'].dtype}"
+        assert_tolerance(f"{name} dsinks", got["dsinks"], s64.grad, s_peer.grad.cpu(), atol, per_element_eps=True)
 
 
 # ---------------------------------------------------------------------------
@@ -266,7 +292,7 @@ def _check_common(world, spec, res):
         errs = mine["errors"]
         for key, needle in (("layout", "layout="), ("comm", "comm="), ("dims", "4-D"), ("dtype", "k.dtype"),
                             ("gqa", "enable_gqa"), ("odd_zigzag", "even"), ("shard_len", "divisible"),
-                            ("uneven", "differs across ranks")):
+                            ("uneven", "differs across ranks"), ("softcap", "softcap="), ("sinks", "sinks must")):
             assert needle in errs[key], f"rank {r}, error case {key!r}: {errs[key]!r}"
 
 
@@ -284,6 +310,11 @@ def test_two_ranks(tmp_path):
         lambda: _case(W, bf16, "contiguous", True, hq=4, hkv=1, comm="allgather"),
         lambda: _case(W, f32, "zigzag", False, hq=3, hkv=3, comm="allgather"),
         lambda: _case(W, torch.float64, "zigzag", True, hq=2, hkv=1),
+        lambda: _case(W, f32, "zigzag", True, hq=4, hkv=2, softcap=3.0, sinks=True),
+        lambda: _case(W, f32, "contiguous", False, sinks=True),
+        lambda: _case(W, bf16, "zigzag", True, hq=4, hkv=2, local=24, d=32, softcap=5.0, sinks=True),
+        lambda: _case(W, f32, "zigzag", True, hq=4, hkv=2, comm="allgather", softcap=3.0, sinks=True),
+        lambda: _case(W, torch.float64, "contiguous", True, hq=2, hkv=1, softcap=2.0),
     ]
     spec = {"cases": _seeded_cases(0, builders),
             # a group of one rank: plain attention over the local sequence
@@ -304,6 +335,7 @@ def test_four_ranks(tmp_path):
         lambda: _case(W, f32, "zigzag", False),
         lambda: _case(W, f32, "zigzag", True, hq=4, hkv=2, comm="allgather"),
         lambda: _case(W, f32, "contiguous", True, comm="allgather"),
+        lambda: _case(W, f32, "zigzag", True, hq=4, hkv=2, softcap=4.0, sinks=True),
     ]
     spec = {"cases": _seeded_cases(2, builders),
             "single": [],
@@ -325,6 +357,7 @@ def _nccl_cases(world):
         lambda: _case(world, bf16, "zigzag", True, hq=4, hkv=1, local=128, d=128, comm="allgather"),
         lambda: _case(world, f32, "zigzag", True, hq=4, hkv=2, local=64, d=32),
         lambda: _case(world, bf16, "zigzag", True, hq=2, hkv=2, local=96, d=256),
+        lambda: _case(world, bf16, "zigzag", True, hq=4, hkv=2, local=128, d=64, softcap=20.0, sinks=True),
     ]
 
 

@@ -159,7 +159,7 @@ def position_ids(seq_len, group=None, layout="zigzag", device=None):
 # ---------------------------------------------------------------------------
 
 
-def _check_inputs(q, k, v, fn, layout, comm, enable_gqa, scale):
+def _check_inputs(q, k, v, fn, layout, comm, enable_gqa, scale, softcap=0.0, sinks=None):
     _check_layout(layout, fn)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -211,6 +211,24 @@ def _check_inputs(q, k, v, fn, layout, comm, enable_gqa, scale):
         raise ValueError(f"torch_oss.distributed.{fn}: scale={scale!r} must be a finite number or None")
     if comm not in COMMS:
         raise ValueError(f"torch_oss.distributed.{fn}: comm={comm!r} must be one of {COMMS}")
+    if (not isinstance(softcap, (int, float)) or isinstance(softcap, bool) or not math.isfinite(softcap)
+            or softcap < 0):
+        raise ValueError(f"torch_oss.distributed.{fn}: softcap={softcap!r} must be a finite number >= 0 (0: off)")
+    if softcap and q.is_cuda and q.dtype not in (torch.float16, torch.bfloat16) and comm == "ring":
+        raise NotImplementedError(
+            f"torch_oss.distributed.{fn}: softcap with {q.dtype} inputs on CUDA is not supported by the ring "
+            "(its float32/float64 blocks take the block-local backward, which has no softcap term); use "
+            "float16/bfloat16 or comm='allgather'")
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor):
+            raise TypeError(f"torch_oss.distributed.{fn}: sinks must be a Tensor or None, got {type(sinks).__name__}")
+        if sinks.dim() != 1 or sinks.shape[0] != q.shape[1]:
+            raise ValueError(f"torch_oss.distributed.{fn}: sinks must have shape (heads_q,) = ({q.shape[1]},), got "
+                             f"{tuple(sinks.shape)}")
+        if sinks.device != q.device:
+            raise ValueError(f"torch_oss.distributed.{fn}: sinks is on {sinks.device} but q is on {q.device}")
+        if sinks.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"torch_oss.distributed.{fn}: sinks.dtype={sinks.dtype} must be one of {_FLOAT_DTYPES}")
 
 
 def _check_same_shapes(q, k, v, group, size, fn):
@@ -365,16 +383,21 @@ def _block_dtype(dtype):
 
 
 def _reads_lse(q):
-    """Whether oss.attention_backward on these inputs reads the lse and out it
-    is given (the float16/bfloat16 CUDA kernels, as FlashAttention), so that
-    the merged lse and output give each block its exact share of the global
-    gradient in one call. The CPU kernels and the float32/float64 CUDA (SIMT)
+    """Whether oss.attention_backward on these inputs takes the lse and out it
+    is given (keys_subset=True: the CPU kernels and the float16/bfloat16 CUDA
+    kernels), so that the merged lse and output give each block its exact
+    share of the global gradient in one call. The float32/float64 CUDA (SIMT)
     kernels recompute the row statistics from the keys they see, which gives
     the block-local gradient instead."""
+    return q.device.type == "cpu" or (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16))
+
+
+def _cuda_half(q):
     return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
 
 
-def _block_backward(dout, q, k, v, out, lse, residual, d_global, causal, scale, enable_gqa, deterministic):
+def _block_backward(dout, q, k, v, out, lse, residual, d_global, causal, scale, enable_gqa, deterministic,
+                    softcap=0.0):
     """(dq, dk, dv) of one block of keys: its share of the gradient of the
     global attention whose merged output and lse are `out` and `lse`, in the
     accumulation dtype.
@@ -397,9 +420,16 @@ def _block_backward(dout, q, k, v, out, lse, residual, d_global, causal, scale, 
     in float64 on the CPU (where it is not about speed) and in float32 at
     least on a GPU."""
     acc = _acc_dtype(q.dtype)
-    if _reads_lse(q):
+    if _cuda_half(q):
         dq, dk, dv = torch.ops.oss.attention_backward(dout, q, k, v, out, lse, None, causal, scale, enable_gqa,
-                                                      "top_left", deterministic, residual, keys_subset=True)
+                                                      "top_left", deterministic, residual, softcap=softcap,
+                                                      keys_subset=True)
+        return dq.to(acc), dk.to(acc), dv.to(acc)
+    if _reads_lse(q):  # the CPU: the same, in float64 (out is the merged output in the accumulation dtype)
+        f64 = torch.float64
+        dq, dk, dv = torch.ops.oss.attention_backward(
+            dout.to(f64), q.to(f64), k.to(f64), v.to(f64), out.to(f64), lse.to(f64), None, causal, scale,
+            enable_gqa, "top_left", deterministic, None, softcap=softcap, keys_subset=True)
         return dq.to(acc), dk.to(acc), dv.to(acc)
     sc = scale if scale is not None else q.shape[-1] ** -0.5
     work = torch.float64 if q.device.type == "cpu" else acc
@@ -427,7 +457,7 @@ def _block_backward(dout, q, k, v, out, lse, residual, d_global, causal, scale, 
 class _RingAttention(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, q, k, v, group, rank, size, is_causal, scale, layout, enable_gqa):
+    def forward(ctx, q, k, v, sinks, group, rank, size, is_causal, scale, layout, enable_gqa, softcap):
         B, Hq, L, _ = q.shape
         Dv = v.shape[-1]
         acc = _acc_dtype(q.dtype)
@@ -452,35 +482,40 @@ class _RingAttention(torch.autograd.Function):
                 if half:
                     # the block output with its rounding residual: the merge
                     # sees it unrounded (to 1/32 of its last place)
-                    o_i, lse_i, res_i = torch.ops.oss.attention_with_residual(*args)
+                    o_i, lse_i, res_i = torch.ops.oss.attention_with_residual(*args, softcap=softcap)
                     o_i = o_i.to(acc) + res_i.to(acc)
                 else:
-                    o_i, lse_i = torch.ops.oss.attention(*args)
+                    o_i, lse_i = torch.ops.oss.attention(*args, softcap=softcap)
                 _merge_(out_acc.narrow(2, qs, ql), lse_acc.narrow(2, qs, ql), o_i, lse_i)
             if pending is not None:
                 ring.wait(pending)
                 kv = nxt
                 k_cur, v_cur = _unpack(kv, shapes)
+        if sinks is not None:
+            # the sink joins every row's denominator once: one more partial
+            # result with output 0 and lse = the sink
+            sink_lse = sinks.detach().to(acc).reshape(1, Hq, 1).expand(B, Hq, L)
+            _merge_(out_acc, lse_acc, torch.zeros((), dtype=acc, device=q.device).expand(B, Hq, L, Dv), sink_lse)
         out = out_acc.to(q.dtype)
-        if _reads_lse(q):
+        if _cuda_half(q):
             # the kernel takes D = rowsum(dO * (out + residual)): the merged
             # output without its final rounding
             residual = (out_acc - out.to(acc)).to(q.dtype)
-            ctx.save_for_backward(q, k, v, out, lse_acc, residual)
+            ctx.save_for_backward(q, k, v, out, lse_acc, residual, sinks)
         else:
-            ctx.save_for_backward(q, k, v, out_acc, lse_acc, None)
-        ctx.cfg = (group, rank, size, is_causal, scale, layout, enable_gqa)
+            ctx.save_for_backward(q, k, v, out_acc, lse_acc, None, sinks)
+        ctx.cfg = (group, rank, size, is_causal, scale, layout, enable_gqa, softcap)
         lse = lse_acc.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse, residual = ctx.saved_tensors
-        group, rank, size, is_causal, scale, layout, enable_gqa = ctx.cfg
-        need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        if not (need_q or need_k or need_v):
-            return (None,) * 10
+        q, k, v, out, lse, residual, sinks = ctx.saved_tensors
+        group, rank, size, is_causal, scale, layout, enable_gqa, softcap = ctx.cfg
+        need_q, need_k, need_v, need_sinks = ctx.needs_input_grad[:4]
+        if not (need_q or need_k or need_v or need_sinks):
+            return (None,) * 12
         if grad_out is None:
             grad_out = torch.zeros(out.shape, dtype=q.dtype, device=q.device)
         grad_out = grad_out.to(q.dtype)
@@ -493,6 +528,15 @@ class _RingAttention(torch.autograd.Function):
             d_global = (grad_out.to(out.dtype) * out).sum(-1)
         L = q.shape[2]
         acc = _acc_dtype(q.dtype)
+        dsinks = None
+        if need_sinks:
+            # d sink_h = -sum over this rank's rows of p_sink D (the other ranks
+            # hold the other rows: their shares add up where the gradients of
+            # replicated parameters are reduced)
+            merged = out.to(acc) + (residual.to(acc) if residual is not None else 0)
+            d_rows = (grad_out.to(acc) * merged).sum(-1)
+            p_sink = torch.exp(sinks.detach().to(acc).reshape(1, -1, 1) - lse)
+            dsinks = -(p_sink * d_rows).sum((0, 2))
         dq = torch.zeros(q.shape, dtype=acc, device=q.device) if need_q else None
         ring = _Ring(group, rank, size, q.device) if size > 1 else None
         shapes = (tuple(k.shape), tuple(v.shape))
@@ -513,7 +557,8 @@ class _RingAttention(torch.autograd.Function):
                 dq_i, dk_i, dv_i = _block_backward(
                     grad_out[:, :, rows], q[:, :, rows], k_cur.narrow(2, ks, kl), v_cur.narrow(2, ks, kl),
                     out[:, :, rows], lse[:, :, rows], None if residual is None else residual[:, :, rows],
-                    None if d_global is None else d_global[:, :, rows], causal, scale, enable_gqa, deterministic)
+                    None if d_global is None else d_global[:, :, rows], causal, scale, enable_gqa, deterministic,
+                    softcap)
                 if dq is not None:
                     dq[:, :, rows] += dq_i
                 dk_blk[:, :, ks:ks + kl] += dk_i
@@ -536,8 +581,9 @@ class _RingAttention(torch.autograd.Function):
             dkv = dkv_in
         grads = (dq.to(q.dtype) if need_q else None,
                  dkv[0].to(k.dtype) if need_k else None,
-                 dkv[1].to(v.dtype) if need_v else None)
-        return (*grads, None, None, None, None, None, None, None)
+                 dkv[1].to(v.dtype) if need_v else None,
+                 dsinks.to(sinks.dtype) if need_sinks else None)
+        return (*grads, None, None, None, None, None, None, None, None)
 
 
 # ---------------------------------------------------------------------------
@@ -583,13 +629,13 @@ class _AllGatherKV(torch.autograd.Function):
         return _reduce_scatter_seq(g, group, size, 2).to(x_dtype), None, None, None, None
 
 
-def _allgather_forward(q, k, v, group, rank, size, is_causal, scale, layout, enable_gqa):
+def _allgather_forward(q, k, v, group, rank, size, is_causal, scale, layout, enable_gqa, softcap=0.0, sinks=None):
     from .functional import attention_with_lse
 
     if not is_causal:
         k_all = _AllGatherKV.apply(k, group, size, layout, k.dtype)
         v_all = _AllGatherKV.apply(v, group, size, layout, v.dtype)
-        return attention_with_lse(q, k_all, v_all, scale=scale, enable_gqa=enable_gqa)
+        return attention_with_lse(q, k_all, v_all, scale=scale, enable_gqa=enable_gqa, softcap=softcap, sinks=sinks)
     L = q.shape[2]
     chunks, _ = _chunks(layout, rank, size)
     c = L // len(chunks)
@@ -605,7 +651,8 @@ def _allgather_forward(q, k, v, group, rank, size, is_causal, scale, layout, ena
         n_keys = (chunk + 1) * c
         o, lse = attention_with_lse(q.narrow(2, j * c, c), k_all.narrow(2, 0, n_keys).to(q.dtype),
                                     v_all.narrow(2, 0, n_keys).to(q.dtype), is_causal=True, scale=scale,
-                                    enable_gqa=enable_gqa, causal_alignment="bottom_right")
+                                    enable_gqa=enable_gqa, causal_alignment="bottom_right", softcap=softcap,
+                                    sinks=sinks)
         outs.append(o)
         lses.append(lse)
     if len(outs) == 1:
@@ -619,7 +666,7 @@ def _allgather_forward(q, k, v, group, rank, size, is_causal, scale, layout, ena
 
 
 def ring_attention(q, k, v, *, group=None, is_causal=False, scale=None, layout="zigzag", return_lse=False,
-                   enable_gqa=False, comm="ring", check_shapes=True):
+                   enable_gqa=False, comm="ring", check_shapes=True, softcap=0.0, sinks=None):
     """Attention over a sequence sharded across the ranks of ``group``.
 
     q (B, Hq, L, D), k (B, Hkv, L, D), v (B, Hkv, L, Dv): this rank's shard
@@ -640,28 +687,35 @@ def ring_attention(q, k, v, *, group=None, is_causal=False, scale=None, layout="
     check_shapes: one small all_gather per call checks that every rank's shard
     has the same shape (unequal shards would hang or mis-merge); pass False to
     skip it once the shapes are known to agree.
+    softcap, sinks: torch_oss.attention's score variants (sinks (Hq,), the same
+    on every rank; its gradient here is this rank's rows' share, to be summed
+    over the group as for any replicated parameter). Not with float32/float64
+    CUDA inputs for softcap on the ring.
     """
     fn = "ring_attention" if comm == "ring" else "allgather_attention"
-    _check_inputs(q, k, v, fn, layout, comm, enable_gqa, scale)
+    _check_inputs(q, k, v, fn, layout, comm, enable_gqa, scale, softcap, sinks)
     group, rank, size = _check_group(group, fn)
     if check_shapes:
         _check_same_shapes(q, k, v, group, size, fn)
     if comm == "allgather":
-        out, lse = _allgather_forward(q, k, v, group, rank, size, bool(is_causal), scale, layout, enable_gqa)
+        out, lse = _allgather_forward(q, k, v, group, rank, size, bool(is_causal), scale, layout, enable_gqa,
+                                      float(softcap), sinks)
     else:
-        out, lse = _RingAttention.apply(q, k, v, group, rank, size, bool(is_causal), scale, layout, enable_gqa)
+        out, lse = _RingAttention.apply(q, k, v, sinks, group, rank, size, bool(is_causal), scale, layout, enable_gqa,
+                                        float(softcap))
     return (out, lse) if return_lse else out
 
 
 def allgather_attention(q, k, v, *, group=None, is_causal=False, scale=None, layout="zigzag", return_lse=False,
-                        enable_gqa=False, check_shapes=True):
+                        enable_gqa=False, check_shapes=True, softcap=0.0, sinks=None):
     """:func:`ring_attention` with ``comm="allgather"``: K/V of every rank
     all-gathered once, one local attention per query chunk, dK/dV
     reduce-scattered in the backward. For models whose K/V are small (grouped
     -query attention with few K/V heads): two collectives instead of P-1 ring
     steps, at the memory cost of the full sequence's K/V on every rank."""
     return ring_attention(q, k, v, group=group, is_causal=is_causal, scale=scale, layout=layout,
-                          return_lse=return_lse, enable_gqa=enable_gqa, comm="allgather", check_shapes=check_shapes)
+                          return_lse=return_lse, enable_gqa=enable_gqa, comm="allgather", check_shapes=check_shapes,
+                          softcap=softcap, sinks=sinks)
 
 
 # ---------------------------------------------------------------------------
@@ -694,9 +748,14 @@ def ring_attention_context(group=None, layout="zigzag", comm="ring"):
     _hf.register_transformers()
 
     def forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-        for unsupported in ("softcap", "s_aux", "sinks", "position_bias"):
-            if kwargs.get(unsupported) is not None:
-                raise ValueError(f"ring_attention_context: `{unsupported}` is not supported by ring attention")
+        if kwargs.get("position_bias") is not None:
+            raise ValueError("ring_attention_context: `position_bias` is not supported by ring attention")
+        if kwargs.get("sliding_window") is not None:
+            raise ValueError("ring_attention_context: `sliding_window` is not supported by ring attention")
+        softcap = kwargs.get("softcap") or 0.0
+        sinks = kwargs.get("s_aux")
+        if sinks is None:
+            sinks = kwargs.get("sinks")
         if attention_mask is not None:
             raise ValueError(
                 "ring_attention_context: the layer received an attention mask (padding, a sliding window or a KV "
@@ -707,7 +766,8 @@ def ring_attention_context(group=None, layout="zigzag", comm="ring"):
         if is_causal is None:
             is_causal = getattr(module, "is_causal", True)
         out = ring_attention(query, key, value, group=group, is_causal=bool(is_causal), scale=scaling,
-                             layout=layout, enable_gqa=query.shape[1] != key.shape[1], comm=comm)
+                             layout=layout, enable_gqa=query.shape[1] != key.shape[1], comm=comm,
+                             softcap=float(softcap), sinks=sinks)
         return out.transpose(1, 2).contiguous(), None
 
     def no_mask(*args, **kwargs):

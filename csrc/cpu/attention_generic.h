@@ -475,9 +475,23 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
         FN(widen)(Q, rows * D, Qd);
         FN(load_rows)(bp->dout, p->dtype, bp->dout_stride, b, h, i0, rows, Dv, dO);
 
-        /* pass 1: m, l and D per row */
+        /* pass 1: m, l and D per row; with keys_subset, m = the given lse, l = 1 and
+         * D = rowsum(dO * out) of the given out (the attention over more keys, of
+         * which these are a block: this block's share of its gradient) */
         for (int64_t r = 0; r < rows; r++) m[r] = sink, l[r] = sink == -INFINITY ? 0 : 1, Drow[r] = 0;
-        for (int64_t j0 = kbegin; j0 < kend; j0 += OSS_BC) {
+        if (bp->keys_subset) {
+          const LSE_T *lse_in = (const LSE_T *)p->lse + (b * p->heads_q + h) * p->len_q + i0;
+          FN(load_rows)(p->out, p->dtype, p->out_stride, b, h, i0, rows, Dv, prod);
+          for (int64_t r = 0; r < rows; r++) {
+            const double lr = (double)lse_in[r];
+            m[r] = lr;
+            l[r] = lr == -INFINITY ? 0 : 1;
+            double d = 0;
+            for (int64_t e = 0; e < Dv; e++) d += (double)dO[r * Dv + e] * (double)prod[r * Dv + e];
+            Drow[r] = d;
+          }
+        }
+        for (int64_t j0 = kbegin; j0 < (bp->keys_subset ? kbegin : kend); j0 += OSS_BC) {
           const int64_t cols = kend - j0 < OSS_BC ? kend - j0 : OSS_BC;
           FN(load_kv_tile)(p, b, hk, j0, cols, K, Kt, Ktd, V, Vt);
           FN(score_and_dp_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, Vt, dO, S, NULL, dS);
@@ -501,7 +515,7 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
         }
         for (int64_t r = 0; r < rows; r++) { /* l == 0: no visible key, so no gradient */
           inv_l[r] = l[r] > 0 ? 1 / l[r] : (l[r] == 0 ? 0 : l[r]);
-          Drow[r] *= inv_l[r];
+          if (!bp->keys_subset) Drow[r] *= inv_l[r];
           if (p->sinks != NULL && l[r] != 0) dsink -= exp(sink - m[r]) * inv_l[r] * Drow[r]; /* -p_sink D */
         }
 

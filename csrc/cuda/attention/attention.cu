@@ -468,6 +468,10 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   if (st != OSS_OK) return st;
   if (oss_attn_kv_cache(p))
     return oss_fail(OSS_ERROR_NOT_SUPPORTED, "attention_backward: the KV-cache fields are for the forward only");
+  if (bp->keys_subset && !oss_attn_is_tc(p->dtype))
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                    "attention_backward: keys_subset needs float16/bfloat16 inputs on CUDA (the float32/float64 "
+                    "kernels recompute the row statistics from the keys they are given)");
   const int64_t nq = p->batch * p->heads_q * p->len_q, nkv = p->batch * p->heads_kv * p->len_k;
   if (nq > 0 && (bp->dout == NULL || bp->dq == NULL))
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention_backward: params->%s is NULL",
