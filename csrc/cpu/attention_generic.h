@@ -19,7 +19,8 @@
  * fixed order: deterministic) and the dQ rows of the query heads of its
  * group. For each query block it makes two passes over the visible keys: the
  * first recomputes the row statistics (m, l, D = sum P * dP: exact, so an
- * out_residual is not needed and not read), the second
+ * out_residual is not needed and not read; with keys_subset they come from
+ * the given lse and out instead, and this pass reads no keys), the second
  * P = exp(S - m) / l, dV += P^T dO, dP = dO V^T, dS = P * (dP - D),
  * dK += scale * dS^T Q and dQ += scale * dS K, accumulating in double.
  * Only OSS_BR x OSS_BC tiles of scores exist at any time.
