@@ -402,10 +402,11 @@ def _block_backward(dout, q, k, v, out, lse, residual, d_global, causal, scale, 
     global attention whose merged output and lse are `out` and `lse`, in the
     accumulation dtype.
 
-    Kernels that read the lse (_reads_lse): one oss.attention_backward call
-    with the merged out, lse and output residual.
+    Kernels that take the lse (_reads_lse): one oss.attention_backward call
+    with keys_subset and the merged out and lse (on CUDA in the inputs' dtype
+    with the output's rounding residual; on the CPU all in float64).
 
-    The others compute the block-local gradient, with P_b = softmax over the
+    The others (the float32/float64 CUDA kernels) compute the block-local gradient, with P_b = softmax over the
     block's keys. The global share is, with w = exp(lse_b - lse) the block's
     weight in the merge, D_b = rowsum(dO * O_b) and D = rowsum(dO * O):
     dS = w P_b (dP - D) = [P_b (w dP - w D_b)] + g P_b, g = w (D_b - D).
@@ -417,30 +418,24 @@ def _block_backward(dout, q, k, v, out, lse, residual, d_global, causal, scale, 
     values [V, 0] and dO [w dO, scale g Q], whose dV is [dV, P_b^T scale g Q]
     (zero value columns leave dP, and so dq and dk, unchanged). The split
     into two terms that partly cancel costs accuracy, so this path computes
-    in float64 on the CPU (where it is not about speed) and in float32 at
-    least on a GPU."""
+    in the accumulation dtype (float64 for float32 inputs)."""
     acc = _acc_dtype(q.dtype)
-    if _cuda_half(q):
-        dq, dk, dv = torch.ops.oss.attention_backward(dout, q, k, v, out, lse, None, causal, scale, enable_gqa,
-                                                      "top_left", deterministic, residual, softcap=softcap,
-                                                      keys_subset=True)
-        return dq.to(acc), dk.to(acc), dv.to(acc)
-    if _reads_lse(q):  # the CPU: the same, in float64 (out is the merged output in the accumulation dtype)
-        f64 = torch.float64
-        dq, dk, dv = torch.ops.oss.attention_backward(
-            dout.to(f64), q.to(f64), k.to(f64), v.to(f64), out.to(f64), lse.to(f64), None, causal, scale,
-            enable_gqa, "top_left", deterministic, None, softcap=softcap, keys_subset=True)
+    if _reads_lse(q):
+        tensors, res = (dout, q, k, v, out, lse), residual
+        if not q.is_cuda:  # the CPU: out is the merged output in the accumulation dtype; all in float64
+            tensors, res = tuple(t.to(torch.float64) for t in tensors), None
+        dq, dk, dv = torch.ops.oss.attention_backward(*tensors, None, causal, scale, enable_gqa, "top_left",
+                                                      deterministic, res, softcap=softcap, keys_subset=True)
         return dq.to(acc), dk.to(acc), dv.to(acc)
     sc = scale if scale is not None else q.shape[-1] ** -0.5
-    work = torch.float64 if q.device.type == "cpu" else acc
-    qf, kf, vf, dof = (t.to(work) for t in (q, k, v, dout))
+    qf, kf, vf, dof = (t.to(acc) for t in (q, k, v, dout))
     Dv = v.shape[-1]
     o_ext, lse_b = torch.ops.oss.attention(qf, kf, torch.cat([vf, kf], -1), None, causal, scale, enable_gqa,
                                            "top_left")
     out_b, pk = o_ext[..., :Dv], o_ext[..., Dv:]
-    lse_g = lse.to(work)
+    lse_g = lse.to(acc)
     w = torch.exp(lse_b - torch.where(torch.isneginf(lse_g), torch.zeros_like(lse_g), lse_g))
-    g = w * ((dof * out_b).sum(-1) - d_global.to(work))
+    g = w * ((dof * out_b).sum(-1) - d_global.to(acc))
     dout_ext = torch.cat([w.unsqueeze(-1) * dof, (sc * g).unsqueeze(-1) * qf], -1)
     zeros = torch.zeros_like(kf)
     dq, dk, dv_ext = torch.ops.oss.attention_backward(
