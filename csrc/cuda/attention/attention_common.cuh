@@ -214,33 +214,4 @@ __device__ __forceinline__ bool oss_attn_in_window(const oss_attn_args &a, int64
   return !((a.win_left >= 0 && d > a.win_left) || (a.win_right >= 0 && -d > a.win_right));
 }
 
-/* The tensor-core kernels' score of query i and key j under the variants, in
- * log2 units, from the raw product q.k: scaled, capped (softcap), ALiBi's
- * -slope |d| and the mask added, -inf where the key is hidden (bounds, causal
- * rule, window, bool mask). slope_l2: this (batch, head)'s ALiBi slope times
- * log2(e) (0 without ALiBi); mbase: oss_attn_mask_base. *dcap: the derivative
- * of the capped score by the scaled one, 1 - tanh^2 (1 without softcap), for
- * the backward's dS. */
-__device__ __forceinline__ float oss_attn_var_score(const oss_attn_args &a, float raw, int i, int j, float slope_l2,
-                                                    int64_t mbase, float *dcap) {
-  *dcap = 1.f;
-  if (i >= a.lq || j >= a.lk || (a.causal && (int64_t)j > (int64_t)i + a.causal_off) || !oss_attn_in_window(a, i, j))
-    return -INFINITY;
-  float x = raw * a.scale_log2;
-  if (a.softcap_l2 > 0.f) {
-    const float t = tanhf(x / a.softcap_l2);
-    x = a.softcap_l2 * t;
-    *dcap = 1.f - t * t;
-  }
-  if (slope_l2 != 0.f) x -= slope_l2 * fabsf((float)((int64_t)i + a.var_off - j));
-  if (a.mask_kind) x += oss_attn_mask_value<float>(a, mbase + (int64_t)i * a.m_s[2] + (int64_t)j * a.m_s[3]) *
-                        (float)OSS_LOG2E;
-  return x;
-}
-
-/* This (batch, query head)'s ALiBi slope times log2(e), 0 without ALiBi. */
-__device__ __forceinline__ float oss_attn_alibi_slope_l2(const oss_attn_args &a, int b, int h) {
-  return a.alibi == nullptr ? 0.f : a.alibi[(int64_t)b * a.alibi_sb + h] * (float)OSS_LOG2E;
-}
-
 #endif /* OSS_ATTENTION_COMMON_CUH */

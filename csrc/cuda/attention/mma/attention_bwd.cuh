@@ -47,10 +47,11 @@
  * registers and subtracts R kbar at its end. kbar: oss_attn_bwd_means.
  *
  * VAR (a separate instantiation of both kernels): each score through the
- * score variants of oss.h (oss_attn_var_score), and dS' times the softcap's
- * derivative, in one pass per element; the dK/dV kernel visits only the query
- * blocks whose window reaches its keys. The sinks need nothing here: they are
- * in lse, and their gradient comes after (oss_attn_bwd_dsinks).
+ * score variants of oss.h (oss_attn_var_each: the visibility test only on
+ * tiles that cross the diagonal, a window's edge or the end of the keys), and
+ * dS' times the softcap's derivative, in one pass per element; both kernels
+ * visit only the tiles whose window reaches them. The sinks need nothing
+ * here: they are in lse, and their gradient comes after (oss_attn_bwd_dsinks).
  *
  * Fully masked rows have lse = -inf, stored as +inf in lse_adj, so P = 0 and
  * every gradient they touch is 0.
@@ -224,22 +225,14 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
      * (and masked) first, rounding s*c as the forward rounds its row max. */
     if constexpr (VAR) {
       /* one pass per element: the variants' score, P, and dS through the softcap's derivative */
-      const float slope_l2 = oss_attn_alibi_slope_l2(a, b, h);
-      const int64_t mb = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
-#pragma unroll
-      for (int n = 0; n < NTQ; n++) {
-        const float2 lv = *reinterpret_cast<const float2 *>(cL + n * 8 + t2);
-        const float2 dd = *reinterpret_cast<const float2 *>(cD + n * 8 + t2);
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          float dcap;
-          const float x = oss_attn_var_score(a, sT[0][n][e], i0 + n * 8 + t2 + (e & 1), j0 + kg * 16 + g + (e >> 1) * 8,
-                                             slope_l2, mb, &dcap);
-          const float p = oss_ex2(x - ((e & 1) ? lv.y : lv.x));
-          sT[0][n][e] = p;
-          pT[0][n][e] = (p * sc * dcap) * (pT[0][n][e] - ((e & 1) ? dd.y : dd.x));
-        }
-      }
+      const oss_attn_var_consts vc = oss_attn_var_consts_of(a, b, h);
+      oss_attn_var_each<true>(sT, a, vc, a.mask_kind ? oss_attn_mask_base(a, b, h) : 0, j0 + kg * 16, i0, lane,
+                              [&](int, int n, int e, float x, float dcap) {
+                                const int c = n * 8 + t2 + (e & 1); /* the query's row in the stage */
+                                const float p = oss_ex2(x - cL[c]);
+                                sT[0][n][e] = p;
+                                pT[0][n][e] = (p * sc * dcap) * (pT[0][n][e] - cD[c]);
+                              });
     } else {
       const bool need_mask = a.mask_kind != OSS_MASK_NONE || j0 + BC > a.lk ||
                              (a.causal && (int64_t)(j0 + BC - 1) > (int64_t)i0 + a.causal_off);
@@ -377,6 +370,7 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
   if (!oss_attn_query_block_of<BR, BC, VAR>(a, &qblk)) return;
   const int64_t bh = qblk.bh;
   const int b = qblk.b, h = qblk.h, hk = qblk.hk, i0 = qblk.i0, rows = qblk.rows, ntiles = qblk.ntiles;
+  const int jt0 = VAR ? qblk.jt0 : 0; /* a window's first tile (the plain kernel starts at 0) */
   const int wrow = warp * MT * 16;
 
   const T *gK = (const T *)a.k + b * a.k_s[0] + hk * a.k_s[1];
@@ -384,6 +378,8 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
   const bool vk = a.vec & OSS_ATTN_VEC_K, vv = a.vec & OSS_ATTN_VEC_V;
   const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
   const float sc = (float)a.scale;
+  oss_attn_var_consts vc;
+  if constexpr (VAR) vc = oss_attn_var_consts_of(a, b, h);
   const bool centre = a.kmean != nullptr; /* dQ's centring: R, dS' row sums */
   float rs[MT][4];
 #pragma unroll
@@ -395,7 +391,7 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
 #pragma unroll
     for (int n = 0; n < NO; n++) dq[mt][n][0] = dq[mt][n][1] = dq[mt][n][2] = dq[mt][n][3] = 0.f;
 
-  if (ntiles > 0) {
+  if (jt0 < ntiles) {
     oss_load_tile<T, BR, KD, LDS, NTHREADS>(sQ, (const T *)a.q + b * a.q_s[0] + h * a.q_s[1] + (int64_t)i0 * a.q_s[2],
                                              a.q_s[2], rows, a.d, a.vec & OSS_ATTN_VEC_Q, tid);
     oss_load_tile<T, BR, KD, LDS, NTHREADS>(
@@ -403,9 +399,10 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
         a.vec & OSS_ATTN_VEC_DO, tid);
     const int64_t ro = bh * a.lq_pad + i0;
     oss_attn_load_rowstats<BR, NTHREADS>(sL, sD, (const float *)a.lse_adj + ro, (const float *)a.dsum + ro, tid);
-    oss_load_tile<T, BC, KD, LDS, NTHREADS>(sK, gK, a.k_s[2], min(BC, a.lk), a.d, vk, tid);
+    const int64_t jf = (int64_t)jt0 * BC;
+    oss_load_tile<T, BC, KD, LDS, NTHREADS>(sK, gK + jf * a.k_s[2], a.k_s[2], min(BC, a.lk - (int)jf), a.d, vk, tid);
     oss_cp_async_commit();
-    oss_load_tile<T, BC, KD, LDS, NTHREADS>(sV, gV, a.v_s[2], min(BC, a.lk), a.dv, vv, tid);
+    oss_load_tile<T, BC, KD, LDS, NTHREADS>(sV, gV + jf * a.v_s[2], a.v_s[2], min(BC, a.lk - (int)jf), a.dv, vv, tid);
     oss_cp_async_commit();
   }
 
@@ -413,12 +410,12 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
   float lrow[MT][2], drow[MT][2];
 
 #pragma unroll 1
-  for (int j = 0; j < ntiles; j++) {
+  for (int j = jt0; j < ntiles; j++) {
     const int j0 = j * BC;
-    const int st = j & 1;
+    const int st = (j - jt0) & 1;
     oss_cp_async_wait<1>();
     __syncthreads();
-    if (j == 0) {
+    if (j == jt0) {
 #pragma unroll
       for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -440,7 +437,8 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
       oss_cp_async_commit();
     }
 
-    const bool warp_live = !a.causal || (int64_t)j0 <= (int64_t)(i0 + wrow + MT * 16 - 1) + a.causal_off;
+    bool warp_live = !a.causal || (int64_t)j0 <= (int64_t)(i0 + wrow + MT * 16 - 1) + a.causal_off;
+    if constexpr (VAR) warp_live = warp_live && oss_attn_var_window_live<MT>(a, i0 + wrow, j0, BC);
     float s[MT][NT][4];
     if (warp_live) {
 #pragma unroll
@@ -460,19 +458,10 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
       oss_warp_mma_ss<T, MT, NT, KD, LDS, LDS>(dp, sdOw, oss_smem_u32(sV + st * BC * LDS), lane);
 
       if constexpr (VAR) {
-        const float slope_l2 = oss_attn_alibi_slope_l2(a, b, h);
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-          for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-              float dcap;
-              const float x = oss_attn_var_score(a, s[mt][n][e], i0 + wrow + mt * 16 + g + (e >> 1) * 8,
-                                                 j0 + n * 8 + t2 + (e & 1), slope_l2, mbase, &dcap);
-              const float p = oss_ex2(x - lrow[mt][e >> 1]);
-              s[mt][n][e] = (p * sc * dcap) * (dp[mt][n][e] - drow[mt][e >> 1]);
-            }
+        oss_attn_var_each<false>(s, a, vc, mbase, i0 + wrow, j0, lane, [&](int mt, int n, int e, float x, float dcap) {
+          const float p = oss_ex2(x - lrow[mt][e >> 1]);
+          s[mt][n][e] = (p * sc * dcap) * (dp[mt][n][e] - drow[mt][e >> 1]);
+        });
       } else {
         const bool need_mask = a.mask_kind != OSS_MASK_NONE || j0 + BC > a.lk ||
                                (a.causal && (int64_t)(j0 + BC - 1) > (int64_t)(i0 + wrow) + a.causal_off);

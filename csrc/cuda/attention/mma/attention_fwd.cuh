@@ -21,9 +21,13 @@
  *     tile when a mask tensor is given (read from global, tile by tile).
  *   - end: o / l written with rows < Lq and cols < Dv only, lse = m ln2 + ln l
  *     (float32); a row with no visible key gives 0 and -inf.
- *   - VAR (a separate instantiation): the score variants of oss.h per element
- *     (oss_attn_var_tile), a row's softmax starting at its sink, and a window's
- *     key tiles only (the query block's first visible tile to its last).
+ *   - VAR (a separate instantiation): the score variants of oss.h
+ *     (oss_attn_fwd_var_scores: the visibility test only on tiles that cross the
+ *     diagonal, a window's edge or the end of the keys, or carry a mask; the
+ *     softcap and ALiBi arithmetic alone elsewhere, so sinks and windows
+ *     alone cost an inner tile one multiply per score), a row's softmax
+ *     starting at its sink, and a window's key tiles only (the query block's
+ *     first visible tile to its last).
  * Limits: head dims up to the compiled HD (D and Dv padded with zero columns);
  * lengths below 2^31; any strides (16-byte cp.async where rows are aligned,
  * element loads otherwise).
@@ -59,6 +63,17 @@ __device__ __forceinline__ float oss_attn_fwd_mask_scores(float (&s)[MT][NT][4],
       for (int e = 0; e < 4; e++) s[mt][n][e] *= a.scale_log2;
   if (MASK_TENSOR) oss_attn_mask_tile<T, false, MT, NT>(s, a, mbase, r0, j0, lane);
   else oss_attn_mask_frag<void, false, MT, NT>(s, a, mbase, r0, j0, lane);
+  return 1.f;
+}
+
+/* oss_attn_fwd_mask_scores under the score variants: each score of
+ * oss_attn_var_each in place, c = 1. */
+template <int MT, int NT>
+__device__ __forceinline__ float oss_attn_fwd_var_scores(float (&s)[MT][NT][4], const oss_attn_args &a,
+                                                         const oss_attn_var_consts &v, int64_t mbase, int r0, int j0,
+                                                         int lane) {
+  oss_attn_var_each<false>(s, a, v, mbase, r0, j0, lane,
+                           [&](int mt, int n, int e, float x, float) { s[mt][n][e] = x; });
   return 1.f;
 }
 
@@ -160,6 +175,10 @@ template <int HD> struct oss_attn_fwd_cfg {
   static constexpr int NW = HD <= 128 ? 4 : 8;   /* warps: MT = 2 m-tiles per warp up to 128, then 1 */
   static constexpr int BC = HD <= 64 ? 128 : (HD <= 192 ? 64 : 32); /* keys per tile (hd 256: 2 stages fit smem) */
   static constexpr int MINB = 1;                 /* __launch_bounds__ min blocks per SM (register cap) */
+  /* keys per tile of the variants' kernel: at head dim 64 their per-score
+   * work spills registers with 128 (the same warps, MT = 2, run faster at
+   * head dim 128 on long rows than 8 warps of MT = 1) */
+  static constexpr int VAR_BC = BC < 64 ? BC : 64;
 };
 
 template <int HD, int BR, int BC> __host__ __device__ constexpr size_t oss_attn_fwd_smem_bytes() {
@@ -185,7 +204,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
   const int b = qblk.b, h = qblk.h, hk = qblk.hk, i0 = qblk.i0, rows = qblk.rows, ntiles = qblk.ntiles;
   const int jt0 = VAR ? qblk.jt0 : 0; /* a window's first tile (the plain kernel starts at 0) */
   const int wrow = warp * MT * 16; /* this warp's first row in the tile */
-  const float slope_l2 = VAR ? oss_attn_alibi_slope_l2(a, b, h) : 0.f;
+  oss_attn_var_consts vc;
+  if constexpr (VAR) vc = oss_attn_var_consts_of(a, b, h);
 
   const T *gQ = (const T *)a.q + b * a.q_s[0] + h * a.q_s[1] + (int64_t)i0 * a.q_s[2];
   const T *gK = (const T *)a.k + b * a.k_s[0] + hk * a.k_s[1];
@@ -240,10 +260,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
 
     /* Keys of this tile visible to some row of this warp? (causal and window skip) */
     bool warp_live = !a.causal || (int64_t)j0 <= (int64_t)(i0 + wrow + MT * 16 - 1) + a.causal_off;
-    if constexpr (VAR)
-      warp_live = warp_live &&
-                  (a.win_right < 0 || (int64_t)j0 <= (int64_t)(i0 + wrow + MT * 16 - 1) + a.var_off + a.win_right) &&
-                  (a.win_left < 0 || (int64_t)(j0 + BC - 1) >= (int64_t)(i0 + wrow) + a.var_off - a.win_left);
+    if constexpr (VAR) warp_live = warp_live && oss_attn_var_window_live<MT>(a, i0 + wrow, j0, BC);
     uint32_t pa[MT][BC / 16][4];
     if (warp_live) {
       float s[MT][NT][4];
@@ -253,8 +270,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
         for (int n = 0; n < NT; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
       oss_warp_mma_ss<T, MT, NT, KD, LDS, LDS>(s, sQw, oss_smem_u32(sK + st * BC * LDS), lane);
 
-      float c = 1.f;
-      if constexpr (VAR) oss_attn_var_tile<MT, NT, false>(s, a, slope_l2, mbase, i0 + wrow, j0, lane);
+      float c;
+      if constexpr (VAR) c = oss_attn_fwd_var_scores<MT, NT>(s, a, vc, mbase, i0 + wrow, j0, lane);
       else c = oss_attn_fwd_mask_scores<T, MT, NT>(s, a, mbase, i0 + wrow, j0, lane);
       oss_attn_online_softmax<T, MT, NT, NO>(s, o, m, l, lr, c, pa);
     }
@@ -287,7 +304,7 @@ oss_status oss_attn_fwd_mma_launch(const oss_attn_args *a, cudaStream_t stream, 
 template <typename T, int HD>
 oss_status oss_attn_fwd_var_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   typedef oss_attn_fwd_cfg<HD> C;
-  return oss_attn_fwd_mma_run<T, HD, C::BR, C::BC, C::NW, C::MINB, true>(a, stream, dev);
+  return oss_attn_fwd_mma_run<T, HD, C::BR, C::VAR_BC, C::NW, C::MINB, true>(a, stream, dev);
 }
 
 #endif /* OSS_ATTENTION_FWD_CUH */

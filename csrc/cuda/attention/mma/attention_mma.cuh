@@ -22,6 +22,7 @@
 #ifndef OSS_ATTENTION_MMA_CUH
 #define OSS_ATTENTION_MMA_CUH
 
+#include <limits.h>
 #include <type_traits>
 
 #include "cuda/attention/attention_common.cuh"
@@ -337,23 +338,151 @@ __device__ __forceinline__ void oss_attn_mask_frag(float (&s)[MT][NT][4], const 
     }
 }
 
-/* The score variants (oss_attn_var_score) on a tile of raw scores held as C
- * fragments, in place: fragment row R = r0 + mt*16 + g (+8), column
- * C = c0 + n*8 + 2t (+1); KEY_MAJOR = false: R is the query and C the key. */
-template <int MT, int NT, bool KEY_MAJOR>
-__device__ __forceinline__ void oss_attn_var_tile(float (&s)[MT][NT][4], const oss_attn_args &a, float slope_l2,
-                                                  int64_t mbase, int r0, int c0, int lane) {
+/* The score variants' per-thread constants, hoisted out of the key loops. */
+typedef struct oss_attn_var_consts {
+  float scale_l2; /* the softmax scale times log2(e) */
+  float cap;      /* the softcap times log2(e) (0: off) */
+  float cap_k;    /* 2 log2(e) / cap: tanh(x / cap) = 1 - 2 / (2^(x cap_k) + 1) */
+  float slope;    /* this (batch, query head)'s ALiBi slope times log2(e) (0: off) */
+} oss_attn_var_consts;
+
+__device__ __forceinline__ oss_attn_var_consts oss_attn_var_consts_of(const oss_attn_args &a, int b, int h) {
+  oss_attn_var_consts v;
+  v.scale_l2 = a.scale_log2;
+  v.cap = a.softcap_l2;
+  v.cap_k = a.softcap_l2 > 0.f ? (float)(2.0 * OSS_LOG2E) / a.softcap_l2 : 0.f;
+  v.slope = a.alibi == nullptr ? 0.f : a.alibi[(int64_t)b * a.alibi_sb + h] * (float)OSS_LOG2E;
+  return v;
+}
+
+/* A visible pair's score in log2 units from its raw product q.k: scaled,
+ * capped (s = cap tanh(s / cap)) where cap, minus ALiBi's slope |dist| where
+ * alibi (dist = i + off - j, exact in float below 2^24). tanh by one
+ * ex2.approx and a fast reciprocal: absolute error ~1e-7, which the cap
+ * scales into the score's absolute error (~5e-6 at cap 50, float32's own
+ * rounding of such a score); the backward recomputes the same value. *dcap:
+ * the capped score's derivative by the scaled one, 1 - tanh^2 (1 without
+ * softcap), for dS. */
+__device__ __forceinline__ float oss_attn_var_value(const oss_attn_var_consts &v, bool cap, bool alibi, float raw,
+                                                    float dist, float *dcap) {
+  float x = raw * v.scale_l2;
+  *dcap = 1.f;
+  if (cap) {
+    const float t = 1.f - __fdividef(2.f, oss_ex2(x * v.cap_k) + 1.f);
+    x = v.cap * t;
+    *dcap = 1.f - t * t;
+  }
+  return alibi ? fmaf(-v.slope, fabsf(dist), x) : x;
+}
+
+/* The columns visible from fragment row R under the bounds, the causal rule
+ * and the window: [*lo, *hi], empty when lo > hi. KEY_MAJOR = false: R is a
+ * query and the columns are keys; else R is a key and the columns queries. */
+template <bool KEY_MAJOR>
+__device__ __forceinline__ void oss_attn_var_visible(const oss_attn_args &a, int R, int *lo, int *hi) {
+  int64_t l = 0, h;
+  if (!KEY_MAJOR) { /* keys j with j <= i + causal_off and i + off - left <= j <= i + off + right */
+    h = R < a.lq ? (int64_t)a.lk - 1 : -1;
+    if (a.causal && (int64_t)R + a.causal_off < h) h = (int64_t)R + a.causal_off;
+    if (a.win_right >= 0 && (int64_t)R + a.var_off + a.win_right < h) h = (int64_t)R + a.var_off + a.win_right;
+    if (a.win_left >= 0 && (int64_t)R + a.var_off - a.win_left > l) l = (int64_t)R + a.var_off - a.win_left;
+  } else { /* queries i with i >= j - causal_off and j - off - right <= i <= j - off + left */
+    h = R < a.lk ? (int64_t)a.lq - 1 : -1;
+    if (a.causal && (int64_t)R - a.causal_off > l) l = (int64_t)R - a.causal_off;
+    if (a.win_right >= 0 && (int64_t)R - a.var_off - a.win_right > l) l = (int64_t)R - a.var_off - a.win_right;
+    if (a.win_left >= 0 && (int64_t)R - a.var_off + a.win_left < h) h = (int64_t)R - a.var_off + a.win_left;
+  }
+  *lo = l > INT_MAX ? INT_MAX : (int)l;
+  *hi = h < -1 ? -1 : (int)h; /* h <= lk - 1 or lq - 1 */
+}
+
+/* Whether every pair of queries [i0, i0 + ni) and keys [j0, j0 + nj) is
+ * visible and unmasked: the keys inside lk, the causal rule and the window
+ * hold for all of them, and there is no mask tensor. Queries past lq are not
+ * checked, as in the plain kernels: their rows are never written (forward),
+ * and their zero dO and D make their terms vanish (backward). */
+__device__ __forceinline__ bool oss_attn_var_interior(const oss_attn_args &a, int i0, int ni, int j0, int nj) {
+  if (a.mask_kind != OSS_MASK_NONE || j0 + nj > a.lk ||
+      (a.causal && (int64_t)(j0 + nj - 1) > (int64_t)i0 + a.causal_off))
+    return false;
+  const int64_t dmax = (int64_t)(i0 + ni - 1) + a.var_off - j0, dmin = (int64_t)i0 + a.var_off - (j0 + nj - 1);
+  return (a.win_left < 0 || dmax <= a.win_left) && (a.win_right < 0 || -dmin <= a.win_right);
+}
+
+/* Whether some key of [j0, j0 + nj) is inside the window of some query of
+ * the warp's 16 MT rows from r0. */
+template <int MT>
+__device__ __forceinline__ bool oss_attn_var_window_live(const oss_attn_args &a, int r0, int j0, int nj) {
+  return (a.win_right < 0 || (int64_t)j0 <= (int64_t)(r0 + MT * 16 - 1) + a.var_off + a.win_right) &&
+         (a.win_left < 0 || (int64_t)(j0 + nj - 1) >= (int64_t)r0 + a.var_off - a.win_left);
+}
+
+/* f(mt, n, e, x, dcap) for each element of a tile of raw scores held as C
+ * fragments: x its score under the variants in log2 units
+ * (oss_attn_var_value, plus the mask tensor's value; -inf where the key is
+ * hidden by the bounds, the causal rule, the window or a bool mask) and dcap
+ * the softcap's derivative. Fragment row R = r0 + mt*16 + g (+8), column
+ * C = c0 + n*8 + 2t (+1); KEY_MAJOR = false: R is the query and C the key.
+ * A tile of visible, unmasked pairs (oss_attn_var_interior: all but the tiles
+ * on the diagonal, the window's edges and the end of the keys) skips the
+ * visibility test; the others test each column against its row's visible
+ * interval (oss_attn_var_visible). */
+template <bool KEY_MAJOR, int MT, int NT, typename F>
+__device__ __forceinline__ void oss_attn_var_each(const float (&s)[MT][NT][4], const oss_attn_args &a,
+                                                  const oss_attn_var_consts &v, int64_t mbase, int r0, int c0,
+                                                  int lane, F &&f) {
   const int g = lane >> 2, t2 = (lane & 3) * 2;
+  const bool interior = KEY_MAJOR ? oss_attn_var_interior(a, c0, NT * 8, r0, MT * 16)
+                                  : oss_attn_var_interior(a, r0, MT * 16, c0, NT * 8);
+  /* dist = query + off - key of element (mt, n, e) = d0 +/- (mt*16 + (e>>1)*8 - n*8 - (e&1)) */
+  const float d0 = KEY_MAJOR ? (float)((int64_t)c0 + a.var_off - r0 + (t2 - g))
+                             : (float)((int64_t)r0 + a.var_off - c0 + (g - t2));
+  auto each = [&](auto cap, auto alibi, auto checked, auto masked) {
+    int lo[MT][2], hi[MT][2];
+    if (checked) {
 #pragma unroll
-  for (int mt = 0; mt < MT; mt++)
+      for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-    for (int n = 0; n < NT; n++)
+        for (int h = 0; h < 2; h++) oss_attn_var_visible<KEY_MAJOR>(a, r0 + mt * 16 + g + h * 8, &lo[mt][h], &hi[mt][h]);
+    }
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int R = r0 + mt * 16 + g + (e >> 1) * 8, C = c0 + n * 8 + t2 + (e & 1);
-        float dcap;
-        s[mt][n][e] = oss_attn_var_score(a, s[mt][n][e], KEY_MAJOR ? C : R, KEY_MAJOR ? R : C, slope_l2, mbase, &dcap);
-      }
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int k = mt * 16 + (e >> 1) * 8 - n * 8 - (e & 1);
+          float dcap;
+          float x = oss_attn_var_value(v, decltype(cap)::value, decltype(alibi)::value, s[mt][n][e],
+                                       KEY_MAJOR ? d0 - k : d0 + k, &dcap);
+          if (checked) {
+            const int R = r0 + mt * 16 + g + (e >> 1) * 8, C = c0 + n * 8 + t2 + (e & 1);
+            const bool vis = C >= lo[mt][e >> 1] && C <= hi[mt][e >> 1];
+            if (masked && vis)
+              x += oss_attn_mask_value<float>(a, mbase + (int64_t)(KEY_MAJOR ? C : R) * a.m_s[2] +
+                                                     (int64_t)(KEY_MAJOR ? R : C) * a.m_s[3]) *
+                   (float)OSS_LOG2E;
+            x = vis ? x : -INFINITY;
+          }
+          f(mt, n, e, x, dcap);
+        }
+  };
+  /* compiled per call: softcap or not; inner tiles with ALiBi or not, the
+   * others with ALiBi's two operations always (slope 0 leaves x unchanged)
+   * and with a mask tensor or not */
+  using yes = std::true_type;
+  using no = std::false_type;
+  auto per_tile = [&](auto cap) {
+    if (interior) {
+      if (v.slope != 0.f) each(cap, yes(), no(), no());
+      else each(cap, no(), no(), no());
+    } else {
+      if (a.mask_kind != OSS_MASK_NONE) each(cap, yes(), yes(), yes());
+      else each(cap, yes(), yes(), no());
+    }
+  };
+  if (v.cap > 0.f) per_tile(yes());
+  else per_tile(no());
 }
 
 /* oss_attn_mask_frag for the mask tensor's dtype (bool, float32 or T). */
