@@ -80,7 +80,7 @@ def _run_case(case, group, device="cpu"):
     sinks = None if case["sinks"] is None else case["sinks"].to(device).requires_grad_(True)
     out, lse = cp.ring_attention(q, k, v, group=group, is_causal=case["causal"], scale=case["scale"],
                                  layout=layout, return_lse=True, enable_gqa=case["gqa"], comm=comm,
-                                 softcap=case["softcap"], sinks=sinks)
+                                 window_size=case["window"], softcap=case["softcap"], sinks=sinks)
     out.backward(dout)
     res = {n: cp.unshard(t, group, layout).cpu() for n, t in
            (("out", out), ("lse", lse), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad))}
@@ -118,6 +118,7 @@ def _error_cases(rank, world):
         "shard_len": _expect_error(lambda: cp.shard(torch.randn(1, 2, 6, 4), layout="zigzag"), ValueError),
         "softcap": _expect_error(lambda: cp.ring_attention(x, x, x, softcap=-1.0), ValueError),
         "sinks": _expect_error(lambda: cp.ring_attention(x, x, x, sinks=torch.zeros(3)), ValueError),
+        "window": _expect_error(lambda: cp.ring_attention(x, x, x, window_size=(-2, 0)), ValueError),
     }
     # shard lengths that differ across ranks: every rank must raise (not hang)
     L = 8 if rank == 0 else 10
@@ -198,7 +199,7 @@ def _spawn(world, tmp_path, spec, worker=_worker):
 
 
 def _case(world, dtype, layout, causal, hq=2, hkv=2, local=16, d=16, dv=None, comm="ring", scale=None, softcap=0.0,
-          sinks=False):
+          sinks=False, window=(-1, -1)):
     S = local * world
     dv = d if dv is None else dv
     q = awkward_randn((1, hq, S, d), dtype, "cpu", scale=2.0, outliers=False)
@@ -208,9 +209,9 @@ def _case(world, dtype, layout, causal, hq=2, hkv=2, local=16, d=16, dv=None, co
     # sinks: float32 values (the kernels hold sinks in float32) in the inputs' dtype
     s = (torch.randn(hq) * 2).to(dtype).float().to(dtype) if sinks else None
     return dict(q=q, k=k, v=v, dout=dout, layout=layout, causal=causal, gqa=hq != hkv, comm=comm, scale=scale,
-                softcap=softcap, sinks=s,
+                softcap=softcap, sinks=s, window=window,
                 name=f"P={world} {comm} {layout} {'causal' if causal else 'full'} {dtype} Hq={hq} Hkv={hkv} "
-                     f"L={local} D={d} Dv={dv} scale={scale} softcap={softcap} sinks={sinks}")
+                     f"L={local} D={d} Dv={dv} scale={scale} window={window} softcap={softcap} sinks={sinks}")
 
 
 def _judge(case, got, device="cpu"):
@@ -223,11 +224,11 @@ def _judge(case, got, device="cpu"):
     leaves64 = [case[n].detach().to(torch.float64, copy=True).requires_grad_(True) for n in ("q", "k", "v")]
     sinks = case["sinks"]
     s64 = None if sinks is None else sinks.detach().double().requires_grad_(True)
-    if case["softcap"] or sinks is not None:
+    if case["softcap"] or sinks is not None or case["window"] != (-1, -1):
         from test_variants import variant_reference
 
         out64, lse64 = variant_reference(*leaves64, is_causal=case["causal"], scale=case["scale"],
-                                         softcap=case["softcap"], sinks=s64)
+                                         window_size=case["window"], softcap=case["softcap"], sinks=s64)
     else:
         out64, lse64 = attention_reference(*leaves64, is_causal=case["causal"], scale=case["scale"],
                                            enable_gqa=case["gqa"])
@@ -235,7 +236,8 @@ def _judge(case, got, device="cpu"):
     leaves = [case[n].detach().to(device, copy=True).requires_grad_(True) for n in ("q", "k", "v")]
     s_peer = None if sinks is None else sinks.detach().to(device).requires_grad_(True)
     peer, peer_lse = torch_oss.attention_with_lse(*leaves, is_causal=case["causal"], scale=case["scale"],
-                                                  enable_gqa=case["gqa"], softcap=case["softcap"], sinks=s_peer)
+                                                  enable_gqa=case["gqa"], window_size=case["window"],
+                                                  softcap=case["softcap"], sinks=s_peer)
     peer.backward(case["dout"].to(device))
     atol = ATTENTION_ATOL[dtype]
     assert_tolerance(f"{name} out", got["out"], out64, peer, atol)
@@ -292,7 +294,8 @@ def _check_common(world, spec, res):
         errs = mine["errors"]
         for key, needle in (("layout", "layout="), ("comm", "comm="), ("dims", "4-D"), ("dtype", "k.dtype"),
                             ("gqa", "enable_gqa"), ("odd_zigzag", "even"), ("shard_len", "divisible"),
-                            ("uneven", "differs across ranks"), ("softcap", "softcap="), ("sinks", "sinks must")):
+                            ("uneven", "differs across ranks"), ("softcap", "softcap="), ("sinks", "sinks must"),
+                            ("window", "window_size=")):
             assert needle in errs[key], f"rank {r}, error case {key!r}: {errs[key]!r}"
 
 
@@ -315,6 +318,16 @@ def test_two_ranks(tmp_path):
         lambda: _case(W, bf16, "zigzag", True, hq=4, hkv=2, local=24, d=32, softcap=5.0, sinks=True),
         lambda: _case(W, f32, "zigzag", True, hq=4, hkv=2, comm="allgather", softcap=3.0, sinks=True),
         lambda: _case(W, torch.float64, "contiguous", True, hq=2, hkv=1, softcap=2.0),
+        # sliding windows on the global positions: narrower than a zigzag chunk
+        # (8 rows here), across chunks, two-sided, one-sided right, the diagonal alone
+        lambda: _case(W, f32, "zigzag", True, hq=4, hkv=2, window=(5, -1)),
+        lambda: _case(W, f32, "zigzag", True, window=(13, 0)),
+        lambda: _case(W, f32, "contiguous", False, hq=3, hkv=1, window=(7, 3)),
+        lambda: _case(W, f32, "zigzag", False, window=(-1, 5)),
+        lambda: _case(W, torch.float64, "contiguous", True, window=(0, 0)),
+        lambda: _case(W, bf16, "zigzag", True, hq=4, hkv=2, local=24, d=32, window=(9, 0), softcap=5.0, sinks=True),
+        lambda: _case(W, f32, "zigzag", True, hq=4, hkv=2, comm="allgather", window=(6, 0)),
+        lambda: _case(W, f32, "zigzag", False, comm="allgather", window=(4, 11), sinks=True),
     ]
     spec = {"cases": _seeded_cases(0, builders),
             # a group of one rank: plain attention over the local sequence
@@ -336,6 +349,8 @@ def test_four_ranks(tmp_path):
         lambda: _case(W, f32, "zigzag", True, hq=4, hkv=2, comm="allgather"),
         lambda: _case(W, f32, "contiguous", True, comm="allgather"),
         lambda: _case(W, f32, "zigzag", True, hq=4, hkv=2, softcap=4.0, sinks=True),
+        lambda: _case(W, f32, "zigzag", True, hq=4, hkv=2, window=(11, 0)),
+        lambda: _case(W, f32, "contiguous", False, window=(20, 2)),
     ]
     spec = {"cases": _seeded_cases(2, builders),
             "single": [],
@@ -358,6 +373,8 @@ def _nccl_cases(world):
         lambda: _case(world, f32, "zigzag", True, hq=4, hkv=2, local=64, d=32),
         lambda: _case(world, bf16, "zigzag", True, hq=2, hkv=2, local=96, d=256),
         lambda: _case(world, bf16, "zigzag", True, hq=4, hkv=2, local=128, d=64, softcap=20.0, sinks=True),
+        lambda: _case(world, bf16, "zigzag", True, hq=4, hkv=2, local=256, d=64, window=(100, 0)),
+        lambda: _case(world, f32, "contiguous", False, hq=2, hkv=2, local=64, d=32, window=(40, 9)),
     ]
 
 
@@ -373,6 +390,43 @@ def test_nccl_ranks_on_gpus(tmp_path, world):
     res = _spawn(world, tmp_path, spec, _nccl_worker)
     for case, got in zip(spec["cases"], res["cases"]):
         _judge(case, got, "cuda")
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_window_plan_covers_each_visible_pair_once(layout, world):
+    """The ring's block plan under a window: over all source ranks, the pairs
+    the blocks compute (each block's own causal rule or shifted window) are
+    exactly this rank's visible pairs of the global sequence, each once."""
+    from torch_oss.distributed import _plan
+
+    torch.manual_seed(world)
+    L = 12  # local rows: zigzag chunks of 6
+    n = L * world
+    windows = [(0, 0), (1, -1), (5, 0), (6, 6), (-1, 3), (7, 2), (13, 0), (2, 20), (-1, 0), (n, n)]
+    for left, right in windows:
+        for causal in (False, True):
+            r_eff = 0 if causal else right
+            for rank in range(world):
+                pos = _rank_positions(layout, n, rank, world).tolist()
+                want = {(pos[i], j) for i in range(L) for j in range(n)
+                        if (left < 0 or pos[i] - j <= left) and (r_eff < 0 or j - pos[i] <= r_eff)}
+                got = []
+                for src in range(world):
+                    kpos = _rank_positions(layout, n, src, world).tolist()
+                    for qs, ql, ks, kl, blk_causal, win in _plan(layout, causal, rank, src, L, world, (left, right)):
+                        assert 0 <= qs and qs + ql <= L and 0 <= ks and ks + kl <= L and ql > 0 and kl > 0
+                        for i in range(ql):
+                            for j in range(kl):
+                                d = i - j
+                                if blk_causal and j > i:
+                                    continue
+                                if win is not None and ((win[0] >= 0 and d > win[0]) or (win[1] >= 0 and -d > win[1])):
+                                    continue
+                                got.append((pos[qs + i], kpos[ks + j]))
+                case = f"{layout} P={world} rank {rank} window ({left}, {right}) causal={causal}"
+                assert len(got) == len(set(got)), f"{case}: a pair computed twice"
+                assert set(got) == want, f"{case}: missing {sorted(want - set(got))[:5]}, extra {sorted(set(got) - want)[:5]}"
 
 
 def test_uninitialised_group():
@@ -401,15 +455,21 @@ def test_import_is_lazy():
 
 
 # ---------------------------------------------------------------------------
-# Hugging Face: a tiny Llama with attn_implementation="oss" under
+# Hugging Face: tiny Llama and Mistral models with attn_implementation="oss" under
 # ring_attention_context
 # ---------------------------------------------------------------------------
 
 
-def _llama(cfg_kwargs, state, dtype):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _hf_classes(family):
+    import transformers
 
-    model = LlamaForCausalLM(LlamaConfig(**cfg_kwargs)).to(dtype)
+    name = {"llama": "Llama", "mistral": "Mistral"}[family]
+    return getattr(transformers, f"{name}Config"), getattr(transformers, f"{name}ForCausalLM")
+
+
+def _hf_model(cfg_kwargs, state, dtype, family="llama"):
+    config_cls, model_cls = _hf_classes(family)
+    model = model_cls(config_cls(**cfg_kwargs)).to(dtype)
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()})
     model.eval()  # no dropout; gradients still flow
     model.set_attn_implementation("oss")
@@ -425,7 +485,7 @@ def _hf_worker(rank, world, init_file, spec_file, result_file):
 
         spec = torch.load(spec_file)
         torch_oss.register_transformers()
-        model = _llama(spec["config"], spec["state"], torch.float32)
+        model = _hf_model(spec["config"], spec["state"], torch.float32, spec["family"])
         S = spec["ids"].shape[1]
         with cp.ring_attention_context(None, "zigzag"):
             ids = cp.shard(spec["ids"], None, "zigzag", dim=1)
@@ -443,22 +503,29 @@ def _hf_worker(rank, world, init_file, spec_file, result_file):
         raise
 
 
-def test_transformers_llama_two_ranks(tmp_path):
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_transformers_two_ranks(tmp_path, family):
+    """A tiny model under ring_attention_context on two ranks against the
+    whole sequence in one process (Mistral: a sliding window of 16 tokens over
+    64, which the ring applies on the global positions)."""
     pytest.importorskip("transformers")
-    from transformers import LlamaConfig, LlamaForCausalLM
+    config_cls, model_cls = _hf_classes(family)
 
     torch_oss.register_transformers()
     cfg = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, max_position_embeddings=256)
+    if family == "mistral":
+        cfg["sliding_window"] = 16
     torch.manual_seed(4)
-    state = LlamaForCausalLM(LlamaConfig(**cfg)).state_dict()
+    state = model_cls(config_cls(**cfg)).state_dict()
     S = 64
     ids = torch.randint(0, 128, (1, S))
     weight = torch.randn(1, S, 128)
     grad_names = ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
                   "model.layers.1.self_attn.v_proj.weight", "model.embed_tokens.weight"]
     spec_file, result_file = tmp_path / "spec.pt", tmp_path / "result.pt"
-    torch.save({"config": cfg, "state": state, "ids": ids, "weight": weight, "grad_names": grad_names}, spec_file)
+    torch.save({"config": cfg, "state": state, "ids": ids, "weight": weight, "grad_names": grad_names,
+                "family": family}, spec_file)
     try:
         mp.start_processes(_hf_worker, args=(2, str(tmp_path / "rdzv"), str(spec_file), str(result_file)), nprocs=2,
                            start_method="spawn", join=True)
@@ -467,7 +534,7 @@ def test_transformers_llama_two_ranks(tmp_path):
     got = torch.load(result_file)
 
     def run(dtype):
-        model = _llama(cfg, state, dtype)
+        model = _hf_model(cfg, state, dtype, family)
         logits = model(ids).logits
         (logits * weight.to(dtype)).sum().backward()
         params = dict(model.named_parameters())
@@ -475,6 +542,6 @@ def test_transformers_llama_two_ranks(tmp_path):
 
     ref_logits, ref_grads = run(torch.float64)
     peer_logits, peer_grads = run(torch.float32)
-    assert_tolerance("llama logits", got["logits"], ref_logits, peer_logits, None)
+    assert_tolerance(f"{family} logits", got["logits"], ref_logits, peer_logits, None)
     for n in grad_names:
-        assert_tolerance(f"llama {n} grad", got["grads"][n], ref_grads[n], peer_grads[n], None)
+        assert_tolerance(f"{family} {n} grad", got["grads"][n], ref_grads[n], peer_grads[n], None)

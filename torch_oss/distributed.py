@@ -159,6 +159,15 @@ def position_ids(seq_len, group=None, layout="zigzag", device=None):
 # ---------------------------------------------------------------------------
 
 
+def _check_window(window_size, fn):
+    """window_size as a tuple (left, right) of ints >= -1, or a clear error."""
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size)):
+        raise ValueError(f"torch_oss.distributed.{fn}: window_size={window_size!r} must be a pair (left, right) of "
+                         "ints >= -1 (-1: unbounded on that side)")
+    return tuple(window_size)
+
+
 def _check_inputs(q, k, v, fn, layout, comm, enable_gqa, scale, softcap=0.0, sinks=None):
     _check_layout(layout, fn)
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -285,6 +294,60 @@ def _blocks(layout, is_causal, rank, src, L):
     return [(c, c, 0, L, False)]
 
 
+_UNBOUNDED = 1 << 62
+
+
+def _window_blocks(layout, rank, src, L, size, left, right):
+    """_blocks under a window on the global positions: key j is visible from
+    query i when i - left <= j <= i + right (-1: that side unbounded; causal
+    attention is right = 0). One block per pair of a query chunk of this rank
+    and a key chunk of rank `src`, cut down to the queries and keys that see
+    some pair, as (q_start, q_len, k_start, k_len, causal, window): window is
+    the (left, right) of the block's own top-left diagonal, or None where the
+    block needs no window (every pair visible: causal False; the top-left
+    causal triangle: causal True)."""
+    lo = _UNBOUNDED if left < 0 else left
+    hi = _UNBOUNDED if right < 0 else right
+    q_chunks, _ = _chunks(layout, rank, size)
+    k_chunks, _ = _chunks(layout, src, size)
+    c = L // len(q_chunks)
+    blocks = []
+    for qi, gq in enumerate(ch * c for ch in q_chunks):
+        for ki, gk in enumerate(ch * c for ch in k_chunks):
+            # the keys some query of the chunk sees, the queries that see one
+            # of them, and the keys those queries see (global positions)
+            k0, k1 = max(gk, gq - lo), min(gk + c, gq + c + hi)
+            q0, q1 = max(gq, k0 - hi), min(gq + c, k1 + lo)
+            k0, k1 = max(gk, q0 - lo), min(gk + c, q1 + hi)
+            if q0 >= q1 or k0 >= k1:
+                continue
+            # local d = i - j is the global one minus delta = q0 - k0, so the
+            # window's sides shift by delta (both stay >= 0 by the cuts above)
+            delta = q0 - k0
+            bl = -1 if left < 0 else left - delta
+            br = -1 if right < 0 else right + delta
+            ql, kl = q1 - q0, k1 - k0
+            all_rows = bl < 0 or bl >= ql - 1
+            if all_rows and (br < 0 or br >= kl - 1):
+                block = (False, None)
+            elif all_rows and br == 0:
+                block = (True, None)
+            else:
+                block = (False, (bl, br))
+            blocks.append((qi * c + q0 - gq, ql, ki * c + k0 - gk, kl) + block)
+    return blocks
+
+
+def _plan(layout, is_causal, rank, src, L, size, window):
+    """The blocks of one ring step as (q_start, q_len, k_start, k_len, causal,
+    window): _blocks without a window (the fewest, largest calls), else
+    _window_blocks (causal attention is the window's right side 0)."""
+    if window == (-1, -1):
+        return [b + (None,) for b in _blocks(layout, is_causal, rank, src, L)]
+    left, right = window
+    return _window_blocks(layout, rank, src, L, size, left, 0 if is_causal else right)
+
+
 # ---------------------------------------------------------------------------
 # Ring communication
 # ---------------------------------------------------------------------------
@@ -397,7 +460,7 @@ def _cuda_half(q):
 
 
 def _block_backward(dout, q, k, v, out, lse, residual, d_global, causal, scale, enable_gqa, deterministic,
-                    softcap=0.0):
+                    softcap=0.0, window=None):
     """(dq, dk, dv) of one block of keys: its share of the gradient of the
     global attention whose merged output and lse are `out` and `lse`, in the
     accumulation dtype.
@@ -420,18 +483,20 @@ def _block_backward(dout, q, k, v, out, lse, residual, d_global, causal, scale, 
     into two terms that partly cancel costs accuracy, so this path computes
     in the accumulation dtype (float64 for float32 inputs)."""
     acc = _acc_dtype(q.dtype)
+    window = [-1, -1] if window is None else list(window)
     if _reads_lse(q):
         tensors, res = (dout, q, k, v, out, lse), residual
         if not q.is_cuda:  # the CPU: out is the merged output in the accumulation dtype; all in float64
             tensors, res = tuple(t.to(torch.float64) for t in tensors), None
         dq, dk, dv = torch.ops.oss.attention_backward(*tensors, None, causal, scale, enable_gqa, "top_left",
-                                                      deterministic, res, softcap=softcap, keys_subset=True)
+                                                      deterministic, res, window_size=window, softcap=softcap,
+                                                      keys_subset=True)
         return dq.to(acc), dk.to(acc), dv.to(acc)
     sc = scale if scale is not None else q.shape[-1] ** -0.5
     qf, kf, vf, dof = (t.to(acc) for t in (q, k, v, dout))
     Dv = v.shape[-1]
     o_ext, lse_b = torch.ops.oss.attention(qf, kf, torch.cat([vf, kf], -1), None, causal, scale, enable_gqa,
-                                           "top_left")
+                                           "top_left", window_size=window)
     out_b, pk = o_ext[..., :Dv], o_ext[..., Dv:]
     lse_g = lse.to(acc)
     w = torch.exp(lse_b - torch.where(torch.isneginf(lse_g), torch.zeros_like(lse_g), lse_g))
@@ -440,7 +505,7 @@ def _block_backward(dout, q, k, v, out, lse, residual, d_global, causal, scale, 
     zeros = torch.zeros_like(kf)
     dq, dk, dv_ext = torch.ops.oss.attention_backward(
         dout_ext, qf, kf, torch.cat([vf, zeros], -1), torch.cat([out_b, torch.zeros_like(pk)], -1), lse_b, None,
-        causal, scale, enable_gqa, "top_left", deterministic, None)
+        causal, scale, enable_gqa, "top_left", deterministic, None, window_size=window)
     return (dq + (sc * g).unsqueeze(-1) * pk).to(acc), (dk + dv_ext[..., Dv:]).to(acc), dv_ext[..., :Dv].to(acc)
 
 
@@ -452,7 +517,7 @@ def _block_backward(dout, q, k, v, out, lse, residual, d_global, causal, scale, 
 class _RingAttention(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, group, rank, size, is_causal, scale, layout, enable_gqa, softcap):
+    def forward(ctx, q, k, v, sinks, group, rank, size, is_causal, scale, layout, enable_gqa, softcap, window):
         B, Hq, L, _ = q.shape
         Dv = v.shape[-1]
         acc = _acc_dtype(q.dtype)
@@ -471,16 +536,17 @@ class _RingAttention(torch.autograd.Function):
             if step + 1 < size:
                 nxt, pending = ring.send_recv(kv)
             kb, vb = k_cur.to(bdt), v_cur.to(bdt)
-            for qs, ql, ks, kl, causal in _blocks(layout, is_causal, rank, src, L):
+            for qs, ql, ks, kl, causal, win in _plan(layout, is_causal, rank, src, L, size, window):
                 args = (qb.narrow(2, qs, ql), kb.narrow(2, ks, kl), vb.narrow(2, ks, kl), None, causal, scale,
                         enable_gqa, "top_left")
+                kw = dict(softcap=softcap, window_size=[-1, -1] if win is None else list(win))
                 if half:
                     # the block output with its rounding residual: the merge
                     # sees it unrounded (to 1/32 of its last place)
-                    o_i, lse_i, res_i = torch.ops.oss.attention_with_residual(*args, softcap=softcap)
+                    o_i, lse_i, res_i = torch.ops.oss.attention_with_residual(*args, **kw)
                     o_i = o_i.to(acc) + res_i.to(acc)
                 else:
-                    o_i, lse_i = torch.ops.oss.attention(*args, softcap=softcap)
+                    o_i, lse_i = torch.ops.oss.attention(*args, **kw)
                 _merge_(out_acc.narrow(2, qs, ql), lse_acc.narrow(2, qs, ql), o_i, lse_i)
             if pending is not None:
                 ring.wait(pending)
@@ -499,7 +565,7 @@ class _RingAttention(torch.autograd.Function):
             ctx.save_for_backward(q, k, v, out, lse_acc, residual, sinks)
         else:
             ctx.save_for_backward(q, k, v, out_acc, lse_acc, None, sinks)
-        ctx.cfg = (group, rank, size, is_causal, scale, layout, enable_gqa, softcap)
+        ctx.cfg = (group, rank, size, is_causal, scale, layout, enable_gqa, softcap, window)
         lse = lse_acc.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -507,10 +573,10 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse, residual, sinks = ctx.saved_tensors
-        group, rank, size, is_causal, scale, layout, enable_gqa, softcap = ctx.cfg
+        group, rank, size, is_causal, scale, layout, enable_gqa, softcap, window = ctx.cfg
         need_q, need_k, need_v, need_sinks = ctx.needs_input_grad[:4]
         if not (need_q or need_k or need_v or need_sinks):
-            return (None,) * 12
+            return (None,) * 13
         if grad_out is None:
             grad_out = torch.zeros(out.shape, dtype=q.dtype, device=q.device)
         grad_out = grad_out.to(q.dtype)
@@ -547,13 +613,13 @@ class _RingAttention(torch.autograd.Function):
                 kv_next, kv_pending = ring.send_recv(kv)
             dk_blk = torch.zeros(k.shape, dtype=acc, device=q.device)
             dv_blk = torch.zeros(v.shape, dtype=acc, device=q.device)
-            for qs, ql, ks, kl, causal in _blocks(layout, is_causal, rank, src, L):
+            for qs, ql, ks, kl, causal, win in _plan(layout, is_causal, rank, src, L, size, window):
                 rows = slice(qs, qs + ql)
                 dq_i, dk_i, dv_i = _block_backward(
                     grad_out[:, :, rows], q[:, :, rows], k_cur.narrow(2, ks, kl), v_cur.narrow(2, ks, kl),
                     out[:, :, rows], lse[:, :, rows], None if residual is None else residual[:, :, rows],
                     None if d_global is None else d_global[:, :, rows], causal, scale, enable_gqa, deterministic,
-                    softcap)
+                    softcap, win)
                 if dq is not None:
                     dq[:, :, rows] += dq_i
                 dk_blk[:, :, ks:ks + kl] += dk_i
@@ -578,7 +644,7 @@ class _RingAttention(torch.autograd.Function):
                  dkv[0].to(k.dtype) if need_k else None,
                  dkv[1].to(v.dtype) if need_v else None,
                  dsinks.to(sinks.dtype) if need_sinks else None)
-        return (*grads, None, None, None, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None, None, None, None)
 
 
 # ---------------------------------------------------------------------------
@@ -624,9 +690,13 @@ class _AllGatherKV(torch.autograd.Function):
         return _reduce_scatter_seq(g, group, size, 2).to(x_dtype), None, None, None, None
 
 
-def _allgather_forward(q, k, v, group, rank, size, is_causal, scale, layout, enable_gqa, softcap=0.0, sinks=None):
+def _allgather_forward(q, k, v, group, rank, size, is_causal, scale, layout, enable_gqa, softcap=0.0, sinks=None,
+                       window=(-1, -1)):
     from .functional import attention_with_lse
 
+    if window != (-1, -1):
+        return _allgather_window(q, k, v, group, rank, size, is_causal, scale, layout, enable_gqa, softcap, sinks,
+                                 window)
     if not is_causal:
         k_all = _AllGatherKV.apply(k, group, size, layout, k.dtype)
         v_all = _AllGatherKV.apply(v, group, size, layout, v.dtype)
@@ -655,13 +725,43 @@ def _allgather_forward(q, k, v, group, rank, size, is_causal, scale, layout, ena
     return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
 
 
+def _allgather_window(q, k, v, group, rank, size, is_causal, scale, layout, enable_gqa, softcap, sinks, window):
+    """_allgather_forward under a window on the global positions (causal: its
+    right side 0): one call per query chunk, on the gathered keys its window
+    reaches, with the window shifted to that slice's top-left diagonal."""
+    from .functional import attention_with_lse
+
+    left, right = window[0], 0 if is_causal else window[1]
+    L = q.shape[2]
+    chunks, _ = _chunks(layout, rank, size)
+    c = L // len(chunks)
+    k_all = _AllGatherKV.apply(k, group, size, layout, _acc_dtype(k.dtype))
+    v_all = _AllGatherKV.apply(v, group, size, layout, _acc_dtype(v.dtype))
+    n = k_all.shape[2]
+    outs, lses = [], []
+    for j, chunk in enumerate(chunks):
+        g0 = chunk * c  # the chunk's first query; it sees keys g0 - left .. g0 + c - 1 + right
+        s0 = 0 if left < 0 else max(0, g0 - left)
+        e0 = n if right < 0 else min(n, g0 + c + right)
+        delta = g0 - s0  # global d = i - j is the slice's d plus delta
+        ws = (-1 if left < 0 else left - delta, -1 if right < 0 else right + delta)
+        o, lse = attention_with_lse(q.narrow(2, j * c, c), k_all.narrow(2, s0, e0 - s0).to(q.dtype),
+                                    v_all.narrow(2, s0, e0 - s0).to(q.dtype), scale=scale, enable_gqa=enable_gqa,
+                                    window_size=ws, softcap=softcap, sinks=sinks)
+        outs.append(o)
+        lses.append(lse)
+    if len(outs) == 1:
+        return outs[0], lses[0]
+    return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+
+
 # ---------------------------------------------------------------------------
 # Public entry points
 # ---------------------------------------------------------------------------
 
 
 def ring_attention(q, k, v, *, group=None, is_causal=False, scale=None, layout="zigzag", return_lse=False,
-                   enable_gqa=False, comm="ring", check_shapes=True, softcap=0.0, sinks=None):
+                   enable_gqa=False, comm="ring", check_shapes=True, window_size=(-1, -1), softcap=0.0, sinks=None):
     """Attention over a sequence sharded across the ranks of ``group``.
 
     q (B, Hq, L, D), k (B, Hkv, L, D), v (B, Hkv, L, Dv): this rank's shard
@@ -682,27 +782,32 @@ def ring_attention(q, k, v, *, group=None, is_causal=False, scale=None, layout="
     check_shapes: one small all_gather per call checks that every rank's shard
     has the same shape (unequal shards would hang or mis-merge); pass False to
     skip it once the shapes are known to agree.
-    softcap, sinks: torch_oss.attention's score variants (sinks (Hq,), the same
-    on every rank; its gradient here is this rank's rows' share, to be summed
-    over the group as for any replicated parameter). Not with float32/float64
-    CUDA inputs for softcap on the ring.
+    window_size, softcap, sinks: torch_oss.attention's score variants.
+    window_size=(left, right) is on the global positions (key j is visible
+    from query i when i - left <= j <= i + right; -1: unbounded; with
+    is_causal, right is 0); the ring then computes, per step, only the parts
+    of the blocks the window reaches. sinks (Hq,) are the same on every rank;
+    their gradient here is this rank's rows' share, to be summed over the
+    group as for any replicated parameter. softcap is not served on the ring
+    for float32/float64 CUDA inputs.
     """
     fn = "ring_attention" if comm == "ring" else "allgather_attention"
     _check_inputs(q, k, v, fn, layout, comm, enable_gqa, scale, softcap, sinks)
+    window = _check_window(window_size, fn)
     group, rank, size = _check_group(group, fn)
     if check_shapes:
         _check_same_shapes(q, k, v, group, size, fn)
     if comm == "allgather":
         out, lse = _allgather_forward(q, k, v, group, rank, size, bool(is_causal), scale, layout, enable_gqa,
-                                      float(softcap), sinks)
+                                      float(softcap), sinks, window)
     else:
         out, lse = _RingAttention.apply(q, k, v, sinks, group, rank, size, bool(is_causal), scale, layout, enable_gqa,
-                                        float(softcap))
+                                        float(softcap), window)
     return (out, lse) if return_lse else out
 
 
 def allgather_attention(q, k, v, *, group=None, is_causal=False, scale=None, layout="zigzag", return_lse=False,
-                        enable_gqa=False, check_shapes=True, softcap=0.0, sinks=None):
+                        enable_gqa=False, check_shapes=True, window_size=(-1, -1), softcap=0.0, sinks=None):
     """:func:`ring_attention` with ``comm="allgather"``: K/V of every rank
     all-gathered once, one local attention per query chunk, dK/dV
     reduce-scattered in the backward. For models whose K/V are small (grouped
@@ -710,7 +815,7 @@ def allgather_attention(q, k, v, *, group=None, is_causal=False, scale=None, lay
     steps, at the memory cost of the full sequence's K/V on every rank."""
     return ring_attention(q, k, v, group=group, is_causal=is_causal, scale=scale, layout=layout,
                           return_lse=return_lse, enable_gqa=enable_gqa, comm="allgather", check_shapes=check_shapes,
-                          softcap=softcap, sinks=sinks)
+                          window_size=window_size, softcap=softcap, sinks=sinks)
 
 
 # ---------------------------------------------------------------------------
@@ -727,10 +832,11 @@ def ring_attention_context(group=None, layout="zigzag", comm="ring"):
     and gets its shard of the logits.
 
     Serves causal self-attention without padding (the mask builder then hands
-    the attention no mask) and non-causal attention without a mask; a layer
-    that receives an explicit mask (padding, sliding windows, a KV cache)
-    raises, as its mask would describe only the local shard. Dropout must be
-    0. The "oss" implementation is restored on exit.
+    the attention no mask), with the layer's sliding window, softcap and sinks
+    where it has them, and non-causal attention without a mask; a layer that
+    receives an explicit mask (padding, a KV cache) raises, as its mask would
+    describe only the local shard. Dropout must be 0. The "oss" implementation
+    is restored on exit.
     """
     _check_layout(layout, "ring_attention_context")
     if comm not in COMMS:
@@ -745,15 +851,16 @@ def ring_attention_context(group=None, layout="zigzag", comm="ring"):
     def forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
         if kwargs.get("position_bias") is not None:
             raise ValueError("ring_attention_context: `position_bias` is not supported by ring attention")
-        if kwargs.get("sliding_window") is not None:
-            raise ValueError("ring_attention_context: `sliding_window` is not supported by ring attention")
+        sliding_window = kwargs.get("sliding_window")
+        # FlashAttention's window for HF's sliding_window (keys i - sliding_window < j), on the global positions
+        window_size = (-1, -1) if sliding_window is None else (int(sliding_window) - 1, int(sliding_window) - 1)
         softcap = kwargs.get("softcap") or 0.0
         sinks = kwargs.get("s_aux")
         if sinks is None:
             sinks = kwargs.get("sinks")
         if attention_mask is not None:
             raise ValueError(
-                "ring_attention_context: the layer received an attention mask (padding, a sliding window or a KV "
+                "ring_attention_context: the layer received an attention mask (padding or a KV "
                 "cache); ring attention serves unpadded full-sequence causal or non-causal attention only"
             )
         if dropout:
@@ -762,7 +869,7 @@ def ring_attention_context(group=None, layout="zigzag", comm="ring"):
             is_causal = getattr(module, "is_causal", True)
         out = ring_attention(query, key, value, group=group, is_causal=bool(is_causal), scale=scaling,
                              layout=layout, enable_gqa=query.shape[1] != key.shape[1], comm=comm,
-                             softcap=float(softcap), sinks=sinks)
+                             window_size=window_size, softcap=float(softcap), sinks=sinks)
         return out.transpose(1, 2).contiguous(), None
 
     def no_mask(*args, **kwargs):
