@@ -473,14 +473,19 @@ def _variant_model(family):
     if family == "gpt_oss":  # attention sinks (s_aux) and sliding-window layers
         cfg = transformers.GptOssConfig(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
                                         layer_types=["sliding_attention", "full_attention"], **common)
-    else:  # gemma2: logit softcapping and sliding-window layers
+    elif family == "gemma2":  # logit softcapping and sliding-window layers
         cfg = transformers.Gemma2Config(intermediate_size=96, attn_logit_softcapping=2.0, **common)
+    elif family == "mistral":  # a sliding window on every layer
+        cfg = transformers.MistralConfig(intermediate_size=96, **common)
+    else:  # qwen2: sliding-window layers mixed with full ones
+        cfg = transformers.Qwen2Config(intermediate_size=96, use_sliding_window=True, max_window_layers=0,
+                                       layer_types=["sliding_attention", "full_attention"], **common)
     cfg._attn_implementation = "eager"
     return transformers.AutoModelForCausalLM.from_config(cfg).float()
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family", ["gpt_oss", "gemma2"])
+@pytest.mark.parametrize("family", ["gpt_oss", "gemma2", "mistral", "qwen2"])
 def test_variant_models_match_eager(family, device):
     """Models whose attention passes s_aux / softcap / sliding_window: logits and
     every parameter's gradient (the sinks' included) as with 'eager', no fallback."""
