@@ -463,7 +463,7 @@ def test_import_is_lazy():
 def _hf_classes(family):
     import transformers
 
-    name = {"llama": "Llama", "mistral": "Mistral"}[family]
+    name = {"llama": "Llama", "mistral": "Mistral", "gemma2": "Gemma2"}[family]
     return getattr(transformers, f"{name}Config"), getattr(transformers, f"{name}ForCausalLM")
 
 
@@ -503,11 +503,12 @@ def _hf_worker(rank, world, init_file, spec_file, result_file):
         raise
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "gemma2"])
 def test_transformers_two_ranks(tmp_path, family):
     """A tiny model under ring_attention_context on two ranks against the
-    whole sequence in one process (Mistral: a sliding window of 16 tokens over
-    64, which the ring applies on the global positions)."""
+    whole sequence in one process: Mistral with a sliding window of 16 tokens
+    over 64 (the ring applies it on the global positions), Gemma 2 with logit
+    softcapping and sliding layers mixed with full ones."""
     pytest.importorskip("transformers")
     config_cls, model_cls = _hf_classes(family)
 
@@ -516,6 +517,8 @@ def test_transformers_two_ranks(tmp_path, family):
                num_key_value_heads=2, max_position_embeddings=256)
     if family == "mistral":
         cfg["sliding_window"] = 16
+    elif family == "gemma2":
+        cfg.update(head_dim=16, sliding_window=12, attn_logit_softcapping=2.0)
     torch.manual_seed(4)
     state = model_cls(config_cls(**cfg)).state_dict()
     S = 64
