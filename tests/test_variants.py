@@ -433,6 +433,24 @@ def test_tiny_window_over_long_keys(device, alignment):
     assert not touched[: max(off - 5, 0)].any() and not touched[off + 70 + 2:].any()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_window_with_inner_and_edge_tiles(device, dtype, is_causal):
+    """A window of a few hundred keys over ~600 queries and ~700 keys, with
+    softcap, ALiBi and sinks: the kernels' key tiles fall wholly inside the
+    window (where the tensor-core kernels skip the per-pair visibility test
+    and count ALiBi's distances from one base per tile), across its edges,
+    on the diagonal and past the last key, forward and backward."""
+    torch.manual_seed(11)
+    shape = (2, 4, 2, 600, 700, 64, 64)
+    q, k, v = make_qkv(shape, dtype, device)
+    kw = {"window_size": (200, 50), "softcap": 4.0, "alibi_slopes": torch.rand(2, 4, device=device) * 0.05,
+          "sinks": torch.randn(4, device=device)}
+    check_variant(q, k, v, kw, is_causal=is_causal, alignment="bottom_right",
+                  label=f"inner and edge tiles {dtype} causal={is_causal}")
+
+
 # ---------------------------------------------------------------------------
 # deterministic=
 # ---------------------------------------------------------------------------
