@@ -159,15 +159,6 @@ def position_ids(seq_len, group=None, layout="zigzag", device=None):
 # ---------------------------------------------------------------------------
 
 
-def _check_window(window_size, fn):
-    """window_size as a tuple (left, right) of ints >= -1, or a clear error."""
-    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
-            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size)):
-        raise ValueError(f"torch_oss.distributed.{fn}: window_size={window_size!r} must be a pair (left, right) of "
-                         "ints >= -1 (-1: unbounded on that side)")
-    return tuple(window_size)
-
-
 def _check_inputs(q, k, v, fn, layout, comm, enable_gqa, scale, softcap=0.0, sinks=None):
     _check_layout(layout, fn)
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -793,7 +784,9 @@ def ring_attention(q, k, v, *, group=None, is_causal=False, scale=None, layout="
     """
     fn = "ring_attention" if comm == "ring" else "allgather_attention"
     _check_inputs(q, k, v, fn, layout, comm, enable_gqa, scale, softcap, sinks)
-    window = _check_window(window_size, fn)
+    from .functional import _check_window
+
+    window = _check_window(window_size, f"torch_oss.distributed.{fn}")
     group, rank, size = _check_group(group, fn)
     if check_shapes:
         _check_same_shapes(q, k, v, group, size, fn)

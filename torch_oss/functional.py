@@ -53,14 +53,20 @@ def _is_int(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _check_variants(query, window_size, softcap, alibi_slopes, sinks, deterministic, op="torch_oss.attention"):
-    """Checks the score variants' arguments (types, values, dtypes, devices;
-    the op checks their shapes against the heads) and returns window_size as
-    a tuple. Raises naming the argument."""
+def _check_window(window_size, op):
+    """window_size as a tuple (left, right) of ints >= -1, or a ValueError naming it."""
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
             or not all(_is_int(w) and w >= -1 for w in window_size)):
         raise ValueError(f"{op}: window_size={window_size!r} must be a pair (left, right) of ints "
                          ">= -1 (-1: unbounded on that side)")
+    return tuple(window_size)
+
+
+def _check_variants(query, window_size, softcap, alibi_slopes, sinks, deterministic, op="torch_oss.attention"):
+    """Checks the score variants' arguments (types, values, dtypes, devices;
+    the op checks their shapes against the heads) and returns window_size as
+    a tuple. Raises naming the argument."""
+    window_size = _check_window(window_size, op)
     if (not isinstance(softcap, (int, float)) or isinstance(softcap, bool) or not math.isfinite(softcap)
             or softcap < 0):
         raise ValueError(f"{op}: softcap={softcap!r} must be a finite number >= 0 (0: off)")
@@ -85,7 +91,7 @@ def _check_variants(query, window_size, softcap, alibi_slopes, sinks, determinis
     if deterministic is not None and not isinstance(deterministic, bool):
         raise TypeError(f"{op}: deterministic={deterministic!r} must be True, False or None")
     # (the op checks the shapes; with a KV cache on CUDA it refuses the variants)
-    return tuple(window_size)
+    return window_size
 
 
 def attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
