@@ -395,12 +395,12 @@ oss_status oss_attn_forward_with(const oss_attention_params *p, void *workspace,
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
                     "attention: no forward kernel compiled for head dim %lld (compiled head dims: %s)",
                     (long long)need, oss_attention_cuda_head_dims_list());
-  if (a.variants && e->fwd_var == NULL)
+  if (a.variants && e->fwd_var[OSS_ATTN_MMA] == NULL)
     return oss_fail(OSS_ERROR_NOT_SUPPORTED, "attention: no forward kernel with the score variants for head dim %lld",
                     (long long)need);
   /* the score variants run in their own mma.sync kernels */
   const oss_attn_launch_fn fn = override_fn   ? override_fn
-                                : a.variants ? e->fwd_var
+                                : a.variants ? oss_attn_select(e->fwd_var, &dev, false)
                                              : oss_attn_select(e->fwd, &dev, false);
   return fn(&a, stream, &dev);
 }

@@ -68,11 +68,11 @@ __device__ __forceinline__ float oss_attn_fwd_mask_scores(float (&s)[MT][NT][4],
 
 /* oss_attn_fwd_mask_scores under the score variants: each score of
  * oss_attn_var_each in place, c = 1. */
-template <int MT, int NT>
+template <int MT, int NT, bool MASKS = true>
 __device__ __forceinline__ float oss_attn_fwd_var_scores(float (&s)[MT][NT][4], const oss_attn_args &a,
                                                          const oss_attn_var_consts &v, int64_t mbase, int r0, int j0,
                                                          int lane) {
-  oss_attn_var_each<false>(s, a, v, mbase, r0, j0, lane,
+  oss_attn_var_each<false, MT, NT, MASKS>(s, a, v, mbase, r0, j0, lane,
                            [&](int mt, int n, int e, float x, float) { s[mt][n][e] = x; });
   return 1.f;
 }

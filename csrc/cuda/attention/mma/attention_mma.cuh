@@ -426,8 +426,9 @@ __device__ __forceinline__ bool oss_attn_var_window_live(const oss_attn_args &a,
  * A tile of visible, unmasked pairs (oss_attn_var_interior: all but the tiles
  * on the diagonal, the window's edges and the end of the keys) skips the
  * visibility test; the others test each column against its row's visible
- * interval (oss_attn_var_visible). */
-template <bool KEY_MAJOR, int MT, int NT, typename F>
+ * interval (oss_attn_var_visible). MASKS = false: a kernel the launcher
+ * never gives a mask tensor, which then needs no registers for reading one. */
+template <bool KEY_MAJOR, int MT, int NT, bool MASKS = true, typename F>
 __device__ __forceinline__ void oss_attn_var_each(const float (&s)[MT][NT][4], const oss_attn_args &a,
                                                   const oss_attn_var_consts &v, int64_t mbase, int r0, int c0,
                                                   int lane, F &&f) {
@@ -477,7 +478,7 @@ __device__ __forceinline__ void oss_attn_var_each(const float (&s)[MT][NT][4], c
       if (v.slope != 0.f) each(cap, yes(), no(), no());
       else each(cap, no(), no(), no());
     } else {
-      if (a.mask_kind != OSS_MASK_NONE) each(cap, yes(), yes(), yes());
+      if (MASKS && a.mask_kind != OSS_MASK_NONE) each(cap, yes(), yes(), yes());
       else each(cap, yes(), yes(), no());
     }
   };

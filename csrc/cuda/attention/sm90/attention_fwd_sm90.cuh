@@ -28,6 +28,11 @@
  *     (named barriers), so one's softmax runs under the other's products.
  *   - a mask tensor is read element-wise from global memory by the variant
  *     built for it (MASK_TENSOR); the variant without holds fewer registers.
+ *   - VAR (a separate instantiation): the score variants of oss.h through
+ *     oss_attn_fwd_var_scores (as in the mma.sync kernel), a row's softmax
+ *     starting at its sink, and a window's key tiles only (producer and
+ *     consumers both walk jt0 .. ntiles - 1); calls that also carry a mask
+ *     tensor run the mma.sync kernel with the variants instead.
  *   - every tile up to the causal diagonal is computed by both warpgroups
  *     (a tile a warpgroup cannot see is masked to zero weight): a wgmma under
  *     a branch would make ptxas serialise them all.
@@ -142,7 +147,7 @@ __device__ __forceinline__ void oss_sm90_load_tile(T *dst, const CUtensorMap *ma
     oss_tma_load_4d(oss_smem_u32(dst + cb * ROWS * 64), map, full, cb * 64, row, head, batch);
 }
 
-template <typename T, int HD, int BC, int STAGES, bool PINGPONG, bool MASK_TENSOR>
+template <typename T, int HD, int BC, int STAGES, bool PINGPONG, bool MASK_TENSOR, bool VAR = false>
 __global__ void __launch_bounds__(384, 1)
     oss_attn_fwd_sm90_kernel(const __grid_constant__ oss_attn_args a, const __grid_constant__ oss_attn_sm90_maps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -191,13 +196,13 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll 1
       for (int w = blockIdx.x; w < nwork; w += gridDim.x) {
         oss_attn_query_block qb;
-        oss_attn_query_block_at<BR, BC>(a, w / nqb, w % nqb, &qb);
-        if (qb.ntiles == 0) continue;
+        oss_attn_query_block_at<BR, BC, VAR>(a, w / nqb, w % nqb, &qb);
+        if (qb.ntiles <= qb.jt0) continue;
         if (blocks > 0) oss_mbar_wait(&q_empty, (blocks - 1) & 1);
         oss_sm90_load_tile<HD, BR>(sQ, &maps.q, &q_full, qb.i0, qb.h, qb.b);
         blocks++;
 #pragma unroll 1
-        for (int j = 0; j < qb.ntiles; j++, tiles++) {
+        for (int j = qb.jt0; j < qb.ntiles; j++, tiles++) {
           const int st = tiles % STAGES, use = tiles / STAGES, j0 = j * BC;
           if (use > 0) oss_mbar_wait(&k_empty[st], (use - 1) & 1);
           oss_sm90_load_tile<HD, BC>(sK + st * BC * HD, &maps.k, &k_full[st], j0, qb.hk, qb.b);
@@ -221,12 +226,19 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll 1
     for (int w = blockIdx.x; w < nwork; w += gridDim.x) {
       oss_attn_query_block qb;
-      oss_attn_query_block_at<BR, BC>(a, w / nqb, w % nqb, &qb);
-      const int i0 = qb.i0, ntiles = qb.ntiles;
+      oss_attn_query_block_at<BR, BC, VAR>(a, w / nqb, w % nqb, &qb);
+      /* the block's key tiles jt0 .. jt0 + ntiles - 1 (a window's; else all up to the diagonal) */
+      const int i0 = qb.i0, jt0 = qb.jt0, ntiles = qb.ntiles > qb.jt0 ? qb.ntiles - qb.jt0 : 0;
       const int64_t mbase = MASK_TENSOR ? oss_attn_mask_base(a, qb.b, qb.h) : 0;
-      /* [1]: the one 16-row m-tile of a warp, as the shared mma.sync helpers count them */
+      oss_attn_var_consts vc;
+      if constexpr (VAR) vc = oss_attn_var_consts_of(a, qb.b, qb.h);
+      /* [1]: the one 16-row m-tile of a warp, as the shared mma.sync helpers
+       * count them. A sink starts each row's softmax as its first term (as in
+       * the mma.sync kernel: m = the sink, one quad lane's l and lr hold 1). */
+      const float sink_m = (!VAR || a.sinks == nullptr) ? -INFINITY : a.sinks[qb.h] * (float)OSS_LOG2E;
+      const float sink_l = (VAR && a.sinks != nullptr && (lane & 3) == 0) ? 1.f : 0.f;
       float o[1][NO][4], s[1][NT][4];
-      float m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.f, 0.f}}, lr[1][2] = {{0.f, 0.f}}, alpha[2];
+      float m[1][2] = {{sink_m, sink_m}}, l[1][2] = {{sink_l, sink_l}}, lr[1][2] = {{sink_l, sink_l}}, alpha[2];
       uint32_t pa[NT / 2][4];
 #pragma unroll
       for (int n = 0; n < NO; n++) o[0][n][0] = o[0][n][1] = o[0][n][2] = o[0][n][3] = 0.f;
@@ -249,13 +261,14 @@ __global__ void __launch_bounds__(384, 1)
           oss_mbar_arrive(&k_empty[st]);
           if (ntiles == 1) oss_mbar_arrive(&q_empty);
         }
-        float c = oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, 0, lane);
+        float c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, jt0 * BC, lane)
+                      : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, 0, lane);
         oss_sm90_softmax_exp<NT>(s[0], m[0], l[0], alpha, c);
         oss_sm90_softmax_pack<T, NT, NO>(s[0], o[0], lr[0], alpha, pa);
 
 #pragma unroll 1
         for (int j = 1; j < ntiles; j++) {
-          const int pst = st, pphase = ((tiles + j - 1) / STAGES) & 1, j0 = j * BC;
+          const int pst = st, pphase = ((tiles + j - 1) / STAGES) & 1, j0 = (jt0 + j) * BC;
           st = (tiles + j) % STAGES;
           oss_mbar_wait(&k_full[st], ((tiles + j) / STAGES) & 1);
           if (PINGPONG) oss_named_sync(my_bar, 256);
@@ -276,7 +289,8 @@ __global__ void __launch_bounds__(384, 1)
             oss_mbar_arrive(&k_empty[st]);
             if (j == ntiles - 1) oss_mbar_arrive(&q_empty);
           }
-          c = oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, j0, lane);
+          c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, j0, lane)
+                  : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, j0, lane);
           oss_sm90_softmax_exp<NT>(s[0], m[0], l[0], alpha, c);
           oss_wgmma_wait<0>();
           oss_wgmma_fence_operand<NO>(o[0]);
@@ -382,29 +396,27 @@ static inline int oss_kernel_regs(void (*kernel)(const oss_attn_args, const oss_
   return attr.numRegs;
 }
 
+/* Launches `kernel` (one of oss_attn_fwd_sm90_kernel<T, HD, ...>, launched
+ * with `regs` registers per thread) over the call's work blocks, or, where
+ * the copy engine cannot address the inputs or the kernel's register budget
+ * does not hold, `fallback` (the mma.sync kernel of the same result). */
 template <typename T, int HD>
-oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_attn_sm90_maps), int regs,
+                                 oss_attn_launch_fn fallback, const oss_attn_args *a, cudaStream_t stream,
+                                 const oss_device_info *dev) {
   typedef oss_attn_fwd_sm90_cfg<HD> C;
-  /* a kernel without the registers for reading a mask tensor where there is
-   * none; the one that reads it has no registers left for ping-pong */
-  void (*kernel)(const oss_attn_args, const oss_attn_sm90_maps) =
-      a->mask_kind != OSS_MASK_NONE ? oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>
-                                    : oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>;
   /* The budgets of setmaxnreg hold only if the kernel launches with the
    * registers assumed above; a compiler that allots fewer would make the
    * consumers wait forever, so then the mma.sync kernel runs instead. */
-  static const int plain_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>);
-  static const int mask_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>);
-  const int regs = a->mask_kind != OSS_MASK_NONE ? mask_regs : plain_regs;
   const int64_t nwork = (int64_t)((a->lq + C::BR - 1) / C::BR) * a->batch * a->hq;
   oss_attn_sm90_maps maps;
   if (regs < OSS_SM90_LAUNCH_REGS || a->lk == 0 || nwork > INT_MAX ||
       !oss_attn_sm90_map<T>(&maps.q, a->q, a->batch, a->hq, a->lq, a->d, a->q_s, C::BR) ||
       !oss_attn_sm90_map<T>(&maps.k, a->k, a->batch, a->hkv, a->lk, a->d, a->k_s, C::BC) ||
       !oss_attn_sm90_map<T>(&maps.v, a->v, a->batch, a->hkv, a->lk, a->dv, a->v_s, C::BC))
-    return oss_attn_fwd_mma_launch<T, HD>(a, stream, dev);
+    return fallback(a, stream, dev);
   const size_t smem = oss_attn_fwd_sm90_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
-  if (smem > (size_t)dev->max_smem_per_block_optin) return oss_attn_fwd_mma_launch<T, HD>(a, stream, dev);
+  if (smem > (size_t)dev->max_smem_per_block_optin) return fallback(a, stream, dev);
   OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   /* One CTA per work block. The kernel can also run persistent (fewer CTAs,
    * each looping over blocks), but on an H100 that was slower at seqlen >= 1k
@@ -413,6 +425,32 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
    * stride does. */
   kernel<<<(unsigned)nwork, 384, smem, stream>>>(*a, maps);
   return oss_check_launch("attention forward (wgmma)");
+}
+
+template <typename T, int HD>
+oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+  typedef oss_attn_fwd_sm90_cfg<HD> C;
+  /* a kernel without the registers for reading a mask tensor where there is
+   * none; the one that reads it has no registers left for ping-pong */
+  static const int plain_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>);
+  static const int mask_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>);
+  if (a->mask_kind != OSS_MASK_NONE)
+    return oss_attn_fwd_sm90_run<T, HD>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>, mask_regs,
+                                        oss_attn_fwd_mma_launch<T, HD>, a, stream, dev);
+  return oss_attn_fwd_sm90_run<T, HD>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>,
+                                      plain_regs, oss_attn_fwd_mma_launch<T, HD>, a, stream, dev);
+}
+
+/* The score variants on Hopper (oss_attn_fwd_var_scores per tile, a window's
+ * key tiles only, sinks in the row statistics); calls that also pass a mask
+ * tensor run the mma.sync kernel with the variants, which reads it. */
+template <typename T, int HD>
+oss_status oss_attn_fwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+  typedef oss_attn_fwd_sm90_cfg<HD> C;
+  if (a->mask_kind != OSS_MASK_NONE) return oss_attn_fwd_var_launch<T, HD>(a, stream, dev);
+  static const int regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>);
+  return oss_attn_fwd_sm90_run<T, HD>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>,
+                                      regs, oss_attn_fwd_var_launch<T, HD>, a, stream, dev);
 }
 
 #endif /* OSS_ATTENTION_FWD_SM90_CUH */
