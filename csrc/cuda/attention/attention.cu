@@ -558,11 +558,11 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   }
   st = oss_attn_bwd_means(&a, p->dtype, stream);
   if (st != OSS_OK) return st;
-  if (a.variants && e->bwd_var == NULL)
+  if (a.variants && e->bwd_var[OSS_ATTN_MMA] == NULL)
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
                     "attention_backward: no backward kernel with the score variants for head dim %d", e->head_dim);
   const oss_attn_launch_fn fn = override_fn   ? override_fn
-                                : a.variants ? e->bwd_var
+                                : a.variants ? oss_attn_select(e->bwd_var, &dev, true)
                                              : oss_attn_select(e->bwd, &dev, true);
   st = fn(&a, stream, &dev);
   if (st != OSS_OK) return st;

@@ -128,8 +128,8 @@ typedef struct oss_attn_kernel_entry {
   oss_attn_launch_fn bwd[OSS_ATTN_FAMILIES]; /* backward kernels, NULL where not compiled */
   oss_attn_launch_fn dec; /* split-KV decode forward (mma.sync), NULL where not compiled */
   int dec_head_dim;       /* the head dim dec was compiled for (>= head_dim) */
-  oss_attn_launch_fn fwd_var[OSS_ATTN_FAMILIES]; /* forward with the score variants (NULL where not compiled) */
-  oss_attn_launch_fn bwd_var;                    /* mma.sync backward with the score variants */
+  oss_attn_launch_fn fwd_var[OSS_ATTN_FAMILIES]; /* with the score variants (NULL where not compiled) */
+  oss_attn_launch_fn bwd_var[OSS_ATTN_FAMILIES];
   int var_head_dim;                    /* the head dim they were compiled for (>= head_dim) */
 } oss_attn_kernel_entry;
 

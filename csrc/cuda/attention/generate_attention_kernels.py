@@ -37,8 +37,9 @@ DECODE_HEAD_DIMS = [64, 128, 256]
 # Head dims of the forward and backward with the score variants (window,
 # softcap, ALiBi, sinks): separate instantiations, so the plain kernels keep
 # their registers; each compiled head dim runs the smallest of them that
-# covers it (zero padding, as for the decode kernel). mma.sync, and the
-# forward also on Hopper's wgmma for those in SM90_FORWARD_HEAD_DIMS.
+# covers it (zero padding, as for the decode kernel). mma.sync, and on
+# Hopper's wgmma for those in SM90_FORWARD_HEAD_DIMS (forward) and
+# SM90_BACKWARD_HEAD_DIMS (backward).
 VARIANT_HEAD_DIMS = [64, 128, 256]
 
 DTYPES = [("fp16", "__half", "OSS_FLOAT16"), ("bf16", "__nv_bfloat16", "OSS_BFLOAT16")]
@@ -76,6 +77,10 @@ def _fwd_var_name(hd, tag):
 
 def _fwd_var_sm90_name(hd, tag):
     return f"oss_attn_fwd_var_sm90_hd{hd}_{tag}"
+
+
+def _bwd_var_sm90_name(hd, tag):
+    return f"oss_attn_bwd_var_sm90_hd{hd}_{tag}"
 
 
 def _bwd_var_name(hd, tag):
@@ -158,6 +163,7 @@ def generate(head_dims, out_dir, sm90=False):
 
     var_dims = sorted({_variant_dim(d) for d in dims})
     sm90_var_dims = [d for d in var_dims if d in SM90_FORWARD_HEAD_DIMS] if sm90 else []
+    sm90_bwd_var_dims = [d for d in var_dims if d in SM90_BACKWARD_HEAD_DIMS] if sm90 else []
     for hd in var_dims:
         for tag, ctype, _ in DTYPES:
             paths.append(_launcher(os.path.join(out_dir, f"attention_fwd_var_hd{hd}_{tag}.cu"),
@@ -170,6 +176,10 @@ def generate(head_dims, out_dir, sm90=False):
             paths.append(_launcher(os.path.join(out_dir, f"attention_bwd_var_hd{hd}_{tag}.cu"),
                                    "mma/attention_bwd.cuh", _bwd_var_name(hd, tag),
                                    f"oss_attn_bwd_var_launch<{ctype}, {hd}>"))
+            if hd in sm90_bwd_var_dims:
+                paths.append(_launcher(os.path.join(out_dir, f"attention_bwd_var_sm90_hd{hd}_{tag}.cu"),
+                                       "sm90/attention_bwd_sm90.cuh", _bwd_var_sm90_name(hd, tag),
+                                       f"oss_attn_bwd_sm90_var_launch<{ctype}, {hd}>"))
 
     lines = [HEADER, '#include "cuda/attention/attention_common.cuh"\n\n', 'extern "C" {\n']
     def declare(name):
@@ -193,10 +203,12 @@ def generate(head_dims, out_dir, sm90=False):
             if hd in sm90_var_dims:
                 declare(_fwd_var_sm90_name(hd, tag))
             declare(_bwd_var_name(hd, tag))
+            if hd in sm90_bwd_var_dims:
+                declare(_bwd_var_sm90_name(hd, tag))
     lines.append("\n/* {head_dim, dtype, {mma.sync forward, Hopper wgmma forward},\n"
                  " *  {mma.sync backward, Hopper wgmma backward}, decode forward, its head dim,\n"
-                 " *  {mma.sync forward, Hopper wgmma forward} with the score variants, the mma.sync\n"
-                 " *  backward with them, their head dim} */\n")
+                 " *  {mma.sync forward, Hopper wgmma forward} and {mma.sync backward, Hopper wgmma\n"
+                 " *  backward} with the score variants, their head dim} */\n")
     lines.append("const oss_attn_kernel_entry oss_attn_kernel_table[] = {\n")
     n = 0
     for hd in dims:
@@ -207,12 +219,13 @@ def generate(head_dims, out_dir, sm90=False):
             dd = _decode_dim(hd)
             vd = _variant_dim(hd)
             var_hopper = _fwd_var_sm90_name(vd, tag) if vd in sm90_var_dims else "NULL"
+            bwd_var_hopper = _bwd_var_sm90_name(vd, tag) if vd in sm90_bwd_var_dims else "NULL"
             lines.append(f"    {{{hd}, {enum}, {{{_fwd_name(hd, tag)}, {hopper}}}, {{{bwd}, {bwd_hopper}}}, "
                          f"{_dec_name(dd, tag)}, {dd}, {{{_fwd_var_name(vd, tag)}, {var_hopper}}}, "
-                         f"{_bwd_var_name(vd, tag)}, {vd}}},\n")
+                         f"{{{_bwd_var_name(vd, tag)}, {bwd_var_hopper}}}, {vd}}},\n")
             n += 1
     if n == 0:
-        lines.append("    {0, OSS_FLOAT16, {NULL, NULL}, {NULL, NULL}, NULL, 0, {NULL, NULL}, NULL, 0},\n")
+        lines.append("    {0, OSS_FLOAT16, {NULL, NULL}, {NULL, NULL}, NULL, 0, {NULL, NULL}, {NULL, NULL}, 0},\n")
     lines.append("};\n")
     lines.append(f"const int oss_attn_kernel_table_len = {n};\n\n")
     lines.append(f'const char *oss_attention_cuda_head_dims_list(void) {{ return "{",".join(str(d) for d in dims)}"; }}\n\n')

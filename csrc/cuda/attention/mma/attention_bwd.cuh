@@ -538,12 +538,6 @@ oss_status oss_attn_bwd_dq_det_run(const oss_attn_args *a, cudaStream_t stream, 
                          dev);
 }
 
-template <typename T, int HD>
-oss_status oss_attn_bwd_dq_det_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
-  typedef oss_attn_bwd_cfg<HD> C;
-  return oss_attn_bwd_dq_det_run<T, HD, C::DQ_BR, C::DQ_BC, C::DQ_NW>(a, stream, dev);
-}
-
 template <typename T, int HD, int BR, int NKW, int NCS, int MINB, int DQ_BR, int DQ_BC, int DQ_NW, bool VAR = false>
 oss_status oss_attn_bwd_mma_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   if (a->lk > 0) {

@@ -27,6 +27,11 @@
  *   workspace with one bulk reduction (cp.reduce.async.bulk) per row, issued
  *   after the next barrier.
  *   Deterministic mode skips that and runs the mma.sync dQ kernel afterwards.
+ *   VAR (a separate instantiation): the score variants through
+ *   oss_attn_var_each, P^T and dS'^T in one pass per element once dP^T has
+ *   landed (dS' takes the softcap's derivative), only the query blocks whose
+ *   window reaches the keys; calls with a mask tensor as well run the
+ *   mma.sync kernels with the variants.
  *   dQ's centring (attention_bwd.cuh): m64n8k16 wgmmas of dS' by a tile of
  *   ones give the row sums R of the piece's 64 query rows (BR = 64: each
  *   warpgroup over its half of the keys), added into eacc.
@@ -68,7 +73,7 @@ __device__ __forceinline__ void oss_attn_bwd_sm90_flush_dq(float *acc, int64_t l
   }
 }
 
-template <typename T, int HD, int BR, int BC>
+template <typename T, int HD, int BR, int BC, bool VAR = false>
 __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_attn_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int NTHREADS = 256, NTQ = BR / 8, NO = HD / 8;
@@ -99,7 +104,7 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
   const int kw0 = j0 + wg * 64 + (warp & 3) * 16; /* this warp's first key */
 
   int qb0, nqe;
-  oss_attn_bwd_query_blocks<BR>(a, j0, &qb0, &nqe);
+  oss_attn_bwd_query_blocks<BR>(a, j0, &qb0, &nqe, BC);
   const int niter = a.group * nqe;
 
   const bool atomic_dq = a.dq_acc != nullptr;
@@ -169,30 +174,45 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
     oss_wgmma_wait<1>(); /* S^T done */
     oss_wgmma_fence_operand<NTQ>(sT);
 
-    /* P^T (element (key r, query c)); scaled scores masked first, as in the
-     * forward, then exp2 against the query's lse */
-    const bool need_mask = a.mask_kind != OSS_MASK_NONE || j0 + BC > a.lk ||
-                           (a.causal && (int64_t)(j0 + wg * 64 + 63) > (int64_t)i0 + a.causal_off);
+    if constexpr (VAR) {
+      /* one pass per element, as in the mma.sync kernel: the variants' score,
+       * P^T, and dS'^T through the softcap's derivative (so dP^T first) */
+      oss_wgmma_wait<0>();
+      oss_wgmma_fence_operand<NTQ>(pT);
+      const oss_attn_var_consts vc = oss_attn_var_consts_of(a, b, h);
+      oss_attn_var_each<true, 1, NTQ, false>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a, vc, 0, kw0, i0, lane,
+                                             [&](int, int n, int e, float x, float dcap) {
+                                               const int c = n * 8 + t2 + (e & 1); /* the query's row */
+                                               const float p = oss_ex2(x - cL[c]);
+                                               sT[n][e] = p;
+                                               pT[n][e] = (p * sc * dcap) * (pT[n][e] - cD[c]);
+                                             });
+    } else {
+      /* P^T (element (key r, query c)); scaled scores masked first, as in the
+       * forward, then exp2 against the query's lse */
+      const bool need_mask = a.mask_kind != OSS_MASK_NONE || j0 + BC > a.lk ||
+                             (a.causal && (int64_t)(j0 + wg * 64 + 63) > (int64_t)i0 + a.causal_off);
 #pragma unroll
-    for (int n = 0; n < NTQ; n++)
+      for (int n = 0; n < NTQ; n++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) sT[n][e] *= a.scale_log2;
-    if (need_mask)
-      oss_attn_mask_tile<T, true, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a,
-                                          a.mask_kind ? oss_attn_mask_base(a, b, h) : 0, kw0, i0, lane);
+        for (int e = 0; e < 4; e++) sT[n][e] *= a.scale_log2;
+      if (need_mask)
+        oss_attn_mask_tile<T, true, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a,
+                                            a.mask_kind ? oss_attn_mask_base(a, b, h) : 0, kw0, i0, lane);
 #pragma unroll
-    for (int n = 0; n < NTQ; n++) {
-      const float2 lv = *reinterpret_cast<const float2 *>(cL + n * 8 + t2);
+      for (int n = 0; n < NTQ; n++) {
+        const float2 lv = *reinterpret_cast<const float2 *>(cL + n * 8 + t2);
 #pragma unroll
-      for (int e = 0; e < 4; e++) sT[n][e] = oss_ex2(sT[n][e] - ((e & 1) ? lv.y : lv.x));
-    }
-    oss_wgmma_wait<0>(); /* dP^T done */
-    oss_wgmma_fence_operand<NTQ>(pT);
+        for (int e = 0; e < 4; e++) sT[n][e] = oss_ex2(sT[n][e] - ((e & 1) ? lv.y : lv.x));
+      }
+      oss_wgmma_wait<0>(); /* dP^T done */
+      oss_wgmma_fence_operand<NTQ>(pT);
 #pragma unroll
-    for (int n = 0; n < NTQ; n++) {
-      const float2 dd = *reinterpret_cast<const float2 *>(cD + n * 8 + t2);
+      for (int n = 0; n < NTQ; n++) {
+        const float2 dd = *reinterpret_cast<const float2 *>(cD + n * 8 + t2);
 #pragma unroll
-      for (int e = 0; e < 4; e++) pT[n][e] = (sT[n][e] * sc) * (pT[n][e] - ((e & 1) ? dd.y : dd.x));
+        for (int e = 0; e < 4; e++) pT[n][e] = (sT[n][e] * sc) * (pT[n][e] - ((e & 1) ? dd.y : dd.x));
+      }
     }
     /* dV += P^T dO and dK += dS'^T Q, P^T and dS'^T packed to 16-bit A fragments
      * (after both are computed, so the float copies and the fragments are not
@@ -294,18 +314,32 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
 #endif
 }
 
-/* Entry point instantiated once per (head dim, dtype) by the generator. */
-template <typename T, int HD>
-oss_status oss_attn_bwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+template <typename T, int HD, bool VAR>
+oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   typedef oss_attn_bwd_sm90_cfg<HD> C;
+  typedef oss_attn_bwd_cfg<HD> M; /* the mma.sync dQ kernel of the deterministic mode */
   if (a->lk > 0) {
-    const oss_status st = oss_attn_launch(oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC>, "attention backward (wgmma)",
-                                          HD, oss_attn_bwd_sm90_smem_bytes<HD, C::BR, C::BC>(),
-                                          oss_attn_grid((a->lk + C::BC - 1) / C::BC, (int64_t)a->batch * a->hkv), 256,
-                                          a, stream, dev);
+    const oss_status st = oss_attn_launch(
+        oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC, VAR>,
+        VAR ? "attention backward with score variants (wgmma)" : "attention backward (wgmma)", HD,
+        oss_attn_bwd_sm90_smem_bytes<HD, C::BR, C::BC>(),
+        oss_attn_grid((a->lk + C::BC - 1) / C::BC, (int64_t)a->batch * a->hkv), 256, a, stream, dev);
     if (st != OSS_OK) return st;
   }
-  return oss_attn_bwd_dq_det_launch<T, HD>(a, stream, dev);
+  return oss_attn_bwd_dq_det_run<T, HD, M::DQ_BR, M::DQ_BC, M::DQ_NW, VAR>(a, stream, dev);
+}
+
+/* Entry points instantiated once per (head dim, dtype) by the generator: the
+ * plain kernel, and the one with the score variants (calls that also carry a
+ * mask tensor run the mma.sync kernels with the variants, which read it). */
+template <typename T, int HD>
+oss_status oss_attn_bwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+  return oss_attn_bwd_sm90_run<T, HD, false>(a, stream, dev);
+}
+template <typename T, int HD>
+oss_status oss_attn_bwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+  if (a->mask_kind != OSS_MASK_NONE) return oss_attn_bwd_var_launch<T, HD>(a, stream, dev);
+  return oss_attn_bwd_sm90_run<T, HD, true>(a, stream, dev);
 }
 
 #endif /* OSS_ATTENTION_BWD_SM90_CUH */
