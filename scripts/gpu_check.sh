@@ -70,6 +70,9 @@ for s in $STAGES; do
     : >"$RESULTS/tests.log"
     ok=1
     files=(${TESTS:-$(ls tests/test_*.py)})
+    # Parallel pytest runs share the cores: each gets its share of CPU threads,
+    # or the spinning workers of their thread pools starve each other.
+    [ "${TEST_JOBS:-1}" -gt 1 ] && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / TEST_JOBS > 0 ? $(nproc) / TEST_JOBS : 1 ))}
     # An entry may name several node ids joined by commas: they run in one pytest run.
     log_of() { echo "$RESULTS/test_$(echo "$1" | sed 's|^tests/||; s|,.*|_and_more|; s|[^A-Za-z0-9_.-]|_|g').log"; }
     summary_of() { grep -E '(passed|failed|error|skipped|no tests ran).* in [0-9.]+s' "$1" | tail -1; }
