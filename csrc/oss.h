@@ -225,6 +225,19 @@ typedef struct oss_attention_params {
   const float *alibi_slopes;
   int64_t alibi_stride_batch;
   const float *sinks;
+  /* Dropout of the attention weights (dropout_p = 0: off), the one rule of
+   * oss_internal.h for every kernel: softmax weight P(b, h, i, j) is kept
+   * with probability 1 - dropout_p and then scaled by 1 / (1 - dropout_p),
+   * or replaced by 0, before it multiplies v; the lse, the softmax's
+   * normaliser and the sinks' terms are those of the weights before dropout.
+   * dropout_seed: one uint64, in device memory for CUDA (read by the kernels,
+   * so a seed drawn on the device needs no synchronisation and a CUDA graph
+   * replays with the seed's new value), host memory for CPU. The backward,
+   * given the same seed, drops the same weights (nothing is stored) and
+   * D = rowsum(dout * out) still holds for the dropped output. 0 <= dropout_p
+   * <= 1; not with the KV-cache fields. */
+  double dropout_p;
+  const uint64_t *dropout_seed;
 } oss_attention_params;
 
 typedef struct oss_attention_backward_params {

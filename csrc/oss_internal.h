@@ -6,6 +6,7 @@
 #define OSS_INTERNAL_H
 
 #include <math.h>
+#include <stdint.h>
 
 #include "oss.h"
 
@@ -60,6 +61,56 @@ static inline OSS_HOST_DEVICE float oss_log_softmax_grad_near_one(float y, float
   return isfinite(dx) ? dx : NAN;
 }
 #define OSS_LOG_SOFTMAX_NEAR_ONE (-0.25f)
+
+/* ---- attention dropout ----------------------------------------------------
+ * Every kernel (CPU and CUDA, forward and backward) drops the same weights:
+ * weight (bh = b * heads_q + h, query i, key j) takes 32 random bits from
+ * Philox4x32-10 (Salmon et al., SC'11) keyed by the 64-bit seed, with the
+ * counter (i & ~8, j & ~8, low and high words of bh): one call gives the four
+ * weights {i, i | 8} x {j, j | 8}, word ((i >> 3) & 1) * 2 + ((j >> 3) & 1).
+ * That group is what one thread of a 16 x 16 tensor-core tile holds in both
+ * orientations (query-major in the forward, key-major in the backward), so a
+ * thread spends one Philox call on four of its own weights. A weight is kept
+ * when its bits are >= oss_dropout_threshold(p), probability 1 - p to within
+ * 2^-32, and then scaled by 1 / (1 - p). */
+static inline OSS_HOST_DEVICE uint32_t oss_mulhilo32(uint32_t a, uint32_t b, uint32_t *hi) {
+  const uint64_t prod = (uint64_t)a * b;
+  *hi = (uint32_t)(prod >> 32);
+  return (uint32_t)prod;
+}
+
+/* out[0..3] = Philox4x32-10(counter c0..c3, key k0 k1). */
+static inline OSS_HOST_DEVICE void oss_philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
+                                                  uint32_t k1, uint32_t out[4]) {
+  for (int round = 0; round < 10; round++) {
+    uint32_t hi0, hi1;
+    const uint32_t lo0 = oss_mulhilo32(0xD2511F53u, c0, &hi0), lo1 = oss_mulhilo32(0xCD9E8D57u, c2, &hi1);
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
+}
+
+/* The random words of the group holding (i, j) (i and j with bit 3 cleared
+ * or not: the same group). */
+static inline OSS_HOST_DEVICE void oss_dropout_group(uint64_t seed, uint64_t bh, int64_t i, int64_t j,
+                                                     uint32_t out[4]) {
+  oss_philox4x32((uint32_t)(i & ~(int64_t)8), (uint32_t)(j & ~(int64_t)8), (uint32_t)bh, (uint32_t)(bh >> 32),
+                 (uint32_t)seed, (uint32_t)(seed >> 32), out);
+}
+static inline OSS_HOST_DEVICE int oss_dropout_word(int64_t i, int64_t j) {
+  return (int)(((i >> 3) & 1) * 2 + ((j >> 3) & 1));
+}
+/* Bits below which a weight is dropped: floor(p 2^32), all of them at p = 1. */
+static inline OSS_HOST_DEVICE uint32_t oss_dropout_threshold(double p) {
+  return p >= 1.0 ? 0xFFFFFFFFu : (uint32_t)(p * 4294967296.0);
+}
+/* The factor a kept weight takes: 1 / (1 - p); 0 at p = 1 (nothing is kept). */
+static inline OSS_HOST_DEVICE double oss_dropout_scale(double p) { return p >= 1.0 ? 0.0 : 1.0 / (1.0 - p); }
 
 /* Records a printf-style sentence for oss_error_message() on this thread and
  * returns `status`, so failures read `return oss_fail(OSS_ERROR_..., "...")`. */
