@@ -513,6 +513,10 @@ struct AttentionVariants {
   double softcap;
   const std::optional<Tensor> &alibi_slopes;
   const std::optional<Tensor> &sinks;
+  // Dropout of the weights (oss.h): dropout_p in [0, 1]; the seed a one-element
+  // int64 tensor on the inputs' device (its bits are the uint64 seed).
+  double dropout_p = 0.0;
+  const std::optional<Tensor> *dropout_seed = nullptr;
 };
 
 bool given(const std::optional<Tensor> &t) { return t.has_value() && t->defined(); }
@@ -527,6 +531,8 @@ void copy_variant_fields(const oss_attention_params &from, oss_attention_params 
   to.alibi_slopes = from.alibi_slopes;
   to.alibi_stride_batch = from.alibi_stride_batch;
   to.sinks = from.sinks;
+  to.dropout_p = from.dropout_p;
+  to.dropout_seed = from.dropout_seed;
 }
 
 // Checks the variants of a call on `device` with B batches and Hq query heads
@@ -574,6 +580,21 @@ void set_attention_variants(const char *op, const AttentionVariants &var, const 
     OSS_CHECK(variant == nullptr || !kv_cache, NotImplemented,
               "torch_oss.%s: %s on CUDA is not supported with a KV cache yet (the CPU kernels serve it)", op,
               variant);
+  }
+  OSS_CHECK(std::isfinite(var.dropout_p) && var.dropout_p >= 0.0 && var.dropout_p <= 1.0, Value,
+            "%s: dropout_p=%g must be a number in [0, 1]", op, var.dropout_p);
+  if (var.dropout_p > 0.0) {
+    OSS_CHECK(var.dropout_seed != nullptr && given(*var.dropout_seed), Value,
+              "%s: dropout_p > 0 needs dropout_seed (a one-element int64 tensor)", op);
+    const Tensor &seed = **var.dropout_seed;
+    OSS_CHECK(seed.scalar_type() == at::kLong && seed.numel() == 1, Type,
+              "%s: dropout_seed must be a one-element int64 tensor, got dtype %s and shape %s", op,
+              dtype_name(seed.scalar_type()), shape_str(seed.sizes()).c_str());
+    OSS_CHECK(seed.device() == query.device(), Value, "%s: dropout_seed is on %s but query is on %s", op,
+              device_str(seed).c_str(), device_str(query).c_str());
+    OSS_CHECK(!kv_cache, NotImplemented, "torch_oss.%s: dropout is not supported with a KV cache", op);
+    p.dropout_p = var.dropout_p;
+    p.dropout_seed = reinterpret_cast<const uint64_t *>(seed.data_ptr());  // one element: contiguous
   }
   p.window = windowed ? 1 : 0;
   p.window_left = left;
@@ -752,10 +773,11 @@ std::tuple<Tensor, Tensor> attention_op(const Tensor &query, const Tensor &key, 
                                         std::optional<double> scale, bool enable_gqa,
                                         c10::string_view causal_alignment, at::IntArrayRef window_size,
                                         double softcap, const std::optional<Tensor> &alibi_slopes,
-                                        const std::optional<Tensor> &sinks, std::optional<bool> deterministic) {
+                                        const std::optional<Tensor> &sinks, std::optional<bool> deterministic,
+                                        double dropout_p, const std::optional<Tensor> &dropout_seed) {
   auto [out, lse, residual] =
       attention_forward("attention", query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
-                        false, AttentionVariants{window_size, softcap, alibi_slopes, sinks});
+                        false, AttentionVariants{window_size, softcap, alibi_slopes, sinks, dropout_p, &dropout_seed});
   return {out, lse};
 }
 
@@ -763,9 +785,11 @@ std::tuple<Tensor, Tensor, Tensor> attention_with_residual_op(
     const Tensor &query, const Tensor &key, const Tensor &value, const std::optional<Tensor> &attn_mask,
     bool is_causal, std::optional<double> scale, bool enable_gqa, c10::string_view causal_alignment,
     at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes,
-    const std::optional<Tensor> &sinks, std::optional<bool> deterministic) {
+    const std::optional<Tensor> &sinks, std::optional<bool> deterministic, double dropout_p,
+    const std::optional<Tensor> &dropout_seed) {
   return attention_forward("attention_with_residual", query, key, value, attn_mask, is_causal, scale, enable_gqa,
-                           causal_alignment, true, AttentionVariants{window_size, softcap, alibi_slopes, sinks});
+                           causal_alignment, true,
+                           AttentionVariants{window_size, softcap, alibi_slopes, sinks, dropout_p, &dropout_seed});
 }
 
 // dq, dk, dv and, with want_dsinks (sinks given), the sinks' gradient in
@@ -864,11 +888,11 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op(
     const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
     bool enable_gqa, c10::string_view causal_alignment, bool deterministic, const std::optional<Tensor> &out_residual,
     at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes,
-    const std::optional<Tensor> &sinks, bool keys_subset) {
+    const std::optional<Tensor> &sinks, bool keys_subset, double dropout_p, const std::optional<Tensor> &dropout_seed) {
   auto [dq, dk, dv, dsinks] = attention_backward_impl(
       "attention_backward", grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
-      causal_alignment, deterministic, out_residual, AttentionVariants{window_size, softcap, alibi_slopes, sinks},
-      false, keys_subset);
+      causal_alignment, deterministic, out_residual,
+      AttentionVariants{window_size, softcap, alibi_slopes, sinks, dropout_p, &dropout_seed}, false, keys_subset);
   return {dq, dk, dv};
 }
 
@@ -878,11 +902,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_with_sinks_op(
     const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value, const Tensor &out,
     const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
     bool enable_gqa, c10::string_view causal_alignment, bool deterministic, const std::optional<Tensor> &out_residual,
-    at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes, const Tensor &sinks) {
+    at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes, const Tensor &sinks,
+    double dropout_p, const std::optional<Tensor> &dropout_seed) {
   const std::optional<Tensor> sinks_opt(sinks);
-  return attention_backward_impl("attention_backward_with_sinks", grad_out, query, key, value, out, lse, attn_mask,
-                                 is_causal, scale, enable_gqa, causal_alignment, deterministic, out_residual,
-                                 AttentionVariants{window_size, softcap, alibi_slopes, sinks_opt}, true);
+  return attention_backward_impl(
+      "attention_backward_with_sinks", grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
+      causal_alignment, deterministic, out_residual,
+      AttentionVariants{window_size, softcap, alibi_slopes, sinks_opt, dropout_p, &dropout_seed}, true);
 }
 
 // ---------------------------------------------------------------------------
@@ -1251,8 +1277,9 @@ std::tuple<Tensor, Tensor> cross_entropy_forward_backward_inplace_op(const Tenso
 // The arguments after causal_alignment, as the forward ops take them.
 #define OSS_ATTENTION_VARIANT_PARAMS                                                                      \
   at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes,                 \
-      const std::optional<Tensor> &sinks, std::optional<bool> deterministic
-#define OSS_ATTENTION_VARIANT_ARGS window_size, softcap, alibi_slopes, sinks, deterministic
+      const std::optional<Tensor> &sinks, std::optional<bool> deterministic, double dropout_p,              \
+      const std::optional<Tensor> &dropout_seed
+#define OSS_ATTENTION_VARIANT_ARGS window_size, softcap, alibi_slopes, sinks, deterministic, dropout_p, dropout_seed
 
 template <bool RESIDUAL>
 variable_list attention_below_autograd(const Tensor &query, const Tensor &key, const Tensor &value,
@@ -1278,8 +1305,9 @@ variable_list attention_below_autograd(const Tensor &query, const Tensor &key, c
 
 // The forward's inputs are (query, key, value, attn_mask, is_causal, scale,
 // enable_gqa, causal_alignment, window_size, softcap, alibi_slopes, sinks,
-// deterministic): gradients for query, key, value and sinks (its index).
-constexpr int kAttentionInputs = 13, kSinksInput = 11;
+// deterministic, dropout_p, dropout_seed): gradients for query, key, value and
+// sinks (its index).
+constexpr int kAttentionInputs = 15, kSinksInput = 11;
 
 template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Function<AttentionFunction<RESIDUAL>> {
   static variable_list forward(AutogradContext *ctx, const Tensor &query, const Tensor &key, const Tensor &value,
@@ -1299,7 +1327,8 @@ template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Func
     if (RESIDUAL) ctx->mark_non_differentiable({outs[1], outs[2]});
     else ctx->mark_non_differentiable({outs[1]});
     ctx->save_for_backward({query, key, value, attn_mask.value_or(Tensor()), outs[0], outs[1], residual,
-                            alibi_slopes.value_or(Tensor()), sinks.value_or(Tensor())});
+                            alibi_slopes.value_or(Tensor()), sinks.value_or(Tensor()),
+                            dropout_p > 0 ? dropout_seed.value_or(Tensor()) : Tensor()});
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["enable_gqa"] = enable_gqa;
@@ -1307,6 +1336,7 @@ template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Func
     ctx->saved_data["deterministic"] = deterministic.value_or(at::globalContext().deterministicAlgorithms());
     ctx->saved_data["window_size"] = window_size.vec();
     ctx->saved_data["softcap"] = softcap;
+    ctx->saved_data["dropout_p"] = dropout_p;
     return outs;
   }
 
@@ -1319,7 +1349,7 @@ template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Func
                                           .typed<decltype(attention_backward_with_sinks_op)>();
     variable_list none(kAttentionInputs);
     const variable_list saved = ctx->get_saved_variables();
-    const Tensor &mask = saved[3], &residual = saved[6], &alibi = saved[7], &sinks = saved[8];
+    const Tensor &mask = saved[3], &residual = saved[6], &alibi = saved[7], &sinks = saved[8], &seed = saved[9];
     // needs_input_grad counts the defined tensor inputs only: q, k, v, [mask], [alibi], sinks
     const bool want_dsinks = sinks.defined() && ctx->needs_input_grad(3 + mask.defined() + alibi.defined());
     if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1) && !ctx->needs_input_grad(2) && !want_dsinks)
@@ -1331,11 +1361,12 @@ template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Func
     const std::optional<double> scale = ctx->saved_data["scale"].toOptional<double>();
     const std::string alignment = ctx->saved_data["causal_alignment"].toStringRef();
     const bool deterministic = ctx->saved_data["deterministic"].toBool();
+    const double dropout_p = ctx->saved_data["dropout_p"].toDouble();  // the same seed drops the same weights
     if (want_dsinks) {
       auto [dq, dk, dv, dsinks] =
           op_with_sinks.call(grads[0], saved[0], saved[1], saved[2], saved[4], saved[5], opt(mask), is_causal, scale,
                              enable_gqa, alignment, deterministic, opt(residual), window_size, softcap, opt(alibi),
-                             sinks);
+                             sinks, dropout_p, opt(seed));
       none[0] = dq;
       none[1] = dk;
       none[2] = dv;
@@ -1344,7 +1375,7 @@ template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Func
     }
     auto [dq, dk, dv] = op.call(grads[0], saved[0], saved[1], saved[2], saved[4], saved[5], opt(mask), is_causal,
                                 scale, enable_gqa, alignment, deterministic, opt(residual), window_size, softcap,
-                                opt(alibi), opt(sinks), false);
+                                opt(alibi), opt(sinks), false, dropout_p, opt(seed));
     none[0] = dq;
     none[1] = dk;
     none[2] = dv;
@@ -1378,28 +1409,30 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op_autograd(
     const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
     bool enable_gqa, c10::string_view causal_alignment, bool deterministic, const std::optional<Tensor> &out_residual,
     at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes,
-    const std::optional<Tensor> &sinks, bool keys_subset) {
+    const std::optional<Tensor> &sinks, bool keys_subset, double dropout_p, const std::optional<Tensor> &dropout_seed) {
   refuse_double_backward(grad_out, query, key, value, out, lse, attn_mask, out_residual, sinks);
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("oss::attention_backward", "")
                              .typed<decltype(attention_backward_op)>();
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return op.call(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
-                 deterministic, out_residual, window_size, softcap, alibi_slopes, sinks, keys_subset);
+                 deterministic, out_residual, window_size, softcap, alibi_slopes, sinks, keys_subset, dropout_p,
+                 dropout_seed);
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_with_sinks_op_autograd(
     const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value, const Tensor &out,
     const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
     bool enable_gqa, c10::string_view causal_alignment, bool deterministic, const std::optional<Tensor> &out_residual,
-    at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes, const Tensor &sinks) {
+    at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes, const Tensor &sinks,
+    double dropout_p, const std::optional<Tensor> &dropout_seed) {
   refuse_double_backward(grad_out, query, key, value, out, lse, attn_mask, out_residual, sinks);
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("oss::attention_backward_with_sinks", "")
                              .typed<decltype(attention_backward_with_sinks_op)>();
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return op.call(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
-                 deterministic, out_residual, window_size, softcap, alibi_slopes, sinks);
+                 deterministic, out_residual, window_size, softcap, alibi_slopes, sinks, dropout_p, dropout_seed);
 }
 
 template <bool RESIDUAL>
@@ -1529,23 +1562,25 @@ TORCH_LIBRARY(oss, m) {
       "attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, bool is_causal=False, "
       "float? scale=None, bool enable_gqa=False, str causal_alignment=\"top_left\", "
       "int[2] window_size=[-1, -1], float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None, "
-      "bool? deterministic=None) -> (Tensor out, Tensor lse)");
+      "bool? deterministic=None, float dropout_p=0.0, Tensor? dropout_seed=None) -> (Tensor out, Tensor lse)");
   m.def(
       "attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, Tensor lse, "
       "Tensor? attn_mask, bool is_causal, float? scale, bool enable_gqa, str causal_alignment, "
       "bool deterministic, Tensor? out_residual=None, int[2] window_size=[-1, -1], float softcap=0.0, "
-      "Tensor? alibi_slopes=None, Tensor? sinks=None, bool keys_subset=False) -> (Tensor grad_query, Tensor grad_key, "
-      "Tensor grad_value)");
+      "Tensor? alibi_slopes=None, Tensor? sinks=None, bool keys_subset=False, float dropout_p=0.0, "
+      "Tensor? dropout_seed=None) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
   m.def(
       "attention_backward_with_sinks(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, "
       "Tensor lse, Tensor? attn_mask, bool is_causal, float? scale, bool enable_gqa, str causal_alignment, "
       "bool deterministic, Tensor? out_residual, int[2] window_size, float softcap, Tensor? alibi_slopes, "
-      "Tensor sinks) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_sinks)");
+      "Tensor sinks, float dropout_p=0.0, Tensor? dropout_seed=None) -> (Tensor grad_query, Tensor grad_key, "
+      "Tensor grad_value, Tensor grad_sinks)");
   m.def(
       "attention_with_residual(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
       "bool is_causal=False, float? scale=None, bool enable_gqa=False, str causal_alignment=\"top_left\", "
       "int[2] window_size=[-1, -1], float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None, "
-      "bool? deterministic=None) -> (Tensor out, Tensor lse, Tensor out_residual)");
+      "bool? deterministic=None, float dropout_p=0.0, Tensor? dropout_seed=None) -> (Tensor out, Tensor lse, "
+      "Tensor out_residual)");
   m.def(
       "attention_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, Tensor? v=None, "
       "Tensor? cache_seqlens=None, Tensor? block_table=None, float? softmax_scale=None, bool causal=True, "

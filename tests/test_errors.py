@@ -97,7 +97,7 @@ def bad_cases(device):
         # scalars
         ("attention NaN scale", attn(device, scale=float("nan")), ValueError, "scale"),
         ("attention inf scale", op_attn(device, q, k, v, scale=float("inf")), ValueError, "scale"),
-        ("attention dropout", attn(device, dropout_p=0.1), NotImplementedError, "dropout_p"),
+        ("attention dropout a bool", attn(device, dropout_p=True), ValueError, "dropout_p"),
         ("attention dropout above 1", attn(device, dropout_p=1.5), ValueError, "dropout_p"),
         ("attention dropout negative", attn(device, dropout_p=-0.1), ValueError, "dropout_p"),
         ("attention bad causal_alignment", attn(device, is_causal=True, causal_alignment="center"), ValueError,

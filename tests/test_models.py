@@ -4,7 +4,7 @@ attention), GPT-2-style (per-layer scaling) and BERT-style (bidirectional)
 models from tiny configs with random weights. Logits (with padding), one
 training step's gradients, greedy generation with a KV cache, a chunked
 prefill (bottom-right causal), torch.compile(fullgraph=True), the mask
-builder, registration, and dropout fallback / strict mode.
+builder, registration, dropout in training, and the fallback / strict mode.
 
 Tolerance: tests/_util.py's rule with the model run in float64 (same weights,
 "sdpa") as the reference and the same-dtype "sdpa" run as PyTorch's peer."""
@@ -403,29 +403,38 @@ def test_registration_and_loading_paths(tmp_path):
         torch.testing.assert_close(got, model(ids, attention_mask=mask).logits)
 
 
-def test_dropout_in_training_falls_back_or_raises_in_strict_mode():
+def test_dropout_in_training_is_served():
+    """attention_dropout > 0 in train(): torch_oss's dropout, no fallback; the
+    same seed gives the same logits, another seed others, and gradients flow."""
     model = build("llama", attn="oss", attention_dropout=0.5).train()
     ids, mask = inputs(2, 9, "cpu")
+    logits = []
     with AttentionCalls() as calls, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model(ids, attention_mask=mask)
-    assert calls.oss == [] and calls.torch_sdpa == 2  # PyTorch's SDPA, with dropout
-    ours = [w for w in caught if issubclass(w.category, torch_oss.FallbackWarning)]
-    assert len(ours) == 1 and "dropout > 0" in str(ours[0].message)
-    assert list(torch_oss.fallback_stats()) == [HF_FALLBACK]
-    assert sum(torch_oss.fallback_stats()[HF_FALLBACK].values()) == 2
-    with torch_oss.enabled(strict=True, transformers=False):
-        with pytest.raises(torch_oss.FallbackError, match="dropout > 0"):
-            model(ids, attention_mask=mask)
-    model.eval()  # no dropout in eval: served by torch_oss
-    with torch.no_grad(), AttentionCalls() as calls:
-        model(ids, attention_mask=mask)
-    assert len(calls.oss) == 2 and calls.torch_sdpa == 0
+        for seed in (0, 0, 1):
+            torch.manual_seed(seed)
+            logits.append(model(ids, attention_mask=mask).logits)
+    assert len(calls.oss) == 6 and calls.torch_sdpa == 0
+    assert not [w for w in caught if issubclass(w.category, torch_oss.FallbackWarning)]
+    assert torch_oss.fallback_stats() == {}
+    assert torch.equal(logits[0], logits[1]) and not torch.equal(logits[0], logits[2])
+    logits[0].sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    model.eval()  # no dropout in eval: deterministic logits
+    with torch.no_grad():
+        torch.manual_seed(5)
+        a = model(ids, attention_mask=mask).logits
+        torch.manual_seed(6)
+        assert torch.equal(a, model(ids, attention_mask=mask).logits)
+
+
+class _Subclass(torch.Tensor):
+    """A tensor subclass: what torch_oss leaves to PyTorch (a fallback)."""
 
 
 def test_fallback_keeps_bottom_right_convention():
-    """A fallback (here: dropout) on a chunk after a cache must not turn the
-    missing mask into sdpa's top-left is_causal."""
+    """A fallback (here: a tensor subclass) on a chunk after a cache must not
+    turn the missing mask into sdpa's top-left is_causal."""
     torch.manual_seed(0)
     module = torch.nn.Module()
     module.is_causal = True
@@ -434,15 +443,15 @@ def test_fallback_keeps_bottom_right_convention():
     v = torch.randn(1, 2, 10, 8, dtype=torch.float64)
     torch.manual_seed(1)
     with pytest.warns(torch_oss.FallbackWarning):
-        fell_back, _ = hf_oss.attention_forward(module, q, k, v, None, dropout=1e-12)
+        fell_back, _ = hf_oss.attention_forward(module, q.as_subclass(_Subclass), k, v, None)
     served, _ = hf_oss.attention_forward(module, q, k, v, None)
-    torch.testing.assert_close(fell_back, served, atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(fell_back.as_subclass(torch.Tensor), served, atol=1e-9, rtol=1e-9)
 
 
 def test_score_variant_kwargs_are_served():
     """softcap, s_aux (sinks, with their gradient) and sliding_window reach
-    torch_oss.attention's variants; the eager fallback (taken here through
-    dropout, as on CUDA for the variants) computes the same."""
+    torch_oss.attention's variants; the eager fallback (taken here for a
+    tensor subclass) computes the same."""
     torch.manual_seed(0)
     module = torch.nn.Module()
     module.is_causal = True
@@ -458,8 +467,8 @@ def test_score_variant_kwargs_are_served():
                                softcap=3.0, sinks=sinks.detach(), window_size=(3, 3)).transpose(1, 2)
     torch.testing.assert_close(served, want, atol=0, rtol=0)
     with pytest.warns(torch_oss.FallbackWarning):
-        fell_back, _ = hf_oss.attention_forward(module, q, k, v, None, dropout=1e-12, **kw)
-    torch.testing.assert_close(fell_back, served.detach(), atol=1e-6, rtol=1e-6)
+        fell_back, _ = hf_oss.attention_forward(module, q.as_subclass(_Subclass), k, v, None, **kw)
+    torch.testing.assert_close(fell_back.as_subclass(torch.Tensor), served.detach(), atol=1e-6, rtol=1e-6)
     # with a mask the mask builder's window is in the mask: sliding_window adds nothing
     mask = torch.rand(2, 1, 5, 12) > 0.3
     a, _ = hf_oss.attention_forward(module, q, k, v, mask, sliding_window=2)

@@ -69,9 +69,12 @@ def hidden_keys(d, window_size, is_causal):
 
 
 def variant_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, alignment="top_left",
-                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, compute_dtype=torch.float64):
+                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, compute_dtype=torch.float64,
+                      dropout_factor=None):
     """Attention with the variants, from their definition (oss.h), in
-    compute_dtype; differentiable in q, k, v and sinks. Returns (out, lse)."""
+    compute_dtype; differentiable in q, k, v and sinks. dropout_factor
+    (B, Hq, Lq, Lk): each weight's dropout factor (1 / (1 - p) or 0), applied
+    to the softmax's weights before they multiply v. Returns (out, lse)."""
     q, k, v = (t.to(compute_dtype) for t in (q, k, v))
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
@@ -100,7 +103,10 @@ def variant_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, alig
     s = s.masked_fill(empty, 0.0)
     p = torch.softmax(s, -1).masked_fill(empty, 0.0)
     lse = torch.logsumexp(s, -1).masked_fill(empty.squeeze(-1), float("-inf"))
-    return p[..., :Lk] @ v, lse
+    p = p[..., :Lk]
+    if dropout_factor is not None:
+        p = p * dropout_factor.to(compute_dtype)
+    return p @ v, lse
 
 
 def _variant_scores(q, k, attn_mask, is_causal, scale, alignment, window_size, softcap, alibi_slopes):
@@ -126,13 +132,14 @@ def _variant_scores(q, k, attn_mask, is_causal, scale, alignment, window_size, s
 
 
 def fa_style_peer(q, k, v, dout, sinks=None, attn_mask=None, is_causal=False, scale=None, alignment="top_left",
-                  window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+                  window_size=(-1, -1), softcap=0.0, alibi_slopes=None, dropout_factor=None):
     """A same-dtype FlashAttention-style computation of the variants, forward
     and backward by hand: float32 scores and sums, the unnormalised P rounded
     to the dtype before it multiplies V, out = (P V) / l rounded once, D from
     the rounded out, dS = P (dP - D) (times the softcap's derivative) rounded
-    to the dtype before it multiplies K and Q. Returns out, lse, dq, dk, dv
-    and d sinks (float32, or None)."""
+    to the dtype before it multiplies K and Q. With dropout_factor F, P F
+    takes P's place where it multiplies V (and dO for dV) and F dP that of dP.
+    Returns out, lse, dq, dk, dv and d sinks (float32, or None)."""
     dt = q.dtype
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
@@ -151,15 +158,16 @@ def fa_style_peer(q, k, v, dout, sinks=None, attn_mask=None, is_causal=False, sc
         l = l + torch.exp(sink - m_use)
     dead = l == 0
     l_safe = torch.where(dead, torch.ones_like(l), l)
-    out = ((p.to(dt).float() @ vr.float()) / l_safe).masked_fill(dead, 0.0).to(dt)
+    F = torch.ones_like(p) if dropout_factor is None else dropout_factor.float()
+    out = (((p * F).to(dt).float() @ vr.float()) / l_safe).masked_fill(dead, 0.0).to(dt)
     lse = (m_use + torch.log(l_safe)).masked_fill(dead, float("-inf")).squeeze(-1)
     P = p / l_safe
     Dsum = (dout.float() * out.float()).sum(-1, keepdim=True)
     dP = dout.float() @ vr.float().transpose(-1, -2)
-    dS = (P * (dP - Dsum) * dcap).to(dt).float()
+    dS = (P * (F * dP - Dsum) * dcap).to(dt).float()
     dq = (dS @ kr.float() * scale_).to(dt)
     dk = (dS.transpose(-1, -2) @ q.float() * scale_).reshape(B, Hkv, groups, Lk, D).sum(2).to(dt)
-    dv = (P.to(dt).float().transpose(-1, -2) @ dout.float()).reshape(B, Hkv, groups, Lk, -1).sum(2).to(dt)
+    dv = ((P * F).to(dt).float().transpose(-1, -2) @ dout.float()).reshape(B, Hkv, groups, Lk, -1).sum(2).to(dt)
     dsinks = None
     if sinks is not None:
         p_sink = torch.exp(sink - m_use) / l_safe

@@ -66,11 +66,22 @@ def _softmax_backward_fake(name):
 # ---------------------------------------------------------------------------
 
 
+def _check_dropout(op, dropout_p, dropout_seed):
+    torch._check_value(0.0 <= dropout_p <= 1.0, lambda: f"{op}: dropout_p={dropout_p} must be a number in [0, 1]")
+    if dropout_p > 0:
+        torch._check_value(dropout_seed is not None,
+                           lambda: f"{op}: dropout_p > 0 needs dropout_seed (a one-element int64 tensor)")
+        torch._check_type(dropout_seed.dtype == torch.int64 and dropout_seed.numel() == 1,
+                          lambda: f"{op}: dropout_seed must be a one-element int64 tensor, got dtype "
+                          f"{dropout_seed.dtype} and shape {tuple(dropout_seed.shape)}")
+
+
 def _attention_fake(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
                     causal_alignment="top_left", window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
-                    deterministic=None):
+                    deterministic=None, dropout_p=0.0, dropout_seed=None):
     _check_same_device("attention", [("query", query), ("key", key), ("value", value), ("attn_mask", attn_mask),
-                                     ("alibi_slopes", alibi_slopes), ("sinks", sinks)])
+                                     ("alibi_slopes", alibi_slopes), ("sinks", sinks), ("dropout_seed", dropout_seed)])
+    _check_dropout("attention", dropout_p, dropout_seed)
     if sinks is not None:
         torch._check_value(sinks.dim() == 1 and sinks.shape[0] == query.shape[1],
                            lambda: f"attention: sinks must have shape (heads_q,) = ({query.shape[1]},), got "
@@ -93,29 +104,31 @@ def _attention_fake(query, key, value, attn_mask=None, is_causal=False, scale=No
 
 def _attention_with_residual_fake(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
                                   causal_alignment="top_left", window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                                  sinks=None, deterministic=None):
+                                  sinks=None, deterministic=None, dropout_p=0.0, dropout_seed=None):
     out, lse = _attention_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
-                               window_size, softcap, alibi_slopes, sinks, deterministic)
+                               window_size, softcap, alibi_slopes, sinks, deterministic, dropout_p, dropout_seed)
     half = query.dtype in (torch.float16, torch.bfloat16)
     return out, lse, out.new_empty(out.shape if half else (0,))
 
 
 def _attention_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
                              causal_alignment, deterministic, out_residual=None, window_size=(-1, -1), softcap=0.0,
-                             alibi_slopes=None, sinks=None, keys_subset=False):
+                             alibi_slopes=None, sinks=None, keys_subset=False, dropout_p=0.0, dropout_seed=None):
     _check_same_device("attention_backward", [("query", query), ("key", key), ("value", value),
                                               ("attn_mask", attn_mask), ("grad_out", grad_out), ("out", out),
                                               ("lse", lse), ("out_residual", out_residual),
-                                              ("alibi_slopes", alibi_slopes), ("sinks", sinks)])
+                                              ("alibi_slopes", alibi_slopes), ("sinks", sinks),
+                                              ("dropout_seed", dropout_seed)])
+    _check_dropout("attention_backward", dropout_p, dropout_seed)
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
 def _attention_backward_with_sinks_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale,
                                         enable_gqa, causal_alignment, deterministic, out_residual, window_size,
-                                        softcap, alibi_slopes, sinks):
+                                        softcap, alibi_slopes, sinks, dropout_p=0.0, dropout_seed=None):
     dq, dk, dv = _attention_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale,
                                           enable_gqa, causal_alignment, deterministic, out_residual, window_size,
-                                          softcap, alibi_slopes, sinks)
+                                          softcap, alibi_slopes, sinks, False, dropout_p, dropout_seed)
     return dq, dk, dv, sinks.new_empty(sinks.shape)
 
 

@@ -102,13 +102,9 @@ def attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
     the sink, with ``sinks``), shape ``(..., Hq, Lq)``, float32 (float64 for
     float64 inputs), ``-inf`` for a row that sees no key and has no sink.
     ``lse`` carries no gradient."""
-    if not isinstance(dropout_p, (int, float)) or math.isnan(dropout_p) or not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"torch_oss.attention: dropout_p={dropout_p} must be a number in [0, 1]")
-    if dropout_p != 0.0:
-        raise NotImplementedError(
-            f"torch_oss.attention: dropout_p={dropout_p} is not supported yet; pass dropout_p=0.0 "
-            "(e.g. dropout_p=p if self.training else 0.0 in eval) or use F.scaled_dot_product_attention"
-        )
+    if (not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool) or math.isnan(dropout_p)
+            or not 0.0 <= dropout_p <= 1.0):
+        raise ValueError(f"torch_oss.attention: dropout_p={dropout_p!r} must be a number in [0, 1]")
     if causal_alignment not in CAUSAL_ALIGNMENTS:
         raise ValueError(
             f"torch_oss.attention: causal_alignment={causal_alignment!r} must be one of {CAUSAL_ALIGNMENTS}"
@@ -123,7 +119,8 @@ def attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"torch_oss.attention: {name} must be a Tensor, got {type(t).__name__}")
     window_size = _check_variants(query, window_size, softcap, alibi_slopes, sinks, deterministic)
-    variants = (window_size, softcap, alibi_slopes, sinks, deterministic)
+    variants = (window_size, softcap, alibi_slopes, sinks, deterministic, float(dropout_p),
+                _dropout_seed(query.device) if dropout_p > 0 else None)
     ranks = (query.dim(), key.dim(), value.dim())
     if ranks == (3, 3, 3) and query.shape[0] == key.shape[0] == value.shape[0]:
         # (N, L, E): one head. A 3-D mask (N, L, S) gets the head dim too.
@@ -140,6 +137,14 @@ def attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
         return _attention_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment, *variants)
     return _attention_broadcast(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
                                 *variants)
+
+
+def _dropout_seed(device):
+    """A fresh dropout seed drawn from torch's generator of `device`, so dropout
+    follows torch.manual_seed and, on CUDA, stays on the device (no
+    synchronisation; a CUDA graph replays with a new seed each time). The op
+    reads its 64 bits; the backward reuses it, so the same weights drop."""
+    return torch.randint(-2**63, 2**63 - 1, (1,), dtype=torch.int64, device=device)
 
 
 def _broadcast_plan(query, key, value, enable_gqa):
@@ -171,7 +176,8 @@ def _broadcast_plan(query, key, value, enable_gqa):
 
 
 def _attention_broadcast(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
-                         window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, deterministic=None):
+                         window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, deterministic=None,
+                         dropout_p=0.0, dropout_seed=None):
     """SDPA's general shape contract: (..., L, E) with any number of leading
     dims, broadcast between query and key/value as SDPA's math does (leading
     dims aligned from the right, size-1 dims stretched). With enable_gqa the
@@ -210,23 +216,27 @@ def _attention_broadcast(query, key, value, attn_mask, is_causal, scale, enable_
             raise ValueError(f"torch_oss.attention: alibi_slopes of shape {tuple(alibi_slopes.shape)} must be "
                              f"(heads_q,) or (*leading dims, heads_q) = {(*batch, q_heads)}") from None
     out, lse = _attention_op(q4, k4, v4, mask, is_causal, scale, enable_gqa and q_heads != kv_heads,
-                             causal_alignment, window_size, softcap, alibi_slopes, sinks, deterministic)
+                             causal_alignment, window_size, softcap, alibi_slopes, sinks, deterministic, dropout_p,
+                             dropout_seed)
     out, lse = out.reshape(*batch, *out.shape[1:]), lse.reshape(*batch, *lse.shape[1:])
     drop = rank - max(query.dim(), key.dim(), value.dim())  # the head dim added to 2-D inputs
     return (out.squeeze(0), lse.squeeze(0)) if drop else (out, lse)
 
 
 def _attention_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
-                  window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, deterministic=None):
+                  window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, deterministic=None,
+                  dropout_p=0.0, dropout_seed=None):
     """torch.ops.oss.attention, or, when a float16/bfloat16 backward will
     follow, torch.ops.oss.attention_with_residual: it also keeps the output's
     rounding residual, so the backward's D = rowsum(dO * O) is that of the
     unrounded output and the gradients do not carry the output's rounding
     (one more output-sized tensor saved for the backward)."""
-    if window_size == (-1, -1) and softcap == 0 and alibi_slopes is None and sinks is None and deterministic is None:
+    if (window_size == (-1, -1) and softcap == 0 and alibi_slopes is None and sinks is None and deterministic is None
+            and dropout_p == 0):
         variants = ()  # the common call, with the schema's defaults
     else:
-        variants = (list(window_size), float(softcap), alibi_slopes, sinks, deterministic)
+        variants = (list(window_size), float(softcap), alibi_slopes, sinks, deterministic, float(dropout_p),
+                    dropout_seed)
     if (query.dtype in (torch.float16, torch.bfloat16) and torch.is_grad_enabled()
             and any(t is not None and t.requires_grad for t in (query, key, value, sinks))):
         out, lse, _ = torch.ops.oss.attention_with_residual(query, key, value, attn_mask, is_causal, scale,
@@ -246,7 +256,14 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     to the bottom-right corner (FlashAttention's convention, for a KV cache
     with ``Lq < Lk``), as does passing
     ``torch.nn.attention.bias.causal_lower_right(Lq, Lk)`` as ``attn_mask``.
-    ``dropout_p`` must be 0.
+
+    ``dropout_p`` > 0 drops each attention weight with that probability
+    and scales the kept ones by 1 / (1 - dropout_p), as SDPA does (pass
+    ``dropout_p=p if self.training else 0.0``). The mask comes from a
+    counter-based generator (Philox) seeded by one draw from torch's
+    generator of the inputs' device, so it follows ``torch.manual_seed`` and
+    CUDA-graph capture; it is never stored: the backward regenerates it. The
+    lse is that of the weights before dropout.
 
     Score variants (keyword-only; CPU and CUDA, every dtype), applied to each
     score s = scale * q.k of query i and key j in this order, with d = i + off - j the distance from the diagonal that

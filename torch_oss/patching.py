@@ -41,7 +41,7 @@ softmax`` executed *before* enable() keeps PyTorch's function, and C++ code
 (e.g. nn.MultiheadAttention's fused fast path, torch._native_multi_head_attention)
 never calls Python.
 
-A call torch_oss cannot serve (dropout_p > 0, a dtype, device or layout the
+A call torch_oss cannot serve (a dtype, device or layout the
 kernels lack, a tensor subclass, arguments the op does not have such as
 ``out=`` or named dims, 5-D attention inputs, head dims above the build's limit)
 runs PyTorch's original function instead. Each such call is counted per
@@ -258,8 +258,8 @@ def _attention_reason(query, key, value, attn_mask, dropout_p, is_causal, scale,
         reason = _tensor_reason(t, name)
         if reason is not None:
             return reason
-    if not (isinstance(dropout_p, (int, float)) and dropout_p == 0):
-        return "dropout_p > 0 (torch_oss attention has no dropout)"
+    if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool) or not 0 <= dropout_p <= 1:
+        return f"dropout_p={dropout_p!r} (not a number in [0, 1])"
     if query.dtype not in _FLOAT_DTYPES:
         return f"query dtype {query.dtype}"
     if key.dtype != query.dtype or value.dtype != query.dtype:
@@ -449,8 +449,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     reason = _attention_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if reason is None:
         query, key, value, attn_mask = autocast_attention_inputs(query, key, value, attn_mask)
-        return _oss.attention(query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                              enable_gqa=enable_gqa)
+        return _oss.attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                              scale=scale, enable_gqa=enable_gqa)
     _note_fallback(_SDPA, reason, stacklevel=2)
     if torch.compiler.is_compiling() and all(isinstance(t, torch.Tensor) for t in (query, key, value)):
         return torch.ops.aten.scaled_dot_product_attention.default(

@@ -27,8 +27,7 @@ extension points:
   StaticCache prefill), a mask is built instead.
 
 Falls back to PyTorch's SDPA (same inputs, the mask made explicit) for what
-torch_oss does not serve: dropout > 0 (training with attention dropout),
-unsupported dtypes or devices, head dims over the limit, a ``position_bias``
+torch_oss does not serve: unsupported dtypes or devices, tensor subclasses, head dims over the limit, a ``position_bias``
 or mask that requires grad. Fallbacks are counted in torch_oss.fallback_stats()
 under ``"transformers attn_implementation='oss'"`` and warned once per reason;
 ``torch_oss.enable(strict=True)`` / ``register_transformers(strict=True)``
@@ -151,8 +150,8 @@ def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function
 
 
 def _unsupported_reason(query, key, value, attention_mask, dropout, position_bias, variants=()):
-    if not (isinstance(dropout, (int, float)) and dropout == 0):
-        return "dropout > 0 (torch_oss attention has no dropout; model.eval() or attention_dropout=0 serve it)"
+    if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout <= 1:
+        return f"dropout={dropout!r} (not a number in [0, 1])"
     for name, t in (("query", query), ("key", key), ("value", value)):
         reason = _patching._tensor_reason(t, name)
         if reason is not None:
@@ -306,7 +305,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     elif attention_mask is not None and attention_mask.dtype not in (torch.bool, query.dtype, torch.float32):
         attention_mask = attention_mask.to(query.dtype)
     query, key, value, attention_mask = _patching.autocast_attention_inputs(query, key, value, attention_mask)
-    out = _oss.attention(query, key, value, attn_mask=attention_mask, is_causal=is_causal, scale=scaling,
-                         enable_gqa=query.shape[1] != key.shape[1], causal_alignment="bottom_right",
+    out = _oss.attention(query, key, value, attn_mask=attention_mask, dropout_p=float(dropout), is_causal=is_causal,
+                         scale=scaling, enable_gqa=query.shape[1] != key.shape[1], causal_alignment="bottom_right",
                          window_size=window_size, softcap=float(softcap), sinks=sinks)
     return out.transpose(1, 2).contiguous(), None

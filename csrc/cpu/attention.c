@@ -12,7 +12,8 @@
  * forward also reads paged caches and per-batch key counts (oss.h's KV-cache
  * fields). Both directions serve the score variants (sliding window,
  * softcap, ALiBi, sinks and the sinks' gradient), skipping the key tiles a
- * window hides.
+ * window hides, and dropout (oss_internal.h's rule, regenerated in the
+ * backward).
  */
 #include <stdlib.h>
 
@@ -87,6 +88,12 @@ static oss_status check_params(const char *op, const oss_attention_params *p) {
   if (p->out_residual != NULL && p->dtype != OSS_FLOAT16 && p->dtype != OSS_BFLOAT16)
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: out_residual is only for float16/bfloat16 (dtype code %d)", op,
                     (int)p->dtype);
+  if (!(p->dropout_p >= 0 && p->dropout_p <= 1))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: dropout_p=%g must be in [0, 1]", op, p->dropout_p);
+  if (p->dropout_p > 0 && p->dropout_seed == NULL)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: dropout_p > 0 needs dropout_seed", op);
+  if (p->dropout_p > 0 && (p->seqlens_k != NULL || p->block_table != NULL))
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED, "%s: dropout is not supported with the KV-cache fields", op);
   return check_kv_cache(op, p);
 }
 
@@ -112,6 +119,8 @@ oss_status oss_attention_backward_cpu(const oss_attention_backward_params *bp, c
   if (st != OSS_OK) return st;
   if (bp->fwd.seqlens_k != NULL || bp->fwd.block_table != NULL)
     return oss_fail(OSS_ERROR_NOT_SUPPORTED, "attention_backward: the KV-cache fields are for the forward only");
+  if (bp->keys_subset && bp->fwd.dropout_p > 0)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED, "attention_backward: dropout is not supported with keys_subset");
   const int64_t tasks = bp->fwd.batch * bp->fwd.heads_kv;
   /* d sink: each task leaves its (batch, query head) shares here; summed over
    * the batch below, in a fixed order (deterministic, any thread count) */

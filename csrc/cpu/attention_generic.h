@@ -35,6 +35,11 @@
  * softcap factor 1 - tanh^2 multiplies dS, and each (batch, query head)
  * leaves its share of d sink = -sum_i exp(sink - lse_i) D_i in dsink_partial,
  * summed over the batch in a fixed order once every task is done.
+ *
+ * Dropout (oss_internal.h's rule, factors F = 1 / (1 - p) or 0 per weight by
+ * dropout_tile): the forward sums l over the weights before dropout and
+ * multiplies P by F before P V; the backward takes dV from (P F)^T dO and
+ * dS = P (F dP~ - D), dP~ = dO V^T, D = sum_j P F dP~ (= rowsum(dO * O)).
  */
 
 /* ---- tile helpers ------------------------------------------------------------ */
@@ -302,6 +307,29 @@ static double FN(sink_of)(const oss_attention_params *p, int64_t h) {
   return p->sinks != NULL ? (double)p->sinks[h] : -INFINITY;
 }
 
+/* F[r * cols + c] = the dropout factor of weight (query i0 + r, key j0 + c)
+ * of (b, h): 1 / (1 - p) where oss_internal.h's rule keeps it, else 0. One
+ * Philox call serves the (up to) four weights of its group in the tile. */
+static void FN(dropout_tile)(const oss_attention_params *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                             int64_t j0, int64_t cols, double *F) {
+  const uint64_t seed = *p->dropout_seed, bh = (uint64_t)(b * p->heads_q + h);
+  const uint32_t thr = oss_dropout_threshold(p->dropout_p);
+  const double keep = oss_dropout_scale(p->dropout_p);
+  /* each group once: from its first row and first column inside the tile */
+  for (int64_t i = i0; i < i0 + rows; i++) {
+    if ((i & 8) && i - 8 >= i0) continue;
+    for (int64_t j = j0; j < j0 + cols; j++) {
+      if ((j & 8) && j - 8 >= j0) continue;
+      uint32_t w[4];
+      oss_dropout_group(seed, bh, i, j, w);
+      for (int64_t gi = i & ~(int64_t)8; gi <= (i | 8); gi += 8)
+        for (int64_t gj = j & ~(int64_t)8; gj <= (j | 8); gj += 8)
+          if (gi >= i0 && gi < i0 + rows && gj >= j0 && gj < j0 + cols)
+            F[(gi - i0) * cols + (gj - j0)] = w[oss_dropout_word(gi, gj)] >= thr ? keep : 0.0;
+    }
+  }
+}
+
 /* ---- forward ------------------------------------------------------------------- */
 
 typedef struct FN(attention_task_ctx) {
@@ -317,6 +345,8 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
   const int64_t D = p->head_dim, Dv = p->head_dim_v, group = p->heads_q / p->heads_kv;
   const int64_t qblocks = (p->len_q + OSS_BR - 1) / OSS_BR;
   double Sd[OSS_BR * OSS_BC], m[OSS_BR]; /* scores and row maxes in double */
+  double F[OSS_BR * OSS_BC];              /* dropout factors */
+  const int dropout = p->dropout_p > 0;
   REAL *scratch = (REAL *)malloc(sizeof(REAL) * (size_t)(OSS_BR * D + 2 * OSS_BC * D + OSS_BC * Dv +
                                                           OSS_BR * OSS_BC + 2 * OSS_BR * Dv + 2 * OSS_BR));
   double *Qd = (double *)malloc(sizeof(double) * (size_t)((OSS_BR + OSS_BC) * D)), *Ktd = Qd + OSS_BR * D;
@@ -366,6 +396,10 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
         l[r] = l[r] * alpha + row_sum;
         m[r] = m_new;
         for (int64_t d = 0; d < Dv; d++) o[d] *= alpha;
+      }
+      if (dropout) { /* l has the weights before dropout; P V the dropped ones */
+        FN(dropout_tile)(p, b, h, i0, rows, j0, cols, F);
+        for (int64_t x = 0; x < rows * cols; x++) S[x] *= (REAL)F[x];
       }
       FN(tile_gemm)(rows, Dv, cols, S, cols, V, Dv, O, Dv, 1); /* o += P V */
     }
@@ -460,6 +494,10 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
   double *dK = acc, *dV = dK + Lk * D, *dQ = dV + Lk * Dv, *Drow = dQ + OSS_BR * D, *m = Drow + OSS_BR,
          *l = m + OSS_BR, *inv_l = l + OSS_BR, *Qd = inv_l + OSS_BR, *Ktd = Qd + OSS_BR * D;
   double S[OSS_BR * OSS_BC], G[OSS_BR * OSS_BC]; /* scores; softcap's 1 - tanh^2 */
+  double F[OSS_BR * OSS_BC];                     /* dropout factors (1 without dropout) */
+  const int dropout = p->dropout_p > 0;
+  if (!dropout)
+    for (int64_t x = 0; x < OSS_BR * OSS_BC; x++) F[x] = 1;
   double *Gp = p->softcap > 0 ? G : NULL;
   const double scale = p->scale;
   for (int64_t task = begin; task < end; task++) {
@@ -496,6 +534,7 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
           const int64_t cols = kend - j0 < OSS_BC ? kend - j0 : OSS_BC;
           FN(load_kv_tile)(p, b, hk, j0, cols, K, Kt, Ktd, V, Vt);
           FN(score_and_dp_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, Vt, dO, S, NULL, dS);
+          if (dropout) FN(dropout_tile)(p, b, h, i0, rows, j0, cols, F);
           for (int64_t r = 0; r < rows; r++) {
             const double *sr = S + r * cols;
             const REAL *dpr = dS + r * cols;
@@ -507,7 +546,7 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
             for (int64_t c = 0; c < cols; c++) {
               const double e = exp(sr[c] - m_new);
               ls += e;
-              ds += e * (double)dpr[c];
+              ds += e * F[r * cols + c] * (double)dpr[c]; /* dP of the dropped weights: F dP~ */
             }
             l[r] = l[r] * alpha + ls;
             Drow[r] = Drow[r] * alpha + ds;
@@ -526,11 +565,15 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
           const int64_t cols = kend - j0 < OSS_BC ? kend - j0 : OSS_BC;
           FN(load_kv_tile)(p, b, hk, j0, cols, K, Kt, Ktd, V, Vt);
           FN(score_and_dp_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, Vt, dO, S, Gp, dS);
-          for (int64_t r = 0; r < rows; r++) /* P = exp(S - m) / l, dS = P * (dP - D) * scale (* 1 - tanh^2) */
+          if (dropout) FN(dropout_tile)(p, b, h, i0, rows, j0, cols, F);
+          /* P = exp(S - m) / l, dS = P * (F dP~ - D) * scale (* 1 - tanh^2), and
+           * P F (the dropped weights) for dV; F = 1 without dropout */
+          for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < cols; c++) {
               const double pc = inv_l[r] == 0 ? 0.0 : exp(S[r * cols + c] - m[r]) * inv_l[r];
-              const double ds = pc * ((double)dS[r * cols + c] - Drow[r]) * scale;
-              P[r * cols + c] = (REAL)pc;
+              const double f = F[r * cols + c];
+              const double ds = pc * (f * (double)dS[r * cols + c] - Drow[r]) * scale;
+              P[r * cols + c] = (REAL)(pc * f);
               dS[r * cols + c] = (REAL)(Gp != NULL ? ds * Gp[r * cols + c] : ds);
             }
           FN(transpose)(P, rows, cols, Tt); /* dV += P^T dO */
