@@ -22,6 +22,12 @@ Implementations, each timed for forward + backward of the same mean loss:
   compile          torch.compile(F.cross_entropy), then autograd
 Every implementation's gradient is checked against a float64 reference (some
 rows) before it is timed. Results: a table on stdout and results/cross_entropy.json.
+
+--linear: the LM head and the loss, forward + backward of a mean loss over
+8 x 4096 tokens, hidden 4096, vocabulary 128256 (GPU; tiny shapes with
+--smoke): torch_oss.linear_cross_entropy against F.linear + F.cross_entropy,
+time and peak memory beyond the inputs (torch.cuda.max_memory_allocated),
+same run; the loss and the gradients checked against each other first.
 """
 
 import argparse
@@ -87,6 +93,58 @@ def check(name, grad, x, t, peer_grad):
         raise AssertionError(f"{name}: gradient error {err:.3e} > {2 * peer_err + atol:.3e}; not timing it")
 
 
+def linear_main(args, device, dtype):
+    tokens, hidden_size, vocab = (64, 32, 1000) if args.smoke else (8 * 4096, 4096, 128256)
+    torch.manual_seed(0)
+    h = (torch.randn(tokens, hidden_size, device=device) * 0.05).to(dtype).requires_grad_()
+    w = (torch.randn(vocab, hidden_size, device=device) * 0.05).to(dtype).requires_grad_()
+    t = torch.randint(0, vocab, (tokens,), device=device)
+    impls = {
+        "torch_oss.linear_cross_entropy": lambda: torch_oss.linear_cross_entropy(h, w, t),
+        "F.linear + F.cross_entropy": lambda: F.cross_entropy(F.linear(h, w), t),
+    }
+    cuda = device == "cuda"
+    results, grads = {}, {}
+    for name, fn in impls.items():
+        def step(fn=fn):
+            fn().backward()
+            h.grad = w.grad = None
+
+        loss = fn()
+        loss.backward()
+        grads[name] = (loss.detach().float(), h.grad.float(), w.grad.float())
+        h.grad = w.grad = None
+        peak = None
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            step()
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - base
+        ms = common.bench(step, device, rep_ms=1 if args.smoke else 300)
+        results[name] = (ms, peak)
+    (l_a, gh_a, gw_a), (l_b, gh_b, gw_b) = grads.values()
+    for what, a, b in (("loss", l_a, l_b), ("grad hidden", gh_a, gh_b), ("grad weight", gw_a, gw_b)):
+        rel = ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+        if not rel < 2e-2:
+            raise AssertionError(f"linear cross-entropy: {what} differs from F.linear + F.cross_entropy by {rel:.2e}")
+    env = common.environment(device)
+    peer_ms, peer_peak = results["F.linear + F.cross_entropy"]
+    table, records = [], []
+    for name, (ms, peak) in results.items():
+        gib = None if peak is None else peak / 2**30
+        records.append(dict(impl=name, tokens=tokens, hidden=hidden_size, vocab=vocab, dtype=str(dtype), ms=ms,
+                            peak_gib=gib, time_vs_peer=ms / peer_ms,
+                            peak_vs_peer=None if peak is None else peak / peer_peak))
+        table.append((name, f"{ms:.1f}", f"{ms / peer_ms:.2f}", "-" if gib is None else f"{gib:.2f}",
+                      "-" if peak is None else f"{peak / peer_peak:.2f}"))
+    common.print_table(f"LM head + loss, forward + backward, {tokens} tokens, hidden {hidden_size}, vocabulary "
+                       f"{vocab}, {dtype}, {env.get('gpu', env.get('cpu'))}",
+                       ["impl", "ms", "time / peer", "peak GiB", "peak / peer"], table)
+    common.write_json("linear_cross_entropy" + ("_smoke" if args.smoke else ""), dict(env=env, records=records))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, one round")
@@ -96,6 +154,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=None, help="rows of logits (default 16384 GPU, 64 smoke)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--linear", action="store_true", help="linear_cross_entropy against F.linear + F.cross_entropy")
     args = ap.parse_args()
     if args.device is None and not torch.cuda.is_available():
         args.smoke = True  # `make bench` on a machine without a GPU: check that the script runs
@@ -104,6 +163,8 @@ def main():
     tokens = args.tokens or (64 if args.smoke or device != "cuda" else 16384)
     rounds = 1 if args.smoke else args.rounds
     dtype = DTYPES[args.dtype]
+    if args.linear:
+        return linear_main(args, device, dtype if device == "cuda" else torch.float32)
 
     env = common.environment(device)
     copy_gbs = common.copy_bandwidth_gbs(device)

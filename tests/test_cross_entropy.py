@@ -619,3 +619,40 @@ def test_empty_batch():
         assert ours.shape == ref.shape and torch.equal(torch.isnan(ours), torch.isnan(ref))
         (g,) = torch.autograd.grad(ours.sum(), x)
         assert g.shape == x.shape
+
+
+def _peak_bytes(step):
+    """Peak CUDA memory allocated by step() beyond what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs CUDA")
+def test_linear_cross_entropy_peak_memory_cuda():
+    """Forward + backward of linear_cross_entropy holds one chunk of logits and
+    weight's float32 gradient accumulator, not the tokens x V logits that
+    F.linear + F.cross_entropy make (and their gradient)."""
+    torch.manual_seed(0)
+    tokens, H, V, chunk = 16384, 1024, 32000, 1024
+    hidden = (torch.randn(tokens, H, device="cuda") * 0.1).bfloat16().requires_grad_()
+    weight = (torch.randn(V, H, device="cuda") * 0.1).bfloat16().requires_grad_()
+    t = random_target((tokens,), V, "cuda", ignored_every=7)
+
+    def step(loss_fn):
+        def run():
+            loss_fn().backward()
+            hidden.grad = weight.grad = None  # gradients are part of both peaks; free them after
+        return run
+
+    ours = _peak_bytes(step(lambda: torch_oss.linear_cross_entropy(hidden, weight, t, chunk_size=chunk)))
+    peer = _peak_bytes(step(lambda: F.cross_entropy(F.linear(hidden, weight), t)))
+    grads = (tokens * H + V * H) * 2
+    # a chunk's logits (its gradient written over them) + weight's float32 accumulator + the gradients,
+    # and a quarter of that for the allocator's rounding and small tensors
+    bound = 1.25 * (chunk * V * 2 + V * H * 4 + grads)
+    assert ours <= bound, (ours, bound)
+    assert ours <= 0.25 * peer, (ours, peer)

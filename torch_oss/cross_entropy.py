@@ -153,6 +153,26 @@ def _default_chunk(tokens, vocab, dtype):
     return max(1, min(tokens, DEFAULT_CHUNK_BYTES // max(1, vocab * itemsize)))
 
 
+# aten's matrix products with a float32 result from 16-bit inputs (cuBLAS,
+# float32 accumulation), where this torch has them
+_HAS_OUT_DTYPE = hasattr(torch.ops.aten.addmm, "dtype_out")
+
+
+def _add_product(acc, a, b):
+    """acc += a @ b, acc float32 (float64 for float64), a and b in the inputs'
+    dtype. On CUDA with 16-bit inputs one cuBLAS product of the 16-bit values
+    accumulated and written in float32: the same products as converting a and
+    b to float32 first (16-bit values are exact in float32), without the
+    float32 copies and at the tensor cores' rate rather than a float32 GEMM's.
+    Elsewhere through float32 copies."""
+    if a.dtype == acc.dtype:
+        acc.addmm_(a, b)
+    elif a.is_cuda and _HAS_OUT_DTYPE:
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:
+        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+
+
 def _chunk_logits(hidden_c, weight, bias):
     # F.linear: one matrix product with the bias fused (addmm), rounded once
     return torch.nn.functional.linear(hidden_c, weight, bias)
@@ -203,9 +223,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 if want[0]:
                     grad_hidden[begin:end] = g @ weight
                 if want[1]:
-                    grad_weight.addmm_(g.t().to(acc), h.to(acc))
+                    _add_product(grad_weight, g.t(), h)
                 if want[2]:
-                    grad_bias += g.to(acc).sum(0)
+                    grad_bias += g.sum(0, dtype=acc)
         ctx.reduction = reduction
         ctx.args = args
         ctx.chunk = chunk
@@ -245,9 +265,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if want_h:
                 grad_hidden[begin:end] = g @ weight
             if want_w:
-                grad_weight.addmm_(g.t().to(acc), h.to(acc))
+                _add_product(grad_weight, g.t(), h)
             if want_b:
-                grad_bias += g.to(acc).sum(0)
+                grad_bias += g.sum(0, dtype=acc)
         return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None,
                 None if grad_bias is None else grad_bias.to(bias.dtype)) + nones
 
@@ -263,13 +283,12 @@ def linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, r
     and the logits' gradient by the oss ops, in float32 (float64 for
     float64). weight's and bias's gradients accumulate over the chunks in
     float32 from float32 products (a 16-bit product per chunk would round
-    every chunk's share), so for 16-bit inputs that product is a float32
-    matrix product.
+    every chunk's share): for 16-bit inputs on CUDA, cuBLAS products of the
+    16-bit values with a float32 result.
 
     Memory beyond the inputs and their gradients: one chunk's logits (their
-    gradient is written over them) and the gradient's float32 copy, plus the
-    float32 accumulator of weight's gradient: O(chunk x V + V x H), not
-    O(tokens x V). chunk_size defaults to
+    gradient is written over them), plus the float32 accumulator of weight's
+    gradient: O(chunk x V + V x H), not O(tokens x V). chunk_size defaults to
     512 MiB / (V * itemsize) tokens (2092 for a 128256 vocabulary in bfloat16).
 
     For reduction "mean"/"sum" the gradients are computed during the forward
