@@ -11,7 +11,8 @@ attention_simt (the attention cases in float32/float64 only: the SIMT kernels),
 attention_simt_small (float32 only, one shape with several key tiles and query blocks:
 for racecheck, which finished neither attention_simt in 120 s nor three shapes in 90 s on
 an H100), decode (the split-KV decode kernel and the KV-cache entry point), cross_entropy,
-variants (the attention score variants).
+variants (the attention score variants), dropout (attention dropout, alone and with the
+variants: every kernel draws the same weights' mask as the CPU for the same seed).
 """
 
 import sys
@@ -218,6 +219,39 @@ def variants_cases():
                     close(name + f" d{n}", g.grad, cg.grad, tol * 20)
 
 
+def dropout_cases():
+    """Attention dropout, forward and backward, in every dtype, default and
+    deterministic, alone and with the score variants, against the CPU kernels
+    given the same seed (the mask rule is the same on both)."""
+    torch.manual_seed(5)
+    for dtype, tol in ((torch.bfloat16, 3e-2), (torch.float16, 5e-3), (torch.float32, 1e-4)):
+        for (B, Hq, Hkv, Lq, Lk, D) in ((1, 4, 2, 130, 300, 64), (2, 2, 2, 70, 45, 128), (1, 2, 1, 65, 190, 256)):
+            q = torch.randn(B, Hq, Lq, D, device="cuda", dtype=dtype)
+            k = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=dtype)
+            v = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=dtype)
+            seed = torch.randint(-2**63, 2**63 - 1, (1,), dtype=torch.int64)
+            for variants in (False, True):
+                window, softcap = ([40, 3], 5.0) if variants else ([-1, -1], 0.0)
+                sinks = torch.randn(Hq, device="cuda") if variants else None
+                for det in (False, True):
+                    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+                    cpu = [t.detach().cpu().float().requires_grad_() for t in (q, k, v)]
+                    outs = []
+                    for ts, dev in ((leaves, "cuda"), (cpu, "cpu")):
+                        s_dev = None if sinks is None else sinks.to(dev)
+                        outs.append(torch.ops.oss.attention(*ts, None, True, None, Hq != Hkv, "bottom_right", window,
+                                                            softcap, None, s_dev, det, 0.3, seed.to(dev)))
+                    (out, lse), (cout, clse) = outs
+                    name = f"dropout {dtype} {(B, Hq, Hkv, Lq, Lk, D)} variants={variants} deterministic={det}"
+                    close(name + " out", out, cout, tol)
+                    close(name + " lse", lse, clse, tol)
+                    dout = torch.randn_like(out)
+                    out.backward(dout)
+                    cout.backward(dout.cpu().float())
+                    for g, cg, n in zip(leaves, cpu, ("q", "k", "v")):
+                        close(name + f" d{n}", g.grad, cg.grad, tol * 20)
+
+
 def cross_entropy_cases():
     """The cross-entropy kernels torch_oss.cross_entropy runs (forward and
     backward), against the CPU kernels."""
@@ -240,7 +274,7 @@ def cross_entropy_cases():
 
 
 if __name__ == "__main__":
-    parts = sys.argv[1:] or ["softmax", "attention", "decode", "cross_entropy", "variants"]
+    parts = sys.argv[1:] or ["softmax", "attention", "decode", "cross_entropy", "variants", "dropout"]
     if "softmax" in parts:
         softmax_cases()
     if "attention" in parts:
@@ -259,5 +293,7 @@ if __name__ == "__main__":
         cross_entropy_cases()
     if "variants" in parts:
         variants_cases()
+    if "dropout" in parts:
+        dropout_cases()
     torch.cuda.synchronize()
     print("sanitize smoke: all CUDA paths ran and matched the CPU kernels")
