@@ -18,6 +18,12 @@
  * Forward, tensor cores: with params->out_residual, the epilogue also writes
  * out's rounding residual (oss_attn_fwd_write).
  *
+ * Dropout (params->dropout_p > 0) counts as a score variant: such calls run
+ * the VAR kernels (mma.sync, and wgmma where compiled) or the SIMT kernels,
+ * which draw the kept weights by oss_internal.h's Philox rule from the seed
+ * in device memory (read by the kernels, never here). Not with the KV-cache
+ * fields; the backward not with keys_subset.
+ *
  * Backward, tensor cores: a pre-pass computes D = rowsum(dO * O) (O plus its
  * rounding residual when given, so D carries no rounding of out) and the lse
  * in kernel units (workspace); the default mode also zeroes a float32 dQ
@@ -117,8 +123,9 @@ static int64_t oss_attn_max_dim(oss_dtype dtype) {
   return oss_attn_is_tc(dtype) ? oss_attention_cuda_max_head_dim() : 256;
 }
 
+/* The score variants, dropout among them: they run in the VAR kernels. */
 static bool oss_attn_has_variants(const oss_attention_params *p) {
-  return p->window || p->softcap != 0.0 || p->alibi_slopes != NULL || p->sinks != NULL;
+  return p->window || p->softcap != 0.0 || p->alibi_slopes != NULL || p->sinks != NULL || p->dropout_p > 0.0;
 }
 
 static oss_status oss_attn_validate(const oss_attention_params *p) {
@@ -127,6 +134,15 @@ static oss_status oss_attn_validate(const oss_attention_params *p) {
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
                     "attention: params->dtype=%d but CUDA attention supports float16, bfloat16, float32 and float64",
                     (int)p->dtype);
+  if (!(p->dropout_p >= 0.0 && p->dropout_p <= 1.0)) /* NaN fails too */
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->dropout_p=%g must be in [0, 1]", p->dropout_p);
+  if (p->dropout_p > 0.0 && p->dropout_seed == NULL)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->dropout_seed is NULL but params->dropout_p=%g",
+                    p->dropout_p);
+  if (p->dropout_p > 0.0 && (p->seqlens_k != NULL || p->block_table != NULL))
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                    "attention: params->dropout_p=%g is not supported with the KV-cache fields on CUDA",
+                    p->dropout_p);
   if (oss_attn_has_variants(p) && (p->seqlens_k != NULL || p->block_table != NULL))
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
                     "attention: the score variants (window, softcap, alibi_slopes, sinks) are not supported with the "
@@ -262,6 +278,12 @@ static void oss_attn_fill_args(const oss_attention_params *p, oss_attn_args *a) 
     a->alibi = p->alibi_slopes;
     a->alibi_sb = p->alibi_stride_batch;
     a->sinks = p->sinks;
+  }
+  if (p->dropout_p > 0.0) { /* the seed stays in device memory: the kernels read it */
+    a->drop_seed = p->dropout_seed;
+    a->drop_thr = oss_dropout_threshold(p->dropout_p);
+    a->drop_scale64 = oss_dropout_scale(p->dropout_p);
+    a->drop_scale = (float)a->drop_scale64;
   }
   const size_t es = oss_attn_elem_size(p->dtype);
   /* a paged cache's first dim is its pages, and a page holds page_size rows */
@@ -468,6 +490,10 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   if (st != OSS_OK) return st;
   if (oss_attn_kv_cache(p))
     return oss_fail(OSS_ERROR_NOT_SUPPORTED, "attention_backward: the KV-cache fields are for the forward only");
+  if (bp->keys_subset && p->dropout_p > 0.0)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                    "attention_backward: params->fwd.dropout_p=%g is not supported with keys_subset on CUDA",
+                    p->dropout_p);
   if (bp->keys_subset && !oss_attn_is_tc(p->dtype))
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
                     "attention_backward: keys_subset needs float16/bfloat16 inputs on CUDA (the float32/float64 "

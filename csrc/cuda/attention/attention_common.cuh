@@ -105,6 +105,17 @@ typedef struct oss_attn_args {
   int64_t alibi_sb;
   const float *sinks;
   float *dsinks;
+  /* Dropout of the attention weights (oss.h; counts as a score variant, so
+   * it runs in the VAR kernels and the SIMT kernels; drop_seed NULL: off).
+   * Weight (bh = b * hq + h, query i, key j) is kept when its word of
+   * oss_dropout_group(*drop_seed, bh, i, j) is >= drop_thr, and then takes
+   * the factor 1 / (1 - p) (0 at p = 1): drop_scale for the tensor-core
+   * kernels, drop_scale64 for the SIMT ones. drop_seed: device memory, read
+   * by the kernels. */
+  const uint64_t *drop_seed;
+  uint32_t drop_thr;
+  float drop_scale;
+  double drop_scale64;
 } oss_attn_args;
 
 #define OSS_ATTN_LQ_PAD 128

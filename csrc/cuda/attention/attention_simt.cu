@@ -32,6 +32,11 @@
  * D come from the very scores and dP it uses, so P sums to 1 and dS = P (dP -
  * D) cancels exactly where it should (one visible key: dS = 0), which a
  * rounded lse and a rounded output cannot give.
+ * Dropout (oss_internal.h's rule, one Philox call per weight): the weight that
+ * multiplies V (forward) or dO (dV) is P / (1 - p) where kept and 0 where
+ * dropped, l and lse sum the weights before dropout, and the backward takes
+ * dP times Z / (1 - p) in D = sum_j P_ij Z_ij dP_ij / (1 - p) (rowsum(dO * O)
+ * of the dropped output) and in dS = P (Z dP / (1 - p) - D).
  * No atomics anywhere: the float32/float64 backward is always deterministic.
  * Limits: head dims up to 256; shared memory sized at run time from D and Dv.
  */
@@ -102,6 +107,20 @@ __device__ __forceinline__ double oss_simt_score(const oss_attn_args &a, const S
   return v;
 }
 
+/* Whether dropout keeps weight (bh, query i, key j): oss_internal.h's rule,
+ * one Philox call per weight here (the word of the weight's group). */
+__device__ __forceinline__ bool oss_simt_kept(const oss_attn_args &a, uint64_t seed, int64_t bh, int i, int j) {
+  uint32_t w[4];
+  oss_dropout_group(seed, (uint64_t)bh, i, j, w);
+  const int k = oss_dropout_word(i, j);
+  return (k == 0 ? w[0] : (k == 1 ? w[1] : (k == 2 ? w[2] : w[3]))) >= a.drop_thr;
+}
+
+/* The seed of a call with dropout (0 without), read from device memory. */
+__device__ __forceinline__ uint64_t oss_simt_drop_seed(const oss_attn_args &a) {
+  return a.drop_seed != nullptr ? *a.drop_seed : 0;
+}
+
 /* This (batch, query head)'s ALiBi slope, 0 without ALiBi. */
 __device__ __forceinline__ double oss_simt_slope(const oss_attn_args &a, int b, int h) {
   return a.alibi == nullptr ? 0.0 : (double)a.alibi[(int64_t)b * a.alibi_sb + h];
@@ -168,6 +187,8 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_fwd_simt_kernel(con
   const S *gV = (const S *)a.v + b * a.v_s[0] + hk * a.v_s[1];
   const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
   const double slope = oss_simt_slope(a, b, h);
+  const bool drop = a.drop_seed != nullptr;
+  const uint64_t seed = oss_simt_drop_seed(a);
 
   oss_simt_load<S>(sQ, D, (const S *)a.q + b * a.q_s[0] + h * a.q_s[1] + (int64_t)i0 * a.q_s[2], a.q_s[2],
                    OSS_SIMT_ROWS, rows, D, tid);
@@ -228,8 +249,11 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_fwd_simt_kernel(con
           al = alpha[gg * RL + t];
         }
       const S p = oss_exp<S>((S)(x[t] - mu)); /* NaN score: NaN, the row becomes NaN */
-      lpart[t] = lpart[t] * al + p;
-      sP[(warp * R + rg * RL + t) * KT + kl] = p;
+      lpart[t] = lpart[t] * al + p; /* l sums the weights before dropout */
+      const int rl = warp * R + rg * RL + t;
+      S pv = p; /* the weight that multiplies V */
+      if (drop) pv = oss_simt_kept(a, seed, bh, i0 + rl, j) ? p * (S)a.drop_scale64 : (S)0;
+      sP[rl * KT + kl] = pv;
     }
     __syncwarp();
 #pragma unroll
@@ -308,6 +332,13 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dq_simt_kernel(
   const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
   const double slope = oss_simt_slope(a, b, h);
   const S scale = (S)a.scale;
+  const bool drop = a.drop_seed != nullptr;
+  const uint64_t seed = oss_simt_drop_seed(a);
+  /* dP of query i, key j with dropout: Z k dP, so that D = sum_j P Z k dP =
+   * rowsum(dO * O) of the dropped output and dS = P (Z k dP - D) */
+  auto dp_of = [&](double dp, int i, int j) {
+    return !drop ? dp : (oss_simt_kept(a, seed, bh, i, j) ? dp * a.drop_scale64 : 0.0);
+  };
 
   oss_simt_load<S>(sQ, D, (const S *)a.q + b * a.q_s[0] + h * a.q_s[1] + (int64_t)i0 * a.q_s[2], a.q_s[2],
                    OSS_SIMT_ROWS, rows, D, tid);
@@ -333,7 +364,8 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dq_simt_kernel(
     for (int t = 0; t < RL; t++) {
       const int rl = warp * R + rg * RL + t;
       const double v = oss_simt_score<S>(a, sQ + rl * D, sK + kl * LDK, mbase, i0 + rl, j0 + kl, slope);
-      if (v != -INFINITY) oss_simt_stat_add<S>(st[t], v, oss_simt_dot<S>(sdO + rl * DV, sV + kl * LDV, DV));
+      if (v != -INFINITY)
+        oss_simt_stat_add<S>(st[t], v, dp_of(oss_simt_dot<S>(sdO + rl * DV, sV + kl * LDV, DV), i0 + rl, j0 + kl));
     }
   }
   double rm[RL], rinv[RL], rd[RL]; /* per row: m, 1/l (0 with no visible key), D */
@@ -383,7 +415,7 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dq_simt_kernel(
       double ds = 0;
       if (v != -INFINITY) {
         const double p = oss_simt_exp<S>(v - rm[t]) * rinv[t];
-        ds = p * (oss_simt_dot<S>(sdO + rl * DV, sV + kl * LDV, DV) - rd[t]) * dcap;
+        ds = p * (dp_of(oss_simt_dot<S>(sdO + rl * DV, sV + kl * LDV, DV), i0 + rl, j0 + kl) - rd[t]) * dcap;
       }
       sdS[rl * KT + kl] = (S)ds;
     }
@@ -446,6 +478,8 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dkdv_simt_kerne
   const int j0 = blockIdx.x * OSS_SIMT_ROWS;
   const int kv = min(OSS_SIMT_ROWS, a.lk - j0);
   const S scale = (S)a.scale;
+  const bool drop = a.drop_seed != nullptr;
+  const uint64_t seed = oss_simt_drop_seed(a);
 
   int q_start = 0;
   if (a.causal) {
@@ -491,12 +525,19 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dkdv_simt_kerne
         const int kr = warp * R + rg * RL + t;
         double dcap;
         const double v = oss_simt_score<S>(a, sQ + ql * LDQ, sK + kr * D, mbase, q0 + ql, j0 + kr, slope, &dcap);
-        double p = 0, ds = 0;
+        double p = 0, ds = 0, pv = 0; /* pv: the weight that multiplied V, for dV */
         if (v != -INFINITY) {
           p = oss_simt_exp<S>(v - sM[ql]) * sInv[ql];
-          ds = p * (oss_simt_dot<S>(sdO + ql * LDO, sV + kr * DV, DV) - sDs[ql]) * dcap;
+          double dp = oss_simt_dot<S>(sdO + ql * LDO, sV + kr * DV, DV);
+          pv = p;
+          if (drop) { /* dS = P (Z k dP - D), dV = (P Z k)^T dO */
+            const bool kept = oss_simt_kept(a, seed, (int64_t)b * a.hq + h, q0 + ql, j0 + kr);
+            dp = kept ? dp * a.drop_scale64 : 0.0;
+            pv = kept ? p * a.drop_scale64 : 0.0;
+          }
+          ds = p * (dp - sDs[ql]) * dcap;
         }
-        sP[kr * KT + ql] = (S)p;
+        sP[kr * KT + ql] = (S)pv;
         sdS[kr * KT + ql] = (S)ds;
       }
       __syncwarp();

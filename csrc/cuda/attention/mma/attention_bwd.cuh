@@ -52,6 +52,15 @@
  * dS' times the softcap's derivative, in one pass per element; both kernels
  * visit only the tiles whose window reaches them. The sinks need nothing
  * here: they are in lse, and their gradient comes after (oss_attn_bwd_dsinks).
+ * Dropout (a variant too; Z the kept weights, k = 1 / (1 - p), P the weights
+ * before dropout, D = rowsum(dO * O) of the dropped output as it is):
+ * dV = (P Z k)^T dO and dS' = scale P (Z k dP - D). One draw of a tile's bits
+ * serves both: dP times Z k before the per-element pass
+ * (oss_attn_dropout_tile), and the dropped weights zeroed in the packed P
+ * after it (oss_attn_dropout_apply_a), k, common to the kept ones, applied
+ * to dV when it is written (as the forward applies it to out: P rounded
+ * once, unscaled). dK and dQ follow from dS' as without, and dS' rows still
+ * sum to 0, so dQ's centring holds.
  *
  * Fully masked rows have lse = -inf, stored as +inf in lse_adj, so P = 0 and
  * every gradient they touch is 0.
@@ -175,6 +184,7 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
   /* dS is scaled before it is rounded to T for the dK / dQ products: the
    * unscaled P (dP - D) overflows float16 long before the gradients do. */
   const float sc = (float)a.scale;
+  const uint64_t seed = VAR ? oss_attn_drop_seed(a) : 0; /* dropout's */
 
   float dV[1][NOW][4], dK[1][NOW][4];
 #pragma unroll
@@ -223,7 +233,11 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
 
     /* P^T and scale * dS^T (element (key r, query c)). The scores are scaled
      * (and masked) first, rounding s*c as the forward rounds its row max. */
+    oss_attn_keep<1, NTQ> keep; /* dropout's kept weights (VAR) */
     if constexpr (VAR) {
+      /* dropout: dP^T times Z k first, so that dS = P (Z k dP - D) */
+      if (a.drop_seed != nullptr)
+        oss_attn_dropout_tile<true, 1, NTQ>(pT, keep, a, seed, (int64_t)b * a.hq + h, j0 + kg * 16, i0, lane);
       /* one pass per element: the variants' score, P, and dS through the softcap's derivative */
       const oss_attn_var_consts vc = oss_attn_var_consts_of(a, b, h);
       oss_attn_var_each<true>(sT, a, vc, a.mask_kind ? oss_attn_mask_base(a, b, h) : 0, j0 + kg * 16, i0, lane,
@@ -258,6 +272,7 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
     uint32_t pa[1][NTQ / 2][4], dsa[1][NTQ / 2][4];
     oss_acc_to_a<T, 1, NTQ>(sT, pa);
     oss_acc_to_a<T, 1, NTQ>(pT, dsa);
+    if (VAR && a.drop_seed != nullptr) oss_attn_dropout_apply_a<1, NTQ>(pa, keep); /* P Z, for dV (k at the end) */
 
     /* dV += P^T dO, dK += dS^T Q over this warp's column slice */
     oss_warp_mma_rs<T, 1, NOW, NTQ / 2, LDS>(dV, pa, oss_smem_u32(cdO + cs * KDW), lane);
@@ -330,10 +345,11 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
     }
   }
 
-  /* write dK (scaled) and dV for rows < Lk, cols < D / Dv */
+  /* write dK (scaled) and dV (times dropout's k) for rows < Lk, cols < D / Dv */
   T *gdK = (T *)a.dk + b * a.dk_s[0] + hk * a.dk_s[1];
   T *gdV = (T *)a.dv_ptr + b * a.dv_s[0] + hk * a.dv_s[1];
   const bool vdk = a.vec & OSS_ATTN_VEC_DK, vdv = a.vec & OSS_ATTN_VEC_DV;
+  const float dv_scale = VAR && a.drop_seed != nullptr ? a.drop_scale : 1.f;
 #pragma unroll
   for (int hi = 0; hi < 2; hi++) {
     const int r = j0 + kg * 16 + g + hi * 8;
@@ -344,7 +360,7 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
       for (int n = 0; n < NOW; n++) {
         const int c = cs * KDW + n * 8 + t2;
         oss_store_pair<T>(rk, c, a.d, dK[0][n][2 * hi], dK[0][n][2 * hi + 1], vdk);
-        oss_store_pair<T>(rv, c, a.dv, dV[0][n][2 * hi], dV[0][n][2 * hi + 1], vdv);
+        oss_store_pair<T>(rv, c, a.dv, dV[0][n][2 * hi] * dv_scale, dV[0][n][2 * hi + 1] * dv_scale, vdv);
       }
     }
   }
@@ -379,7 +395,11 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
   const int64_t mbase = a.mask_kind ? oss_attn_mask_base(a, b, h) : 0;
   const float sc = (float)a.scale;
   oss_attn_var_consts vc;
-  if constexpr (VAR) vc = oss_attn_var_consts_of(a, b, h);
+  uint64_t seed = 0; /* dropout's */
+  if constexpr (VAR) {
+    vc = oss_attn_var_consts_of(a, b, h);
+    seed = oss_attn_drop_seed(a);
+  }
   const bool centre = a.kmean != nullptr; /* dQ's centring: R, dS' row sums */
   float rs[MT][4];
 #pragma unroll
@@ -458,6 +478,10 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
       oss_warp_mma_ss<T, MT, NT, KD, LDS, LDS>(dp, sdOw, oss_smem_u32(sV + st * BC * LDS), lane);
 
       if constexpr (VAR) {
+        if (a.drop_seed != nullptr) { /* dP times Z k: dS = P (Z k dP - D) */
+          oss_attn_keep<MT, NT> keep;
+          oss_attn_dropout_tile<false, MT, NT>(dp, keep, a, seed, bh, i0 + wrow, j0, lane);
+        }
         oss_attn_var_each<false>(s, a, vc, mbase, i0 + wrow, j0, lane, [&](int mt, int n, int e, float x, float dcap) {
           const float p = oss_ex2(x - lrow[mt][e >> 1]);
           s[mt][n][e] = (p * sc * dcap) * (dp[mt][n][e] - drow[mt][e >> 1]);

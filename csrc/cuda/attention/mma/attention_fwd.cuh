@@ -27,7 +27,13 @@
  *     softcap and ALiBi arithmetic alone elsewhere, so sinks and windows
  *     alone cost an inner tile one multiply per score), a row's softmax
  *     starting at its sink, and a window's key tiles only (the query block's
- *     first visible tile to its last).
+ *     first visible tile to its last). Dropout (calls with drop_seed) is a
+ *     variant too: the softmax as without (m, l, lr and lse those of the
+ *     weights before dropout), then the dropped weights of the packed P
+ *     zeroed (one Philox call per four of a thread's weights,
+ *     oss_attn_dropout_keep), and 1 / (1 - p), the kept weights' common
+ *     factor, applied to out at the end; a call without dropout tests for it
+ *     once per tile.
  * Limits: head dims up to the compiled HD (D and Dv padded with zero columns);
  * lengths below 2^31; any strides (16-byte cp.async where rows are aligned,
  * element loads otherwise).
@@ -125,17 +131,18 @@ __device__ __forceinline__ void oss_attn_online_softmax(const float (&s)[MT][NT]
     }
 }
 
-/* Writes out = o / lr for rows r0 .. r0 + 16 MT - 1 (those < Lq, columns <
- * Dv) and lse = m ln2 + ln l (float32). l == 0: no visible key (out 0, lse
- * -inf); l NaN: a NaN or +inf score (out and lse NaN, as SDPA's math). With
- * a.out_res, also out's rounding residual o / lr - out (oss_output_residual:
- * to a step of 2^-5 of out's last place, 0 where out is not finite), for the
- * backward's D. */
+/* Writes out = out_scale o / lr for rows r0 .. r0 + 16 MT - 1 (those < Lq,
+ * columns < Dv) and lse = m ln2 + ln l (float32). l == 0: no visible key
+ * (out 0, lse -inf); l NaN: a NaN or +inf score (out and lse NaN, as SDPA's
+ * math). With a.out_res, also out's rounding residual out_scale o / lr - out
+ * (oss_output_residual: to a step of 2^-5 of out's last place, 0 where out
+ * is not finite), for the backward's D. out_scale: dropout's 1 / (1 - p),
+ * else 1. */
 template <typename T, int MT, int NO>
 __device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const float (&o)[MT][NO][4],
                                                    const float (&m)[MT][2], const float (&l)[MT][2],
                                                    const float (&lr)[MT][2], int b, int h, int64_t bh, int r0,
-                                                   int lane) {
+                                                   int lane, float out_scale = 1.f) {
   T *gO = (T *)a.out + b * a.o_s[0] + h * a.o_s[1];
   T *gR = a.out_res == nullptr ? nullptr : (T *)a.out_res + b * a.o_s[0] + h * a.o_s[1];
   float *lse = (float *)a.lse + bh * a.lq;
@@ -151,7 +158,7 @@ __device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const
       lrt += __shfl_xor_sync(0xffffffffu, lrt, 1);
       lrt += __shfl_xor_sync(0xffffffffu, lrt, 2);
       /* lr >= 1 when l > 0: the row's largest P is exactly 1 */
-      const float inv = lt == 0.f ? 0.f : 1.f / lrt;
+      const float inv = lt == 0.f ? 0.f : out_scale / lrt;
       const int r = r0 + mt * 16 + g + hi * 8;
       if (r < a.lq) {
         T *orow = gO + (int64_t)r * a.o_s[2];
@@ -205,7 +212,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
   const int jt0 = VAR ? qblk.jt0 : 0; /* a window's first tile (the plain kernel starts at 0) */
   const int wrow = warp * MT * 16; /* this warp's first row in the tile */
   oss_attn_var_consts vc;
-  if constexpr (VAR) vc = oss_attn_var_consts_of(a, b, h);
+  uint64_t seed = 0; /* dropout's */
+  if constexpr (VAR) {
+    vc = oss_attn_var_consts_of(a, b, h);
+    seed = oss_attn_drop_seed(a);
+  }
 
   const T *gQ = (const T *)a.q + b * a.q_s[0] + h * a.q_s[1] + (int64_t)i0 * a.q_s[2];
   const T *gK = (const T *)a.k + b * a.k_s[0] + hk * a.k_s[1];
@@ -274,6 +285,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
       if constexpr (VAR) c = oss_attn_fwd_var_scores<MT, NT>(s, a, vc, mbase, i0 + wrow, j0, lane);
       else c = oss_attn_fwd_mask_scores<T, MT, NT>(s, a, mbase, i0 + wrow, j0, lane);
       oss_attn_online_softmax<T, MT, NT, NO>(s, o, m, l, lr, c, pa);
+      if constexpr (VAR) {
+        if (a.drop_seed != nullptr) { /* dropout: the dropped weights of P zeroed */
+          oss_attn_keep<MT, NT> keep;
+          oss_attn_dropout_keep<false, MT, NT>(keep, a, seed, bh, i0 + wrow, j0, lane);
+          oss_attn_dropout_apply_a<MT, NT>(pa, keep);
+        }
+      }
     }
 
     oss_cp_async_wait<2>(); /* V_j landed (K_{j+1}, V_{j+1} may be in flight) */
@@ -281,7 +299,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
     if (warp_live) oss_warp_mma_rs<T, MT, NO, BC / 16, LDS>(o, pa, oss_smem_u32(sV + st * BC * LDS), lane);
   }
 
-  oss_attn_fwd_write<T, MT, NO>(a, o, m, l, lr, b, h, bh, i0 + wrow, lane);
+  oss_attn_fwd_write<T, MT, NO>(a, o, m, l, lr, b, h, bh, i0 + wrow, lane,
+                                VAR && a.drop_seed != nullptr ? a.drop_scale : 1.f);
 }
 
 template <typename T, int HD, int BR, int BC, int NW, int MINB, bool VAR = false>

@@ -1,8 +1,9 @@
 /*
  * attention_mma.cuh - tensor-core building blocks of the float16/bfloat16
  * attention kernels (sm_80 and newer): cp.async tile loads, ldmatrix, the
- * m16n8k16 mma.sync, and three warp-level GEMMs that differ only in where
- * their operands come from.
+ * m16n8k16 mma.sync, three warp-level GEMMs that differ only in where
+ * their operands come from, and the per-fragment steps the kernels share
+ * (masking, the score variants, dropout).
  *
  * Fragment layouts (PTX ISA, mma.m16n8k16, g = lane / 4, t = lane % 4):
  *   A 16x16, 4 regs of 2 elements: a0 (row g,   k 2t..2t+1)   a1 (row g+8, k 2t..)
@@ -484,6 +485,112 @@ __device__ __forceinline__ void oss_attn_var_each(const float (&s)[MT][NT][4], c
   };
   if (v.cap > 0.f) per_tile(yes());
   else per_tile(no());
+}
+
+/* ---- dropout (oss.h; the rule of oss_internal.h) --------------------------
+ * Weights held as C fragments, element (mt, n, e) at fragment row
+ * R = r0 + 16 mt + g + 8 (e >> 1) and column C = c0 + 8 n + 2t + (e & 1);
+ * KEY_MAJOR = false: R is the query i and C the key j (forward, dQ), true:
+ * the reverse (dK/dV). With r0 and c0 multiples of 16 (every kernel's tile
+ * origins are), R = r0 + 16 mt + g and C = c0 + 16 m + 2t + x have bit 3
+ * clear, so elements (mt, 2m, x), (mt, 2m, 2 + x), (mt, 2m + 1, x) and
+ * (mt, 2m + 1, 2 + x) are rows R, R + 8 by columns C, C + 8: one Philox
+ * group, one call for four of the thread's own weights. A tile's kept
+ * weights are drawn once, as bits (oss_attn_keep): the forward zeroes the
+ * dropped ones in the packed P (oss_attn_dropout_apply_a), the backward
+ * applies the same bits to dP and to P (oss_attn_dropout_tile, then
+ * oss_attn_dropout_apply). */
+
+/* The seed of a call with dropout (0 without), read from device memory. */
+__device__ __forceinline__ uint64_t oss_attn_drop_seed(const oss_attn_args &a) {
+  return a.drop_seed != nullptr ? __ldg(reinterpret_cast<const unsigned long long *>(a.drop_seed)) : 0ull;
+}
+
+/* Which weights of an MT x NT fragment tile are kept: bit (mt NT + n) 4 + e
+ * (every kernel's tile has at most 64 weights a thread). */
+template <int MT, int NT> struct oss_attn_keep {
+  static_assert(MT * NT * 4 <= 64, "a thread's weights of a tile fit 64 bits");
+  uint64_t bits;
+  __device__ __forceinline__ bool at(int mt, int n, int e) const { return (bits >> ((mt * NT + n) * 4 + e)) & 1u; }
+};
+
+/* The kept weights of the tile at (r0, c0) (multiples of 16) of (batch, query
+ * head) bh: bits of oss_dropout_group's words >= a.drop_thr. Byte
+ * mt NT / 2 + m of the bits holds n-tiles 2m and 2m + 1 of m-tile mt, the
+ * two groups x = 0, 1 there; the bytes are made one at a time (a loop, not
+ * unrolled), so the calls' temporaries stay few beside the tiles the
+ * kernels hold. */
+template <bool KEY_MAJOR, int MT, int NT>
+__device__ __forceinline__ void oss_attn_dropout_keep(oss_attn_keep<MT, NT> &keep, const oss_attn_args &a,
+                                                      uint64_t seed, int64_t bh, int r0, int c0, int lane) {
+  static_assert(NT % 2 == 0, "n-tiles come in pairs");
+  const int g = lane >> 2, t2 = (lane & 3) * 2;
+  keep.bits = 0;
+#pragma unroll 1
+  for (int idx = 0; idx < MT * NT / 2; idx++) {
+    const int mt = idx / (NT / 2), m = idx % (NT / 2);
+    uint32_t byte = 0;
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+      const int R = r0 + mt * 16 + g, C = c0 + m * 16 + t2 + x;
+      uint32_t word[4];
+      /* the seed through oss_opaque: each call derives its round keys afresh
+       * (two adds a round) rather than the compiler holding all twenty
+       * across the key loop, in registers the accumulators need */
+      oss_dropout_group((uint64_t)oss_opaque((int64_t)seed), (uint64_t)bh, KEY_MAJOR ? C : R, KEY_MAJOR ? R : C,
+                        word);
+      /* (R + 8 dr, C + 8 dc), element (mt, 2m + dc, 2 dr + x): word 2 bq + bk
+       * for the query's and the key's bit 3, bq and bk */
+#pragma unroll
+      for (int dr = 0; dr < 2; dr++)
+#pragma unroll
+        for (int dc = 0; dc < 2; dc++)
+          if (word[KEY_MAJOR ? 2 * dc + dr : 2 * dr + dc] >= a.drop_thr) byte |= 1u << (4 * dc + 2 * dr + x);
+    }
+    keep.bits |= (uint64_t)byte << (8 * idx);
+  }
+}
+
+/* x = kept ? x * scale : 0 over a fragment tile. */
+template <int MT, int NT>
+__device__ __forceinline__ void oss_attn_dropout_apply(float (&x)[MT][NT][4], const oss_attn_keep<MT, NT> &keep,
+                                                       float scale) {
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) x[mt][n][e] = keep.at(mt, n, e) ? x[mt][n][e] * scale : 0.f;
+}
+
+/* Zeroes the dropped weights of the A fragments packed from a tile of them
+ * (oss_acc_to_a's layout: pa[mt][kk][2 (n & 1) + hi] holds elements 2 hi
+ * and 2 hi + 1 of n-tile n = 2 kk + (0 or 1), the first in the low half).
+ * The kept weights stay unscaled: drop_scale, common to all of them, is
+ * applied to the product they enter, after one rounding of each weight. */
+template <int MT, int NT>
+__device__ __forceinline__ void oss_attn_dropout_apply_a(uint32_t (&pa)[MT][NT / 2][4],
+                                                         const oss_attn_keep<MT, NT> &keep) {
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; kk++)
+#pragma unroll
+      for (int r = 0; r < 4; r++) {
+        const int n = 2 * kk + (r >> 1), e = 2 * (r & 1);
+        pa[mt][kk][r] &= (keep.at(mt, n, e) ? 0x0000FFFFu : 0u) | (keep.at(mt, n, e + 1) ? 0xFFFF0000u : 0u);
+      }
+}
+
+/* Drops the weights of tile x in place (oss_attn_dropout_keep, then apply
+ * with a.drop_scale) and returns the kept bits in keep for other tiles of the
+ * same weights. */
+template <bool KEY_MAJOR, int MT, int NT>
+__device__ __forceinline__ void oss_attn_dropout_tile(float (&x)[MT][NT][4], oss_attn_keep<MT, NT> &keep,
+                                                      const oss_attn_args &a, uint64_t seed, int64_t bh, int r0,
+                                                      int c0, int lane) {
+  oss_attn_dropout_keep<KEY_MAJOR, MT, NT>(keep, a, seed, bh, r0, c0, lane);
+  oss_attn_dropout_apply<MT, NT>(x, keep, a.drop_scale);
 }
 
 /* oss_attn_mask_frag for the mask tensor's dtype (bool, float32 or T). */

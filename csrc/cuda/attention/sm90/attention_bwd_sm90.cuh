@@ -31,7 +31,10 @@
  *   oss_attn_var_each, P^T and dS'^T in one pass per element once dP^T has
  *   landed (dS' takes the softcap's derivative), only the query blocks whose
  *   window reaches the keys; calls with a mask tensor as well run the
- *   mma.sync kernels with the variants.
+ *   mma.sync kernels with the variants. Dropout (a variant too, as in
+ *   attention_bwd.cuh): the tile's kept weights drawn while dP^T is
+ *   computed, dP^T times Z k before that pass, the dropped weights zeroed in
+ *   the packed P^T after it, and dV times k when written.
  *   dQ's centring (attention_bwd.cuh): m64n8k16 wgmmas of dS' by a tile of
  *   ones give the row sums R of the piece's 64 query rows (BR = 64: each
  *   warpgroup over its half of the keys), added into eacc.
@@ -109,6 +112,7 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
 
   const bool atomic_dq = a.dq_acc != nullptr;
   const float sc = (float)a.scale;
+  const uint64_t seed = VAR ? oss_attn_drop_seed(a) : 0; /* dropout's */
 
   float dV[NO][4], dK[NO][4];
 #pragma unroll
@@ -174,11 +178,18 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
     oss_wgmma_wait<1>(); /* S^T done */
     oss_wgmma_fence_operand<NTQ>(sT);
 
+    oss_attn_keep<1, NTQ> keep; /* dropout's kept weights (VAR) */
     if constexpr (VAR) {
+      /* dropout: the kept weights drawn while dP^T is computed, then dP^T
+       * times Z k, so that dS = P (Z k dP - D) */
+      if (a.drop_seed != nullptr)
+        oss_attn_dropout_keep<true, 1, NTQ>(keep, a, seed, (int64_t)b * a.hq + h, kw0, i0, lane);
       /* one pass per element, as in the mma.sync kernel: the variants' score,
        * P^T, and dS'^T through the softcap's derivative (so dP^T first) */
       oss_wgmma_wait<0>();
       oss_wgmma_fence_operand<NTQ>(pT);
+      if (a.drop_seed != nullptr)
+        oss_attn_dropout_apply<1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(pT), keep, a.drop_scale);
       const oss_attn_var_consts vc = oss_attn_var_consts_of(a, b, h);
       oss_attn_var_each<true, 1, NTQ, false>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a, vc, 0, kw0, i0, lane,
                                              [&](int, int n, int e, float x, float dcap) {
@@ -220,6 +231,7 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
     uint32_t pa[1][NTQ / 2][4], dsa[1][NTQ / 2][4];
     oss_acc_to_a<T, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), pa);
     oss_acc_to_a<T, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(pT), dsa);
+    if (VAR && a.drop_seed != nullptr) oss_attn_dropout_apply_a<1, NTQ>(pa, keep); /* P Z, for dV (k at the end) */
     oss_wgmma_fence_operand<NO>(dV);
     oss_wgmma_fence_operand<NO>(dK);
     oss_wgmma_fence();
@@ -292,10 +304,11 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
   }
   oss_bulk_wait<0>();
 
-  /* dK and dV for rows < Lk, columns < D / Dv */
+  /* dK and dV (times dropout's k) for rows < Lk, columns < D / Dv */
   T *gdK = (T *)a.dk + b * a.dk_s[0] + hk * a.dk_s[1];
   T *gdV = (T *)a.dv_ptr + b * a.dv_s[0] + hk * a.dv_s[1];
   const bool vdk = a.vec & OSS_ATTN_VEC_DK, vdv = a.vec & OSS_ATTN_VEC_DV;
+  const float dv_scale = VAR && a.drop_seed != nullptr ? a.drop_scale : 1.f;
 #pragma unroll
   for (int hi = 0; hi < 2; hi++) {
     const int r = kw0 + g + hi * 8;
@@ -305,7 +318,7 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
 #pragma unroll
       for (int n = 0; n < NO; n++) {
         oss_store_pair<T>(rk, n * 8 + t2, a.d, dK[n][2 * hi], dK[n][2 * hi + 1], vdk);
-        oss_store_pair<T>(rv, n * 8 + t2, a.dv, dV[n][2 * hi], dV[n][2 * hi + 1], vdv);
+        oss_store_pair<T>(rv, n * 8 + t2, a.dv, dV[n][2 * hi] * dv_scale, dV[n][2 * hi + 1] * dv_scale, vdv);
       }
     }
   }

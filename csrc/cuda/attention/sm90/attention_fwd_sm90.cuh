@@ -32,7 +32,10 @@
  *     oss_attn_fwd_var_scores (as in the mma.sync kernel), a row's softmax
  *     starting at its sink, and a window's key tiles only (producer and
  *     consumers both walk jt0 .. ntiles - 1); calls that also carry a mask
- *     tensor run the mma.sync kernel with the variants instead.
+ *     tensor run the mma.sync kernel with the variants instead. Dropout (a
+ *     variant too), as in the mma.sync kernel: a tile's kept weights drawn
+ *     after its exponentials, while the previous P V runs, the dropped ones
+ *     zeroed once P is packed, and 1 / (1 - p) applied to out at the end.
  *   - every tile up to the causal diagonal is computed by both warpgroups
  *     (a tile a warpgroup cannot see is masked to zero weight): a wgmma under
  *     a branch would make ptxas serialise them all.
@@ -222,6 +225,9 @@ __global__ void __launch_bounds__(384, 1)
      * first, and the first syncs once more at the end to take that arrival */
     const int my_bar = 1 + wg, other_bar = 2 - wg;
     if (PINGPONG && wg == 1) oss_named_arrive(other_bar, 256);
+    const bool drop = VAR && a.drop_seed != nullptr; /* dropout (VAR kernels) */
+    const uint64_t seed = VAR ? oss_attn_drop_seed(a) : 0;
+    oss_attn_keep<1, NT> keep; /* the kept weights of the tile being packed */
     int blocks = 0, tiles = 0;
 #pragma unroll 1
     for (int w = blockIdx.x; w < nwork; w += gridDim.x) {
@@ -265,6 +271,10 @@ __global__ void __launch_bounds__(384, 1)
                       : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, 0, lane);
         oss_sm90_softmax_exp<NT>(s[0], m[0], l[0], alpha, c);
         oss_sm90_softmax_pack<T, NT, NO>(s[0], o[0], lr[0], alpha, pa);
+        if (drop) {
+          oss_attn_dropout_keep<false, 1, NT>(keep, a, seed, qb.bh, i0 + wrow, jt0 * BC, lane);
+          oss_attn_dropout_apply_a<1, NT>(reinterpret_cast<uint32_t(&)[1][NT / 2][4]>(pa), keep);
+        }
 
 #pragma unroll 1
         for (int j = 1; j < ntiles; j++) {
@@ -292,12 +302,14 @@ __global__ void __launch_bounds__(384, 1)
           c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, j0, lane)
                   : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, j0, lane);
           oss_sm90_softmax_exp<NT>(s[0], m[0], l[0], alpha, c);
+          if (drop) oss_attn_dropout_keep<false, 1, NT>(keep, a, seed, qb.bh, i0 + wrow, j0, lane);
           oss_wgmma_wait<0>();
           oss_wgmma_fence_operand<NO>(o[0]);
           oss_wgmma_fence_operand<NT / 2>(pa);
           __syncwarp();
           if (lane == 0) oss_mbar_arrive(&v_empty[pst]);
           oss_sm90_softmax_pack<T, NT, NO>(s[0], o[0], lr[0], alpha, pa);
+          if (drop) oss_attn_dropout_apply_a<1, NT>(reinterpret_cast<uint32_t(&)[1][NT / 2][4]>(pa), keep);
         }
 
         /* the last tile's P V */
@@ -317,7 +329,7 @@ __global__ void __launch_bounds__(384, 1)
         tiles += ntiles;
       }
       /* the epilogue runs while the producer already loads the next block */
-      oss_attn_fwd_write<T, 1, NO>(a, o, m, l, lr, qb.b, qb.h, qb.bh, i0 + wrow, lane);
+      oss_attn_fwd_write<T, 1, NO>(a, o, m, l, lr, qb.b, qb.h, qb.bh, i0 + wrow, lane, drop ? a.drop_scale : 1.f);
     }
     if (PINGPONG && wg == 0) oss_named_sync(my_bar, 256);
   }
