@@ -19,7 +19,8 @@ targets (NaN rows instead of an error) and bitwise reproducibility."""
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import DEVICES, FLOAT_DTYPES, SOFTMAX_ATOL, assert_tolerance, awkward_randn, cuda_param
+from _util import (CUDA_OK, CUDA_SKIP_REASON, DEVICES, FLOAT_DTYPES, SOFTMAX_ATOL, assert_tolerance, awkward_randn,
+                   cuda_param)
 
 import torch_oss
 
@@ -631,7 +632,8 @@ def _peak_bytes(step):
     return torch.cuda.max_memory_allocated() - base
 
 
-@pytest.mark.skipif("cuda" not in DEVICES, reason="needs CUDA")
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA_OK, reason=CUDA_SKIP_REASON)
 def test_linear_cross_entropy_peak_memory_cuda():
     """Forward + backward of linear_cross_entropy holds one chunk of logits and
     weight's float32 gradient accumulator, not the tokens x V logits that

@@ -18,7 +18,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from _util import ATTENTION_ATOL, DEVICES, FLOAT_DTYPES, assert_tolerance
+from _util import ATTENTION_ATOL, CUDA_OK, CUDA_SKIP_REASON, DEVICES, FLOAT_DTYPES, assert_tolerance
 from test_variants import draw_variants, fa_style_peer, make_qkv, variant_reference
 
 import torch_oss
@@ -301,7 +301,8 @@ def test_compile_matches_eager(device):
         assert torch.equal(a, b)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or "cuda" not in DEVICES, reason="needs CUDA")
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA_OK, reason=CUDA_SKIP_REASON)
 def test_cuda_graph_replays_draw_new_masks():
     """Captured in a CUDA graph, each replay draws a new seed on the device:
     two replays give different outputs, each equal to an eager call after the
