@@ -639,7 +639,7 @@ def test_linear_cross_entropy_peak_memory_cuda():
     weight's float32 gradient accumulator, not the tokens x V logits that
     F.linear + F.cross_entropy make (and their gradient)."""
     torch.manual_seed(0)
-    tokens, H, V, chunk = 16384, 1024, 32000, 1024
+    tokens, H, V, chunk = 32768, 256, 32000, 1024
     hidden = (torch.randn(tokens, H, device="cuda") * 0.1).bfloat16().requires_grad_()
     weight = (torch.randn(V, H, device="cuda") * 0.1).bfloat16().requires_grad_()
     t = random_target((tokens,), V, "cuda", ignored_every=7)
@@ -653,8 +653,9 @@ def test_linear_cross_entropy_peak_memory_cuda():
     ours = _peak_bytes(step(lambda: torch_oss.linear_cross_entropy(hidden, weight, t, chunk_size=chunk)))
     peer = _peak_bytes(step(lambda: F.cross_entropy(F.linear(hidden, weight), t)))
     grads = (tokens * H + V * H) * 2
-    # a chunk's logits (its gradient written over them) + weight's float32 accumulator + the gradients,
-    # and a quarter of that for the allocator's rounding and small tensors
-    bound = 1.25 * (chunk * V * 2 + V * H * 4 + grads)
+    # a chunk's logits (its gradient written over them), weight's float32 accumulator and its scaled
+    # copy in the backward, the gradients, 64 MiB for cuBLAS's workspace and small tensors, and a
+    # quarter of all that for the allocator's rounding
+    bound = 1.25 * (chunk * V * 2 + 2 * V * H * 4 + grads + 2**26)
     assert ours <= bound, (ours, bound)
     assert ours <= 0.25 * peer, (ours, peer)
