@@ -141,9 +141,7 @@ def decode_cases():
                                         (3, 2, 1, 1, 77, 80)):
             if D > max(dims):
                 continue
-            q = torch.randn(B, Hq, Lq, D, device="cuda", dtype=dtype)
-            k = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=dtype)
-            v = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=dtype)
+            q, k, v = random_qkv(B, Hq, Hkv, Lq, Lk, D, dtype)
             mask = torch.rand(B, 1, Lq, Lk, device="cuda") > 0.3
             cpu = [t.cpu().float() for t in (q, k, v)]
             for splits in (0, 1, 3):
@@ -190,6 +188,26 @@ def decode_cases():
             close(f"kvcache {dtype} paged vs contiguous", out, ref, tol)
 
 
+def random_qkv(B, Hq, Hkv, Lq, Lk, D, dtype):
+    """q (B, Hq, Lq, D), k and v (B, Hkv, Lk, D), standard normal, on the GPU."""
+    return (torch.randn(B, Hq, Lq, D, device="cuda", dtype=dtype),
+            torch.randn(B, Hkv, Lk, D, device="cuda", dtype=dtype),
+            torch.randn(B, Hkv, Lk, D, device="cuda", dtype=dtype))
+
+
+def close_forward_backward(name, cuda_out_lse, cpu_out_lse, leaves, cpu_leaves, names, tol):
+    """out and lse of the CUDA call against the CPU call's, then the gradients
+    of the named leaves for one random dout (tol * 20: they sum over rows)."""
+    (out, lse), (cout, clse) = cuda_out_lse, cpu_out_lse
+    close(name + " out", out, cout, tol)
+    close(name + " lse", lse, clse, tol)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    cout.backward(dout.cpu().float())
+    for g, cg, n in zip(leaves, cpu_leaves, names):
+        close(name + f" d{n}", g.grad, cg.grad, tol * 20)
+
+
 def variants_cases():
     """The attention kernels with the score variants (window, softcap, ALiBi,
     sinks and their gradient), forward and backward, in every dtype, default
@@ -197,9 +215,7 @@ def variants_cases():
     torch.manual_seed(4)
     for dtype, tol in ((torch.bfloat16, 3e-2), (torch.float16, 5e-3), (torch.float32, 1e-4)):
         for (B, Hq, Hkv, Lq, Lk, D) in ((1, 4, 2, 130, 300, 64), (2, 2, 2, 70, 45, 100), (1, 2, 1, 65, 190, 256)):
-            q = torch.randn(B, Hq, Lq, D, device="cuda", dtype=dtype)
-            k = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=dtype)
-            v = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=dtype)
+            q, k, v = random_qkv(B, Hq, Hkv, Lq, Lk, D, dtype)
             kw = dict(window_size=(40, 3), softcap=5.0, alibi_slopes=torch.rand(B, Hq, device="cuda") * 0.1,
                       causal_alignment="bottom_right", enable_gqa=Hq != Hkv)
             sinks = torch.randn(Hq, device="cuda")
@@ -210,13 +226,7 @@ def variants_cases():
                 ckw = dict(kw, alibi_slopes=kw["alibi_slopes"].cpu())
                 cout, clse = torch_oss.attention_with_lse(*cpu[:3], sinks=cpu[3], **ckw)
                 name = f"variants {dtype} {(B, Hq, Hkv, Lq, Lk, D)} deterministic={det}"
-                close(name + " out", out, cout, tol)
-                close(name + " lse", lse, clse, tol)
-                dout = torch.randn_like(out)
-                out.backward(dout)
-                cout.backward(dout.cpu().float())
-                for g, cg, n in zip(leaves, cpu, ("q", "k", "v", "sinks")):
-                    close(name + f" d{n}", g.grad, cg.grad, tol * 20)
+                close_forward_backward(name, (out, lse), (cout, clse), leaves, cpu, ("q", "k", "v", "sinks"), tol)
 
 
 def dropout_cases():
@@ -226,9 +236,7 @@ def dropout_cases():
     torch.manual_seed(5)
     for dtype, tol in ((torch.bfloat16, 3e-2), (torch.float16, 5e-3), (torch.float32, 1e-4)):
         for (B, Hq, Hkv, Lq, Lk, D) in ((1, 4, 2, 130, 300, 64), (2, 2, 2, 70, 45, 128), (1, 2, 1, 65, 190, 256)):
-            q = torch.randn(B, Hq, Lq, D, device="cuda", dtype=dtype)
-            k = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=dtype)
-            v = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=dtype)
+            q, k, v = random_qkv(B, Hq, Hkv, Lq, Lk, D, dtype)
             seed = torch.randint(-2**63, 2**63 - 1, (1,), dtype=torch.int64)
             for variants in (False, True):
                 window, softcap = ([40, 3], 5.0) if variants else ([-1, -1], 0.0)
@@ -241,15 +249,8 @@ def dropout_cases():
                         s_dev = None if sinks is None else sinks.to(dev)
                         outs.append(torch.ops.oss.attention(*ts, None, True, None, Hq != Hkv, "bottom_right", window,
                                                             softcap, None, s_dev, det, 0.3, seed.to(dev)))
-                    (out, lse), (cout, clse) = outs
                     name = f"dropout {dtype} {(B, Hq, Hkv, Lq, Lk, D)} variants={variants} deterministic={det}"
-                    close(name + " out", out, cout, tol)
-                    close(name + " lse", lse, clse, tol)
-                    dout = torch.randn_like(out)
-                    out.backward(dout)
-                    cout.backward(dout.cpu().float())
-                    for g, cg, n in zip(leaves, cpu, ("q", "k", "v")):
-                        close(name + f" d{n}", g.grad, cg.grad, tol * 20)
+                    close_forward_backward(name, outs[0], outs[1], leaves, cpu, ("q", "k", "v"), tol)
 
 
 def cross_entropy_cases():

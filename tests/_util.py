@@ -45,6 +45,21 @@ def cuda_param(value, *extra_marks):
     )
 
 
+def capture_cuda_graph(fn):
+    """fn() captured in a CUDA graph after one warm-up call on a side stream
+    (outside the capture, as CUDA graphs require): (graph, fn's outputs, which
+    each replay rewrites)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def seeded(seed):
     torch.manual_seed(seed)
 

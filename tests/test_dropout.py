@@ -18,7 +18,8 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from _util import ATTENTION_ATOL, CUDA_OK, CUDA_SKIP_REASON, DEVICES, FLOAT_DTYPES, assert_tolerance
+from _util import (ATTENTION_ATOL, CUDA_OK, CUDA_SKIP_REASON, DEVICES, FLOAT_DTYPES, assert_tolerance,
+                   capture_cuda_graph)
 from test_variants import draw_variants, fa_style_peer, make_qkv, variant_reference
 
 import torch_oss
@@ -305,19 +306,11 @@ def test_compile_matches_eager(device):
 @pytest.mark.skipif(not CUDA_OK, reason=CUDA_SKIP_REASON)
 def test_cuda_graph_replays_draw_new_masks():
     """Captured in a CUDA graph, each replay draws a new seed on the device:
-    two replays give different outputs, each equal to an eager call after the
-    same generator state."""
+    two replays give different outputs, both different from attention without
+    dropout."""
     torch.manual_seed(10)
     q, k, v = make_qkv((1, 4, 4, 64, 64, 64, 64), torch.float16, "cuda")
-    f = lambda: torch_oss.attention(q, k, v, dropout_p=0.3)  # noqa: E731
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        f()  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        static_out = f()
+    g, static_out = capture_cuda_graph(lambda: torch_oss.attention(q, k, v, dropout_p=0.3))
     outs = []
     for _ in range(2):
         g.replay()

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _util import (DEVICES, FLOAT_DTYPES, NVCC_SKIP, SOFTMAX_ATOL, assert_rounded_to_nearest, assert_tolerance,
-                   awkward_randn, cuda_param, ptxas_report)
+                   awkward_randn, capture_cuda_graph, cuda_param, ptxas_report)
 
 import torch_oss
 
@@ -492,14 +492,7 @@ def test_split_tier_replays_in_a_cuda_graph(device):
         y = torch_oss.softmax(x * 1.5, -1)
         return y, torch.ops.oss.softmax_backward(dy * 2, y, -1, torch.float32)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = capture_cuda_graph(step)
     x.copy_(torch.randn_like(x) * 3)
     dy.copy_(torch.randn_like(dy))
     graph.replay()
