@@ -1,6 +1,6 @@
 """`make bench`: the comparison benchmarks of docs/performance.md on the GPU when one
 is visible (else on the CPU, smaller grids): softmax, attention, the attention
-score variants, decode, cross-entropy (and the fused LM head + loss), and the Llama-style model when
+score variants, variable-length batches, decode, cross-entropy (and the fused LM head + loss), and the Llama-style model when
 transformers is installed. Tables
 on stdout; JSON and PNG plots under results/ (or $TORCH_OSS_RESULTS)."""
 
@@ -18,8 +18,8 @@ def run(script, *args):
 
 
 def main():
-    codes = [run("softmax.py"), run("attention.py"), run("variants.py"), run("decode.py"), run("cross_entropy.py"),
-             run("cross_entropy.py", "--linear")]
+    codes = [run("softmax.py"), run("attention.py"), run("variants.py"), run("varlen.py"), run("decode.py"),
+             run("cross_entropy.py"), run("cross_entropy.py", "--linear")]
     if os.path.exists(os.path.join(HERE, "model.py")):
         codes.append(run("model.py"))
     sys.exit(max(codes))

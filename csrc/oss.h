@@ -238,6 +238,26 @@ typedef struct oss_attention_params {
    * <= 1; not with the KV-cache fields. */
   double dropout_p;
   const uint64_t *dropout_seed;
+  /* Optional variable-length batch (both NULL: off; both or neither):
+   * cu_seqlens_q, cu_seqlens_k int32 [batch + 1] (device memory for CUDA,
+   * host memory for CPU), nondecreasing within [0, total_q] / [0, total_k].
+   * Sequence b is query rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of
+   * the packed q and out (dout, dq, out_residual) and key rows cu_seqlens_k[b]
+   * .. cu_seqlens_k[b + 1] - 1 of the packed k and v (dk, dv): each tensor's
+   * first stride is then ignored, row r of it lies at r * stride[2] and head h
+   * at h * stride[1]; total_q / total_k are the packed tensors' rows. len_q and
+   * len_k bound every sequence's lengths (they size grids and workspaces).
+   * Within a sequence everything is as for one batch entry of lengths
+   * (its len_q, its len_k): the causal rule, the variants' diagonal, ALiBi's
+   * batch row b, the dropout rule with batch index b. lse is then
+   * [heads_q, total_q] contiguous. Not with a mask or the KV-cache fields.
+   * The CPU checks the values; the CUDA kernels clamp every sequence inside
+   * the packed tensors and to len_q / len_k (nothing is read or written
+   * outside them; the rows of a longer sequence past those bounds are left
+   * unwritten), so the caller validates them when it cannot trust them. */
+  const int32_t *cu_seqlens_q;
+  const int32_t *cu_seqlens_k;
+  int64_t total_q, total_k;
 } oss_attention_params;
 
 typedef struct oss_attention_backward_params {

@@ -16,6 +16,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -615,7 +616,7 @@ void set_attention_variants(const char *op, const AttentionVariants &var, const 
 AttentionInputs prepare_attention(const char *op, const Tensor &query, const Tensor &key, const Tensor &value,
                                   const std::optional<Tensor> &attn_mask, bool is_causal,
                                   std::optional<double> scale, bool enable_gqa, c10::string_view causal_alignment,
-                                  const AttentionVariants &variants) {
+                                  const AttentionVariants &variants, int64_t variants_batch = -1) {
   const Tensor *named[3] = {&query, &key, &value};
   const char *names[3] = {"query", "key", "value"};
   for (int i = 0; i < 3; i++) {
@@ -665,7 +666,8 @@ AttentionInputs prepare_attention(const char *op, const Tensor &query, const Ten
   }
   Tensor alibi, sinks;
   oss_attention_params variant_fields{};
-  set_attention_variants(op, variants, query, B, Hq,
+  // a variable-length batch checks (batch, heads_q) ALiBi slopes against its sequences
+  set_attention_variants(op, variants, query, variants_batch >= 0 ? variants_batch : B, Hq,
                          alignment == "bottom_right" ? OSS_CAUSAL_BOTTOM_RIGHT : OSS_CAUSAL_TOP_LEFT, variant_fields,
                          alibi, sinks);
 #ifdef OSS_WITH_CUDA
@@ -909,6 +911,191 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_with_sinks_op(
       "attention_backward_with_sinks", grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
       causal_alignment, deterministic, out_residual,
       AttentionVariants{window_size, softcap, alibi_slopes, sinks_opt, dropout_p, &dropout_seed}, true);
+}
+
+// ---------------------------------------------------------------------------
+// Variable-length batches (oss.h cu_seqlens_q / cu_seqlens_k): packed q
+// (total_q, Hq, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv); sequence b is
+// rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q and cu_seqlens_k[b] .. of k
+// and v. The kernels see them as [1, H, total, D] views whose batch stride they
+// ignore; out is (total_q, Hq, Dv), lse (Hq, total_q). Shapes, dtypes and
+// devices are checked here; the CPU kernel checks the values of cu_seqlens, on
+// CUDA the Python wrapper does (a host synchronisation), and the kernels clamp
+// every sequence inside the packed tensors.
+// ---------------------------------------------------------------------------
+
+// A packed (total, heads, dim) tensor as the [1, heads, total, dim] view.
+Tensor packed_view(const Tensor &t) { return t.transpose(0, 1).unsqueeze(0); }
+
+struct VarlenInputs {
+  AttentionInputs in;
+  Tensor cu_q, cu_k;
+};
+
+VarlenInputs prepare_varlen(const char *op, const Tensor &q, const Tensor &k, const Tensor &v,
+                            const Tensor &cu_seqlens_q, const Tensor &cu_seqlens_k, int64_t max_seqlen_q,
+                            int64_t max_seqlen_k, bool is_causal, std::optional<double> scale,
+                            c10::string_view causal_alignment, const AttentionVariants &variants) {
+  const Tensor *named[3] = {&q, &k, &v};
+  const char *names[3] = {"q", "k", "v"};
+  for (int i = 0; i < 3; i++)
+    OSS_CHECK(named[i]->dim() == 3, Value, "%s: %s must be 3-D (total_tokens, heads, head_dim), got shape %s", op,
+              names[i], shape_str(named[i]->sizes()).c_str());
+  OSS_CHECK(v.size(0) == k.size(0), Value, "%s: v.size(0)=%lld (tokens) must equal k.size(0)=%lld", op,
+            LL(v.size(0)), LL(k.size(0)));
+  OSS_CHECK(v.size(1) == k.size(1), Value, "%s: v.size(1)=%lld (heads) must equal k.size(1)=%lld", op,
+            LL(v.size(1)), LL(k.size(1)));
+  const Tensor *cus[2] = {&cu_seqlens_q, &cu_seqlens_k};
+  const char *cu_names[2] = {"cu_seqlens_q", "cu_seqlens_k"};
+  for (int i = 0; i < 2; i++) {
+    const Tensor &c = *cus[i];
+    OSS_CHECK(c.scalar_type() == at::kInt, Type, "%s: %s.dtype=%s must be torch.int32", op, cu_names[i],
+              dtype_name(c.scalar_type()));
+    OSS_CHECK(c.dim() == 1 && c.size(0) >= 1, Value, "%s: %s must be 1-D with batch + 1 >= 1 entries, got shape %s",
+              op, cu_names[i], shape_str(c.sizes()).c_str());
+    OSS_CHECK(c.device() == q.device(), Value, "%s: %s is on %s but q is on %s", op, cu_names[i],
+              device_str(c).c_str(), device_str(q).c_str());
+  }
+  OSS_CHECK(cu_seqlens_q.size(0) == cu_seqlens_k.size(0), Value,
+            "%s: cu_seqlens_q has %lld entries but cu_seqlens_k has %lld (both batch + 1)", op,
+            LL(cu_seqlens_q.size(0)), LL(cu_seqlens_k.size(0)));
+  OSS_CHECK(max_seqlen_q >= 0 && max_seqlen_q <= INT_MAX - 1024, Value, "%s: max_seqlen_q=%lld must be in [0, %d]",
+            op, LL(max_seqlen_q), INT_MAX - 1024);
+  OSS_CHECK(max_seqlen_k >= 0 && max_seqlen_k <= INT_MAX - 1024, Value, "%s: max_seqlen_k=%lld must be in [0, %d]",
+            op, LL(max_seqlen_k), INT_MAX - 1024);
+  const int64_t batch = cu_seqlens_q.size(0) - 1;
+  VarlenInputs r;
+  r.in = prepare_attention(op, packed_view(q), packed_view(k), packed_view(v), std::nullopt, is_causal, scale,
+                           /*enable_gqa=*/true, causal_alignment, variants, batch);
+  r.cu_q = cu_seqlens_q.contiguous();
+  r.cu_k = cu_seqlens_k.contiguous();
+  oss_attention_params &p = r.in.p;
+  p.batch = batch;
+  p.len_q = max_seqlen_q;
+  p.len_k = max_seqlen_k;
+  p.total_q = q.size(0);
+  p.total_k = k.size(0);
+  p.cu_seqlens_q = r.cu_q.data_ptr<int32_t>();
+  p.cu_seqlens_k = r.cu_k.data_ptr<int32_t>();
+  return r;
+}
+
+std::tuple<Tensor, Tensor, Tensor> attention_varlen_op(
+    const Tensor &q, const Tensor &k, const Tensor &v, const Tensor &cu_seqlens_q, const Tensor &cu_seqlens_k,
+    int64_t max_seqlen_q, int64_t max_seqlen_k, bool is_causal, std::optional<double> scale,
+    c10::string_view causal_alignment, at::IntArrayRef window_size, double softcap,
+    const std::optional<Tensor> &alibi_slopes, const std::optional<Tensor> &sinks, std::optional<bool> deterministic,
+    double dropout_p, const std::optional<Tensor> &dropout_seed, bool return_residual) {
+  // deterministic (None: torch.are_deterministic_algorithms_enabled() at the
+  // call) is for the backward the autograd formula records; the forward is
+  // always deterministic
+  const char *op = "attention_varlen";
+  VarlenInputs r = prepare_varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
+                                  scale, causal_alignment,
+                                  AttentionVariants{window_size, softcap, alibi_slopes, sinks, dropout_p, &dropout_seed});
+  oss_attention_params &p = r.in.p;
+  Tensor out = at::empty({q.size(0), q.size(1), v.size(2)}, q.options());
+  Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(lse_dtype(q.scalar_type())));
+  Tensor residual = return_residual && is_half(q.scalar_type()) ? at::empty_like(out) : at::empty({0}, out.options());
+  if (out.numel() == 0 || p.batch == 0) return {out, lse, residual};
+  Tensor out4 = packed_view(out);
+  p.out = out.data_ptr();
+  fill_strides3(out4, p.out_stride);
+  p.lse = lse.data_ptr();
+  p.out_residual = residual.numel() ? residual.data_ptr() : nullptr;  // out's strides
+#ifdef OSS_WITH_CUDA
+  if (q.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(q.device());
+    Tensor ws = cuda_workspace(q, oss_attention_forward_workspace_size_cuda(&p));
+    check_status(op, oss_attention_forward_cuda(&p, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
+    return {out, lse, residual};
+  }
+#endif
+  check_status(op, oss_attention_forward_cpu(&p, &cpu_exec));
+  return {out, lse, residual};
+}
+
+// dq, dk, dv and the sinks' gradient in their dtype (an empty tensor without sinks).
+std::tuple<Tensor, Tensor, Tensor, Tensor> attention_varlen_backward_op(
+    const Tensor &grad_out, const Tensor &q, const Tensor &k, const Tensor &v, const Tensor &out, const Tensor &lse,
+    const Tensor &cu_seqlens_q, const Tensor &cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+    bool is_causal, std::optional<double> scale, c10::string_view causal_alignment, bool deterministic,
+    const std::optional<Tensor> &out_residual, at::IntArrayRef window_size, double softcap,
+    const std::optional<Tensor> &alibi_slopes, const std::optional<Tensor> &sinks, double dropout_p,
+    const std::optional<Tensor> &dropout_seed) {
+  const char *op = "attention_varlen_backward";
+  VarlenInputs r = prepare_varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
+                                  scale, causal_alignment,
+                                  AttentionVariants{window_size, softcap, alibi_slopes, sinks, dropout_p, &dropout_seed});
+  oss_attention_backward_params bp{};
+  bp.fwd = r.in.p;
+  const std::vector<int64_t> out_shape = {q.size(0), q.size(1), v.size(2)};
+  const std::vector<int64_t> lse_shape = {q.size(1), q.size(0)};
+  const Tensor *named[3] = {&grad_out, &out, &lse};
+  const char *names[3] = {"grad_out", "out", "lse"};
+  const std::vector<int64_t> *want[3] = {&out_shape, &out_shape, &lse_shape};
+  for (int i = 0; i < 3; i++) {
+    OSS_CHECK(named[i]->sizes() == at::IntArrayRef(*want[i]), Value, "%s: %s has shape %s, expected %s", op,
+              names[i], shape_str(named[i]->sizes()).c_str(), shape_str(*want[i]).c_str());
+    OSS_CHECK(named[i]->device() == q.device(), Value, "%s: %s is on %s but q is on %s", op, names[i],
+              device_str(*named[i]).c_str(), device_str(q).c_str());
+  }
+  OSS_CHECK(out.scalar_type() == q.scalar_type(), Type, "%s: out.dtype=%s must equal q.dtype=%s", op,
+            dtype_name(out.scalar_type()), dtype_name(q.scalar_type()));
+  OSS_CHECK(is_kernel_float(grad_out.scalar_type()), Type, "%s: grad_out has dtype %s but must be a floating type",
+            op, dtype_name(grad_out.scalar_type()));
+  OSS_CHECK(lse.scalar_type() == lse_dtype(q.scalar_type()), Type,
+            "%s: lse has dtype %s but the forward of %s inputs produces %s", op, dtype_name(lse.scalar_type()),
+            dtype_name(q.scalar_type()), dtype_name(lse_dtype(q.scalar_type())));
+  const bool use_residual = out_residual.has_value() && out_residual->numel() > 0;
+  if (use_residual) {
+    OSS_CHECK(is_half(q.scalar_type()), Value, "%s: out_residual is only for float16/bfloat16 inputs, not %s", op,
+              dtype_name(q.scalar_type()));
+    OSS_CHECK(out_residual->sizes() == out.sizes() && out_residual->scalar_type() == out.scalar_type() &&
+                  out_residual->device() == q.device(),
+              Value, "%s: out_residual must match out (shape %s, dtype %s, device %s)", op,
+              shape_str(out.sizes()).c_str(), dtype_name(out.scalar_type()), device_str(out).c_str());
+  }
+  const bool want_dsinks = given(sinks);
+  Tensor o = use_residual ? out.contiguous() : last_dim_contiguous(out);
+  Tensor o_res = use_residual ? out_residual->contiguous() : Tensor();
+  Tensor dout = last_dim_contiguous(grad_out.to(q.scalar_type()));
+  Tensor lse_c = lse.contiguous();
+  // zeroed: rows outside every sequence get 0
+  Tensor dq = at::zeros(q.sizes(), q.options());
+  Tensor dk = at::zeros(k.sizes(), k.options());
+  Tensor dv = at::zeros(v.sizes(), v.options());
+  Tensor dsinks = want_dsinks ? at::zeros({q.size(1)}, q.options().dtype(at::kFloat)) : Tensor();
+  auto result = [&]() -> std::tuple<Tensor, Tensor, Tensor, Tensor> {
+    return {dq, dk, dv, want_dsinks ? dsinks.to(sinks->scalar_type()) : at::empty({0}, q.options())};
+  };
+  if (bp.fwd.batch == 0 || q.size(1) == 0) return result();
+  Tensor o4 = packed_view(o), dout4 = packed_view(dout), dq4 = packed_view(dq), dk4 = packed_view(dk),
+         dv4 = packed_view(dv);
+  bp.fwd.out = o.data_ptr();
+  fill_strides3(o4, bp.fwd.out_stride);
+  bp.fwd.out_residual = use_residual ? o_res.data_ptr() : nullptr;
+  bp.fwd.lse = lse_c.data_ptr();
+  bp.dout = dout.data_ptr();
+  fill_strides3(dout4, bp.dout_stride);
+  bp.dq = dq.data_ptr();
+  fill_strides3(dq4, bp.dq_stride);
+  bp.dk = dk.data_ptr();
+  fill_strides3(dk4, bp.dk_stride);
+  bp.dv = dv.data_ptr();
+  fill_strides3(dv4, bp.dv_stride);
+  bp.deterministic = deterministic;
+  bp.dsinks = want_dsinks ? dsinks.data_ptr<float>() : nullptr;
+#ifdef OSS_WITH_CUDA
+  if (q.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(q.device());
+    Tensor ws = cuda_workspace(q, oss_attention_backward_workspace_size_cuda(&bp));
+    check_status(op, oss_attention_backward_cuda(&bp, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
+    return result();
+  }
+#endif
+  check_status(op, oss_attention_backward_cpu(&bp, &cpu_exec));
+  return result();
 }
 
 // ---------------------------------------------------------------------------
@@ -1587,6 +1774,18 @@ TORCH_LIBRARY(oss, m) {
       "int[2] window_size=[-1, -1], float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None) -> "
       "(Tensor out, Tensor lse)");
   m.def(
+      "attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+      "int max_seqlen_k, bool is_causal=False, float? scale=None, str causal_alignment=\"bottom_right\", "
+      "int[2] window_size=[-1, -1], float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None, "
+      "bool? deterministic=None, float dropout_p=0.0, Tensor? dropout_seed=None, bool return_residual=False) -> "
+      "(Tensor out, Tensor lse, Tensor out_residual)");
+  m.def(
+      "attention_varlen_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+      "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool is_causal, float? scale, "
+      "str causal_alignment, bool deterministic, Tensor? out_residual=None, int[2] window_size=[-1, -1], "
+      "float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None, float dropout_p=0.0, "
+      "Tensor? dropout_seed=None) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v, Tensor grad_sinks)");
+  m.def(
       "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, float label_smoothing=0.0, "
       "float z_loss=0.0) -> (Tensor loss, Tensor lse)");
   m.def(
@@ -1610,6 +1809,8 @@ TORCH_LIBRARY_IMPL(oss, CPU, m) {
   m.impl("attention_backward", &attention_backward_op);
   m.impl("attention_backward_with_sinks", &attention_backward_with_sinks_op);
   m.impl("attention_with_kvcache", &attention_with_kvcache_op);
+  m.impl("attention_varlen", &attention_varlen_op);
+  m.impl("attention_varlen_backward", &attention_varlen_backward_op);
   m.impl("cross_entropy", &cross_entropy_op);
   m.impl("cross_entropy_backward", &cross_entropy_backward_op);
   m.impl("cross_entropy_forward_backward", &cross_entropy_forward_backward_op);
@@ -1641,6 +1842,8 @@ TORCH_LIBRARY_IMPL(oss, CUDA, m) {
   m.impl("attention_backward", &attention_backward_op);
   m.impl("attention_backward_with_sinks", &attention_backward_with_sinks_op);
   m.impl("attention_with_kvcache", &attention_with_kvcache_op);
+  m.impl("attention_varlen", &attention_varlen_op);
+  m.impl("attention_varlen_backward", &attention_varlen_backward_op);
   m.impl("cross_entropy", &cross_entropy_op);
   m.impl("cross_entropy_backward", &cross_entropy_backward_op);
   m.impl("cross_entropy_forward_backward", &cross_entropy_forward_backward_op);

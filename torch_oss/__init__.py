@@ -1,8 +1,8 @@
 """torch_oss: open softmax and FlashAttention-style attention kernels for PyTorch.
 
-Importing the package registers torch.ops.oss.{softmax, log_softmax, attention}
-and their backward ops, with fake functions and autograd formulas, so they
-work in eager mode, under autograd and under torch.compile.
+Importing the package registers torch.ops.oss.{softmax, log_softmax, attention,
+attention_varlen} and their backward ops, with fake functions and autograd
+formulas, so they work in eager mode, under autograd and under torch.compile.
 """
 
 import torch  # noqa: F401  (the extension links against torch's libraries)
@@ -15,10 +15,11 @@ from .kv_cache import attention_with_kvcache
 from .patching import (FallbackError, FallbackWarning, disable, enable, enabled, fallback_stats, is_enabled,
                        reset_fallback_stats)
 from .transformers_integration import register_transformers
+from .varlen import attention_varlen
 
 __version__ = "0.1.0"
-__all__ = ["softmax", "log_softmax", "attention", "attention_with_lse", "attention_with_kvcache", "build_info",
-           "__version__"]
+__all__ = ["softmax", "log_softmax", "attention", "attention_with_lse", "attention_with_kvcache", "attention_varlen",
+           "build_info", "__version__"]
 __all__ += ["enable", "disable", "enabled", "is_enabled", "fallback_stats", "reset_fallback_stats", "FallbackWarning",
             "FallbackError", "register_transformers"]
 

@@ -133,6 +133,115 @@ def _attention_backward_with_sinks_fake(grad_out, query, key, value, out, lse, a
 
 
 # ---------------------------------------------------------------------------
+# attention_varlen (packed variable-length batches)
+# ---------------------------------------------------------------------------
+
+
+def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False,
+                           scale=None, causal_alignment="bottom_right", window_size=(-1, -1), softcap=0.0,
+                           alibi_slopes=None, sinks=None, deterministic=None, dropout_p=0.0, dropout_seed=None,
+                           return_residual=False):
+    op = "attention_varlen"
+    _check_same_device(op, [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
+                            ("cu_seqlens_k", cu_seqlens_k), ("alibi_slopes", alibi_slopes), ("sinks", sinks),
+                            ("dropout_seed", dropout_seed)])
+    _check_dropout(op, dropout_p, dropout_seed)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        torch._check_value(t.dim() == 3, lambda: f"{op}: {name} must be 3-D, got {t.dim()}-D")
+    torch._check_type(k.dtype == q.dtype and v.dtype == q.dtype,
+                      lambda: f"{op}: q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
+    torch._check_value(k.shape[2] == q.shape[2],
+                       lambda: f"{op}: k.size(2)={k.shape[2]} must equal q.size(2)={q.shape[2]}")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        torch._check_type(t.dtype == torch.int32, lambda: f"{op}: {name}.dtype={t.dtype} must be torch.int32")
+        torch._check_value(t.dim() == 1, lambda: f"{op}: {name} must be 1-D (batch + 1,), got {t.dim()}-D")
+    torch._check_value(cu_seqlens_q.shape[0] == cu_seqlens_k.shape[0],
+                       lambda: f"{op}: cu_seqlens_q and cu_seqlens_k must have the same batch + 1 entries")
+    if sinks is not None:
+        torch._check_value(sinks.dim() == 1 and sinks.shape[0] == q.shape[1],
+                           lambda: f"{op}: sinks must have shape (heads_q,) = ({q.shape[1]},), got "
+                           f"{tuple(sinks.shape)}")
+    total_q, heads_q = q.shape[0], q.shape[1]
+    out = q.new_empty((total_q, heads_q, v.shape[2]))
+    lse = q.new_empty((heads_q, total_q), dtype=_lse_dtype(q.dtype))
+    residual = out.new_empty(out.shape if return_residual and q.dtype in (torch.float16, torch.bfloat16) else (0,))
+    return out, lse, residual
+
+
+def _attention_varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, is_causal, scale, causal_alignment, deterministic, out_residual=None,
+                                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0,
+                                    dropout_seed=None):
+    op = "attention_varlen_backward"
+    _check_same_device(op, [("q", q), ("k", k), ("v", v), ("grad_out", grad_out), ("out", out), ("lse", lse),
+                            ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
+                            ("out_residual", out_residual), ("alibi_slopes", alibi_slopes), ("sinks", sinks),
+                            ("dropout_seed", dropout_seed)])
+    _check_dropout(op, dropout_p, dropout_seed)
+    torch._check_value(grad_out.shape == out.shape,
+                       lambda: f"{op}: grad_out has shape {tuple(grad_out.shape)} but out has {tuple(out.shape)}")
+    grad_sinks = sinks.new_empty(sinks.shape) if sinks is not None else q.new_empty((0,))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), grad_sinks
+
+
+# The forward's inputs, in schema order: q, k, v, cu_seqlens_q, cu_seqlens_k,
+# max_seqlen_q, max_seqlen_k, is_causal, scale, causal_alignment, window_size,
+# softcap, alibi_slopes, sinks, deterministic, dropout_p, dropout_seed,
+# return_residual.
+_VARLEN_INPUTS, _VARLEN_SINKS = 18, 13
+
+
+def _attention_varlen_setup_context(ctx, inputs, output):
+    (q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, alignment, window_size, softcap, alibi_slopes, sinks,
+     deterministic, dropout_p, dropout_seed, return_residual) = inputs
+    out, lse, residual = output
+    ctx.mark_non_differentiable(lse, residual)
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, residual if return_residual and half else None,
+                          alibi_slopes, sinks, dropout_seed if dropout_p > 0 else None)
+    if deterministic is None:  # the setting when the forward ran, as for attention
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    # the scalar arguments of the backward op, in its order around deterministic
+    ctx.varlen_args = (max_q, max_k, is_causal, scale, alignment, bool(deterministic))
+    ctx.variant_args = (list(window_size), softcap)
+    ctx.dropout_p = dropout_p
+
+
+def _attention_varlen_backward(ctx, grad_out, grad_lse, grad_residual):
+    """dq, dk, dv and d sinks by oss::attention_varlen_backward (lse and the
+    residual carry no gradient)."""
+    q, k, v, out, lse, cu_q, cu_k, residual, alibi_slopes, sinks, dropout_seed = ctx.saved_tensors
+    needs = ctx.needs_input_grad  # the trailing defaulted inputs may be absent
+    want = [needs[0], needs[1], needs[2], sinks is not None and len(needs) > _VARLEN_SINKS and needs[_VARLEN_SINKS]]
+    grads = [None] * _VARLEN_INPUTS
+    if not any(want):
+        return tuple(grads)
+    dq, dk, dv, dsinks = torch.ops.oss.attention_varlen_backward(
+        grad_out, q, k, v, out, lse, cu_q, cu_k, *ctx.varlen_args, residual, *ctx.variant_args, alibi_slopes, sinks,
+        ctx.dropout_p, dropout_seed)
+    for index, grad, wanted in zip((0, 1, 2, _VARLEN_SINKS), (dq, dk, dv, dsinks), want):
+        grads[index] = grad if wanted else None
+    return tuple(grads)
+
+
+_VARLEN_DOUBLE_BACKWARD = (
+    "torch_oss.attention_varlen: double backward is not supported: the gradient of attention_varlen's backward (a "
+    "second derivative, as autograd.grad(..., create_graph=True) or backward(create_graph=True) would build) is "
+    "not implemented. Compute the first gradient without create_graph=True")
+
+
+def _attention_varlen_backward_setup_context(ctx, inputs, output):
+    """Runs when the backward op is called with inputs that require grad and
+    grad mode on, i.e. when a graph would be built through it: refused there,
+    as for attention, rather than when that graph is used."""
+    raise NotImplementedError(_VARLEN_DOUBLE_BACKWARD)
+
+
+def _attention_varlen_double_backward(ctx, *grads):
+    raise NotImplementedError(_VARLEN_DOUBLE_BACKWARD)
+
+
+# ---------------------------------------------------------------------------
 # cross_entropy
 # ---------------------------------------------------------------------------
 
@@ -259,6 +368,13 @@ def register():
     torch.library.register_fake(f"{lib}::attention_backward", _attention_backward_fake)
     torch.library.register_fake(f"{lib}::attention_backward_with_sinks", _attention_backward_with_sinks_fake)
     torch.library.register_fake(f"{lib}::attention_with_kvcache", _attention_with_kvcache_fake)
+    torch.library.register_fake(f"{lib}::attention_varlen", _attention_varlen_fake)
+    torch.library.register_fake(f"{lib}::attention_varlen_backward", _attention_varlen_backward_fake)
+    # attention_varlen's formula is here, the op's schema taking no deterministic flag (varlen.py passes it)
+    torch.library.register_autograd(f"{lib}::attention_varlen", _attention_varlen_backward,
+                                    setup_context=_attention_varlen_setup_context)
+    torch.library.register_autograd(f"{lib}::attention_varlen_backward", _attention_varlen_double_backward,
+                                    setup_context=_attention_varlen_backward_setup_context)
     torch.library.register_fake(f"{lib}::cross_entropy", _cross_entropy_fake)
     torch.library.register_fake(f"{lib}::cross_entropy_backward", _cross_entropy_backward_fake)
     # (their Autograd kernels, in C++, refuse differentiation: they compute a

@@ -23,6 +23,63 @@
  * block is 4 rows by 64 bytes of columns. */
 enum { OSS_BR = 32, OSS_BC = 64 };
 
+/* ---- variable-length batches (oss.h cu_seqlens_q / cu_seqlens_k) ------------- */
+
+static size_t attention_elem_size(oss_dtype t) {
+  return t == OSS_FLOAT64 ? 8 : t == OSS_FLOAT32 ? 4 : 2;
+}
+
+static const void *attention_rows_at(const void *base, oss_dtype t, int64_t row, int64_t row_stride) {
+  return base == NULL ? NULL : (const char *)base + (size_t)(row * row_stride) * attention_elem_size(t);
+}
+
+/* The params of sequence b of a variable-length batch, as one batch entry of
+ * its own lengths: pointers moved to its first rows, batch strides 0 (so
+ * index b still names it for ALiBi, dropout and the sinks' shares), lse moved
+ * to its first column of [heads_q, total_q] (attention_lse_at). Without
+ * cu_seqlens, p itself. The values were checked (check_varlen). */
+static const oss_attention_params *attention_seq_params(const oss_attention_params *p, int64_t b,
+                                                        oss_attention_params *view) {
+  if (p->cu_seqlens_q == NULL) return p;
+  const int64_t q0 = p->cu_seqlens_q[b], k0 = p->cu_seqlens_k[b];
+  *view = *p;
+  view->len_q = p->cu_seqlens_q[b + 1] - q0;
+  view->len_k = p->cu_seqlens_k[b + 1] - k0;
+  view->q = attention_rows_at(p->q, p->dtype, q0, p->q_stride[2]);
+  view->k = attention_rows_at(p->k, p->dtype, k0, p->k_stride[2]);
+  view->v = attention_rows_at(p->v, p->dtype, k0, p->v_stride[2]);
+  view->out = (void *)attention_rows_at(p->out, p->dtype, q0, p->out_stride[2]);
+  view->out_residual = (void *)attention_rows_at(p->out_residual, p->dtype, q0, p->out_stride[2]);
+  view->lse = (char *)p->lse + (size_t)q0 * (p->dtype == OSS_FLOAT64 ? 8 : 4);
+  view->q_stride[0] = view->k_stride[0] = view->v_stride[0] = view->out_stride[0] = 0;
+  return view;
+}
+
+/* The backward's params of sequence b (attention_seq_params, and the
+ * gradients' pointers moved alike). */
+static const oss_attention_backward_params *attention_seq_backward_params(const oss_attention_backward_params *bp,
+                                                                          int64_t b,
+                                                                          oss_attention_backward_params *view) {
+  if (bp->fwd.cu_seqlens_q == NULL) return bp;
+  *view = *bp;
+  attention_seq_params(&bp->fwd, b, &view->fwd);
+  const oss_dtype t = bp->fwd.dtype;
+  const int64_t q0 = bp->fwd.cu_seqlens_q[b], k0 = bp->fwd.cu_seqlens_k[b];
+  view->dout = attention_rows_at(bp->dout, t, q0, bp->dout_stride[2]);
+  view->dq = (void *)attention_rows_at(bp->dq, t, q0, bp->dq_stride[2]);
+  view->dk = (void *)attention_rows_at(bp->dk, t, k0, bp->dk_stride[2]);
+  view->dv = (void *)attention_rows_at(bp->dv, t, k0, bp->dv_stride[2]);
+  view->dout_stride[0] = view->dq_stride[0] = view->dk_stride[0] = view->dv_stride[0] = 0;
+  return view;
+}
+
+/* Offset in lse of row 0 of (b, h): [batch, heads_q, len_q], or with
+ * cu_seqlens [heads_q, total_q] from the sequence's first column (p a
+ * sequence's params). */
+static int64_t attention_lse_at(const oss_attention_params *p, int64_t b, int64_t h) {
+  return p->cu_seqlens_q != NULL ? h * p->total_q : (b * p->heads_q + h) * p->len_q;
+}
+
 #define OSS_GENERIC_BODY "attention_generic.h"
 #include "cpu_precisions.h"
 
@@ -50,6 +107,40 @@ static oss_status check_kv_cache(const char *op, const oss_attention_params *p) 
       if (page < 0 || page >= p->num_pages)
         return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: block_table[%lld][%lld]=%lld is outside [0, %lld)", op,
                         (long long)b, (long long)j, (long long)page, (long long)p->num_pages);
+    }
+  }
+  return OSS_OK;
+}
+
+/* The variable-length fields (oss.h): both or neither, no mask or KV cache,
+ * and every sequence inside the packed tensors and the length bounds. */
+static oss_status check_varlen(const char *op, const oss_attention_params *p) {
+  if (p->cu_seqlens_q == NULL && p->cu_seqlens_k == NULL) return OSS_OK;
+  if (p->cu_seqlens_q == NULL || p->cu_seqlens_k == NULL)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: cu_seqlens_q and cu_seqlens_k must be given together", op);
+  if (p->mask_kind != OSS_MASK_NONE || p->seqlens_k != NULL || p->block_table != NULL)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED, "%s: cu_seqlens do not combine with a mask or the KV-cache fields", op);
+  const struct {
+    const char *name;
+    const int32_t *cu;
+    int64_t total, bound;
+  } sides[2] = {{"cu_seqlens_q", p->cu_seqlens_q, p->total_q, p->len_q},
+                {"cu_seqlens_k", p->cu_seqlens_k, p->total_k, p->len_k}};
+  for (int s = 0; s < 2; s++) {
+    if (sides[s].cu[0] < 0 || sides[s].cu[0] > sides[s].total)
+      return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: %s[0]=%d is outside [0, %lld] (the packed rows)", op,
+                      sides[s].name, (int)sides[s].cu[0], (long long)sides[s].total);
+    for (int64_t b = 0; b < p->batch; b++) {
+      const int64_t lo = sides[s].cu[b], hi = sides[s].cu[b + 1];
+      if (hi < lo || hi > sides[s].total)
+        return oss_fail(OSS_ERROR_INVALID_ARGUMENT,
+                        "%s: %s[%lld]=%lld must be in [%s[%lld]=%lld, %lld] (nondecreasing, within the packed rows)",
+                        op, sides[s].name, (long long)(b + 1), (long long)hi, sides[s].name, (long long)b,
+                        (long long)lo, (long long)sides[s].total);
+      if (hi - lo > sides[s].bound)
+        return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: sequence %lld has %lld %s, more than the bound %s=%lld", op,
+                        (long long)b, (long long)(hi - lo), s == 0 ? "query rows" : "keys",
+                        s == 0 ? "max_seqlen_q" : "max_seqlen_k", (long long)sides[s].bound);
     }
   }
   return OSS_OK;
@@ -94,7 +185,8 @@ static oss_status check_params(const char *op, const oss_attention_params *p) {
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: dropout_p > 0 needs dropout_seed", op);
   if (p->dropout_p > 0 && (p->seqlens_k != NULL || p->block_table != NULL))
     return oss_fail(OSS_ERROR_NOT_SUPPORTED, "%s: dropout is not supported with the KV-cache fields", op);
-  return check_kv_cache(op, p);
+  const oss_status st = check_varlen(op, p);
+  return st != OSS_OK ? st : check_kv_cache(op, p);
 }
 
 oss_status oss_attention_forward_cpu(const oss_attention_params *p, const oss_cpu_exec *exec) {

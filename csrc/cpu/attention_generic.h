@@ -341,7 +341,8 @@ typedef struct FN(attention_task_ctx) {
 OSS_VECTOR_CLONES
 static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
   FN(attention_task_ctx) *ctx = (FN(attention_task_ctx) *)vctx;
-  const oss_attention_params *p = (const oss_attention_params *)ctx->params;
+  const oss_attention_params *all = (const oss_attention_params *)ctx->params, *p = all;
+  oss_attention_params seq; /* a variable-length batch's sequence b (attention_seq_params) */
   const int64_t D = p->head_dim, Dv = p->head_dim_v, group = p->heads_q / p->heads_kv;
   const int64_t qblocks = (p->len_q + OSS_BR - 1) / OSS_BR;
   double Sd[OSS_BR * OSS_BC], m[OSS_BR]; /* scores and row maxes in double */
@@ -359,8 +360,10 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
   REAL *Q = scratch, *K = Q + OSS_BR * D, *Kt = K + OSS_BC * D, *V = Kt + OSS_BC * D, *S = V + OSS_BC * Dv,
        *O = S + OSS_BR * OSS_BC, *l = O + OSS_BR * Dv, *lse = l + OSS_BR, *R = lse + OSS_BR;
   for (int64_t task = begin; task < end; task++) {
-    const int64_t b = task / (p->heads_q * qblocks), h = task / qblocks % p->heads_q;
+    const int64_t b = task / (all->heads_q * qblocks), h = task / qblocks % all->heads_q;
     const int64_t hk = h / group, i0 = task % qblocks * OSS_BR;
+    p = attention_seq_params(all, b, &seq);
+    if (i0 >= p->len_q) continue; /* past a shorter sequence's rows */
     const int64_t rows = p->len_q - i0 < OSS_BR ? p->len_q - i0 : OSS_BR;
     FN(load_rows)(p->q, p->dtype, p->q_stride, b, h, i0, rows, D, Q);
     FN(widen)(Q, rows * D, Qd);
@@ -421,7 +424,7 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
         R[x] = oss_output_residual((float)O[x], (float)R[x], p->dtype == OSS_BFLOAT16);
       FN(store_rows)(p->out_residual, p->dtype, p->out_stride, b, h, i0, rows, Dv, R);
     }
-    LSE_T *lse_out = (LSE_T *)p->lse + (b * p->heads_q + h) * p->len_q + i0;
+    LSE_T *lse_out = (LSE_T *)p->lse + attention_lse_at(p, b, h) + i0;
     for (int64_t r = 0; r < rows; r++) lse_out[r] = (LSE_T)lse[r];
   }
   free(scratch);
@@ -474,8 +477,10 @@ static void FN(store_acc_rows)(void *base, oss_dtype dtype, const int64_t stride
 OSS_VECTOR_CLONES
 static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
   FN(attention_task_ctx) *ctx = (FN(attention_task_ctx) *)vctx;
-  const oss_attention_backward_params *bp = (const oss_attention_backward_params *)ctx->params;
+  const oss_attention_backward_params *all = (const oss_attention_backward_params *)ctx->params, *bp = all;
+  oss_attention_backward_params seq; /* a variable-length batch's sequence b */
   const oss_attention_params *p = &bp->fwd;
+  /* Lk bounds every task's keys (with cu_seqlens a sequence has its own, Lkb <= Lk) */
   const int64_t D = p->head_dim, Dv = p->head_dim_v, group = p->heads_q / p->heads_kv, Lk = p->len_k;
   const int64_t W = D > Dv ? D : Dv;
   const size_t tile = (size_t)(OSS_BR * D + OSS_BR * Dv + OSS_BC * D * 2 + OSS_BC * Dv * 2 + OSS_BR * OSS_BC * 3 +
@@ -501,7 +506,10 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
   double *Gp = p->softcap > 0 ? G : NULL;
   const double scale = p->scale;
   for (int64_t task = begin; task < end; task++) {
-    const int64_t b = task / p->heads_kv, hk = task % p->heads_kv;
+    const int64_t b = task / all->fwd.heads_kv, hk = task % all->fwd.heads_kv;
+    bp = attention_seq_backward_params(all, b, &seq);
+    p = &bp->fwd;
+    const int64_t Lkb = p->len_k;
     for (int64_t x = 0; x < Lk * (D + Dv); x++) dK[x] = 0; /* dV follows dK */
     for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
       const double sink = FN(sink_of)(p, h);
@@ -519,7 +527,7 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
          * which these are a block: this block's share of its gradient) */
         for (int64_t r = 0; r < rows; r++) m[r] = sink, l[r] = sink == -INFINITY ? 0 : 1, Drow[r] = 0;
         if (bp->keys_subset) {
-          const LSE_T *lse_in = (const LSE_T *)p->lse + (b * p->heads_q + h) * p->len_q + i0;
+          const LSE_T *lse_in = (const LSE_T *)p->lse + attention_lse_at(p, b, h) + i0;
           FN(load_rows)(p->out, p->dtype, p->out_stride, b, h, i0, rows, Dv, prod);
           for (int64_t r = 0; r < rows; r++) {
             const double lr = (double)lse_in[r];
@@ -589,8 +597,8 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
       }
       if (ctx->dsink_partial != NULL) ctx->dsink_partial[b * p->heads_q + h] = dsink;
     }
-    FN(store_acc_rows)(bp->dk, p->dtype, bp->dk_stride, b, hk, 0, Lk, D, dK, row_tmp);
-    FN(store_acc_rows)(bp->dv, p->dtype, bp->dv_stride, b, hk, 0, Lk, Dv, dV, row_tmp);
+    FN(store_acc_rows)(bp->dk, p->dtype, bp->dk_stride, b, hk, 0, Lkb, D, dK, row_tmp);
+    FN(store_acc_rows)(bp->dv, p->dtype, bp->dv_stride, b, hk, 0, Lkb, Dv, dV, row_tmp);
   }
   free(scratch);
   free(acc);

@@ -24,6 +24,13 @@
  * in device memory (read by the kernels, never here). Not with the KV-cache
  * fields; the backward not with keys_subset.
  *
+ * Variable-length batches (params->cu_seqlens_q / cu_seqlens_k): every
+ * kernel but the decode one serves them, each block first turning the
+ * arguments into its sequence's (oss_attn_seq_view: rows, lengths, diagonals
+ * from the device-side offsets, clamped into the packed tensors); grids and
+ * workspaces follow the length bounds len_q / len_k, and blocks past a
+ * shorter sequence return at once. dQ is not centred there.
+ *
  * Backward, tensor cores: a pre-pass computes D = rowsum(dO * O) (O plus its
  * rounding residual when given, so D carries no rounding of out) and the lse
  * in kernel units (workspace); the default mode also zeroes a float32 dQ
@@ -223,6 +230,16 @@ static oss_status oss_attn_validate(const oss_attention_params *p) {
   if ((p->seqlens_k != NULL || p->block_table != NULL) && !oss_attn_is_tc(p->dtype))
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
                     "attention: the KV-cache fields (seqlens_k, block_table) need float16 or bfloat16 inputs on CUDA");
+  if ((p->cu_seqlens_q == NULL) != (p->cu_seqlens_k == NULL))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: cu_seqlens_q and cu_seqlens_k must be given together");
+  if (p->cu_seqlens_q != NULL) {
+    if (p->mask_kind != OSS_MASK_NONE || p->seqlens_k != NULL || p->block_table != NULL)
+      return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                      "attention: cu_seqlens do not combine with a mask or the KV-cache fields");
+    if (p->total_q < 0 || p->total_k < 0 || p->total_q > INT_MAX - 1024 || p->total_k > INT_MAX - 1024)
+      return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->total_q=%lld and total_k=%lld must be in [0, %d]",
+                      (long long)p->total_q, (long long)p->total_k, INT_MAX - 1024);
+  }
   return OSS_OK;
 }
 
@@ -279,6 +296,15 @@ static void oss_attn_fill_args(const oss_attention_params *p, oss_attn_args *a) 
     a->alibi_sb = p->alibi_stride_batch;
     a->sinks = p->sinks;
   }
+  if (p->cu_seqlens_q != NULL) { /* packed rows: every batch stride 0 (oss_attn_seq_view) */
+    a->cu_q = p->cu_seqlens_q;
+    a->cu_k = p->cu_seqlens_k;
+    a->total_q = p->total_q;
+    a->total_k = p->total_k;
+    a->var_bottom_right = a->variants && (p->window_diagonal == OSS_CAUSAL_BOTTOM_RIGHT ||
+                                          p->causal == OSS_CAUSAL_BOTTOM_RIGHT);
+    a->q_s[0] = a->k_s[0] = a->v_s[0] = a->o_s[0] = 0;
+  }
   if (p->dropout_p > 0.0) { /* the seed stays in device memory: the kernels read it */
     a->drop_seed = p->dropout_seed;
     a->drop_thr = oss_dropout_threshold(p->dropout_p);
@@ -287,9 +313,9 @@ static void oss_attn_fill_args(const oss_attention_params *p, oss_attn_args *a) 
   }
   const size_t es = oss_attn_elem_size(p->dtype);
   /* a paged cache's first dim is its pages, and a page holds page_size rows */
-  const int64_t nq[3] = {p->batch, p->heads_q, p->len_q},
+  const int64_t nq[3] = {p->batch, p->heads_q, p->cu_seqlens_q ? p->total_q : p->len_q},
                 nk[3] = {p->block_table ? p->num_pages : p->batch, p->heads_kv,
-                         p->block_table ? p->page_size : p->len_k};
+                         p->block_table ? p->page_size : (p->cu_seqlens_k ? p->total_k : p->len_k)};
   if (oss_attn_rows_aligned(p->q, p->q_stride, nq, es)) a->vec |= OSS_ATTN_VEC_Q;
   if (oss_attn_rows_aligned(p->k, p->k_stride, nk, es)) a->vec |= OSS_ATTN_VEC_K;
   if (oss_attn_rows_aligned(p->v, p->v_stride, nk, es)) a->vec |= OSS_ATTN_VEC_V;
@@ -327,7 +353,7 @@ static oss_attn_dec_plan oss_attn_dec_make_plan(const oss_attention_params *p, c
                                                 const oss_device_info *dev) {
   oss_attn_dec_plan plan;
   memset(&plan, 0, sizeof plan);
-  if (!oss_attn_is_tc(p->dtype) || dev->cc_major < 8 || a->variants) return plan;
+  if (!oss_attn_is_tc(p->dtype) || dev->cc_major < 8 || a->variants || a->cu_q != NULL) return plan;
   const int forced = oss_attn_opts()->decode_splits;
   if (!oss_attn_kv_cache(p) && (p->len_q > OSS_ATTN_DEC_MAX_LQ || forced < 0)) return plan;
   const int need_vec = OSS_ATTN_VEC_Q | OSS_ATTN_VEC_K | OSS_ATTN_VEC_V;
@@ -534,8 +560,10 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
     a.dk_s[i] = bp->dk_stride[i];
     a.dv_s[i] = bp->dv_stride[i];
   }
+  if (a.cu_q != NULL) a.do_s[0] = a.dq_s[0] = a.dk_s[0] = a.dv_s[0] = 0;
   const size_t es = oss_attn_elem_size(p->dtype);
-  const int64_t nq3[3] = {p->batch, p->heads_q, p->len_q}, nk3[3] = {p->batch, p->heads_kv, p->len_k};
+  const int64_t nq3[3] = {p->batch, p->heads_q, a.cu_q ? p->total_q : p->len_q},
+                nk3[3] = {p->batch, p->heads_kv, a.cu_q ? p->total_k : p->len_k};
   if (oss_attn_rows_aligned(bp->dout, bp->dout_stride, nq3, es)) a.vec |= OSS_ATTN_VEC_DO;
   if (oss_attn_rows_aligned(bp->dq, bp->dq_stride, nq3, es)) a.vec |= OSS_ATTN_VEC_DQ;
   if (oss_attn_rows_aligned(bp->dk, bp->dk_stride, nk3, es)) a.vec |= OSS_ATTN_VEC_DK;
@@ -549,9 +577,10 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   a.dq_ld = L.dq_ld;
   /* dQ's centring needs dS's rows to sum to 0 over these keys: not so for a
    * block of a larger key set, nor with sinks (the rows sum to D p_sink) or a
-   * softcap (dS carries its derivative) */
+   * softcap (dS carries its derivative); its mean K rows are per (batch, kv
+   * head), not per sequence of a variable-length batch */
   if (L.mean_ld > 0 && nq > 0 && nkv > 0 && oss_attn_opts()->dq_centring && !bp->keys_subset && p->sinks == NULL &&
-      p->softcap == 0.0) {
+      p->softcap == 0.0 && p->cu_seqlens_q == NULL) {
     a.kmean_part = (double *)((char *)workspace + L.off_kpart);
     a.kmean = (float *)((char *)workspace + L.off_kmean);
     a.eacc = L.dq_ld > 0 ? (float *)((char *)workspace + L.off_eacc) : NULL;

@@ -116,6 +116,15 @@ typedef struct oss_attn_args {
   uint32_t drop_thr;
   float drop_scale;
   double drop_scale64;
+  /* Variable-length batch (oss.h cu_seqlens; cu_q NULL: off): the host sets
+   * every batch stride to 0, lq / lk to the length bounds and var_bottom_right
+   * when the variants' diagonal is bottom-right; oss_attn_seq_view turns a
+   * copy of the block into sequence b's (pointers at its first rows, its
+   * lengths, its diagonals, seq_q0 / seq_k0 its first query / key row). */
+  const int *cu_q, *cu_k;
+  int64_t total_q, total_k;
+  int var_bottom_right;
+  int64_t seq_q0, seq_k0;
 } oss_attn_args;
 
 #define OSS_ATTN_LQ_PAD 128
@@ -218,6 +227,49 @@ __device__ __forceinline__ Acc oss_attn_mask_value(const oss_attn_args &a, int64
 
 __device__ __forceinline__ int64_t oss_attn_mask_base(const oss_attn_args &a, int64_t b, int64_t h) {
   return b * a.m_s[0] + h * a.m_s[1];
+}
+
+/* Sequence b of a variable-length batch as a batch of its own lengths:
+ * pointers moved to its first rows (the batch strides are 0, so b still names
+ * it for ALiBi, dropout and the sinks), lq / lk its lengths clamped to the
+ * bounds, its causal and variant offsets. Offsets are clamped into [0, total],
+ * so bad cu_seqlens never reach outside the packed tensors. T: the element
+ * type of q, k, v, out, dout, dq, dk, dv. Without cu_q, nothing changes. */
+/* The part of oss_attn_seq_view that moves no pointer (a.cu_q set): lengths,
+ * diagonals and seq_q0; *k0 the sequence's first key row. */
+__device__ __forceinline__ void oss_attn_seq_bounds(oss_attn_args &a, int b, int64_t *k0) {
+  const int64_t q0 = min((int64_t)max(__ldg(a.cu_q + b), 0), a.total_q);
+  const int64_t q1 = min(max((int64_t)__ldg(a.cu_q + b + 1), q0), a.total_q);
+  *k0 = min((int64_t)max(__ldg(a.cu_k + b), 0), a.total_k);
+  const int64_t k1 = min(max((int64_t)__ldg(a.cu_k + b + 1), *k0), a.total_k);
+  a.lq = (int)min(q1 - q0, (int64_t)a.lq);
+  a.lk = (int)min(k1 - *k0, (int64_t)a.lk);
+  a.seq_q0 = q0;
+  a.seq_k0 = *k0;
+  if (a.causal) a.causal_off = a.causal_bottom_right ? a.lk - a.lq : 0;
+  a.var_off = a.var_bottom_right ? a.lk - a.lq : 0;
+}
+
+template <typename T> __device__ __forceinline__ void oss_attn_seq_view(oss_attn_args &a, int b) {
+  if (a.cu_q == nullptr) return;
+  int64_t k0;
+  oss_attn_seq_bounds(a, b, &k0);
+  const int64_t q0 = a.seq_q0;
+  a.q = (const T *)a.q + q0 * a.q_s[2];
+  a.out = (T *)a.out + q0 * a.o_s[2];
+  if (a.out_res != nullptr) a.out_res = (T *)a.out_res + q0 * a.o_s[2];
+  if (a.dout != nullptr) a.dout = (const T *)a.dout + q0 * a.do_s[2];
+  if (a.dq != nullptr) a.dq = (T *)a.dq + q0 * a.dq_s[2];
+  a.k = (const T *)a.k + k0 * a.k_s[2];
+  a.v = (const T *)a.v + k0 * a.v_s[2];
+  if (a.dk != nullptr) a.dk = (T *)a.dk + k0 * a.dk_s[2];
+  if (a.dv_ptr != nullptr) a.dv_ptr = (T *)a.dv_ptr + k0 * a.dv_s[2];
+}
+
+/* Offset in lse of row 0 of (batch, query head) bh: [B, Hq, Lq], or with
+ * cu_seqlens [Hq, total_q] from the sequence's first row (a a sequence view). */
+__device__ __forceinline__ int64_t oss_attn_lse_row(const oss_attn_args &a, int64_t bh) {
+  return a.cu_q != nullptr ? (bh % a.hq) * a.total_q + a.seq_q0 : bh * a.lq;
 }
 
 /* Is key j inside query i's window (always, without one)? */

@@ -161,7 +161,8 @@ template <typename S> __device__ __forceinline__ oss_simt_stat oss_simt_stat_mer
 // forward
 // ---------------------------------------------------------------------------
 template <typename S, int KT>
-__global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_fwd_simt_kernel(const oss_attn_args a) {
+__global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_fwd_simt_kernel(const oss_attn_args args) {
+  oss_attn_args a = args; /* a sequence's view in a variable-length batch */
   constexpr int R = OSS_SIMT_R, RL = R * KT / 32, NG = 32 / KT;
   extern __shared__ __align__(16) unsigned char oss_smem[];
   const int D = a.d, DV = a.dv, LDK = D + 1;
@@ -175,7 +176,10 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_fwd_simt_kernel(con
   const int64_t bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
   if (bh >= (int64_t)a.batch * a.hq) return;
   const int b = (int)(bh / a.hq), h = (int)(bh % a.hq), hk = h / a.group;
-  const int qb = a.causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  oss_attn_seq_view<S>(a, b);
+  const int nqb = (a.lq + OSS_SIMT_ROWS - 1) / OSS_SIMT_ROWS; /* gridDim.x, or fewer in a sequence */
+  if ((int)blockIdx.x >= nqb) return;
+  const int qb = a.causal ? nqb - 1 - (int)blockIdx.x : (int)blockIdx.x;
   const int i0 = qb * OSS_SIMT_ROWS;
   const int rows = min(OSS_SIMT_ROWS, a.lq - i0);
   int n_end = a.lk;
@@ -281,7 +285,7 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_fwd_simt_kernel(con
     for (int off = KT / 2; off >= 1; off /= 2) ls[t] += __shfl_xor_sync(0xffffffffu, ls[t], off);
   }
   S *gO = (S *)a.out + b * a.o_s[0] + h * a.o_s[1];
-  S *lse = (S *)a.lse + bh * a.lq;
+  S *lse = (S *)a.lse + oss_attn_lse_row(a, bh);
 #pragma unroll
   for (int r = 0; r < R; r++) {
     const S lt = __shfl_sync(0xffffffffu, ls[r % RL], (r / RL) * KT);
@@ -304,7 +308,8 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_fwd_simt_kernel(con
 // backward: row statistics and dQ (one CTA per 16 queries)
 // ---------------------------------------------------------------------------
 template <typename S, int KT>
-__global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dq_simt_kernel(const oss_attn_args a) {
+__global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dq_simt_kernel(const oss_attn_args args) {
+  oss_attn_args a = args; /* a sequence's view in a variable-length batch */
   constexpr int R = OSS_SIMT_R, RL = R * KT / 32;
   extern __shared__ __align__(16) unsigned char oss_smem[];
   const int D = a.d, DV = a.dv, LDK = D + 1, LDV = DV + 1;
@@ -319,7 +324,10 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dq_simt_kernel(
   const int64_t bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
   if (bh >= (int64_t)a.batch * a.hq) return;
   const int b = (int)(bh / a.hq), h = (int)(bh % a.hq), hk = h / a.group;
-  const int qb = a.causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  oss_attn_seq_view<S>(a, b);
+  const int nqb = (a.lq + OSS_SIMT_ROWS - 1) / OSS_SIMT_ROWS; /* gridDim.x, or fewer in a sequence */
+  if ((int)blockIdx.x >= nqb) return;
+  const int qb = a.causal ? nqb - 1 - (int)blockIdx.x : (int)blockIdx.x;
   const int i0 = qb * OSS_SIMT_ROWS;
   const int rows = min(OSS_SIMT_ROWS, a.lq - i0);
   int n_end = a.lk;
@@ -456,7 +464,8 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dq_simt_kernel(
 // group), from the row statistics the dQ kernel wrote
 // ---------------------------------------------------------------------------
 template <typename S, int KT>
-__global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dkdv_simt_kernel(const oss_attn_args a) {
+__global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dkdv_simt_kernel(const oss_attn_args args) {
+  oss_attn_args a = args; /* a sequence's view in a variable-length batch */
   constexpr int R = OSS_SIMT_R, RL = R * KT / 32;
   extern __shared__ __align__(16) unsigned char oss_smem[];
   const int D = a.d, DV = a.dv, LDQ = D + 1, LDO = DV + 1;
@@ -475,7 +484,9 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dkdv_simt_kerne
   const int64_t bhk = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
   if (bhk >= (int64_t)a.batch * a.hkv) return;
   const int b = (int)(bhk / a.hkv), hk = (int)(bhk % a.hkv);
+  oss_attn_seq_view<S>(a, b);
   const int j0 = blockIdx.x * OSS_SIMT_ROWS;
+  if (j0 >= a.lk) return; /* past a shorter sequence's keys */
   const int kv = min(OSS_SIMT_ROWS, a.lk - j0);
   const S scale = (S)a.scale;
   const bool drop = a.drop_seed != nullptr;
@@ -650,14 +661,16 @@ oss_status oss_attn_bwd_simt(const oss_attn_args *a, oss_dtype dtype, cudaStream
  * lse_adj = lse * log2(e) (+inf where lse = -inf and for padding rows), and
  * the row of the float32 dQ accumulator zeroed when there is one. */
 template <typename T>
-__global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_args a) {
+__global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_args args) {
   typedef float Acc;
   const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  if (row >= (int64_t)a.batch * a.hq * a.lq_pad) return;
-  const int64_t bh = row / a.lq_pad;
-  const int i = (int)(row % a.lq_pad);
-  const int b = (int)(bh / a.hq), h = (int)(bh % a.hq);
+  if (row >= (int64_t)args.batch * args.hq * args.lq_pad) return;
+  const int64_t bh = row / args.lq_pad;
+  const int i = (int)(row % args.lq_pad);
+  const int b = (int)(bh / args.hq), h = (int)(bh % args.hq);
+  oss_attn_args a = args; /* a sequence's view in a variable-length batch: rows past it are padding */
+  oss_attn_seq_view<T>(a, b);
   double sum = 0;
   Acc ladj = (Acc)INFINITY;
   if (i < a.lq) {
@@ -672,7 +685,7 @@ __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_ar
     }
 #pragma unroll
     for (int off = 16; off >= 1; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    const Acc lse = ((const Acc *)a.lse)[bh * a.lq + i];
+    const Acc lse = ((const Acc *)a.lse)[oss_attn_lse_row(a, bh) + i];
     ladj = lse == (Acc)(-INFINITY) ? (Acc)INFINITY : (Acc)((double)lse * OSS_LOG2E); /* one rounding */
   }
   if (lane == 0) {
@@ -688,13 +701,16 @@ __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_ar
 
 /* dq = dq_acc (already scaled) - eacc * kmean (dQ's centring, when on) for
  * rows < Lq, cols < D. One warp per row. */
-template <typename T> __global__ void __launch_bounds__(256) oss_attn_bwd_dq_convert_kernel(const oss_attn_args a) {
+template <typename T> __global__ void __launch_bounds__(256) oss_attn_bwd_dq_convert_kernel(const oss_attn_args args) {
   const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  if (row >= (int64_t)a.batch * a.hq * a.lq) return;
-  const int64_t bh = row / a.lq;
-  const int i = (int)(row % a.lq);
-  const int b = (int)(bh / a.hq), h = (int)(bh % a.hq);
+  if (row >= (int64_t)args.batch * args.hq * args.lq) return;
+  const int64_t bh = row / args.lq;
+  const int i = (int)(row % args.lq);
+  const int b = (int)(bh / args.hq), h = (int)(bh % args.hq);
+  oss_attn_args a = args; /* a sequence's view in a variable-length batch */
+  oss_attn_seq_view<T>(a, b);
+  if (i >= a.lq) return;
   const float *src = a.dq_acc + (bh * a.lq_pad + i) * a.dq_ld;
   T *dst = (T *)a.dq + b * a.dq_s[0] + h * a.dq_s[1] + (int64_t)i * a.dq_s[2];
   if (a.eacc != nullptr) {
@@ -798,11 +814,17 @@ template <bool SIMT> __global__ void __launch_bounds__(256) oss_attn_bwd_dsinks_
   for (int64_t r = threadIdx.x; r < n; r += 256) {
     const int b = (int)(r / a.lq), i = (int)(r % a.lq);
     const int64_t row = ((int64_t)b * a.hq + h) * a.lq_pad + i;
+    oss_attn_args s = a; /* sequence b's rows and lse in a variable-length batch */
+    if (a.cu_q != nullptr) {
+      int64_t k0;
+      oss_attn_seq_bounds(s, b, &k0);
+      if (i >= s.lq) continue;
+    }
     if (SIMT) {
       const double *m = (const double *)a.lse_adj, *inv = (const double *)a.inv_l, *d = (const double *)a.dsum;
       acc -= exp(sink - m[row]) * inv[row] * d[row];
     } else {
-      const double lse = (double)((const float *)a.lse)[((int64_t)b * a.hq + h) * a.lq + i];
+      const double lse = (double)((const float *)a.lse)[oss_attn_lse_row(s, (int64_t)b * a.hq + h) + i];
       acc -= exp(sink - lse) * (double)((const float *)a.dsum)[row];
     }
   }

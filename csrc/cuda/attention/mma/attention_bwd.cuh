@@ -141,7 +141,7 @@ __device__ __forceinline__ void oss_attn_bwd_query_blocks(const oss_attn_args &a
 }
 
 template <typename T, int HD, int BR, int NKW, int NCS, int MINB, bool VAR>
-__global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_kernel(const oss_attn_args a) {
+__global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_kernel(const oss_attn_args args) {
   constexpr int NW = NKW * NCS, NTHREADS = NW * 32, BC = 16 * NKW;
   constexpr int KD = oss_attn_kd(HD), LDS = oss_attn_pitch(KD), LDSS = oss_attn_pitch(BR);
   constexpr int NTQ = BR / 8;      /* n-tiles of S^T (queries) */
@@ -170,9 +170,12 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
   const int kg = warp % NKW, cs = warp / NKW;
   const int g = lane >> 2, t2 = (lane & 3) * 2;
   const int64_t bhk = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
-  if (bhk >= (int64_t)a.batch * a.hkv) return;
-  const int b = (int)(bhk / a.hkv), hk = (int)(bhk % a.hkv);
+  if (bhk >= (int64_t)args.batch * args.hkv) return;
+  const int b = (int)(bhk / args.hkv), hk = (int)(bhk % args.hkv);
+  oss_attn_args a = args; /* a sequence's view in a variable-length batch */
+  oss_attn_seq_view<T>(a, b);
   const int j0 = blockIdx.x * BC;
+  if (j0 >= a.lk) return; /* past a shorter sequence's keys */
   const int krows = min(BC, a.lk - j0);
 
   int qb0, nqe;
@@ -367,7 +370,7 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
 }
 
 template <typename T, int HD, int BR, int BC, int NW, bool VAR>
-__global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const oss_attn_args a) {
+__global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const oss_attn_args args) {
   constexpr int KD = oss_attn_kd(HD), LDS = oss_attn_pitch(KD);
   constexpr int MT = BR / (16 * NW), NT = BC / 8, NO = KD / 8, NTHREADS = NW * 32;
   static_assert(MT >= 1 && MT * 16 * NW == BR, "Br must be a multiple of 16 * warps");
@@ -383,7 +386,8 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t2 = (lane & 3) * 2;
   oss_attn_query_block qblk;
-  if (!oss_attn_query_block_of<BR, BC, VAR>(a, &qblk)) return;
+  oss_attn_args a = args; /* a sequence's view in a variable-length batch */
+  if (!oss_attn_query_block_of<T, BR, BC, VAR>(a, &qblk)) return;
   const int64_t bh = qblk.bh;
   const int b = qblk.b, h = qblk.h, hk = qblk.hk, i0 = qblk.i0, rows = qblk.rows, ntiles = qblk.ntiles;
   const int jt0 = VAR ? qblk.jt0 : 0; /* a window's first tile (the plain kernel starts at 0) */

@@ -145,7 +145,7 @@ __device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const
                                                    int lane, float out_scale = 1.f) {
   T *gO = (T *)a.out + b * a.o_s[0] + h * a.o_s[1];
   T *gR = a.out_res == nullptr ? nullptr : (T *)a.out_res + b * a.o_s[0] + h * a.o_s[1];
-  float *lse = (float *)a.lse + bh * a.lq;
+  float *lse = (float *)a.lse + oss_attn_lse_row(a, bh);
   const bool vo = a.vec & OSS_ATTN_VEC_O, vr = a.vec & OSS_ATTN_VEC_OR;
   const int g = lane >> 2, t2 = (lane & 3) * 2;
 #pragma unroll
@@ -193,7 +193,7 @@ template <int HD, int BR, int BC> __host__ __device__ constexpr size_t oss_attn_
 }
 
 template <typename T, int HD, int BR, int BC, int NW, int MINB, bool VAR>
-__global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const oss_attn_args a) {
+__global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const oss_attn_args args) {
   constexpr int KD = oss_attn_kd(HD), LDS = oss_attn_pitch(KD);
   constexpr int MT = BR / (16 * NW), NT = BC / 8, NO = KD / 8, NTHREADS = NW * 32;
   static_assert(MT >= 1 && MT * 16 * NW == BR, "Br must be a multiple of 16 * warps");
@@ -205,8 +205,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
   T *sV = sK + 2 * BC * LDS;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  oss_attn_args a = args; /* a sequence's view in a variable-length batch */
   oss_attn_query_block qblk;
-  if (!oss_attn_query_block_of<BR, BC, VAR>(a, &qblk)) return;
+  if (!oss_attn_query_block_of<T, BR, BC, VAR>(a, &qblk)) return;
   const int64_t bh = qblk.bh;
   const int b = qblk.b, h = qblk.h, hk = qblk.hk, i0 = qblk.i0, rows = qblk.rows, ntiles = qblk.ntiles;
   const int jt0 = VAR ? qblk.jt0 : 0; /* a window's first tile (the plain kernel starts at 0) */

@@ -663,10 +663,15 @@ __device__ __forceinline__ void oss_attn_query_block_at(const oss_attn_args &a, 
   if (q->jt0 > q->ntiles) q->jt0 = q->ntiles;
 }
 
-template <int BR, int BC, bool VAR = false>
-__device__ __forceinline__ bool oss_attn_query_block_of(const oss_attn_args &a, oss_attn_query_block *q) {
+/* The block of this CTA; a (the kernel's copy of its arguments) becomes its
+ * sequence's view in a variable-length batch (oss_attn_seq_view). False: no
+ * such block (past batch * heads, or past its sequence's rows). */
+template <typename T, int BR, int BC, bool VAR = false>
+__device__ __forceinline__ bool oss_attn_query_block_of(oss_attn_args &a, oss_attn_query_block *q) {
   const int64_t bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
   if (bh >= (int64_t)a.batch * a.hq) return false;
+  oss_attn_seq_view<T>(a, (int)(bh / a.hq));
+  if ((int64_t)blockIdx.x * BR >= a.lq) return false;
   oss_attn_query_block_at<BR, BC, VAR>(a, bh, (int)blockIdx.x, q);
   return true;
 }

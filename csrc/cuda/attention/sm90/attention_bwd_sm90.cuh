@@ -77,7 +77,7 @@ __device__ __forceinline__ void oss_attn_bwd_sm90_flush_dq(float *acc, int64_t l
 }
 
 template <typename T, int HD, int BR, int BC, bool VAR = false>
-__global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_attn_args a) {
+__global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_attn_args args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int NTHREADS = 256, NTQ = BR / 8, NO = HD / 8;
   static_assert(HD % 64 == 0 && BR % 64 == 0 && BC == 128, "64-multiples, two warpgroups of 64 keys");
@@ -100,9 +100,12 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int g = lane >> 2, t2 = (lane & 3) * 2;
   const int64_t bhk = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
-  if (bhk >= (int64_t)a.batch * a.hkv) return;
-  const int b = (int)(bhk / a.hkv), hk = (int)(bhk % a.hkv);
+  if (bhk >= (int64_t)args.batch * args.hkv) return;
+  const int b = (int)(bhk / args.hkv), hk = (int)(bhk % args.hkv);
+  oss_attn_args a = args; /* a sequence's view in a variable-length batch */
+  oss_attn_seq_view<T>(a, b);
   const int j0 = blockIdx.x * BC;
+  if (j0 >= a.lk) return; /* past a shorter sequence's keys */
   const int krows = min(BC, a.lk - j0);
   const int kw0 = j0 + wg * 64 + (warp & 3) * 16; /* this warp's first key */
 

@@ -36,6 +36,11 @@
  *     variant too), as in the mma.sync kernel: a tile's kept weights drawn
  *     after its exponentials, while the previous P V runs, the dropped ones
  *     zeroed once P is packed, and 1 / (1 - p) applied to out at the end.
+ *   - a variable-length batch (oss.h cu_seqlens): the work block's arguments
+ *     become its sequence's view, the copies address the packed rows from the
+ *     sequence's first row in one batch of the tensor maps, and the rows of
+ *     the last key tile past the sequence (the next sequence's, weight 0) are
+ *     zeroed in shared memory before its P V (oss_sm90_zero_rows).
  *   - every tile up to the causal diagonal is computed by both warpgroups
  *     (a tile a warpgroup cannot see is masked to zero weight): a wgmma under
  *     a branch would make ptxas serialise them all.
@@ -150,9 +155,37 @@ __device__ __forceinline__ void oss_sm90_load_tile(T *dst, const CUtensorMap *ma
     oss_tma_load_4d(oss_smem_u32(dst + cb * ROWS * 64), map, full, cb * 64, row, head, batch);
 }
 
+/* Work block w's arguments into a: args itself, or in a variable-length batch
+ * its sequence's view. False: the block lies past its sequence's rows. */
+template <typename T, int BR>
+__device__ __forceinline__ bool oss_sm90_block_view(oss_attn_args &a, const oss_attn_args &args, int w, int nqb) {
+  if (args.cu_q == nullptr) return true;
+  a = args;
+  oss_attn_seq_view<T>(a, w / nqb / args.hq);
+  return (w % nqb) * BR < a.lq;
+}
+
+/* Zeroes rows first .. ROWS - 1 of a landed ROWS x HD tile (HD / 64 boxes of
+ * ROWS rows of 128 bytes; the swizzle moves chunks only within a row) for the
+ * warpgroup's thread t of 128, then makes the writes visible to its tensor
+ * cores (named barrier `bar` of 128 threads). In a variable-length batch the
+ * rows past a sequence's last key hold the next sequence's values: their
+ * weights are 0, but 0 times a non-finite value would not be. Both consumer
+ * warpgroups may zero the same rows at once: they write the same zeros. */
+template <typename T, int HD, int ROWS>
+__device__ __forceinline__ void oss_sm90_zero_rows(T *tile, int first, int t, int bar) {
+  const int n = (ROWS - first) * (HD / 64) * 8; /* 16-byte chunks */
+  for (int c = t; c < n; c += 128) {
+    const int row = first + c / 8 % (ROWS - first), box = c / 8 / (ROWS - first);
+    reinterpret_cast<uint4 *>(tile + box * ROWS * 64 + row * 64)[c % 8] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  oss_fence_proxy_async();
+  oss_named_sync(bar, 128);
+}
+
 template <typename T, int HD, int BC, int STAGES, bool PINGPONG, bool MASK_TENSOR, bool VAR = false>
 __global__ void __launch_bounds__(384, 1)
-    oss_attn_fwd_sm90_kernel(const __grid_constant__ oss_attn_args a, const __grid_constant__ oss_attn_sm90_maps maps) {
+    oss_attn_fwd_sm90_kernel(const __grid_constant__ oss_attn_args args, const __grid_constant__ oss_attn_sm90_maps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BR = 128, NT = BC / 8, NO = HD / 8, NWARPS = 8;
   static_assert(HD % 64 == 0 && BC % 16 == 0 && BC <= 256, "head dim a multiple of 64, key tile of 16");
@@ -172,8 +205,13 @@ __global__ void __launch_bounds__(384, 1)
   /* persistent: the CTA takes work blocks blockIdx.x, + gridDim.x, ...; the
    * blocks of one (batch, head) are consecutive, so the CTAs running at one
    * time share few heads' K and V in L2 */
-  const int nqb = (a.lq + BR - 1) / BR;
-  const int nwork = nqb * a.batch * a.hq; /* the launcher checks that it fits */
+  const int nqb = (args.lq + BR - 1) / BR;
+  const int nwork = nqb * args.batch * args.hq; /* the launcher checks that it fits */
+  /* the current block's arguments: in a variable-length batch its sequence's
+   * view (oss_attn_seq_view); the copies then address the packed rows from the
+   * sequence's first (seq_q0, seq_k0) in one batch. A mask tensor never comes
+   * with a variable-length batch: that kernel skips the view (registers). */
+  oss_attn_args a = args;
 
   if (tid == 0) {
     oss_mbar_init(&q_full, 1);
@@ -198,19 +236,21 @@ __global__ void __launch_bounds__(384, 1)
       int blocks = 0, tiles = 0; /* Q and K/V uses so far */
 #pragma unroll 1
       for (int w = blockIdx.x; w < nwork; w += gridDim.x) {
+        if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, w, nqb)) continue;
         oss_attn_query_block qb;
         oss_attn_query_block_at<BR, BC, VAR>(a, w / nqb, w % nqb, &qb);
         if (qb.ntiles <= qb.jt0) continue;
+        const int tb = a.cu_q != nullptr ? 0 : qb.b; /* the copies' batch */
         if (blocks > 0) oss_mbar_wait(&q_empty, (blocks - 1) & 1);
-        oss_sm90_load_tile<HD, BR>(sQ, &maps.q, &q_full, qb.i0, qb.h, qb.b);
+        oss_sm90_load_tile<HD, BR>(sQ, &maps.q, &q_full, (int)a.seq_q0 + qb.i0, qb.h, tb);
         blocks++;
 #pragma unroll 1
         for (int j = qb.jt0; j < qb.ntiles; j++, tiles++) {
-          const int st = tiles % STAGES, use = tiles / STAGES, j0 = j * BC;
+          const int st = tiles % STAGES, use = tiles / STAGES, j0 = (int)a.seq_k0 + j * BC;
           if (use > 0) oss_mbar_wait(&k_empty[st], (use - 1) & 1);
-          oss_sm90_load_tile<HD, BC>(sK + st * BC * HD, &maps.k, &k_full[st], j0, qb.hk, qb.b);
+          oss_sm90_load_tile<HD, BC>(sK + st * BC * HD, &maps.k, &k_full[st], j0, qb.hk, tb);
           if (use > 0) oss_mbar_wait(&v_empty[st], (use - 1) & 1);
-          oss_sm90_load_tile<HD, BC>(sV + st * BC * HD, &maps.v, &v_full[st], j0, qb.hk, qb.b);
+          oss_sm90_load_tile<HD, BC>(sV + st * BC * HD, &maps.v, &v_full[st], j0, qb.hk, tb);
         }
       }
     }
@@ -231,6 +271,7 @@ __global__ void __launch_bounds__(384, 1)
     int blocks = 0, tiles = 0;
 #pragma unroll 1
     for (int w = blockIdx.x; w < nwork; w += gridDim.x) {
+      if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, w, nqb)) continue;
       oss_attn_query_block qb;
       oss_attn_query_block_at<BR, BC, VAR>(a, w / nqb, w % nqb, &qb);
       /* the block's key tiles jt0 .. jt0 + ntiles - 1 (a window's; else all up to the diagonal) */
@@ -314,6 +355,8 @@ __global__ void __launch_bounds__(384, 1)
 
         /* the last tile's P V */
         oss_mbar_wait(&v_full[st], ((tiles + ntiles - 1) / STAGES) & 1);
+        if (!MASK_TENSOR && a.cu_q != nullptr && (jt0 + ntiles) * BC > a.lk)
+          oss_sm90_zero_rows<T, HD, BC>(sV + st * BC * HD, a.lk - (jt0 + ntiles - 1) * BC, tid & 127, 3 + wg);
         if (PINGPONG) oss_named_sync(my_bar, 256);
         oss_wgmma_fence_operand<NO>(o[0]);
         oss_wgmma_fence();
@@ -422,10 +465,13 @@ oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_a
    * consumers wait forever, so then the mma.sync kernel runs instead. */
   const int64_t nwork = (int64_t)((a->lq + C::BR - 1) / C::BR) * a->batch * a->hq;
   oss_attn_sm90_maps maps;
-  if (regs < OSS_SM90_LAUNCH_REGS || a->lk == 0 || nwork > INT_MAX ||
-      !oss_attn_sm90_map<T>(&maps.q, a->q, a->batch, a->hq, a->lq, a->d, a->q_s, C::BR) ||
-      !oss_attn_sm90_map<T>(&maps.k, a->k, a->batch, a->hkv, a->lk, a->d, a->k_s, C::BC) ||
-      !oss_attn_sm90_map<T>(&maps.v, a->v, a->batch, a->hkv, a->lk, a->dv, a->v_s, C::BC))
+  /* a variable-length batch: one batch of the packed rows */
+  const bool packed = a->cu_q != NULL;
+  const int64_t mb = packed ? 1 : a->batch, mq = packed ? a->total_q : a->lq, mk = packed ? a->total_k : a->lk;
+  if (regs < OSS_SM90_LAUNCH_REGS || a->lk == 0 || nwork > INT_MAX || mq > INT_MAX || mk > INT_MAX ||
+      !oss_attn_sm90_map<T>(&maps.q, a->q, mb, a->hq, mq, a->d, a->q_s, C::BR) ||
+      !oss_attn_sm90_map<T>(&maps.k, a->k, mb, a->hkv, mk, a->d, a->k_s, C::BC) ||
+      !oss_attn_sm90_map<T>(&maps.v, a->v, mb, a->hkv, mk, a->dv, a->v_s, C::BC))
     return fallback(a, stream, dev);
   const size_t smem = oss_attn_fwd_sm90_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
   if (smem > (size_t)dev->max_smem_per_block_optin) return fallback(a, stream, dev);
