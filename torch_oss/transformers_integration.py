@@ -27,8 +27,8 @@ extension points:
   StaticCache prefill), a mask is built instead.
 
 Falls back to PyTorch's SDPA (same inputs, the mask made explicit) for what
-torch_oss does not serve: unsupported dtypes or devices, tensor subclasses, head dims over the limit, a ``position_bias``
-or mask that requires grad. Fallbacks are counted in torch_oss.fallback_stats()
+torch_oss does not serve: unsupported dtypes or devices, tensor subclasses,
+head dims over the limit, a ``position_bias`` or mask that requires grad. Fallbacks are counted in torch_oss.fallback_stats()
 under ``"transformers attn_implementation='oss'"`` and warned once per reason;
 ``torch_oss.enable(strict=True)`` / ``register_transformers(strict=True)``
 raise instead.
@@ -41,16 +41,23 @@ learnable attention sinks of gpt-oss; also accepted as ``sinks``) as
 rule) where no mask is passed; where a mask is passed, the mask builder has
 already put the window into it.
 
+Packed sequences (several documents in one row, as ``DataCollatorWithFlattening``
+makes them) run torch_oss.attention_varlen, with no dense mask: see
+:func:`attention_forward` for when, and for the rule that keeps padded and
+custom masks on the dense path.
+
 Importing this module does not import transformers; register_transformers()
 does.
 """
 
 import warnings
+import weakref
 
 import torch
 
 from . import functional as _oss
 from . import patching as _patching
+from . import varlen as _varlen
 
 __all__ = ["register_transformers", "attention_forward", "mask", "NAME"]
 
@@ -138,10 +145,237 @@ def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function
                                                                kv_offset, local_size):
         return None
     kwargs.pop("allow_torch_fix", None)  # deprecated in transformers 5.17, gone later
-    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
-                     kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
-                     local_size=local_size, allow_is_causal_skip=False,
-                     allow_is_bidirectional_skip=allow_is_bidirectional_skip, **kwargs)
+    out = sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                    kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
+                    local_size=local_size, allow_is_causal_skip=False,
+                    allow_is_bidirectional_skip=allow_is_bidirectional_skip, **kwargs)
+    if out is not None and attention_mask is None and not kwargs.get("use_vmap", False) \
+            and _is_zero(q_offset) and _is_zero(kv_offset) and q_length == kv_length:
+        # See _MASK_KIND: a mask without a padding mask, without a custom (vmap)
+        # mask function and without cache offsets; "packed" where transformers
+        # refused the causal skip, as it does for packed position_ids.
+        setattr(out, _MASK_KIND, "unpadded" if allow_is_causal_skip else "packed")
+    return out
+
+
+def _is_zero(v):
+    return isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool) and v == 0
+
+
+# ---------------------------------------------------------------------------
+# Packed sequences
+# ---------------------------------------------------------------------------
+
+# The attribute the mask builder sets on a mask it built without a 2-D padding
+# mask (attention_mask=None), without a custom mask function (use_vmap) and
+# without cache offsets: "unpadded", or "packed" where transformers also
+# refused the is_causal skip, which is what create_causal_mask does for packed
+# position_ids (find_packed_sequence_indices found a restart). A mask without
+# it (one built from a padding mask, a 4-D mask of the user's, a slice of a
+# mask, the masks of older transformers) never leaves the dense path.
+_MASK_KIND = "_torch_oss_mask_kind"
+
+# Rows of the mask compared per step when checking a packed mask (bounds the
+# temporaries at this many elements).
+_CHECK_CHUNK = 1 << 24
+
+
+class _TensorKeyedCache:
+    """A few results keyed by a tensor object, held weakly (a dead or another
+    object never matches), and its version counter (an in-place change never
+    matches; inference tensors have none)."""
+
+    def __init__(self, size=4):
+        self._size = size
+        self._entries = []
+
+    @staticmethod
+    def _version(t):
+        try:
+            return t._version
+        except RuntimeError:  # an inference tensor
+            return None
+
+    def get(self, tensor, extra):
+        for ref, version, ext, value in self._entries:
+            if ref() is tensor and ext == extra and self._version(tensor) == version:
+                return True, value
+        return False, None
+
+    def put(self, tensor, extra, value):
+        entry = (weakref.ref(tensor), self._version(tensor), extra, value)
+        self._entries = [entry] + self._entries[:self._size - 1]
+
+    def clear(self):
+        self._entries = []
+
+
+_PACKED_CACHE = _TensorKeyedCache()
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _packed_from_position_ids(query, key, attention_mask, position_ids, sliding_window):
+    """(cu_seqlens, max_seqlen) for a packed batch recognised from
+    position_ids, or None.
+
+    Taken only where the mask is the one the mask builder made for packed
+    position_ids (_MASK_KIND "packed": no padding mask, no cache, no custom
+    mask function) and, checked on the device, equals exactly what
+    attention_varlen computes: within each row, the documents are the runs of
+    position_ids that rise by 1 (transformers' find_packed_sequence_indices),
+    and the mask is causal within a document and empty across documents
+    (with the layer's sliding window). So a padding mask, a cache (transformers
+    then builds no packed mask), an overlay such as bidirectional image
+    blocks, or any other mask keeps the dense path, and where this is taken
+    the result is the dense mask's. One host synchronisation per forward (the
+    result is cached for the mask object, which transformers builds once per
+    forward and hands to every layer of its kind); not while tracing
+    (torch.compile, torch.export, jit, CUDA-graph capture), where the dense path runs.
+    """
+    if not isinstance(position_ids, torch.Tensor) or not isinstance(attention_mask, torch.Tensor):
+        return None
+    if getattr(attention_mask, _MASK_KIND, None) != "packed" or attention_mask.dtype != torch.bool:
+        return None
+    if _is_tracing(query) or _is_tracing(attention_mask) or _is_tracing(position_ids):
+        return None
+    B, _, L, _ = query.shape
+    if L < 2 or key.shape[2] != L or attention_mask.dim() != 4 or attention_mask.shape[-2:] != (L, L) \
+            or attention_mask.shape[0] not in (1, B) or attention_mask.device != query.device:
+        return None
+    if position_ids.dim() != 2 or position_ids.shape[-1] != L or position_ids.shape[0] not in (1, B) \
+            or position_ids.dtype not in _INDEX_DTYPES:
+        return None
+    window = None if sliding_window is None else int(sliding_window)
+    # Keyed by the mask alone: once checked, the documents are a function of
+    # the mask's content, whatever position_ids a later layer passes.
+    extra = (B, window, query.device)
+    hit, value = _PACKED_CACHE.get(attention_mask, extra)
+    if hit:
+        return value
+    value = _derive_packed(attention_mask, position_ids, B, L, window, query.device)
+    _PACKED_CACHE.put(attention_mask, extra, value)
+    return value
+
+
+def _derive_packed(attention_mask, position_ids, B, L, window, device):
+    pos = position_ids.to(device)
+    if pos.shape[0] != B:
+        pos = pos.expand(B, L)
+    starts = torch.ones(B, L, dtype=torch.bool, device=device)
+    starts[:, 1:] = (pos[:, 1:] - pos[:, :-1]) != 1
+    doc = starts.cumsum(-1)
+    idx = torch.arange(L, device=device)
+    ok = torch.ones((), dtype=torch.bool, device=device)
+    rows = max(1, _CHECK_CHUNK // (B * L))
+    for r0 in range(0, L, rows):
+        i = idx[r0:r0 + rows, None]
+        want = (idx[None, :] <= i) & (doc[:, r0:r0 + rows, None] == doc[:, None, :])
+        if window is not None:
+            want &= idx[None, :] > i - window
+        ok &= (attention_mask[..., r0:r0 + rows, :] == want[:, None]).all()
+    host = torch.cat([ok.view(1), starts.view(-1)]).cpu()  # the one synchronisation
+    if not bool(host[0]):
+        return None
+    begins = host[1:].nonzero().view(-1)
+    cu = torch.cat([begins, begins.new_tensor([B * L])])
+    max_seqlen = int((cu[1:] - cu[:-1]).max())
+    return cu.to(device=device, dtype=torch.int32, non_blocking=True), max_seqlen
+
+
+def _varlen_kwargs(query, key, attention_mask, kwargs):
+    """(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) from
+    the FlashAttention kwargs (cu_seq_lens_q, cu_seq_lens_k, max_length_q,
+    max_length_k: all four, as transformers' flash-attention path requires),
+    or None.
+
+    Used as given, without a host synchronisation, for one row (query batch
+    1) whose mask is None (transformers saw a plain causal batch) or one the
+    mask builder made without a padding mask (_MASK_KIND). A padding mask or
+    a mask of the user's keeps the dense path: it is what the "sdpa" and
+    "eager" implementations, which ignore these kwargs, compute.
+
+    Their values are checked only where that needs no device synchronisation:
+    cu_seq_lens on the CPU are checked here (and copied to a CUDA query's
+    device); on the device they are not (attention_varlen's contract: bad
+    values cannot make it read or write outside the tensors, but give
+    undefined outputs). A max_length given as a device tensor is replaced by
+    the row's length, a valid bound."""
+    names = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+    cu_q, cu_k, max_q, max_k = (kwargs.get(n) for n in names)
+    if not (isinstance(cu_q, torch.Tensor) and isinstance(cu_k, torch.Tensor)) or max_q is None or max_k is None:
+        return None
+    # one row, self-attention over the same tokens (no cached keys; a
+    # cross-attention call, whose keys are another sequence, gets the same
+    # kwargs in an encoder-decoder)
+    if query.shape[0] != 1 or query.shape[2] != key.shape[2] or cu_q.shape != cu_k.shape:
+        return None
+    if attention_mask is not None and getattr(attention_mask, _MASK_KIND, None) is None:
+        return None
+    total_q, total_k = query.shape[2], key.shape[2]
+    max_q, max_k = _max_length(max_q, total_q), _max_length(max_k, total_k)
+    out = []
+    for name, cu, total, bound in (("cu_seq_lens_q", cu_q, total_q, max_q), ("cu_seq_lens_k", cu_k, total_k, max_k)):
+        if cu.device.type == "cpu" and cu.dim() == 1 and cu.numel() >= 1 and cu.dtype in (torch.int32, torch.int64) \
+                and not _is_tracing(cu) and not _is_tracing(query):
+            _check_cu_values(name, cu, total, bound)
+        if cu.device != query.device:
+            cu = cu.to(query.device, non_blocking=True)
+        out.append(cu)
+    return out[0], out[1], max_q, max_k
+
+
+def _max_length(n, total):
+    if isinstance(n, torch.Tensor):
+        if n.numel() != 1 or n.device.type != "cpu" or _is_tracing(n):
+            return total
+        n = n.item()
+    return n if isinstance(n, torch.SymInt) else int(n)
+
+
+def _check_cu_values(name, cu, total, bound):
+    values = cu.tolist()
+    lengths = [b - a for a, b in zip(values, values[1:])]
+    if values[0] != 0 or values[-1] != total or any(n < 0 for n in lengths) \
+            or (lengths and not isinstance(bound, torch.SymInt) and max(lengths) > bound):
+        raise ValueError(f"attn_implementation='oss': {name}={values} must start at 0, never decrease, end at the "
+                         f"sequence length ({total}) and hold no sequence longer than its max_length ({bound})")
+
+
+def _varlen_dense_mask(cu_q, cu_k, total_q, total_k, causal, window_size, device):
+    """The boolean (1, 1, total_q, total_k) mask of what attention_varlen
+    computes with these cu_seqlens (bottom-right causal within each
+    sequence), for the fallback of a packed call."""
+    cu_q, cu_k = cu_q.to(device=device, dtype=torch.long), cu_k.to(device=device, dtype=torch.long)
+    last = cu_q.shape[0] - 2
+    i, j = torch.arange(total_q, device=device), torch.arange(total_k, device=device)
+    sq = torch.searchsorted(cu_q[1:], i, right=True).clamp(max=max(last, 0))
+    sk = torch.searchsorted(cu_k[1:], j, right=True)
+    # distance of key j behind query i in the query's sequence (bottom-right aligned)
+    d = (i - cu_q[sq] + (cu_k[sq + 1] - cu_k[sq]) - (cu_q[sq + 1] - cu_q[sq]))[:, None] - (j - cu_k[sk.clamp(
+        max=max(last, 0))])[None, :]
+    vis = sq[:, None] == sk[None, :]
+    if causal:
+        vis &= d >= 0
+    if window_size[0] >= 0:
+        vis &= d <= window_size[0]
+    if window_size[1] >= 0:
+        vis &= -d <= window_size[1]
+    return vis[None, None]
+
+
+def _packed_attention(query, key, value, cu_q, cu_k, max_q, max_k, causal, dropout, scaling, window_size, softcap,
+                      sinks, validate):
+    """attention_varlen on the (B, H, L, D) tensors flattened to one packed
+    row of B * L tokens; returns (B, L, Hq, Dv) like attention_forward."""
+    B, Hq, Lq, D = query.shape
+    q = query.transpose(1, 2).reshape(B * Lq, Hq, D)
+    k = key.transpose(1, 2).reshape(B * key.shape[2], key.shape[1], key.shape[3])
+    v = value.transpose(1, 2).reshape(B * value.shape[2], value.shape[1], value.shape[3])
+    q, k, v, _ = _patching.autocast_attention_inputs(q, k, v, None)
+    out = _varlen.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, softmax_scale=scaling,
+                                   causal_alignment="bottom_right", window_size=window_size, softcap=float(softcap),
+                                   sinks=sinks, dropout_p=float(dropout), validate=validate)
+    return out.view(B, Lq, Hq, out.shape[-1])
 
 
 # ---------------------------------------------------------------------------
@@ -269,6 +503,24 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     query (B, Hq, Lq, D), key/value (B, Hkv, Lk, D); attention_mask None, a
     boolean mask (True = attend) or an additive float mask broadcastable to
     (B, Hq, Lq, Lk). Returns (output (B, Lq, Hq, Dv), None).
+
+    Packed sequences run torch_oss.attention_varlen instead, in two cases:
+
+    * the FlashAttention kwargs ``cu_seq_lens_q``, ``cu_seq_lens_k``,
+      ``max_length_q``, ``max_length_k`` (``DataCollatorWithFlattening(
+      return_flash_attn_kwargs=True)``) on a query batch of 1, with no mask or
+      a mask the mask builder made without a padding mask: used as given, no
+      host synchronisation (see _varlen_kwargs);
+    * ``position_ids`` whose documents transformers found (it then builds a
+      block-diagonal causal mask; only without a padding mask and without a
+      cache): the documents are read from position_ids with one host
+      synchronisation per forward, after checking that the mask is exactly
+      that block-diagonal mask (see _packed_from_position_ids).
+
+    Either way the dense mask is not read by the kernel, the module's
+    scaling, dropout, softcap, sinks and sliding window apply within each
+    document, and grouped-query attention runs on the K/V heads as they are.
+    A padding mask, a cache or a custom mask keeps the dense path.
     """
     softcap = kwargs.get("softcap") or 0.0
     sinks = kwargs.get("s_aux")
@@ -279,9 +531,31 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         _warn_no_attention_weights()
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
+    module_causal = bool(is_causal)
+    packed_window = (-1, -1) if sliding_window is None else (int(sliding_window) - 1, int(sliding_window) - 1)
+
+    packed = _varlen_kwargs(query, key, attention_mask, kwargs) if position_bias is None else None
+    if packed is not None:
+        cu_q, cu_k, max_q, max_k = packed
+        reason = _unsupported_reason(query, key, value, None, dropout, None)
+        if reason is None:
+            out = _packed_attention(query, key, value, cu_q, cu_k, max_q, max_k, module_causal, dropout, scaling,
+                                    packed_window, softcap, sinks, validate=False)
+            return out, None
+        # the dense fallback of the same problem: one row, the documents as its mask
+        _patching._note_fallback(_FUNCTION, reason, stacklevel=3)
+        B, Hq, Lq, D = query.shape
+        dense = _varlen_dense_mask(cu_q, cu_k, B * Lq, B * key.shape[2], module_causal, packed_window, query.device)
+        if softcap or sinks is not None:
+            out = _torch_eager_fallback(query, key, value, dense, dropout, scaling, False, None, (-1, -1), softcap,
+                                        sinks)
+        else:
+            out = _torch_sdpa_fallback(query, key, value, dense, dropout, scaling, False, None)
+        return out.transpose(1, 2).contiguous(), None
+
     # No mask + causal module: the mask builder guarantees the queries are the
     # last keys, which is FlashAttention's bottom-right alignment.
-    is_causal = bool(is_causal) and attention_mask is None
+    is_causal = module_causal and attention_mask is None
     # FlashAttention's window for HF's sliding_window (keys i - sliding_window < j),
     # needed only without a mask: a mask from the mask builder holds the window already
     window_size = (-1, -1)
@@ -299,6 +573,14 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         else:
             out = _torch_sdpa_fallback(query, key, value, attention_mask, dropout, scaling, is_causal, position_bias)
         return out.transpose(1, 2).contiguous(), None
+
+    if module_causal and attention_mask is not None and position_bias is None:
+        packed = _packed_from_position_ids(query, key, attention_mask, kwargs.get("position_ids"), sliding_window)
+        if packed is not None:
+            cu, max_seqlen = packed
+            out = _packed_attention(query, key, value, cu, cu, max_seqlen, max_seqlen, True, dropout, scaling,
+                                    packed_window, softcap, sinks, validate=False)
+            return out, None
 
     if position_bias is not None:
         attention_mask = _additive_bias(position_bias, attention_mask, query.dtype)
