@@ -29,7 +29,7 @@
  * arguments into its sequence's (oss_attn_seq_view: rows, lengths, diagonals
  * from the device-side offsets, clamped into the packed tensors); grids and
  * workspaces follow the length bounds len_q / len_k, and blocks past a
- * shorter sequence return at once. dQ is not centred there.
+ * shorter sequence return at once.
  *
  * Backward, tensor cores: a pre-pass computes D = rowsum(dO * O) (O plus its
  * rounding residual when given, so D carries no rounding of out) and the lse
@@ -577,10 +577,10 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   a.dq_ld = L.dq_ld;
   /* dQ's centring needs dS's rows to sum to 0 over these keys: not so for a
    * block of a larger key set, nor with sinks (the rows sum to D p_sink) or a
-   * softcap (dS carries its derivative); its mean K rows are per (batch, kv
-   * head), not per sequence of a variable-length batch */
+   * softcap (dS carries its derivative). In a variable-length batch the mean
+   * K rows are per (sequence, kv head) */
   if (L.mean_ld > 0 && nq > 0 && nkv > 0 && oss_attn_opts()->dq_centring && !bp->keys_subset && p->sinks == NULL &&
-      p->softcap == 0.0 && p->cu_seqlens_q == NULL) {
+      p->softcap == 0.0) {
     a.kmean_part = (double *)((char *)workspace + L.off_kpart);
     a.kmean = (float *)((char *)workspace + L.off_kmean);
     a.eacc = L.dq_ld > 0 ? (float *)((char *)workspace + L.off_eacc) : NULL;

@@ -729,12 +729,14 @@ template <typename T> __global__ void __launch_bounds__(256) oss_attn_bwd_dq_con
  * in float64, the row lanes added in order into kmean_part. Pass 2: one thread
  * per (kv head, column) adds the chunks in order and divides (n equal rows
  * average exactly to that row). Columns >= D and non-finite means give 0. */
-template <typename T> __global__ void __launch_bounds__(256) oss_attn_kmean_part_kernel(const oss_attn_args a) {
+template <typename T> __global__ void __launch_bounds__(256) oss_attn_kmean_part_kernel(const oss_attn_args args) {
   __shared__ double part[256];
   const int64_t bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
-  if (bh >= (int64_t)a.batch * a.hkv) return;
-  const int b = (int)(bh / a.hkv), h = (int)(bh % a.hkv);
-  const int chunks = (a.lk + OSS_ATTN_MEAN_CHUNK - 1) / OSS_ATTN_MEAN_CHUNK;
+  if (bh >= (int64_t)args.batch * args.hkv) return;
+  const int b = (int)(bh / args.hkv), h = (int)(bh % args.hkv);
+  oss_attn_args a = args; /* a sequence's view in a variable-length batch: chunks past its keys sum to 0 */
+  oss_attn_seq_view<T>(a, b);
+  const int chunks = (args.lk + OSS_ATTN_MEAN_CHUNK - 1) / OSS_ATTN_MEAN_CHUNK;
   const int r0 = blockIdx.x * OSS_ATTN_MEAN_CHUNK, r1 = min(r0 + OSS_ATTN_MEAN_CHUNK, a.lk);
   const T *x = (const T *)a.k + b * a.k_s[0] + h * a.k_s[1];
   const int cols = (a.mean_ld + 31) / 32 * 32, lanes = 256 / cols; /* mean_ld <= 256 */
@@ -752,12 +754,17 @@ template <typename T> __global__ void __launch_bounds__(256) oss_attn_kmean_part
   }
 }
 
-__global__ void __launch_bounds__(256) oss_attn_kmean_kernel(const oss_attn_args a) {
+__global__ void __launch_bounds__(256) oss_attn_kmean_kernel(const oss_attn_args args) {
   const int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x;
-  if (i >= (int64_t)a.batch * a.hkv * a.mean_ld) return;
-  const int64_t bh = i / a.mean_ld;
-  const int c = (int)(i % a.mean_ld);
-  const int chunks = (a.lk + OSS_ATTN_MEAN_CHUNK - 1) / OSS_ATTN_MEAN_CHUNK;
+  if (i >= (int64_t)args.batch * args.hkv * args.mean_ld) return;
+  const int64_t bh = i / args.mean_ld;
+  const int c = (int)(i % args.mean_ld);
+  const int chunks = (args.lk + OSS_ATTN_MEAN_CHUNK - 1) / OSS_ATTN_MEAN_CHUNK;
+  oss_attn_args a = args; /* the keys of (batch or sequence, kv head) bh */
+  if (a.cu_q != nullptr) {
+    int64_t k0;
+    oss_attn_seq_bounds(a, (int)(bh / a.hkv), &k0);
+  }
   double sum = 0;
   for (int k = 0; k < chunks; k++) sum += a.kmean_part[(bh * chunks + k) * a.mean_ld + c];
   const float mean = (float)(sum / a.lk);
