@@ -12,7 +12,8 @@ attention_simt_small (float32 only, one shape with several key tiles and query b
 for racecheck, which finished neither attention_simt in 120 s nor three shapes in 90 s on
 an H100), decode (the split-KV decode kernel and the KV-cache entry point), cross_entropy,
 variants (the attention score variants), dropout (attention dropout, alone and with the
-variants: every kernel draws the same weights' mask as the CPU for the same seed).
+variants: every kernel draws the same weights' mask as the CPU for the same seed), varlen
+(packed variable-length batches).
 """
 
 import sys
@@ -253,6 +254,39 @@ def dropout_cases():
                     close_forward_backward(name, outs[0], outs[1], leaves, cpu, ("q", "k", "v"), tol)
 
 
+def varlen_cases():
+    """attention_varlen (packed sequences of mixed lengths, an empty one and
+    a length-1 one; Hopper and mma.sync head dims), forward and backward, in
+    every dtype, default and deterministic, plain and with the variants and
+    dropout, against the CPU kernels."""
+    torch.manual_seed(6)
+    lens_q, lens_k = [1, 130, 0, 67, 200], [5, 130, 3, 300, 64]
+    cu_q = torch.tensor([0] + lens_q).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lens_k).cumsum(0).to(torch.int32)
+    for dtype, tol in ((torch.bfloat16, 3e-2), (torch.float16, 5e-3), (torch.float32, 1e-4)):
+        for Hq, Hkv, D in ((4, 2, 64), (2, 2, 128), (2, 1, 96)):
+            q = torch.randn(int(cu_q[-1]), Hq, D, device="cuda", dtype=dtype)
+            k = torch.randn(int(cu_k[-1]), Hkv, D, device="cuda", dtype=dtype)
+            v = torch.randn(int(cu_k[-1]), Hkv, D, device="cuda", dtype=dtype)
+            seed = torch.randint(-2**63, 2**63 - 1, (1,), dtype=torch.int64)
+            for variants in (False, True):
+                kw = dict(window_size=[40, 3], softcap=5.0, alibi_slopes=torch.rand(5, Hq) * 0.1,
+                          sinks=torch.randn(Hq)) if variants else {}
+                for det in (False, True):
+                    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+                    cpu = [t.detach().cpu().float().requires_grad_() for t in (q, k, v)]
+                    outs = []
+                    for ts, dev in ((leaves, "cuda"), (cpu, "cpu")):
+                        dkw = {n: (t.to(dev) if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+                        out, lse, _ = torch.ops.oss.attention_varlen(
+                            *ts, cu_q.to(dev), cu_k.to(dev), max(lens_q), max(lens_k), True, None, "bottom_right",
+                            **dkw, deterministic=det, dropout_p=0.2 if variants else 0.0,
+                            dropout_seed=seed.to(dev) if variants else None)
+                        outs.append((out, lse))
+                    name = f"varlen {dtype} {(Hq, Hkv, D)} variants={variants} deterministic={det}"
+                    close_forward_backward(name, outs[0], outs[1], leaves, cpu, ("q", "k", "v"), tol)
+
+
 def cross_entropy_cases():
     """The cross-entropy kernels torch_oss.cross_entropy runs (forward and
     backward), against the CPU kernels."""
@@ -275,7 +309,7 @@ def cross_entropy_cases():
 
 
 if __name__ == "__main__":
-    parts = sys.argv[1:] or ["softmax", "attention", "decode", "cross_entropy", "variants", "dropout"]
+    parts = sys.argv[1:] or ["softmax", "attention", "decode", "cross_entropy", "variants", "dropout", "varlen"]
     if "softmax" in parts:
         softmax_cases()
     if "attention" in parts:
@@ -296,5 +330,7 @@ if __name__ == "__main__":
         variants_cases()
     if "dropout" in parts:
         dropout_cases()
+    if "varlen" in parts:
+        varlen_cases()
     torch.cuda.synchronize()
     print("sanitize smoke: all CUDA paths ran and matched the CPU kernels")
