@@ -229,14 +229,8 @@ __device__ __forceinline__ int64_t oss_attn_mask_base(const oss_attn_args &a, in
   return b * a.m_s[0] + h * a.m_s[1];
 }
 
-/* Sequence b of a variable-length batch as a batch of its own lengths:
- * pointers moved to its first rows (the batch strides are 0, so b still names
- * it for ALiBi, dropout and the sinks), lq / lk its lengths clamped to the
- * bounds, its causal and variant offsets. Offsets are clamped into [0, total],
- * so bad cu_seqlens never reach outside the packed tensors. T: the element
- * type of q, k, v, out, dout, dq, dk, dv. Without cu_q, nothing changes. */
 /* The part of oss_attn_seq_view that moves no pointer (a.cu_q set): lengths,
- * diagonals and seq_q0; *k0 the sequence's first key row. */
+ * diagonals, seq_q0 and seq_k0; *k0 the sequence's first key row. */
 __device__ __forceinline__ void oss_attn_seq_bounds(oss_attn_args &a, int b, int64_t *k0) {
   const int64_t q0 = min((int64_t)max(__ldg(a.cu_q + b), 0), a.total_q);
   const int64_t q1 = min(max((int64_t)__ldg(a.cu_q + b + 1), q0), a.total_q);
@@ -250,6 +244,12 @@ __device__ __forceinline__ void oss_attn_seq_bounds(oss_attn_args &a, int b, int
   a.var_off = a.var_bottom_right ? a.lk - a.lq : 0;
 }
 
+/* Sequence b of a variable-length batch as a batch of its own lengths:
+ * pointers moved to its first rows (the batch strides are 0, so b still names
+ * it for ALiBi, dropout and the sinks), lq / lk its lengths clamped to the
+ * bounds, its causal and variant offsets. Offsets are clamped into [0, total],
+ * so bad cu_seqlens never reach outside the packed tensors. T: the element
+ * type of q, k, v, out, dout, dq, dk, dv. Without cu_q, nothing changes. */
 template <typename T> __device__ __forceinline__ void oss_attn_seq_view(oss_attn_args &a, int b) {
   if (a.cu_q == nullptr) return;
   int64_t k0;
@@ -267,7 +267,7 @@ template <typename T> __device__ __forceinline__ void oss_attn_seq_view(oss_attn
 }
 
 /* Offset in lse of row 0 of (batch, query head) bh: [B, Hq, Lq], or with
- * cu_seqlens [Hq, total_q] from the sequence's first row (a a sequence view). */
+ * cu_seqlens [Hq, total_q] from the sequence's first row (a: a sequence's view). */
 __device__ __forceinline__ int64_t oss_attn_lse_row(const oss_attn_args &a, int64_t bh) {
   return a.cu_q != nullptr ? (bh % a.hq) * a.total_q + a.seq_q0 : bh * a.lq;
 }
