@@ -794,6 +794,45 @@ std::tuple<Tensor, Tensor, Tensor> attention_with_residual_op(
                            AttentionVariants{window_size, softcap, alibi_slopes, sinks, dropout_p, &dropout_seed});
 }
 
+// The checks the attention backward ops share: grad_out, out and lse of the
+// shapes the forward gave (out_shape, lse_shape), on the device of the query
+// (named query_name), out and lse of the dtypes it gave, and out_residual
+// (16-bit only) like out. Returns whether a residual is given.
+bool check_backward_tensors(const char *op, const char *query_name, const Tensor &query, const Tensor &grad_out,
+                            const Tensor &out, const Tensor &lse, const std::optional<Tensor> &out_residual,
+                            const std::vector<int64_t> &out_shape, const std::vector<int64_t> &lse_shape) {
+  const Tensor *named[3] = {&grad_out, &out, &lse};
+  const char *names[3] = {"grad_out", "out", "lse"};
+  const std::vector<int64_t> *want[3] = {&out_shape, &out_shape, &lse_shape};
+  for (int i = 0; i < 3; i++) {
+    OSS_CHECK(named[i]->sizes() == at::IntArrayRef(*want[i]), Value, "%s: %s has shape %s, expected %s", op,
+              names[i], shape_str(named[i]->sizes()).c_str(), shape_str(*want[i]).c_str());
+    OSS_CHECK(named[i]->device() == query.device(), Value, "%s: %s is on %s but %s is on %s", op, names[i],
+              device_str(*named[i]).c_str(), query_name, device_str(query).c_str());
+  }
+  OSS_CHECK(out.scalar_type() == query.scalar_type(), Type, "%s: out.dtype=%s must equal %s.dtype=%s", op,
+            dtype_name(out.scalar_type()), query_name, dtype_name(query.scalar_type()));
+  OSS_CHECK(is_kernel_float(grad_out.scalar_type()), Type, "%s: grad_out has dtype %s but must be a floating type",
+            op, dtype_name(grad_out.scalar_type()));
+  OSS_CHECK(lse.scalar_type() == lse_dtype(query.scalar_type()), Type,
+            "%s: lse has dtype %s but the forward of %s inputs produces %s", op, dtype_name(lse.scalar_type()),
+            dtype_name(query.scalar_type()), dtype_name(lse_dtype(query.scalar_type())));
+  const bool use_residual = out_residual.has_value() && out_residual->numel() > 0;
+  if (use_residual) {
+    OSS_CHECK(is_half(query.scalar_type()), Value,
+              "%s: out_residual is only for float16/bfloat16 inputs, not %s (pass None)", op,
+              dtype_name(query.scalar_type()));
+    OSS_CHECK(out_residual->sizes() == out.sizes(), Value, "%s: out_residual has shape %s, expected %s", op,
+              shape_str(out_residual->sizes()).c_str(), shape_str(out_shape).c_str());
+    OSS_CHECK(out_residual->scalar_type() == out.scalar_type(), Type,
+              "%s: out_residual.dtype=%s must equal out.dtype=%s", op, dtype_name(out_residual->scalar_type()),
+              dtype_name(out.scalar_type()));
+    OSS_CHECK(out_residual->device() == query.device(), Value, "%s: out_residual is on %s but %s is on %s", op,
+              device_str(*out_residual).c_str(), query_name, device_str(query).c_str());
+  }
+  return use_residual;
+}
+
 // dq, dk, dv and, with want_dsinks (sinks given), the sinks' gradient in
 // their dtype (an undefined tensor otherwise).
 std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_impl(
@@ -807,39 +846,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_impl(
   oss_attention_backward_params bp{};
   bp.fwd = in.p;
   const oss_attention_params &p = bp.fwd;
-  const std::vector<int64_t> out_shape = {p.batch, p.heads_q, p.len_q, p.head_dim_v};
-  const std::vector<int64_t> lse_shape = {p.batch, p.heads_q, p.len_q};
-  const Tensor *named[3] = {&grad_out, &out, &lse};
-  const char *names[3] = {"grad_out", "out", "lse"};
-  const std::vector<int64_t> *want[3] = {&out_shape, &out_shape, &lse_shape};
-  for (int i = 0; i < 3; i++) {
-    OSS_CHECK(named[i]->sizes() == at::IntArrayRef(*want[i]), Value, "%s: %s has shape %s, expected %s", op,
-              names[i], shape_str(named[i]->sizes()).c_str(), shape_str(*want[i]).c_str());
-    OSS_CHECK(named[i]->device() == query.device(), Value, "%s: %s is on %s but query is on %s", op, names[i],
-              device_str(*named[i]).c_str(), device_str(query).c_str());
-  }
-  OSS_CHECK(out.scalar_type() == query.scalar_type(), Type, "%s: out.dtype=%s must equal query.dtype=%s", op,
-            dtype_name(out.scalar_type()), dtype_name(query.scalar_type()));
-  OSS_CHECK(is_kernel_float(grad_out.scalar_type()), Type, "%s: grad_out has dtype %s but must be a floating type",
-            op, dtype_name(grad_out.scalar_type()));
-  OSS_CHECK(lse.scalar_type() == lse_dtype(query.scalar_type()), Type,
-            "%s: lse has dtype %s but the forward of %s inputs produces %s", op, dtype_name(lse.scalar_type()),
-            dtype_name(query.scalar_type()), dtype_name(lse_dtype(query.scalar_type())));
-
   // the residual is read with out's strides: both contiguous when it is used
-  const bool use_residual = out_residual.has_value() && out_residual->numel() > 0;
-  if (use_residual) {
-    OSS_CHECK(is_half(query.scalar_type()), Value,
-              "%s: out_residual is only for float16/bfloat16 inputs, not %s (pass None)", op,
-              dtype_name(query.scalar_type()));
-    OSS_CHECK(out_residual->sizes() == out.sizes(), Value, "%s: out_residual has shape %s, expected %s", op,
-              shape_str(out_residual->sizes()).c_str(), shape_str(out_shape).c_str());
-    OSS_CHECK(out_residual->scalar_type() == out.scalar_type(), Type,
-              "%s: out_residual.dtype=%s must equal out.dtype=%s", op, dtype_name(out_residual->scalar_type()),
-              dtype_name(out.scalar_type()));
-    OSS_CHECK(out_residual->device() == query.device(), Value, "%s: out_residual is on %s but query is on %s", op,
-              device_str(*out_residual).c_str(), device_str(query).c_str());
-  }
+  const bool use_residual =
+      check_backward_tensors(op, "query", query, grad_out, out, lse, out_residual,
+                             {p.batch, p.heads_q, p.len_q, p.head_dim_v}, {p.batch, p.heads_q, p.len_q});
   Tensor o = use_residual ? out.contiguous() : last_dim_contiguous(out);
   Tensor o_res = use_residual ? out_residual->contiguous() : Tensor();
   Tensor dout = last_dim_contiguous(grad_out.to(query.scalar_type()));
@@ -1029,33 +1039,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_varlen_backward_op(
                                   AttentionVariants{window_size, softcap, alibi_slopes, sinks, dropout_p, &dropout_seed});
   oss_attention_backward_params bp{};
   bp.fwd = r.in.p;
-  const std::vector<int64_t> out_shape = {q.size(0), q.size(1), v.size(2)};
-  const std::vector<int64_t> lse_shape = {q.size(1), q.size(0)};
-  const Tensor *named[3] = {&grad_out, &out, &lse};
-  const char *names[3] = {"grad_out", "out", "lse"};
-  const std::vector<int64_t> *want[3] = {&out_shape, &out_shape, &lse_shape};
-  for (int i = 0; i < 3; i++) {
-    OSS_CHECK(named[i]->sizes() == at::IntArrayRef(*want[i]), Value, "%s: %s has shape %s, expected %s", op,
-              names[i], shape_str(named[i]->sizes()).c_str(), shape_str(*want[i]).c_str());
-    OSS_CHECK(named[i]->device() == q.device(), Value, "%s: %s is on %s but q is on %s", op, names[i],
-              device_str(*named[i]).c_str(), device_str(q).c_str());
-  }
-  OSS_CHECK(out.scalar_type() == q.scalar_type(), Type, "%s: out.dtype=%s must equal q.dtype=%s", op,
-            dtype_name(out.scalar_type()), dtype_name(q.scalar_type()));
-  OSS_CHECK(is_kernel_float(grad_out.scalar_type()), Type, "%s: grad_out has dtype %s but must be a floating type",
-            op, dtype_name(grad_out.scalar_type()));
-  OSS_CHECK(lse.scalar_type() == lse_dtype(q.scalar_type()), Type,
-            "%s: lse has dtype %s but the forward of %s inputs produces %s", op, dtype_name(lse.scalar_type()),
-            dtype_name(q.scalar_type()), dtype_name(lse_dtype(q.scalar_type())));
-  const bool use_residual = out_residual.has_value() && out_residual->numel() > 0;
-  if (use_residual) {
-    OSS_CHECK(is_half(q.scalar_type()), Value, "%s: out_residual is only for float16/bfloat16 inputs, not %s", op,
-              dtype_name(q.scalar_type()));
-    OSS_CHECK(out_residual->sizes() == out.sizes() && out_residual->scalar_type() == out.scalar_type() &&
-                  out_residual->device() == q.device(),
-              Value, "%s: out_residual must match out (shape %s, dtype %s, device %s)", op,
-              shape_str(out.sizes()).c_str(), dtype_name(out.scalar_type()), device_str(out).c_str());
-  }
+  const bool use_residual = check_backward_tensors(op, "q", q, grad_out, out, lse, out_residual,
+                                                   {q.size(0), q.size(1), v.size(2)}, {q.size(1), q.size(0)});
   const bool want_dsinks = given(sinks);
   Tensor o = use_residual ? out.contiguous() : last_dim_contiguous(out);
   Tensor o_res = use_residual ? out_residual->contiguous() : Tensor();
