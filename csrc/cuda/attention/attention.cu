@@ -27,9 +27,12 @@
  * Variable-length batches (params->cu_seqlens_q / cu_seqlens_k): every
  * kernel but the decode one serves them, each block first turning the
  * arguments into its sequence's (oss_attn_seq_view: rows, lengths, diagonals
- * from the device-side offsets, clamped into the packed tensors); grids and
- * workspaces follow the length bounds len_q / len_k, and blocks past a
- * shorter sequence return at once.
+ * from the device-side offsets, clamped into the packed tensors). The
+ * tensor-core kernels number their blocks by slots of the packed rows
+ * (oss_attn_seq_slots: about total / block rows + batch per head, with no
+ * host read of the offsets); the SIMT kernels' grids and the workspaces
+ * follow the length bounds len_q / len_k, and blocks past a shorter sequence
+ * return at once.
  *
  * Backward, tensor cores: a pre-pass computes D = rowsum(dO * O) (O plus its
  * rounding residual when given, so D carries no rounding of out) and the lse

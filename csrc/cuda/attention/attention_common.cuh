@@ -120,7 +120,9 @@ typedef struct oss_attn_args {
    * every batch stride to 0, lq / lk to the length bounds and var_bottom_right
    * when the variants' diagonal is bottom-right; oss_attn_seq_view turns a
    * copy of the block into sequence b's (pointers at its first rows, its
-   * lengths, its diagonals, seq_q0 / seq_k0 its first query / key row). */
+   * lengths, its diagonals, seq_q0 / seq_k0 its first query / key row). The
+   * decode kernel reads var_bottom_right too: there the diagonal follows each
+   * batch's seqlens_k. */
   const int *cu_q, *cu_k;
   int64_t total_q, total_k;
   int var_bottom_right;
@@ -264,6 +266,37 @@ template <typename T> __device__ __forceinline__ void oss_attn_seq_view(oss_attn
   a.v = (const T *)a.v + k0 * a.v_s[2];
   if (a.dk != nullptr) a.dk = (T *)a.dk + k0 * a.dk_s[2];
   if (a.dv_ptr != nullptr) a.dv_ptr = (T *)a.dv_ptr + k0 * a.dv_s[2];
+}
+
+/* Blocks of a variable-length batch. A grid sized by the longest sequence
+ * (batch x ceil(max_len / R) blocks per head) is mostly CTAs that find their
+ * sequence shorter and exit, when lengths vary. Instead sequence b's blocks of
+ * R rows take the slots s_b, s_b + 1, ... with s_b = floor(cu[b] / R) + b:
+ * s_{b+1} - s_b = floor(cu[b+1] / R) - floor(cu[b] / R) + 1, at least
+ * ceil(len_b / R) and at most one more, so the slots of two sequences never
+ * overlap, at most one per sequence stays empty, and floor(total / R) +
+ * batch + 1 slots per head hold every block: a count the host knows without
+ * reading cu (no synchronisation). */
+__host__ __device__ __forceinline__ int64_t oss_attn_seq_slots(int64_t total, int batch, int rows) {
+  return total / rows + batch + 1;
+}
+
+/* The sequence of slot t (the last b with s_b <= t, by bisection; cu read as
+ * oss_attn_seq_bounds clamps it) and, in *block, t - s_b: the block of R rows
+ * within the sequence, which the caller compares with its length (negative
+ * or past it: an empty slot). */
+__device__ __forceinline__ int oss_attn_slot_seq(const int *cu, int batch, int64_t total, int rows, int64_t t,
+                                                 int *block) {
+  int lo = 0, hi = batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (min((int64_t)max(__ldg(cu + mid), 0), total) / rows + mid <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  *block = (int)(t - (min((int64_t)max(__ldg(cu + lo), 0), total) / rows + lo));
+  return lo;
 }
 
 /* Offset in lse of row 0 of (batch, query head) bh: [B, Hq, Lq], or with

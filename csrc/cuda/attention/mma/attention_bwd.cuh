@@ -169,13 +169,12 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int kg = warp % NKW, cs = warp / NKW;
   const int g = lane >> 2, t2 = (lane & 3) * 2;
-  const int64_t bhk = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
-  if (bhk >= (int64_t)args.batch * args.hkv) return;
-  const int b = (int)(bhk / args.hkv), hk = (int)(bhk % args.hkv);
+  int b, hk, block;
+  if (!oss_attn_key_block_of(args, BC, &b, &hk, &block)) return;
   oss_attn_args a = args; /* a sequence's view in a variable-length batch */
   oss_attn_seq_view<T>(a, b);
-  const int j0 = blockIdx.x * BC;
-  if (j0 >= a.lk) return; /* past a shorter sequence's keys */
+  const int j0 = block * BC;
+  if (block < 0 || j0 >= a.lk) return; /* an empty slot, or past a shorter sequence's keys */
   const int krows = min(BC, a.lk - j0);
 
   int qb0, nqe;
@@ -562,7 +561,7 @@ oss_status oss_attn_bwd_dq_det_run(const oss_attn_args *a, cudaStream_t stream, 
   return oss_attn_launch(oss_attn_bwd_dq_mma_kernel<T, HD, DQ_BR, DQ_BC, DQ_NW, VAR>,
                          "deterministic attention backward (dQ, mma.sync)", HD,
                          oss_attn_bwd_dq_smem_bytes<HD, DQ_BR, DQ_BC>(),
-                         oss_attn_grid((a->lq + DQ_BR - 1) / DQ_BR, (int64_t)a->batch * a->hq), DQ_NW * 32, a, stream,
+                         oss_attn_query_grid(a, DQ_BR), DQ_NW * 32, a, stream,
                          dev);
 }
 
@@ -573,7 +572,7 @@ oss_status oss_attn_bwd_mma_run(const oss_attn_args *a, cudaStream_t stream, con
         oss_attn_bwd_dkdv_mma_kernel<T, HD, BR, NKW, NCS, MINB, VAR>,
         VAR ? "attention backward with score variants (dK/dV, mma.sync)" : "attention backward (dK/dV, mma.sync)", HD,
         oss_attn_bwd_dkdv_smem_bytes<HD, BR, NKW>(),
-        oss_attn_grid((a->lk + 16 * NKW - 1) / (16 * NKW), (int64_t)a->batch * a->hkv), NKW * NCS * 32, a, stream,
+        oss_attn_key_grid(a, 16 * NKW), NKW * NCS * 32, a, stream,
         dev);
     if (st != OSS_OK) return st;
   }

@@ -309,7 +309,7 @@ oss_status oss_attn_fwd_mma_run(const oss_attn_args *a, cudaStream_t stream, con
   return oss_attn_launch(oss_attn_fwd_mma_kernel<T, HD, BR, BC, NW, MINB, VAR>,
                          VAR ? "attention forward with score variants (mma.sync)" : "attention forward (mma.sync)", HD,
                          oss_attn_fwd_smem_bytes<HD, BR, BC>(),
-                         oss_attn_grid((a->lq + BR - 1) / BR, (int64_t)a->batch * a->hq), NW * 32, a, stream, dev);
+                         oss_attn_query_grid(a, BR), NW * 32, a, stream, dev);
 }
 
 /* Entry points instantiated once per (head dim, dtype) by the generator: the

@@ -624,8 +624,8 @@ __device__ __forceinline__ void oss_store_pair(T *row, int c, int ncols, float v
  * its kv head hk, rows i0 .. i0 + rows - 1, and the ntiles key tiles of BC
  * that some of them can see (causal: up to the diagonal). Causal blocks are
  * numbered heaviest (last rows) first. oss_attn_query_block_of: the block a
- * query-major CTA owns (grid: oss_attn_grid over query blocks x batch * query
- * heads); false for the padding CTAs past batch * heads. */
+ * query-major CTA owns (grid: oss_attn_query_grid); false for the padding CTAs
+ * past batch * heads and a variable-length batch's empty slots. */
 typedef struct oss_attn_query_block {
   int64_t bh;
   int b, h, hk, i0, rows, ntiles;
@@ -668,11 +668,37 @@ __device__ __forceinline__ void oss_attn_query_block_at(const oss_attn_args &a, 
  * such block (past batch * heads, or past its sequence's rows). */
 template <typename T, int BR, int BC, bool VAR = false>
 __device__ __forceinline__ bool oss_attn_query_block_of(oss_attn_args &a, oss_attn_query_block *q) {
-  const int64_t bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
-  if (bh >= (int64_t)a.batch * a.hq) return false;
+  const int64_t y = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
+  int64_t bh = y;
+  int block = (int)blockIdx.x;
+  if (a.cu_q != nullptr) { /* y: the query head; x: a slot of the packed rows */
+    if (y >= a.hq) return false;
+    bh = (int64_t)oss_attn_slot_seq(a.cu_q, a.batch, a.total_q, BR, blockIdx.x, &block) * a.hq + y;
+  } else if (bh >= (int64_t)a.batch * a.hq) {
+    return false;
+  }
   oss_attn_seq_view<T>(a, (int)(bh / a.hq));
-  if ((int64_t)blockIdx.x * BR >= a.lq) return false;
-  oss_attn_query_block_at<BR, BC, VAR>(a, bh, (int)blockIdx.x, q);
+  if (block < 0 || (int64_t)block * BR >= a.lq) return false;
+  oss_attn_query_block_at<BR, BC, VAR>(a, bh, block, q);
+  return true;
+}
+
+/* The (batch, kv head) and key block of a key-major CTA with blocks of R
+ * keys (grid: oss_attn_key_grid; in a variable-length batch b is the slot's
+ * sequence). False: padding past batch * kv heads. The caller compares the
+ * block with its sequence's keys (negative or past them: nothing to do). */
+__device__ __forceinline__ bool oss_attn_key_block_of(const oss_attn_args &a, int rows, int *b, int *hk, int *block) {
+  const int64_t y = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
+  *block = (int)blockIdx.x;
+  if (a.cu_q != nullptr) { /* y: the kv head; x: a slot of the packed keys */
+    if (y >= a.hkv) return false;
+    *b = oss_attn_slot_seq(a.cu_k, a.batch, a.total_k, rows, blockIdx.x, block);
+    *hk = (int)y;
+    return true;
+  }
+  if (y >= (int64_t)a.batch * a.hkv) return false;
+  *b = (int)(y / a.hkv);
+  *hk = (int)(y % a.hkv);
   return true;
 }
 
@@ -681,6 +707,19 @@ __device__ __forceinline__ bool oss_attn_query_block_of(oss_attn_args &a, oss_at
 static inline dim3 oss_attn_grid(int64_t blocks, int64_t bh) {
   const int64_t y = bh < 65535 ? bh : 65535;
   return dim3((unsigned)blocks, (unsigned)(y > 0 ? y : 1), (unsigned)((bh + y - 1) / (y > 0 ? y : 1)));
+}
+
+/* Grids of the query-major kernels (blocks of R query rows) and key-major
+ * ones (blocks of R keys): blocks along the longest sequence x batch * heads,
+ * or in a variable-length batch the slots of the packed rows x heads
+ * (oss_attn_seq_slots). */
+static inline dim3 oss_attn_query_grid(const oss_attn_args *a, int rows) {
+  return a->cu_q != NULL ? oss_attn_grid(oss_attn_seq_slots(a->total_q, a->batch, rows), a->hq)
+                         : oss_attn_grid((a->lq + rows - 1) / rows, (int64_t)a->batch * a->hq);
+}
+static inline dim3 oss_attn_key_grid(const oss_attn_args *a, int rows) {
+  return a->cu_q != NULL ? oss_attn_grid(oss_attn_seq_slots(a->total_k, a->batch, rows), a->hkv)
+                         : oss_attn_grid((a->lk + rows - 1) / rows, (int64_t)a->batch * a->hkv);
 }
 
 /* Launches kernel(*a) with grid x threads and `smem` bytes of dynamic shared

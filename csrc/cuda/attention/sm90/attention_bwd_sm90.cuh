@@ -99,13 +99,12 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int g = lane >> 2, t2 = (lane & 3) * 2;
-  const int64_t bhk = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
-  if (bhk >= (int64_t)args.batch * args.hkv) return;
-  const int b = (int)(bhk / args.hkv), hk = (int)(bhk % args.hkv);
+  int b, hk, block;
+  if (!oss_attn_key_block_of(args, BC, &b, &hk, &block)) return;
   oss_attn_args a = args; /* a sequence's view in a variable-length batch */
   oss_attn_seq_view<T>(a, b);
-  const int j0 = blockIdx.x * BC;
-  if (j0 >= a.lk) return; /* past a shorter sequence's keys */
+  const int j0 = block * BC;
+  if (block < 0 || j0 >= a.lk) return; /* an empty slot, or past a shorter sequence's keys */
   const int krows = min(BC, a.lk - j0);
   const int kw0 = j0 + wg * 64 + (warp & 3) * 16; /* this warp's first key */
 
@@ -339,7 +338,7 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
         oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC, VAR>,
         VAR ? "attention backward with score variants (wgmma)" : "attention backward (wgmma)", HD,
         oss_attn_bwd_sm90_smem_bytes<HD, C::BR, C::BC>(),
-        oss_attn_grid((a->lk + C::BC - 1) / C::BC, (int64_t)a->batch * a->hkv), 256, a, stream, dev);
+        oss_attn_key_grid(a, C::BC), 256, a, stream, dev);
     if (st != OSS_OK) return st;
   }
   return oss_attn_bwd_dq_det_run<T, HD, M::DQ_BR, M::DQ_BC, M::DQ_NW, VAR>(a, stream, dev);

@@ -36,7 +36,9 @@
  *     variant too), as in the mma.sync kernel: a tile's kept weights drawn
  *     after its exponentials, while the previous P V runs, the dropped ones
  *     zeroed once P is packed, and 1 / (1 - p) applied to out at the end.
- *   - a variable-length batch (oss.h cu_seqlens): the work block's arguments
+ *   - a variable-length batch (oss.h cu_seqlens): the work blocks of a head
+ *     are slots of the packed rows (oss_attn_seq_slots), so the grid follows
+ *     the tokens rather than batch x the longest sequence; a block's arguments
  *     become its sequence's view, the copies address the packed rows from the
  *     sequence's first row in one batch of the tensor maps, and the rows of
  *     the last key tile past the sequence (the next sequence's, weight 0) are
@@ -155,14 +157,29 @@ __device__ __forceinline__ void oss_sm90_load_tile(T *dst, const CUtensorMap *ma
     oss_tma_load_4d(oss_smem_u32(dst + cb * ROWS * 64), map, full, cb * 64, row, head, batch);
 }
 
-/* Work block w's arguments into a: args itself, or in a variable-length batch
- * its sequence's view. False: the block lies past its sequence's rows. */
+/* Work block w of nqb per row of the work grid: (batch * query head) bh =
+ * w / nqb and its query block w % nqb; in a variable-length batch w / nqb is
+ * the query head and w % nqb a slot of the packed rows (oss_attn_seq_slots),
+ * and a becomes the slot's sequence's view. False: an empty slot. */
 template <typename T, int BR>
-__device__ __forceinline__ bool oss_sm90_block_view(oss_attn_args &a, const oss_attn_args &args, int w, int nqb) {
+__device__ __forceinline__ bool oss_sm90_block_view(oss_attn_args &a, const oss_attn_args &args, int w, int nqb,
+                                                    int64_t *bh, int *block) {
+  *bh = w / nqb;
+  *block = w % nqb;
   if (args.cu_q == nullptr) return true;
   a = args;
-  oss_attn_seq_view<T>(a, w / nqb / args.hq);
-  return (w % nqb) * BR < a.lq;
+  const int b = oss_attn_slot_seq(args.cu_q, args.batch, args.total_q, BR, *block, block);
+  *bh = (int64_t)b * args.hq + w / nqb;
+  oss_attn_seq_view<T>(a, b);
+  return *block >= 0 && *block * BR < a.lq;
+}
+
+/* Work blocks per row of the work grid, and the rows (see oss_sm90_block_view). */
+__host__ __device__ __forceinline__ int64_t oss_sm90_row_blocks(const oss_attn_args &a, int rows) {
+  return a.cu_q != nullptr ? oss_attn_seq_slots(a.total_q, a.batch, rows) : (a.lq + rows - 1) / rows;
+}
+__host__ __device__ __forceinline__ int64_t oss_sm90_work_rows(const oss_attn_args &a) {
+  return a.cu_q != nullptr ? a.hq : (int64_t)a.batch * a.hq;
 }
 
 /* Zeroes rows first .. ROWS - 1 of a landed ROWS x HD tile (HD / 64 boxes of
@@ -205,8 +222,8 @@ __global__ void __launch_bounds__(384, 1)
   /* persistent: the CTA takes work blocks blockIdx.x, + gridDim.x, ...; the
    * blocks of one (batch, head) are consecutive, so the CTAs running at one
    * time share few heads' K and V in L2 */
-  const int nqb = (args.lq + BR - 1) / BR;
-  const int nwork = nqb * args.batch * args.hq; /* the launcher checks that it fits */
+  const int nqb = (int)oss_sm90_row_blocks(args, BR);
+  const int nwork = nqb * (int)oss_sm90_work_rows(args); /* the launcher checks that it fits */
   /* the current block's arguments: in a variable-length batch its sequence's
    * view (oss_attn_seq_view); the copies then address the packed rows from the
    * sequence's first (seq_q0, seq_k0) in one batch. A mask tensor never comes
@@ -236,9 +253,11 @@ __global__ void __launch_bounds__(384, 1)
       int blocks = 0, tiles = 0; /* Q and K/V uses so far */
 #pragma unroll 1
       for (int w = blockIdx.x; w < nwork; w += gridDim.x) {
-        if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, w, nqb)) continue;
+        int64_t bh = w / nqb;
+        int block = w % nqb;
+        if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, w, nqb, &bh, &block)) continue;
         oss_attn_query_block qb;
-        oss_attn_query_block_at<BR, BC, VAR>(a, w / nqb, w % nqb, &qb);
+        oss_attn_query_block_at<BR, BC, VAR>(a, bh, block, &qb);
         if (qb.ntiles <= qb.jt0) continue;
         const int tb = a.cu_q != nullptr ? 0 : qb.b; /* the copies' batch */
         if (blocks > 0) oss_mbar_wait(&q_empty, (blocks - 1) & 1);
@@ -271,9 +290,11 @@ __global__ void __launch_bounds__(384, 1)
     int blocks = 0, tiles = 0;
 #pragma unroll 1
     for (int w = blockIdx.x; w < nwork; w += gridDim.x) {
-      if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, w, nqb)) continue;
+      int64_t bh = w / nqb;
+      int block = w % nqb;
+      if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, w, nqb, &bh, &block)) continue;
       oss_attn_query_block qb;
-      oss_attn_query_block_at<BR, BC, VAR>(a, w / nqb, w % nqb, &qb);
+      oss_attn_query_block_at<BR, BC, VAR>(a, bh, block, &qb);
       /* the block's key tiles jt0 .. jt0 + ntiles - 1 (a window's; else all up to the diagonal) */
       const int i0 = qb.i0, jt0 = qb.jt0, ntiles = qb.ntiles > qb.jt0 ? qb.ntiles - qb.jt0 : 0;
       const int64_t mbase = MASK_TENSOR ? oss_attn_mask_base(a, qb.b, qb.h) : 0;
@@ -463,7 +484,7 @@ oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_a
   /* The budgets of setmaxnreg hold only if the kernel launches with the
    * registers assumed above; a compiler that allots fewer would make the
    * consumers wait forever, so then the mma.sync kernel runs instead. */
-  const int64_t nwork = (int64_t)((a->lq + C::BR - 1) / C::BR) * a->batch * a->hq;
+  const int64_t nwork = oss_sm90_row_blocks(*a, C::BR) * oss_sm90_work_rows(*a);
   oss_attn_sm90_maps maps;
   /* a variable-length batch: one batch of the packed rows */
   const bool packed = a->cu_q != NULL;
