@@ -12,6 +12,13 @@ cache, torch_oss against every SDPA backend in the same run.
    random order (validate=False: the default value checks cost a host synchronisation
    per call); skipped when torch_oss has no attention_with_kvcache.
 
+3. Score variants on the KV cache (contiguous cache, FlashAttention layout):
+   attention_with_kvcache with a sliding window (Mistral-style, 4k keys), softcap
+   (Gemma 2), ALiBi slopes, attention sinks (gpt-oss), and window + softcap and
+   window + sinks together, each against the plain call at the same point. "speed vs
+   plain" is the plain call's time over the variant's; a window's row also gives the
+   bandwidth of the keys it can see (the bytes a windowed kernel must read).
+
 Bytes counted: K + V read once, 2 * B * Hkv * L * D * element size; q and the output
 (B * Hq * D elements each) are left out, being negligible next to the cache. Bandwidth
 is given as % of a device-to-device copy's bandwidth (read + write) measured in the
@@ -270,6 +277,90 @@ def decode_kvcache(shapes, dtype, device, copy_gbs, timing):
     return records
 
 
+def variant_reference(q, k, v, seqlens, window_left=-1, softcap=0.0, alibi=None, sinks=None):
+    """float32 attention of the newest query (position seqlen - 1 of each
+    sequence) of q (B, 1, Hq, D) over the cache k/v (B, Lmax, Hkv, D) with the
+    score variants, FlashAttention's conventions (ALiBi bias -slope * distance,
+    the sink one more logit in each row's softmax with no value); one sequence
+    at a time."""
+    B, _, Hq, D = q.shape
+    Hkv = k.shape[2]
+    out = torch.empty(B, 1, Hq, D, dtype=torch.float32, device=q.device)
+    for b in range(B):
+        n = int(seqlens[b])
+        kb = k[b, :n].float().transpose(0, 1).repeat_interleave(Hq // Hkv, 0)  # (Hq, n, D)
+        vb = v[b, :n].float().transpose(0, 1).repeat_interleave(Hq // Hkv, 0)
+        s = torch.matmul(q[b].float().transpose(0, 1), kb.transpose(-1, -2))[:, 0] / math.sqrt(D)  # (Hq, n)
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        dist = (n - 1 - torch.arange(n, device=q.device)).float()
+        if alibi is not None:
+            s = s - alibi[:, None] * dist
+        if window_left >= 0:
+            s = s.masked_fill(dist > window_left, float("-inf"))
+        if sinks is not None:
+            s = torch.cat([s, sinks[:, None].float()], 1)
+        p = torch.softmax(s, -1)[:, :n]
+        out[b, 0] = torch.matmul(p[:, None], vb)[:, 0]
+    return out
+
+
+def decode_variants(shapes, dtype, device, copy_gbs, timing, window):
+    """Section 3: attention_with_kvcache with the score variants against the plain call."""
+    kvcache = getattr(torch_oss, "attention_with_kvcache", None)
+    if kvcache is None:
+        return []
+    records, rows = [], []
+    for (B, L, Hq, Hkv, D) in shapes:
+        nbytes = kv_bytes(B, L, Hkv, D, dtype)
+        label = f"variants B{B} L{fmt_len(L)} {Hq}/{Hkv} hd{D}"
+        q = torch.randn(B, 1, Hq, D, dtype=dtype, device=device)
+        k_cache = torch.randn(B, L, Hkv, D, dtype=dtype, device=device)
+        v_cache = torch.randn(B, L, Hkv, D, dtype=dtype, device=device)
+        seqlens = torch.full((B,), L, dtype=torch.int32, device=device)
+        alibi = torch.rand(Hq, device=device) * 2**-8
+        sinks = torch.randn(Hq, device=device)
+        variants = {
+            "plain": ({}, {}),
+            "window": (dict(window_size=(window, 0)), dict(window_left=window)),
+            "softcap": (dict(softcap=30.0), dict(softcap=30.0)),
+            "alibi": (dict(alibi_slopes=alibi), dict(alibi=alibi)),
+            "sinks": (dict(sinks=sinks), dict(sinks=sinks)),
+            "window+softcap": (dict(window_size=(window, 0), softcap=30.0), dict(window_left=window, softcap=30.0)),
+            "window+sinks": (dict(window_size=(window, 0), sinks=sinks), dict(window_left=window, sinks=sinks)),
+        }
+        by = {}
+        for name, (kw, ref_kw) in variants.items():
+            def fn(kw=kw):
+                return kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True, validate=False, **kw)
+
+            got, err = try_call(fn)
+            if got is None:
+                print(f"  {name} unavailable for {label}: {err}")
+                continue
+            check(f"attention_with_kvcache {name}", got, variant_reference(q, k_cache, v_cache, seqlens, **ref_kw),
+                  dtype, label)
+            del got
+            stats = time_it(fn, device, nullcontext, timing)
+            visible = nbytes * min(L, window + 1) // L if "window" in name else nbytes
+            by[name] = point_record(visible, copy_gbs, stats, section="variants", impl=f"torch_oss-{name}",
+                                    variant=name, batch=B, kv_len=L, hq=Hq, hkv=Hkv, hdim=D, kv_bytes=visible)
+            records.append(by[name])
+        base = by.get("plain")
+        for name, r in by.items():
+            if base:
+                r["speed_vs_plain"] = base["us"] / r["us"]
+            rows.append([B, fmt_len(L), f"{Hq}/{Hkv}", D, name, f"{r['us']:.1f}", f"{r['pct_copy']:.0f}",
+                         f"{r['speed_vs_plain']:.2f}" if base else "-"])
+        del q, k_cache, v_cache, seqlens
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    common.print_table(f"decode with score variants, attention_with_kvcache (window = {window} keys back): median us, "
+                       "% of copy bandwidth for the keys the call can see, speed vs the plain call",
+                       ["B", "L", "Hq/Hkv", "hd", "variant", "us", "%copy", "speed vs plain"], rows)
+    return records
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
@@ -301,6 +392,8 @@ def main():
     kv_shapes = [(2, L, 4, 2, D) for L in (64, 100) for D in (32, 64)] if args.smoke else \
         [(B, L, 32, 8, 128) for B in (1, 8) for L in (8 * K, 32 * K)]
     records += decode_kvcache(kv_shapes, dtype, device, copy_gbs, timing)
+    var_shapes = [(2, 100, 4, 2, 64)] if args.smoke else [(1, 32 * K, 32, 8, 128), (8, 8 * K, 32, 8, 128)]
+    records += decode_variants(var_shapes, dtype, device, copy_gbs, timing, 30 if args.smoke else 4 * K)
     if skipped:
         print(f"\nskipped (K+V > 25% of GPU memory): {', '.join(skipped)}")
     common.write_json("decode_smoke" if args.smoke else "decode",

@@ -539,8 +539,7 @@ void copy_variant_fields(const oss_attention_params &from, oss_attention_params 
 // Checks the variants of a call on `device` with B batches and Hq query heads
 // and fills their fields of p (the diagonal of the window and the ALiBi
 // distances is `diagonal`); alibi and sinks receive the float32 contiguous
-// tensors p points into. A KV-cache call on CUDA with any of them raises
-// NotImplementedError naming it (the decode kernel does not take them).
+// tensors p points into. A KV-cache call takes them all but dropout.
 void set_attention_variants(const char *op, const AttentionVariants &var, const Tensor &query, int64_t B,
                             int64_t Hq, oss_causal diagonal, oss_attention_params &p, Tensor &alibi, Tensor &sinks,
                             bool kv_cache = false) {
@@ -571,16 +570,6 @@ void set_attention_variants(const char *op, const AttentionVariants &var, const 
               device_str(t).c_str(), device_str(query).c_str());
     OSS_CHECK(t.dim() == 1 && t.size(0) == Hq, Value, "%s: sinks must have shape (heads_q,) = (%lld,), got %s", op,
               LL(Hq), shape_str(t.sizes()).c_str());
-  }
-  if (query.is_cuda()) {
-    const char *variant = windowed                 ? "window_size"
-                          : var.softcap != 0.0     ? "softcap"
-                          : given(var.alibi_slopes) ? "alibi_slopes"
-                          : given(var.sinks)        ? "sinks"
-                                                    : nullptr;
-    OSS_CHECK(variant == nullptr || !kv_cache, NotImplemented,
-              "torch_oss.%s: %s on CUDA is not supported with a KV cache yet (the CPU kernels serve it)", op,
-              variant);
   }
   OSS_CHECK(std::isfinite(var.dropout_p) && var.dropout_p >= 0.0 && var.dropout_p <= 1.0, Value,
             "%s: dropout_p=%g must be a number in [0, 1]", op, var.dropout_p);

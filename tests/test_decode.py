@@ -3,7 +3,11 @@ few query rows per head (every split count forced, GQA packing, masks, both
 causal alignments, key counts around the tile size), and
 torch_oss.attention_with_kvcache (contiguous and paged caches, appends,
 per-sequence lengths, its errors, torch.compile and CUDA-graph capture), each
-against float64 references by the tolerance rule."""
+against float64 references by the tolerance rule. The score variants in the
+decode kernel (window, softcap, ALiBi, sinks) over KV caches and for few
+query rows: forced split counts, pages, GQA with per-(batch, head) slopes,
+rows that see no key, speculative rows; their peer is the variants'
+definition computed in float32 (test_variants.variant_reference)."""
 
 import pytest
 import torch
@@ -13,6 +17,7 @@ from torch_oss._kernels import attention_kernels
 
 from _util import (ATTENTION_ATOL, DEVICES, assert_tolerance, attention_reference, cuda_param, lse_peer,
                    sdpa_peer, seeded)
+from test_variants import draw_variants, variant_reference
 
 CUDA_ONLY = [cuda_param("cuda")]
 
@@ -345,3 +350,94 @@ def test_kvcache_cuda_graph_decode_step(device):
             assert torch.equal(out, want), f"replay {step}"
             assert torch.equal(kc, ref_k) and torch.equal(vc, ref_v)
             seqlens += 1
+
+
+# ---------------------------------------------------------------------------
+# the score variants in the decode kernel
+# ---------------------------------------------------------------------------
+
+
+def _check_variant_rows(label, out, lse, q, k, v, causal, alignment, kw, mask=None):
+    """out (B, Hq, Lq, Dv) and lse against variant_reference in float64, the
+    float32 computation as the peer. q, k, v: SDPA layout."""
+    args = dict(attn_mask=mask, is_causal=causal, alignment=alignment, **kw)
+    ref_out, ref_lse = variant_reference(q, k, v, **args)
+    peer_out, peer_lse = variant_reference(q, k, v, compute_dtype=torch.float32, **args)
+    atol = ATTENTION_ATOL[q.dtype]
+    assert_tolerance(f"out {label}", out, ref_out, peer_out.to(q.dtype), atol)
+    assert_tolerance(f"lse {label}", lse, ref_lse, peer_lse, atol)
+
+
+# name -> (batch, len_q, heads_q, heads_kv, head_dim, capacity, page_size, lengths, causal, variants
+# as test_variants.VARIANTS spells them, forced split counts on CUDA)
+KV_VARIANT_CASES = {
+    # GQA 4 with ALiBi slopes per (batch, head): a row given another head's slope fails;
+    # a paged cache; an empty sequence (its rows: out 0, lse = the sink); the window's
+    # 201 keys split 1 to 4 ways, the sink counted once
+    "gqa4-paged-alibi_batch-sinks": (3, 1, 16, 4, 128, 1000, 16, [1000, 0, 333], True,
+                                     dict(window_size=(200, 0), alibi="batch", sinks=True), [0, 3, 16]),
+    # speculative rows: 5 queries x 4 heads = 20 packed rows, the second CTA spanning heads;
+    # a window open on the right splits the whole cache, so the later splits see no key;
+    # capped scores, so every key of the window weighs
+    "spec5-window_open_right-softcap-sinks": (2, 5, 8, 2, 64, 700, None, [700, 450], False,
+                                              dict(window_size=(40, -1), softcap=4.0, sinks=True), [1, 6]),
+    # window (0, 0) with causal: each row sees its diagonal key at most; rows 0 and 1 of the
+    # one-token sequence see none (out 0, lse -inf)
+    "window_0_0-causal-hd256": (2, 3, 4, 2, 256, 300, 64, [300, 1], True,
+                                dict(window_size=(0, 0), softcap=5.0, alibi="heads"), [0, 2]),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(KV_VARIANT_CASES))
+def test_kvcache_variants_in_the_decode_kernel(device, case):
+    B, Lq, Hq, Hkv, D, capacity, page_size, lengths, causal, spec, split_counts = KV_VARIANT_CASES[case]
+    for dtype in _kvcache_dtypes(device):
+        seeded(capacity + Lq)
+        kc, vc, table = _make_cache(device, dtype, B, capacity, Hkv, D, D, page_size)
+        seqs = _fill(kc, vc, table, lengths, dtype)
+        q = _randn((B, Lq, Hq, D), dtype, device, 2.0)
+        kw = draw_variants(spec, B, Hq, device)
+        seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
+        for splits in split_counts if device == "cuda" else [0]:
+            with torch.no_grad(), attention_kernels(decode_splits=splits):
+                out, lse = torch_oss.attention_with_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=table,
+                                                            causal=causal, return_lse=True, **kw)
+            for b, (K, V) in enumerate(seqs):
+                kwb = dict(kw)
+                if "alibi_slopes" in kw and kw["alibi_slopes"].dim() == 2:
+                    kwb["alibi_slopes"] = kw["alibi_slopes"][b:b + 1]
+                _check_variant_rows(f"{case} {dtype} splits={splits} b={b}", out[b:b + 1].transpose(1, 2),
+                                    lse[b:b + 1], q[b:b + 1].transpose(1, 2), K.transpose(0, 1)[None],
+                                    V.transpose(0, 1)[None], causal, "bottom_right", kwb)
+
+
+# name -> (batch, heads_q, heads_kv, len_q, len_k, head_dim, causal, alignment, variants, a padding
+# mask, forced split counts on CUDA)
+DECODE_VARIANT_CASES = {
+    "q1-gqa4-causal_br-all": (2, 16, 4, 1, 900, 128, True, "bottom_right",
+                              dict(window_size=(100, 0), softcap=3.0, alibi="batch", sinks=True), False, [0, 5]),
+    "q7-top_left-window_3_5-alibi-mask": (2, 8, 2, 7, 300, 64, False, "top_left",
+                                          dict(window_size=(3, 5), alibi="batch", sinks=True), True, [0, 3]),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(DECODE_VARIANT_CASES))
+def test_decode_variants_few_query_rows(device, case):
+    """torch_oss.attention_with_lse with few query rows and the variants (on
+    CUDA the decode kernel, not the tile kernels)."""
+    B, Hq, Hkv, Lq, Lk, D, causal, alignment, spec, padded, split_counts = DECODE_VARIANT_CASES[case]
+    for dtype in _kvcache_dtypes(device):
+        seeded(Lk + Lq)
+        q, k = _randn((B, Hq, Lq, D), dtype, device, 2.0), _randn((B, Hkv, Lk, D), dtype, device, 2.0)
+        v = _randn((B, Hkv, Lk, D), dtype, device)
+        kw = draw_variants(spec, B, Hq, device)
+        mask = None
+        if padded:  # batch 1 sees its first 4 keys only: rows past the window see none but the sink
+            mask = (torch.arange(Lk, device=device) < torch.tensor([Lk, 4], device=device)[:, None])[:, None, None]
+        for splits in split_counts if device == "cuda" else [0]:
+            with attention_kernels(decode_splits=splits):
+                out, lse = torch_oss.attention_with_lse(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True,
+                                                        causal_alignment=alignment, **kw)
+            _check_variant_rows(f"{case} {dtype} splits={splits}", out, lse, q, k, v, causal, alignment, kw, mask)

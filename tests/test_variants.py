@@ -15,8 +15,10 @@ FlashAttention does, the peer is that computation emulated in PyTorch
 (fa_style_peer): float32 scores and sums, P and dS rounded to the dtype before
 they multiply, every result rounded once.
 
-The CUDA cases (DEVICES) run the same checks; the KV-cache entry point refuses
-the variants on CUDA, and its test checks that refusal.
+The CUDA cases (DEVICES) run the same checks; on CUDA the KV-cache entry
+point and calls with few query rows run the variants in the split-KV decode
+kernel, whose own cases (splits, pages, GQA, empty rows) are in
+test_decode.py.
 """
 
 import math
@@ -519,11 +521,20 @@ def test_broadcast_and_3d_paths(device):
     assert_tolerance("3-D lse", lse3, ref_lse[:, 0], None, 1e-10)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+# (device, dtype) of the KV-cache test: CUDA takes float16/bfloat16 only
+KVCACHE_DEVICE_DTYPES = [
+    pytest.param("cpu", torch.float32, id="cpu-float32"),
+    pytest.param("cpu", torch.float16, id="cpu-float16"),
+    pytest.param("cuda", torch.float16, id="cuda-float16", marks=DEVICES[1].marks),
+    pytest.param("cuda", torch.bfloat16, id="cuda-bfloat16", marks=DEVICES[1].marks),
+]
+
+
+@pytest.mark.parametrize("device,dtype", KVCACHE_DEVICE_DTYPES)
 def test_kvcache_variants(device, dtype):
     """attention_with_kvcache with the variants: per-sequence lengths, the
-    window and ALiBi distances from the bottom-right diagonal of each length."""
+    window and ALiBi distances from the bottom-right diagonal of each length
+    (on CUDA the split-KV decode kernel)."""
     torch.manual_seed(19)
     B, Lq, Hq, Hkv, D, Lmax = 3, 4, 4, 2, 32, 90
     q = torch.randn(B, Lq, Hq, D, dtype=dtype, device=device)
@@ -532,10 +543,6 @@ def test_kvcache_variants(device, dtype):
     seqlens = torch.tensor([90, 37, 4], dtype=torch.int32, device=device)
     kw = dict(window_size=(20, 0), softcap=3.0, alibi_slopes=torch.rand(B, Hq, device=device) * 0.1,
               sinks=torch.randn(Hq, device=device))
-    if device == "cuda":
-        with pytest.raises(NotImplementedError, match="KV cache"):
-            torch_oss.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, **kw)
-        return
     with torch.no_grad():
         out, lse = torch_oss.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, return_lse=True,
                                                     **kw)

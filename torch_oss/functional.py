@@ -90,7 +90,7 @@ def _check_variants(query, window_size, softcap, alibi_slopes, sinks, determinis
             raise ValueError(f"{op}: sinks must have shape (heads_q,), got {tuple(sinks.shape)}")
     if deterministic is not None and not isinstance(deterministic, bool):
         raise TypeError(f"{op}: deterministic={deterministic!r} must be True, False or None")
-    # (the op checks the shapes; with a KV cache on CUDA it refuses the variants)
+    # (the op checks the shapes; a KV cache takes every variant, dropout aside)
     return window_size
 
 

@@ -77,9 +77,12 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
     out of range reads as zeros, and an append past the end is undefined).
 
     window_size, softcap, alibi_slopes, sinks: the score variants of
-    :func:`torch_oss.attention`, their distances measured from the
-    bottom-right diagonal that follows each sequence's length (CPU only for
-    now; NotImplementedError on CUDA).
+    :func:`torch_oss.attention` (alibi_slopes ``(heads_q,)`` or
+    ``(batch, heads_q)``), their distances measured from the bottom-right
+    diagonal that follows each sequence's length, on CPU and CUDA. A sink
+    joins each row's softmax once; a row that sees no key (an empty
+    sequence, or a window past its keys) then gets output 0 and lse = the
+    sink. There is no dropout here (inference only).
     """
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k, v)):
         raise RuntimeError("attention_with_kvcache is for inference and has no backward; call it under "

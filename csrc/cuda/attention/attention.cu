@@ -13,16 +13,19 @@
  *
  * Forward, few query rows (decode) and KV-cache calls: the split-KV kernel
  * (mma/attention_decode.cuh; plan and split rule below), compiled per head dim
- * of DECODE_HEAD_DIMS in the generator.
+ * of DECODE_HEAD_DIMS in the generator. It serves the score variants other
+ * than dropout (window, softcap, ALiBi, sinks; a runtime branch of the one
+ * kernel), their distances measured from a diagonal that follows each
+ * batch's seqlens_k where it is bottom-right (a.var_bottom_right).
  *
  * Forward, tensor cores: with params->out_residual, the epilogue also writes
  * out's rounding residual (oss_attn_fwd_write).
  *
  * Dropout (params->dropout_p > 0) counts as a score variant: such calls run
  * the VAR kernels (mma.sync, and wgmma where compiled) or the SIMT kernels,
- * which draw the kept weights by oss_internal.h's Philox rule from the seed
- * in device memory (read by the kernels, never here). Not with the KV-cache
- * fields; the backward not with keys_subset.
+ * not the decode kernel; they draw the kept weights by oss_internal.h's
+ * Philox rule from the seed in device memory (read by the kernels, never
+ * here). Not with the KV-cache fields; the backward not with keys_subset.
  *
  * Variable-length batches (params->cu_seqlens_q / cu_seqlens_k): every
  * kernel but the decode one serves them, each block first turning the
@@ -153,10 +156,6 @@ static oss_status oss_attn_validate(const oss_attention_params *p) {
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
                     "attention: params->dropout_p=%g is not supported with the KV-cache fields on CUDA",
                     p->dropout_p);
-  if (oss_attn_has_variants(p) && (p->seqlens_k != NULL || p->block_table != NULL))
-    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
-                    "attention: the score variants (window, softcap, alibi_slopes, sinks) are not supported with the "
-                    "KV-cache fields on CUDA");
   if (p->alibi_slopes != NULL && p->alibi_stride_batch < 0)
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "attention: params->alibi_stride_batch=%lld must be >= 0",
                     (long long)p->alibi_stride_batch);
@@ -337,9 +336,14 @@ static size_t oss_attn_round256(size_t bytes) { return (bytes + 255) / 256 * 256
  * one full wave (SMs times the CTAs an SM holds at the kernel's shared
  * memory, never more), each split keeping at least OSS_ATTN_DEC_MIN_TILES key tiles
  * (below that the partial outputs cost more than the parallelism gains) and
- * at most OSS_ATTN_DEC_MAX_SPLITS. The key tiles are then dealt out evenly,
- * so no split is empty. Splits follow len_k (a cache's capacity), never the
- * device-side seqlens_k, so a shape always gets the same plan. */
+ * at most OSS_ATTN_DEC_MAX_SPLITS. The key tiles are then dealt out evenly.
+ * The keys split are len_k (a cache's capacity) or, with a window, the most
+ * that the rows of one CTA can see (oss_attn_dec_span; the kernel splits each
+ * CTA's keys from the first one its rows see), never the device-side
+ * seqlens_k, so a shape always gets the same plan. A split can still find no
+ * key (a shorter sequence, a window that ends early): it writes an empty
+ * partial, which the combine weighs 0.
+ * Variants: all but dropout (drop_seed), which stays with the VAR kernels. */
 #define OSS_ATTN_DEC_MIN_TILES 2
 
 typedef struct oss_attn_dec_plan {
@@ -352,11 +356,26 @@ static bool oss_attn_kv_cache(const oss_attention_params *p) {
   return p->seqlens_k != NULL || p->block_table != NULL;
 }
 
+/* The keys the decode kernel splits for one CTA: len_k, or fewer under a
+ * window with a left side. A CTA's rows are queries i_lo .. i_hi, which see
+ * keys i_lo + off - left .. i_hi + off + right: at most len_q + left + right
+ * of them, where the right side is bounded by the window or, on the
+ * window's diagonal, by the causal rule (right 0). */
+static int64_t oss_attn_dec_span(const oss_attention_params *p, const oss_attn_args *a) {
+  int64_t right = a->win_right;
+  if (p->causal == OSS_CAUSAL_BOTTOM_RIGHT ||
+      (p->causal == OSS_CAUSAL_TOP_LEFT && p->window_diagonal != OSS_CAUSAL_BOTTOM_RIGHT))
+    right = 0; /* the causal rule's diagonal is the window's (oss_attn_fill_args: var_off) */
+  if (a->win_left < 0 || right < 0 || a->win_left >= p->len_k || right >= p->len_k) return p->len_k;
+  const int64_t span = p->len_q + a->win_left + right;
+  return span < p->len_k ? span : p->len_k;
+}
+
 static oss_attn_dec_plan oss_attn_dec_make_plan(const oss_attention_params *p, const oss_attn_args *a,
                                                 const oss_device_info *dev) {
   oss_attn_dec_plan plan;
   memset(&plan, 0, sizeof plan);
-  if (!oss_attn_is_tc(p->dtype) || dev->cc_major < 8 || a->variants || a->cu_q != NULL) return plan;
+  if (!oss_attn_is_tc(p->dtype) || dev->cc_major < 8 || a->drop_seed != NULL || a->cu_q != NULL) return plan;
   const int forced = oss_attn_opts()->decode_splits;
   if (!oss_attn_kv_cache(p) && (p->len_q > OSS_ATTN_DEC_MAX_LQ || forced < 0)) return plan;
   const int need_vec = OSS_ATTN_VEC_Q | OSS_ATTN_VEC_K | OSS_ATTN_VEC_V;
@@ -365,7 +384,7 @@ static oss_attn_dec_plan oss_attn_dec_make_plan(const oss_attention_params *p, c
   const oss_attn_kernel_entry *e = oss_attn_find(p->dtype, need, 0);
   if (e == NULL || e->dec == NULL) return plan;
   plan.entry = e;
-  const int64_t tiles = (p->len_k + OSS_ATTN_DEC_KEYS - 1) / OSS_ATTN_DEC_KEYS;
+  const int64_t tiles = (oss_attn_dec_span(p, a) + OSS_ATTN_DEC_KEYS - 1) / OSS_ATTN_DEC_KEYS;
   int64_t splits = 1;
   if (forced > 0) {
     splits = forced;
@@ -425,6 +444,9 @@ oss_status oss_attn_forward_with(const oss_attention_params *p, void *workspace,
                       dec.bytes);
     a.dec_splits = dec.splits;
     a.dec_tiles = dec.tiles;
+    /* the variants' diagonal follows each batch's seqlens_k where it is bottom-right */
+    a.var_bottom_right = a.variants && (p->window_diagonal == OSS_CAUSAL_BOTTOM_RIGHT ||
+                                        p->causal == OSS_CAUSAL_BOTTOM_RIGHT);
     a.part_o = dec.bytes ? (float *)workspace : NULL;
     a.part_lse = dec.bytes ? (float *)((char *)workspace + dec.off_lse) : NULL;
     return dec.entry->dec(&a, stream, &dev);

@@ -3,7 +3,7 @@
  * head (decode, speculative decode, KV-cache calls; float16/bfloat16,
  * mma.sync m16n8k16, sm_80 and newer): out and lse as the FA2 forward
  * (attention_fwd.cuh) computes them, over contiguous or paged K/V with
- * optional per-batch key counts.
+ * optional per-batch key counts, with or without the score variants.
  *
  * Rows: the query rows of the query heads that share a kv head are packed
  * into one tile, packed row R = g * Lq + i being query i of query head
@@ -12,20 +12,42 @@
  * one (batch, kv head) (blockIdx.z).
  * Keys: the split's keys stream through shared memory in tiles of 64 keys
  * (K and V of a tile in one cp.async group, oss_attn_dec_stages tiles in
- * flight, one barrier per tile); warp w takes keys 16w .. 16w+15 of every tile and runs its own
- * online softmax (m, l, lr, o as in attention_fwd.cuh) over them, so the
- * warps never wait for each other inside the key loop; at the end the four
- * warp states are merged through shared memory.
+ * flight, one barrier per tile); warp w takes keys 16w .. 16w+15 of every
+ * tile and runs its own online softmax (m, l, lr, o as in attention_fwd.cuh)
+ * over them, so the warps never wait for each other inside the key loop; at
+ * the end the four warp states are merged through shared memory.
+ * Variants (a.variants; all of oss.h's but dropout, which the host keeps
+ * from this kernel): the key loop is compiled twice behind one runtime
+ * branch, so calls without them run the plain loop, which holds nothing of
+ * them. A row's distance is d = i + var_off - j, var_off following the
+ * batch's key count where the diagonal is bottom-right (a.var_bottom_right
+ * with seqlens_k), as the CPU does. Each score goes through
+ * oss_attn_var_value (scale, softcap, ALiBi with the slope of the row's own
+ * query head: the packed rows of a CTA span several heads); keys outside the
+ * row's [first, last] (oss_attn_var_visible: key count, causal rule, window)
+ * are -inf. Those per-row values sit in the unused padding columns of the Q
+ * tile's rows, read once per tile. A CTA loads and computes only the keys
+ * some row of it can see: the union of its rows' visible keys, which the
+ * splits divide from its first key on (the host sizes the splits by the
+ * window's span where it is bounded, oss_attn_dec_span in attention.cu). A
+ * sink is one more term of its row's softmax, added once: split 0, warp 0
+ * starts the row at m = sink, l = lr = 1 and o = 0, so a row that sees no
+ * key gets out 0 and lse = sink, and the combine needs nothing of its own
+ * for sinks.
  * Output: with one split, out, its rounding residual and lse directly; with
  * several, each split writes its normalised partial output (float32) and lse
  * to the workspace and oss_attn_dec_combine_kernel merges them by their lse,
- * always in split order, so a shape gives the same bits on every call.
+ * always in split order, so a shape gives the same bits on every call. A
+ * split that sees no key (past a shorter sequence or outside the window)
+ * writes zeros and lse -inf (split 0 with a sink: the sink), and -inf weighs
+ * nothing in the combine.
  * Paging: key j of batch b is row j % page_size of page
  * block_table[b][j / page_size]; k_s[0] / v_s[0] are then the page strides. A
  * page index outside [0, num_pages) reads as zeros (the host checks them).
  * Limits: rows of q, k and v 16-byte aligned (the host falls back to the FA2
  * kernel otherwise); head dims up to the compiled HD (zero padded); batch *
- * kv heads and splits below 65536; lengths below 2^31.
+ * kv heads and splits below 65536; lengths below 2^31; ALiBi distances exact
+ * below 2^24 (float); no dropout and no variable-length batch (cu_seqlens).
  */
 #ifndef OSS_ATTENTION_DECODE_CUH
 #define OSS_ATTENTION_DECODE_CUH
@@ -111,6 +133,59 @@ __device__ __forceinline__ void oss_attn_dec_mask(float (&s)[1][2][4], const oss
       }
 }
 
+/* What the variants need of packed row r, in the 16 bytes of padding that
+ * end its row of the Q tile (pitch LDS = KD + 8: columns KD .. KD + 7, which
+ * no copy writes and no ldmatrix reads): its first and last visible keys
+ * (key count, causal rule, window), i + var_off, and its query head's ALiBi
+ * slope in log2 units (bits). */
+template <typename T, int KD, int LDS> __device__ __forceinline__ int4 *oss_attn_dec_row_vars(T *sQ, int r) {
+  static_assert(LDS >= KD + 8, "a row of the Q tile has 16 bytes of padding");
+  return reinterpret_cast<int4 *>(sQ + r * LDS + KD);
+}
+
+/* oss_attn_dec_mask under the score variants: each score by
+ * oss_attn_var_value with the constants v (scale, softcap) and its row's
+ * slope and distance i + var_off - C (oss_attn_dec_row_vars), -inf outside
+ * the row's visible keys, plus the mask tensor's value inside them. CAP: the
+ * softcap is on. ALiBi's two operations always run (slope 0 leaves a score
+ * unchanged). */
+template <bool CAP, typename T, int KD, int LDS>
+__device__ __forceinline__ void oss_attn_dec_var_mask(float (&s)[1][2][4], const oss_attn_args &a, T *sQ,
+                                                      oss_attn_var_consts v, const int64_t (&mrow)[2], int c0,
+                                                      int lane) {
+  const int g = lane >> 2, t2 = (lane & 3) * 2;
+#pragma unroll
+  for (int hi = 0; hi < 2; hi++) {
+    const int4 row = *oss_attn_dec_row_vars<T, KD, LDS>(sQ, g + hi * 8);
+    v.slope = __int_as_float(row.w);
+    const float d0 = (float)((int64_t)row.z - c0 - t2); /* the distance at column c0 + t2 */
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int C = c0 + n * 8 + t2 + e;
+        float dcap;
+        float x = oss_attn_var_value(v, CAP, true, s[0][n][2 * hi + e], d0 - (float)(n * 8 + e), &dcap);
+        if (C < row.x || C > row.y) x = -INFINITY;
+        else if (a.mask_kind != OSS_MASK_NONE)
+          x += oss_attn_mask_value<float>(a, mrow[hi] + (int64_t)C * a.m_s[3]) * (float)OSS_LOG2E;
+        s[0][n][2 * hi + e] = x;
+      }
+  }
+}
+
+/* Batch b's arguments for the variants' visibility rule
+ * (oss_attn_var_visible): its key count kv_len, its causal offset off and
+ * its var_off. */
+__device__ __forceinline__ oss_attn_args oss_attn_dec_batch_view(const oss_attn_args &a, int kv_len, int64_t off,
+                                                                 int64_t var_off) {
+  oss_attn_args v = a;
+  v.lk = kv_len;
+  v.causal_off = off;
+  v.var_off = var_off;
+  return v;
+}
+
 template <typename T, int HD>
 __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a) {
   constexpr int KD = oss_attn_kd(HD), LDS = oss_attn_pitch(KD), NO = KD / 8, BK = OSS_ATTN_DEC_KEYS;
@@ -137,8 +212,26 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
     const int64_t lim = (int64_t)(a.lq - 1) + off + 1;
     n_end = (int)(lim < 0 ? 0 : (lim < kv_len ? lim : kv_len));
   }
-  const int k_begin = split * a.dec_tiles * BK;
-  const int k_end = min(n_end, k_begin + a.dec_tiles * BK);
+  /* With the variants, the keys [n_begin, n_end) that some row of the CTA
+   * can see: its rows are queries i_lo .. i_hi (every query where they span
+   * two query heads), and a row's first and last visible keys grow with i.
+   * The splits divide the keys from n_begin on. */
+  int n_begin = 0;
+  int64_t var_off = 0;
+  if (a.variants) {
+    var_off = a.seqlens_k != nullptr && a.var_bottom_right ? (int64_t)kv_len - a.lq : a.var_off;
+    const oss_attn_args av = oss_attn_dec_batch_view(a, kv_len, off, var_off);
+    const int r1 = min(r0 + OSS_ATTN_DEC_ROWS, rows_total) - 1;
+    const bool one_head = r0 / a.lq == r1 / a.lq;
+    int lo, hi, lo1, hi1;
+    oss_attn_var_visible<false>(av, one_head ? r0 % a.lq : 0, &lo, &hi);
+    oss_attn_var_visible<false>(av, one_head ? r1 % a.lq : a.lq - 1, &lo1, &hi1);
+    n_end = min(n_end, hi1 + 1);
+    n_begin = min(lo, n_end);
+  }
+  const int64_t kb = (int64_t)n_begin + (int64_t)split * a.dec_tiles * BK;
+  const int k_begin = (int)min(kb, (int64_t)n_end);
+  const int k_end = (int)min((int64_t)n_end, kb + (int64_t)a.dec_tiles * BK);
   const int ntiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
 
   /* Q rows (packed), zero beyond rows_total and d */
@@ -178,6 +271,18 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
                    ? oss_attn_mask_base(a, b, h) + (int64_t)i * a.m_s[2]
                    : 0;
   }
+  /* With the variants, what oss_attn_dec_var_mask reads of each packed row
+   * (oss_attn_dec_row_vars; padding rows see no key), in shared memory
+   * rather than registers. The first barrier of the key loop publishes it. */
+  if (a.variants && tid < OSS_ATTN_DEC_ROWS) {
+    const oss_attn_args av = oss_attn_dec_batch_view(a, kv_len, off, var_off);
+    const int R = r0 + tid, i = R % a.lq;
+    int first = 0, lastv = -1;
+    if (R < rows_total) oss_attn_var_visible<false>(av, i, &first, &lastv);
+    const oss_attn_var_consts v = oss_attn_var_consts_of(a, b, R < rows_total ? hk * a.group + R / a.lq : 0);
+    int4 *row = oss_attn_dec_row_vars<T, KD, LDS>(sQ, tid);
+    *row = make_int4(first, lastv, (int)(i + var_off), __float_as_int(v.slope));
+  }
 
   float o[1][NO][4];
   float m[1][2], l[1][2], lr[1][2];
@@ -185,33 +290,58 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
   for (int n = 0; n < NO; n++) o[0][n][0] = o[0][n][1] = o[0][n][2] = o[0][n][3] = 0.f;
   m[0][0] = m[0][1] = -INFINITY;
   l[0][0] = l[0][1] = lr[0][0] = lr[0][1] = 0.f;
-  const uint32_t sQa = oss_smem_u32(sQ);
-
-#pragma unroll 1
-  for (int t = 0; t < ntiles; t++) {
-    const int st = t % STAGES;
-    oss_cp_async_wait<STAGES - 2>(); /* tile t (and Q) landed for this thread */
-    __syncthreads();                 /* ... for all; the stage of tile t - 1 is free */
-    if (t + STAGES - 1 < ntiles) {
-      const int sn = (t + STAGES - 1) % STAGES;
-      oss_attn_dec_load_kv<T, KD, LDS>(a, sK + sn * BK * LDS, sV + sn * BK * LDS, b, hk,
-                                        k_begin + (t + STAGES - 1) * BK, k_end, tid, pg);
-      if (t + STAGES < ntiles) oss_attn_dec_pages<KD>(a, b, k_begin + (t + STAGES) * BK, k_end, tid, pg);
-    }
-    oss_cp_async_commit();
-
-    const int c0 = k_begin + t * BK + warp * 16;
-    if (c0 < k_end) {
-      float s[1][2][4];
+  /* A sink joins its row's softmax once, in split 0 and warp 0, as the
+   * first term: m = the sink, and one quad lane's l and lr hold its
+   * exp(sink - m) = 1 (no value: o stays 0). A split with no key then gives
+   * out 0 and lse = the sink. */
+  if (a.variants && a.sinks != nullptr && split == 0 && warp == 0) {
 #pragma unroll
-      for (int n = 0; n < 2; n++) s[0][n][0] = s[0][n][1] = s[0][n][2] = s[0][n][3] = 0.f;
-      oss_warp_mma_ss<T, 1, 2, KD, LDS, LDS>(s, sQa, oss_smem_u32(sK + (st * BK + warp * 16) * LDS), lane);
-      oss_attn_dec_mask(s, a, last, mrow, c0, lane);
-      uint32_t pa[1][1][4];
-      oss_attn_online_softmax<T, 1, 2, NO>(s, o, m, l, lr, 1.f, pa);
-      oss_warp_mma_rs<T, 1, NO, 1, LDS>(o, pa, oss_smem_u32(sV + (st * BK + warp * 16) * LDS), lane);
+    for (int hi = 0; hi < 2; hi++) {
+      const int R = r0 + g + hi * 8;
+      if (R < rows_total) {
+        m[0][hi] = a.sinks[hk * a.group + R / a.lq] * (float)OSS_LOG2E;
+        if ((lane & 3) == 0) l[0][hi] = lr[0][hi] = 1.f;
+      }
     }
   }
+  const uint32_t sQa = oss_smem_u32(sQ);
+
+  /* The key loop, compiled twice behind one runtime branch on a.variants:
+   * the plain loop's code holds nothing of the variants, so calls without
+   * them run it as they would without this branch. */
+  auto key_loop = [&](auto var) {
+    oss_attn_var_consts vc = {}; /* the variants' scale and softcap (each row's slope: oss_attn_dec_row_vars) */
+    if constexpr (decltype(var)::value) vc = oss_attn_var_consts_of(a, b, hk * a.group);
+#pragma unroll 1
+    for (int t = 0; t < ntiles; t++) {
+      const int st = t % STAGES;
+      oss_cp_async_wait<STAGES - 2>(); /* tile t (and Q) landed for this thread */
+      __syncthreads();                 /* ... for all; the stage of tile t - 1 is free */
+      if (t + STAGES - 1 < ntiles) {
+        const int sn = (t + STAGES - 1) % STAGES;
+        oss_attn_dec_load_kv<T, KD, LDS>(a, sK + sn * BK * LDS, sV + sn * BK * LDS, b, hk,
+                                          k_begin + (t + STAGES - 1) * BK, k_end, tid, pg);
+        if (t + STAGES < ntiles) oss_attn_dec_pages<KD>(a, b, k_begin + (t + STAGES) * BK, k_end, tid, pg);
+      }
+      oss_cp_async_commit();
+
+      const int c0 = k_begin + t * BK + warp * 16;
+      if (c0 < k_end) {
+        float s[1][2][4];
+#pragma unroll
+        for (int n = 0; n < 2; n++) s[0][n][0] = s[0][n][1] = s[0][n][2] = s[0][n][3] = 0.f;
+        oss_warp_mma_ss<T, 1, 2, KD, LDS, LDS>(s, sQa, oss_smem_u32(sK + (st * BK + warp * 16) * LDS), lane);
+        if constexpr (!decltype(var)::value) oss_attn_dec_mask(s, a, last, mrow, c0, lane);
+        else if (vc.cap > 0.f) oss_attn_dec_var_mask<true, T, KD, LDS>(s, a, sQ, vc, mrow, c0, lane);
+        else oss_attn_dec_var_mask<false, T, KD, LDS>(s, a, sQ, vc, mrow, c0, lane);
+        uint32_t pa[1][1][4];
+        oss_attn_online_softmax<T, 1, 2, NO>(s, o, m, l, lr, 1.f, pa);
+        oss_warp_mma_rs<T, 1, NO, 1, LDS>(o, pa, oss_smem_u32(sV + (st * BK + warp * 16) * LDS), lane);
+      }
+    }
+  };
+  if (a.variants) key_loop(std::true_type());
+  else key_loop(std::false_type());
   oss_cp_async_wait<0>();
   __syncthreads(); /* the stages are free: they hold the warp states now */
 
