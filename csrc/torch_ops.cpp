@@ -822,6 +822,41 @@ bool check_backward_tensors(const char *op, const char *query_name, const Tensor
   return use_residual;
 }
 
+// The buffers of a backward call: out (and its residual, undefined when
+// none), lse, dout, the gradients and dsinks (undefined when not wanted).
+struct BackwardBuffers {
+  Tensor out, out_residual, lse, dout, dq, dk, dv, dsinks;
+};
+
+// Points bp at b (strides of view(t): the tensors as [B, H, L, D]) and runs
+// the backward on the device of `on`; the rest of bp is the caller's.
+template <typename View>
+void run_attention_backward(const char *op, oss_attention_backward_params &bp, const Tensor &on,
+                            const BackwardBuffers &b, View view) {
+  bp.fwd.out = b.out.data_ptr();
+  fill_strides3(view(b.out), bp.fwd.out_stride);
+  bp.fwd.out_residual = b.out_residual.defined() ? b.out_residual.data_ptr() : nullptr;
+  bp.fwd.lse = b.lse.data_ptr();
+  bp.dout = b.dout.data_ptr();
+  fill_strides3(view(b.dout), bp.dout_stride);
+  bp.dq = b.dq.data_ptr();
+  fill_strides3(view(b.dq), bp.dq_stride);
+  bp.dk = b.dk.data_ptr();
+  fill_strides3(view(b.dk), bp.dk_stride);
+  bp.dv = b.dv.data_ptr();
+  fill_strides3(view(b.dv), bp.dv_stride);
+  bp.dsinks = b.dsinks.defined() ? b.dsinks.data_ptr<float>() : nullptr;
+#ifdef OSS_WITH_CUDA
+  if (on.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(on.device());
+    Tensor ws = cuda_workspace(on, oss_attention_backward_workspace_size_cuda(&bp));
+    check_status(op, oss_attention_backward_cuda(&bp, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
+    return;
+  }
+#endif
+  check_status(op, oss_attention_backward_cpu(&bp, &cpu_exec));
+}
+
 // dq, dk, dv and, with want_dsinks (sinks given), the sinks' gradient in
 // their dtype (an undefined tensor otherwise).
 std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_impl(
@@ -856,31 +891,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_impl(
     return result();
   }
 
-  bp.fwd.out = o.data_ptr();
-  fill_strides3(o, bp.fwd.out_stride);
-  bp.fwd.out_residual = use_residual ? o_res.data_ptr() : nullptr;
-  bp.fwd.lse = lse_c.data_ptr();
-  bp.dout = dout.data_ptr();
-  fill_strides3(dout, bp.dout_stride);
-  bp.dq = dq.data_ptr();
-  fill_strides3(dq, bp.dq_stride);
-  bp.dk = dk.data_ptr();
-  fill_strides3(dk, bp.dk_stride);
-  bp.dv = dv.data_ptr();
-  fill_strides3(dv, bp.dv_stride);
   bp.deterministic = deterministic;
   bp.keys_subset = keys_subset;
-  bp.dsinks = want_dsinks ? dsinks.data_ptr<float>() : nullptr;
-#ifdef OSS_WITH_CUDA
-  if (query.is_cuda()) {
-    const c10::cuda::CUDAGuard guard(query.device());
-    Tensor ws = cuda_workspace(query, oss_attention_backward_workspace_size_cuda(&bp));
-    check_status(op,
-                 oss_attention_backward_cuda(&bp, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
-    return result();
-  }
-#endif
-  check_status(op, oss_attention_backward_cpu(&bp, &cpu_exec));
+  run_attention_backward(op, bp, query, {o, o_res, lse_c, dout, dq, dk, dv, dsinks},
+                         [](const Tensor &t) -> const Tensor & { return t; });
   return result();
 }
 
@@ -1044,31 +1058,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_varlen_backward_op(
     return {dq, dk, dv, want_dsinks ? dsinks.to(sinks->scalar_type()) : at::empty({0}, q.options())};
   };
   if (bp.fwd.batch == 0 || q.size(1) == 0) return result();
-  Tensor o4 = packed_view(o), dout4 = packed_view(dout), dq4 = packed_view(dq), dk4 = packed_view(dk),
-         dv4 = packed_view(dv);
-  bp.fwd.out = o.data_ptr();
-  fill_strides3(o4, bp.fwd.out_stride);
-  bp.fwd.out_residual = use_residual ? o_res.data_ptr() : nullptr;
-  bp.fwd.lse = lse_c.data_ptr();
-  bp.dout = dout.data_ptr();
-  fill_strides3(dout4, bp.dout_stride);
-  bp.dq = dq.data_ptr();
-  fill_strides3(dq4, bp.dq_stride);
-  bp.dk = dk.data_ptr();
-  fill_strides3(dk4, bp.dk_stride);
-  bp.dv = dv.data_ptr();
-  fill_strides3(dv4, bp.dv_stride);
   bp.deterministic = deterministic;
-  bp.dsinks = want_dsinks ? dsinks.data_ptr<float>() : nullptr;
-#ifdef OSS_WITH_CUDA
-  if (q.is_cuda()) {
-    const c10::cuda::CUDAGuard guard(q.device());
-    Tensor ws = cuda_workspace(q, oss_attention_backward_workspace_size_cuda(&bp));
-    check_status(op, oss_attention_backward_cuda(&bp, data_or_null(ws), at::cuda::getCurrentCUDAStream().stream()));
-    return result();
-  }
-#endif
-  check_status(op, oss_attention_backward_cpu(&bp, &cpu_exec));
+  run_attention_backward(op, bp, q, {o, o_res, lse_c, dout, dq, dk, dv, dsinks},
+                         [](const Tensor &t) { return packed_view(t); });
   return result();
 }
 
