@@ -288,6 +288,13 @@ def test_unpacked_padded_and_cached_batches_stay_dense(device, family):
     assert torch_oss.fallback_stats() == {}
 
 
+def packed_row_qkv():
+    """q (1, 4, 17, 16) and k, v (1, 2, 17, 16), float64: one packed row of
+    the DOCS documents, GQA 2."""
+    return (torch.randn(1, 4, 17, 16, dtype=torch.float64), torch.randn(1, 2, 17, 16, dtype=torch.float64),
+            torch.randn(1, 2, 17, 16, dtype=torch.float64))
+
+
 def test_packed_mask_is_checked_before_it_is_replaced():
     """The position_ids route replaces only the exact block-diagonal causal
     mask of those position_ids: a mask the builder made for other
@@ -296,9 +303,7 @@ def test_packed_mask_is_checked_before_it_is_replaced():
     torch.manual_seed(0)
     module = torch.nn.Module()
     module.is_causal = True
-    q = torch.randn(1, 4, 17, 16, dtype=torch.float64)
-    k = torch.randn(1, 2, 17, 16, dtype=torch.float64)
-    v = torch.randn(1, 2, 17, 16, dtype=torch.float64)
+    q, k, v = packed_row_qkv()
     pos = torch.tensor([[*range(5), *range(9), *range(3)]])
 
     def packed_mask(position_ids):
@@ -351,9 +356,7 @@ def test_cu_seq_lens_checks_and_fallback():
     torch.manual_seed(0)
     module = torch.nn.Module()
     module.is_causal = True
-    q = torch.randn(1, 4, 17, 16, dtype=torch.float64)
-    k = torch.randn(1, 2, 17, 16, dtype=torch.float64)
-    v = torch.randn(1, 2, 17, 16, dtype=torch.float64)
+    q, k, v = packed_row_qkv()
     cu = torch.tensor([0, 5, 14, 17], dtype=torch.int32)
     kw = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=9, max_length_k=9)
     with pytest.raises(ValueError, match="cu_seq_lens_q"):

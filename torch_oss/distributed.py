@@ -160,6 +160,8 @@ def position_ids(seq_len, group=None, layout="zigzag", device=None):
 
 
 def _check_inputs(q, k, v, fn, layout, comm, enable_gqa, scale, softcap=0.0, sinks=None):
+    from .functional import _check_kv_like_q
+
     _check_layout(layout, fn)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -171,11 +173,7 @@ def _check_inputs(q, k, v, fn, layout, comm, enable_gqa, scale, softcap=0.0, sin
             )
     if q.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"torch_oss.distributed.{fn}: q.dtype={q.dtype} must be one of {_FLOAT_DTYPES}")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"torch_oss.distributed.{fn}: {name}.dtype={t.dtype} must equal q.dtype={q.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"torch_oss.distributed.{fn}: {name} is on {t.device} but q is on {q.device}")
+    _check_kv_like_q(f"torch_oss.distributed.{fn}", q, k, v)
     B, Hq, L, D = q.shape
     if k.shape[0] != B or v.shape[0] != B:
         raise ValueError(f"torch_oss.distributed.{fn}: batch sizes differ: q {B}, k {k.shape[0]}, v {v.shape[0]}")

@@ -49,6 +49,16 @@ def _causal_bias_variant(attn_mask):
     return "top_left" if attn_mask.variant == CausalVariant.UPPER_LEFT else "bottom_right"
 
 
+def _check_kv_like_q(op, q, k, v):
+    """k and v of q's dtype and on q's device; raises naming the argument
+    (op: the messages' prefix)."""
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{op}: {name}.dtype={t.dtype} must equal q.dtype={q.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but q is on {q.device}")
+
+
 def _is_int(x):
     return isinstance(x, int) and not isinstance(x, bool)
 

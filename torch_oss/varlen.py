@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from .functional import CAUSAL_ALIGNMENTS, _check_variants, _dropout_seed, _is_int
+from .functional import CAUSAL_ALIGNMENTS, _check_kv_like_q, _check_variants, _dropout_seed, _is_int
 
 __all__ = ["attention_varlen"]
 
@@ -45,11 +45,7 @@ def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
             raise ValueError(f"{_OP}: {name} must be 3-D (total_rows, heads, head_dim), got shape {tuple(t.shape)}")
     if q.dtype not in _FLOAT:
         raise TypeError(f"{_OP}: q.dtype={q.dtype} must be float16, bfloat16, float32 or float64")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"{_OP}: {name}.dtype={t.dtype} must equal q.dtype={q.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{_OP}: {name} is on {t.device} but q is on {q.device}")
+    _check_kv_like_q(_OP, q, k, v)
     if k.shape[2] != q.shape[2]:
         raise ValueError(f"{_OP}: k.size(2)={k.shape[2]} (head_dim) must equal q.size(2)={q.shape[2]}")
     if v.shape[0] != k.shape[0] or v.shape[1] != k.shape[1]:
