@@ -274,6 +274,42 @@ def test_long_sequences_cuda(device, dtype, causal, alignment, head_dim):
                  label=f"long {dtype} hd={head_dim} causal={causal}/{alignment}")
 
 
+@pytest.mark.parametrize("device", [cuda_param("cuda")])
+def test_workspace_follows_the_tokens(device):
+    """511 one-token sequences beside one of 16k: the backward's workspace
+    grows with the tokens (~90 MB here), not with batch x the longest
+    sequence (~9 GB), and the gradients are right: a one-token sequence's
+    out is its v, its dq and dk 0 (up to the float32 difference of two sums
+    of D) and its dv its dout; the long one's match torch_oss.attention on it
+    alone."""
+    torch.manual_seed(31)
+    lens = [1] * 255 + [16384] + [1] * 256
+    dtype = torch.float16
+    q, k, v, cu_q, cu_k, mq, mk = make_packed(lens, lens, 4, 4, 64, 64, dtype, device)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = torch_oss.attention_varlen(*leaves, cu_q, cu_k, mq, mk, causal=True)
+    dout = torch.randn_like(out)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out.backward(dout)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    assert extra < 512 * 2**20, f"the backward allocated {extra / 2**20:.0f} MiB"
+    long = slice(255, 255 + 16384)
+    short = torch.ones(q.shape[0], dtype=torch.bool, device=device)
+    short[long] = False
+    assert torch.equal(out[short], v[short])
+    assert leaves[0].grad[short].abs().max() < 1e-5 and leaves[1].grad[short].abs().max() < 1e-5
+    assert torch.equal(leaves[2].grad[short], dout[short])
+    ql, kl, vl = (t[long].detach().transpose(0, 1)[None].requires_grad_() for t in (q, k, v))
+    out_l = torch_oss.attention(ql, kl, vl, is_causal=True)
+    out_l.backward(dout[long].transpose(0, 1)[None])
+    for name, ours, want in (("out", out[long], out_l), ("dq", leaves[0].grad[long], ql.grad),
+                             ("dk", leaves[1].grad[long], kl.grad), ("dv", leaves[2].grad[long], vl.grad)):
+        torch.testing.assert_close(ours, want[0].transpose(0, 1), rtol=2e-3, atol=2e-3, msg=name)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_custom_scale_and_int64_cu_seqlens(device):
     """softmax_scale passes through; int64 cu_seqlens give the int32 results bit for bit."""

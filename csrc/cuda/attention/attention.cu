@@ -40,11 +40,12 @@
  * Backward, tensor cores: a pre-pass computes D = rowsum(dO * O) (O plus its
  * rounding residual when given, so D carries no rounding of out) and the lse
  * in kernel units (workspace); the default mode also zeroes a float32 dQ
- * accumulator [B*Hq][Lq padded][KD] that the dK/dV kernel adds into with
- * atomics and a last pass converts into dq. Deterministic mode computes dQ in
- * its own kernel without atomics. dQ is centred: computed as dS (K - kbar)
- * with kbar the kv head's mean K row (attention_bwd.cuh), which a pass before
- * the kernels writes to the workspace. float32 /
+ * accumulator that the dK/dV kernel adds into with atomics and a last pass
+ * converts into dq. These rows (oss_attn_ws_row) are [B*Hq][Lq padded], or
+ * in a variable-length batch laid out by the tokens. Deterministic mode
+ * computes dQ in its own kernel without atomics. dQ is centred: computed as
+ * dS (K - kbar) with kbar the kv head's mean K row (attention_bwd.cuh), which
+ * a pass before the kernels writes to the workspace. float32 /
  * float64: the SIMT dQ kernel recomputes the row statistics itself
  * (attention_simt.cu).
  */
@@ -484,7 +485,7 @@ oss_status oss_attn_forward_with(const oss_attention_params *p, void *workspace,
  * row per kv head with its per-chunk sums and, in the default mode, the row
  * sums of the rounded dS' and the float32 dQ accumulator. */
 typedef struct oss_attn_bwd_layout {
-  int64_t lq_pad;
+  int64_t lq_pad, ws_rows; /* ws_rows > 0: a variable-length batch's rows per head (oss_attn_ws_row) */
   int dq_ld;   /* 0: no float32 dQ accumulator */
   int mean_ld; /* 0: no mean K rows (SIMT kernels) */
   size_t off_dsum, off_inv_l, off_kpart, off_kmean, off_eacc, off_dq, total;
@@ -496,7 +497,10 @@ static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params
   memset(&L, 0, sizeof L);
   L.lq_pad = (p->len_q + OSS_ATTN_LQ_PAD - 1) / OSS_ATTN_LQ_PAD * OSS_ATTN_LQ_PAD;
   const int tc = oss_attn_is_tc(p->dtype);
-  const size_t rows = (size_t)(p->batch * p->heads_q * L.lq_pad);
+  /* the tensor-core kernels lay a variable-length batch's rows out by the
+   * tokens; the SIMT kernels keep [B*Hq][lq_pad] */
+  L.ws_rows = tc && p->cu_seqlens_q != NULL ? oss_attn_ws_rows(p->total_q, (int)p->batch) : 0;
+  const size_t rows = L.ws_rows > 0 ? (size_t)(p->heads_q * L.ws_rows) : (size_t)(p->batch * p->heads_q * L.lq_pad);
   const size_t vec = oss_attn_round256(rows * (tc ? 4 : 8));
   L.off_dsum = vec;
   L.off_inv_l = tc ? 0 : 2 * vec;
@@ -595,6 +599,7 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   if (oss_attn_rows_aligned(bp->dv, bp->dv_stride, nk3, es)) a.vec |= OSS_ATTN_VEC_DV;
   a.dsinks = p->sinks != NULL ? bp->dsinks : NULL;
   a.lq_pad = L.lq_pad;
+  a.ws_rows = L.ws_rows;
   a.lse_adj = workspace;
   a.dsum = (char *)workspace + L.off_dsum;
   a.inv_l = L.off_inv_l ? (char *)workspace + L.off_inv_l : NULL;

@@ -59,7 +59,8 @@ typedef struct oss_attn_args {
   int64_t do_s[3];
   void *dq, *dk, *dv_ptr;
   int64_t dq_s[3], dk_s[3], dv_s[3];
-  /* Backward row statistics, workspace arrays of [B*Hq*lq_pad]. Tensor-core
+  /* Backward row statistics, workspace arrays of [B*Hq*lq_pad] (or
+   * [Hq][ws_rows], see oss_attn_ws_row). Tensor-core
    * kernels (float): lse_adj = lse in log2 units (+inf for rows with no key),
    * dsum = D = rowsum(dO * O). SIMT kernels (double, written by their dQ
    * kernel): lse_adj = the row max m of the scores, inv_l = 1 / sum exp(s - m)
@@ -67,13 +68,14 @@ typedef struct oss_attn_args {
   void *lse_adj;
   void *dsum;
   void *inv_l;    /* SIMT only */
-  float *dq_acc;  /* workspace [B*Hq*lq_pad][dq_ld] float, or NULL (deterministic / SIMT) */
+  float *dq_acc;  /* workspace [rows of oss_attn_ws_row][dq_ld] float, or NULL (deterministic / SIMT) */
   int64_t lq_pad; /* Lq rounded up to OSS_ATTN_LQ_PAD */
+  int64_t ws_rows; /* > 0: the variable-length layout [Hq][ws_rows] (oss_attn_ws_row) */
   int dq_ld;
   /* dQ's centring (tensor-core backward, attention_bwd.cuh; kmean NULL: off).
    * kmean: float [B*Hkv][mean_ld], each kv head's mean K row (columns >= D
    * zero), from the per-chunk float64 sums kmean_part [B*Hkv][chunks][mean_ld]
-   * (oss_attn_bwd_means). eacc: float [B*Hq*lq_pad], default mode only: the
+   * (oss_attn_bwd_means). eacc: float, a workspace row array, default mode only: the
    * row sums of the rounded dS', which the dK/dV kernel adds into with atomics
    * and the dq conversion applies (dq -= eacc kmean). */
   float *kmean;
@@ -281,22 +283,63 @@ __host__ __device__ __forceinline__ int64_t oss_attn_seq_slots(int64_t total, in
   return total / rows + batch + 1;
 }
 
-/* The sequence of slot t (the last b with s_b <= t, by bisection; cu read as
- * oss_attn_seq_bounds clamps it) and, in *block, t - s_b: the block of R rows
- * within the sequence, which the caller compares with its length (negative
- * or past it: an empty slot). */
-__device__ __forceinline__ int oss_attn_slot_seq(const int *cu, int batch, int64_t total, int rows, int64_t t,
-                                                 int *block) {
+/* The last b in [0, batch) with key(b) <= t, by bisection (0 if none); key
+ * nondecreasing in b, as the keys made from valid offsets are. */
+template <typename Key> __device__ __forceinline__ int oss_attn_bisect(int batch, int64_t t, Key key) {
   int lo = 0, hi = batch - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
-    if (min((int64_t)max(__ldg(cu + mid), 0), total) / rows + mid <= t)
+    if (key(mid) <= t)
       lo = mid;
     else
       hi = mid - 1;
   }
-  *block = (int)(t - (min((int64_t)max(__ldg(cu + lo), 0), total) / rows + lo));
   return lo;
+}
+
+/* Offset b of cu clamped into [0, total], as oss_attn_seq_bounds reads it. */
+__device__ __forceinline__ int64_t oss_attn_cu_at(const int *cu, int64_t total, int b) {
+  return min((int64_t)max(__ldg(cu + b), 0), total);
+}
+
+/* The sequence of slot t (the last b with s_b <= t) and, in *block, t - s_b:
+ * the block of R rows within the sequence, which the caller compares with
+ * its length (negative or past it: an empty slot). */
+__device__ __forceinline__ int oss_attn_slot_seq(const int *cu, int batch, int64_t total, int rows, int64_t t,
+                                                 int *block) {
+  const int b = oss_attn_bisect(batch, t, [&](int x) { return oss_attn_cu_at(cu, total, x) / rows + x; });
+  *block = (int)(t - (oss_attn_cu_at(cu, total, b) / rows + b));
+  return b;
+}
+
+/* The sequence holding packed row t (the last b with cu[b] <= t: empty
+ * sequences before it share its offset). */
+__device__ __forceinline__ int oss_attn_row_seq(const int *cu, int batch, int64_t total, int64_t t) {
+  return oss_attn_bisect(batch, t, [&](int x) { return oss_attn_cu_at(cu, total, x); });
+}
+
+/* The backward's row workspace (lse_adj, dsum, eacc and the rows of dq_acc).
+ * Its blocks read the statistics of up to OSS_ATTN_LQ_PAD rows from a block's
+ * first row, so a sequence's rows are followed by padding rows (D = 0,
+ * lse_adj = +inf: weight 0). Dense: [B*Hq][lq_pad]. A variable-length batch
+ * on the tensor-core kernels (ws_rows > 0): [Hq][ws_rows], sequence b's rows
+ * from oss_attn_ws_base(cu[b], b) = 4 ceil(cu[b] / 4) + b OSS_ATTN_WS_GAP:
+ * its rows and padding (< len_b + OSS_ATTN_LQ_PAD) end before the next
+ * sequence's first row, every base is a multiple of 4 (16-byte loads of the
+ * statistics), and ws_rows = 4 ceil(total / 4) + batch OSS_ATTN_WS_GAP holds
+ * them all: the workspace follows the tokens, not batch x the longest. */
+#define OSS_ATTN_WS_GAP (OSS_ATTN_LQ_PAD + 4)
+__host__ __device__ __forceinline__ int64_t oss_attn_ws_base(int64_t q0, int b) {
+  return (q0 + 3) / 4 * 4 + (int64_t)b * OSS_ATTN_WS_GAP;
+}
+__host__ __device__ __forceinline__ int64_t oss_attn_ws_rows(int64_t total_q, int batch) {
+  return oss_attn_ws_base(total_q, batch);
+}
+
+/* Workspace row of query row 0 of (batch b, query head h); a: b's view in a
+ * variable-length batch (seq_q0 its first row). */
+__device__ __forceinline__ int64_t oss_attn_ws_row(const oss_attn_args &a, int b, int h) {
+  return a.ws_rows > 0 ? (int64_t)h * a.ws_rows + oss_attn_ws_base(a.seq_q0, b) : ((int64_t)b * a.hq + h) * a.lq_pad;
 }
 
 /* Offset in lse of row 0 of (batch, query head) bh: [B, Hq, Lq], or with

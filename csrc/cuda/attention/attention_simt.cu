@@ -654,28 +654,42 @@ oss_status oss_attn_bwd_simt(const oss_attn_args *a, oss_dtype dtype, cudaStream
 // backward pre-pass and dQ conversion of the tensor-core kernels
 // ---------------------------------------------------------------------------
 
-/* One warp per padded row of [B*Hq][lq_pad]: dsum = rowsum(dO * O) (summed in
+/* One warp per workspace row (oss_attn_ws_row: [B*Hq][lq_pad], or in a
+ * variable-length batch [Hq][ws_rows]): dsum = rowsum(dO * O) (summed in
  * double: it is subtracted from dP, where every rounding shows in dS; O plus
  * its rounding residual when the forward kept one, so D carries no rounding
- * of the output),
- * lse_adj = lse * log2(e) (+inf where lse = -inf and for padding rows), and
- * the row of the float32 dQ accumulator zeroed when there is one. */
+ * of the output), lse_adj = lse * log2(e) (+inf where lse = -inf and for
+ * padding rows), and the row of the float32 dQ accumulator zeroed when there
+ * is one. */
 template <typename T>
 __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_args args) {
   typedef float Acc;
   const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  if (row >= (int64_t)args.batch * args.hq * args.lq_pad) return;
-  const int64_t bh = row / args.lq_pad;
-  const int i = (int)(row % args.lq_pad);
-  const int b = (int)(bh / args.hq), h = (int)(bh % args.hq);
   oss_attn_args a = args; /* a sequence's view in a variable-length batch: rows past it are padding */
-  oss_attn_seq_view<T>(a, b);
+  int b, h;
+  int64_t i;
+  if (args.ws_rows > 0) {
+    if (row >= (int64_t)args.hq * args.ws_rows) return;
+    h = (int)(row / args.ws_rows);
+    const int64_t r = row % args.ws_rows;
+    b = oss_attn_bisect(args.batch, r,
+                        [&](int x) { return oss_attn_ws_base(oss_attn_cu_at(args.cu_q, args.total_q, x), x); });
+    oss_attn_seq_view<T>(a, b);
+    i = r - oss_attn_ws_base(a.seq_q0, b);
+  } else {
+    if (row >= (int64_t)args.batch * args.hq * args.lq_pad) return;
+    const int64_t bh = row / args.lq_pad;
+    i = row % args.lq_pad;
+    b = (int)(bh / args.hq);
+    h = (int)(bh % args.hq);
+    oss_attn_seq_view<T>(a, b);
+  }
   double sum = 0;
   Acc ladj = (Acc)INFINITY;
-  if (i < a.lq) {
-    const T *o = (const T *)a.out + b * a.o_s[0] + h * a.o_s[1] + (int64_t)i * a.o_s[2];
-    const T *d = (const T *)a.dout + b * a.do_s[0] + h * a.do_s[1] + (int64_t)i * a.do_s[2];
+  if (i >= 0 && i < a.lq) {
+    const T *o = (const T *)a.out + b * a.o_s[0] + h * a.o_s[1] + i * a.o_s[2];
+    const T *d = (const T *)a.dout + b * a.do_s[0] + h * a.do_s[1] + i * a.do_s[2];
     if (a.out_res == nullptr) {
       for (int c = lane; c < a.dv; c += 32) sum += (double)oss_to_float(o[c]) * (double)oss_to_float(d[c]);
     } else {
@@ -685,7 +699,7 @@ __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_ar
     }
 #pragma unroll
     for (int off = 16; off >= 1; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    const Acc lse = ((const Acc *)a.lse)[oss_attn_lse_row(a, bh) + i];
+    const Acc lse = ((const Acc *)a.lse)[oss_attn_lse_row(a, (int64_t)b * a.hq + h) + i];
     ladj = lse == (Acc)(-INFINITY) ? (Acc)INFINITY : (Acc)((double)lse * OSS_LOG2E); /* one rounding */
   }
   if (lane == 0) {
@@ -700,21 +714,34 @@ __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_ar
 }
 
 /* dq = dq_acc (already scaled) - eacc * kmean (dQ's centring, when on) for
- * rows < Lq, cols < D. One warp per row. */
+ * rows < Lq, cols < D. One warp per row of dq: (batch, head, row), or in a
+ * variable-length batch (head, packed row). */
 template <typename T> __global__ void __launch_bounds__(256) oss_attn_bwd_dq_convert_kernel(const oss_attn_args args) {
   const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  if (row >= (int64_t)args.batch * args.hq * args.lq) return;
-  const int64_t bh = row / args.lq;
-  const int i = (int)(row % args.lq);
-  const int b = (int)(bh / args.hq), h = (int)(bh % args.hq);
   oss_attn_args a = args; /* a sequence's view in a variable-length batch */
-  oss_attn_seq_view<T>(a, b);
-  if (i >= a.lq) return;
-  const float *src = a.dq_acc + (bh * a.lq_pad + i) * a.dq_ld;
-  T *dst = (T *)a.dq + b * a.dq_s[0] + h * a.dq_s[1] + (int64_t)i * a.dq_s[2];
+  int b, h;
+  int64_t i;
+  if (args.ws_rows > 0) {
+    if (row >= (int64_t)args.hq * args.total_q) return;
+    h = (int)(row / args.total_q);
+    const int64_t t = row % args.total_q;
+    b = oss_attn_row_seq(args.cu_q, args.batch, args.total_q, t);
+    oss_attn_seq_view<T>(a, b);
+    i = t - a.seq_q0;
+  } else {
+    if (row >= (int64_t)args.batch * args.hq * args.lq) return;
+    const int64_t bh = row / args.lq;
+    i = row % args.lq;
+    b = (int)(bh / args.hq);
+    h = (int)(bh % args.hq);
+  }
+  if (i < 0 || i >= a.lq) return;
+  const int64_t ws = oss_attn_ws_row(a, b, h) + i;
+  const float *src = a.dq_acc + ws * a.dq_ld;
+  T *dst = (T *)a.dq + b * a.dq_s[0] + h * a.dq_s[1] + i * a.dq_s[2];
   if (a.eacc != nullptr) {
-    const float e = a.eacc[bh * a.lq_pad + i];
+    const float e = a.eacc[ws];
     const float ec = isfinite(e) ? e : 0.f;
     const float *kbar = a.kmean + ((int64_t)b * a.hkv + h / a.group) * a.mean_ld;
     for (int c = lane; c < a.d; c += 32) dst[c] = oss_from_float<T>(src[c] - ec * kbar[c]);
@@ -790,7 +817,7 @@ oss_status oss_attn_bwd_means(const oss_attn_args *a, oss_dtype dtype, cudaStrea
 }
 
 oss_status oss_attn_bwd_prepare(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream) {
-  const int64_t rows = (int64_t)a->batch * a->hq * a->lq_pad;
+  const int64_t rows = a->ws_rows > 0 ? (int64_t)a->hq * a->ws_rows : (int64_t)a->batch * a->hq * a->lq_pad;
   if (rows == 0) return OSS_OK;
   const dim3 grid((unsigned)((rows + 7) / 8));
   if (dtype == OSS_FLOAT16) oss_attn_bwd_pre_kernel<__half><<<grid, 256, 0, stream>>>(*a);
@@ -799,7 +826,7 @@ oss_status oss_attn_bwd_prepare(const oss_attn_args *a, oss_dtype dtype, cudaStr
 }
 
 oss_status oss_attn_bwd_dq_convert(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream) {
-  const int64_t rows = (int64_t)a->batch * a->hq * a->lq;
+  const int64_t rows = a->ws_rows > 0 ? (int64_t)a->hq * a->total_q : (int64_t)a->batch * a->hq * a->lq;
   if (rows == 0) return OSS_OK;
   const dim3 grid((unsigned)((rows + 7) / 8));
   if (dtype == OSS_FLOAT16) oss_attn_bwd_dq_convert_kernel<__half><<<grid, 256, 0, stream>>>(*a);
@@ -817,16 +844,21 @@ template <bool SIMT> __global__ void __launch_bounds__(256) oss_attn_bwd_dsinks_
   const int h = blockIdx.x;
   const double sink = (double)a.sinks[h];
   double acc = 0;
-  const int64_t n = (int64_t)a.batch * a.lq;
+  /* rows (batch, row), or in a variable-length batch on the workspace's
+   * packed layout the packed rows */
+  const bool packed = a.ws_rows > 0;
+  const int64_t n = packed ? a.total_q : (int64_t)a.batch * a.lq;
   for (int64_t r = threadIdx.x; r < n; r += 256) {
-    const int b = (int)(r / a.lq), i = (int)(r % a.lq);
-    const int64_t row = ((int64_t)b * a.hq + h) * a.lq_pad + i;
+    int b = packed ? oss_attn_row_seq(a.cu_q, a.batch, a.total_q, r) : (int)(r / a.lq);
     oss_attn_args s = a; /* sequence b's rows and lse in a variable-length batch */
+    int64_t i = packed ? 0 : r % a.lq;
     if (a.cu_q != nullptr) {
       int64_t k0;
       oss_attn_seq_bounds(s, b, &k0);
-      if (i >= s.lq) continue;
+      if (packed) i = r - s.seq_q0;
+      if (i < 0 || i >= s.lq) continue;
     }
+    const int64_t row = oss_attn_ws_row(s, b, h) + i;
     if (SIMT) {
       const double *m = (const double *)a.lse_adj, *inv = (const double *)a.inv_l, *d = (const double *)a.dsum;
       acc -= exp(sink - m[row]) * inv[row] * d[row];

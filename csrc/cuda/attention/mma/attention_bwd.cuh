@@ -117,7 +117,7 @@ __device__ __forceinline__ void oss_attn_bwd_load_query_block(const oss_attn_arg
   oss_load_tile<T, BR, KD, LDS, NTHREADS, SW128>(
       sdO, (const T *)a.dout + b * a.do_s[0] + h * a.do_s[1] + (int64_t)i0 * a.do_s[2], a.do_s[2], rows, a.dv,
       a.vec & OSS_ATTN_VEC_DO, tid);
-  const int64_t ro = ((int64_t)b * a.hq + h) * a.lq_pad + i0;
+  const int64_t ro = oss_attn_ws_row(a, b, h) + i0;
   oss_attn_load_rowstats<BR, NTHREADS>(sL, sD, (const float *)a.lse_adj + ro, (const float *)a.dsum + ro, tid);
 }
 
@@ -312,7 +312,7 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
         oss_warp_mma_tt<T, TM, TN, BC, LDSS, LDS>(q, oss_smem_u32(sdS + wm * TM * 16), oss_smem_u32(sK + nb0 * 8),
                                                   lane, np_valid, rowsum, rs);
         if (rowsum && (lane & 3) == 0) {
-          float *e = a.eacc + ((int64_t)b * a.hq + h) * a.lq_pad + i0;
+          float *e = a.eacc + oss_attn_ws_row(a, b, h) + i0;
 #pragma unroll
           for (int mt = 0; mt < TM; mt++)
 #pragma unroll
@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
               if (i0 + r < a.lq) atomicAdd(e + r, rs[mt][2 * hi]);
             }
         }
-        float *acc = a.dq_acc + (((int64_t)b * a.hq + h) * a.lq_pad + i0) * a.dq_ld;
+        float *acc = a.dq_acc + (oss_attn_ws_row(a, b, h) + i0) * a.dq_ld;
 #pragma unroll
         for (int mt = 0; mt < TM; mt++)
 #pragma unroll
@@ -420,7 +420,7 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
     oss_load_tile<T, BR, KD, LDS, NTHREADS>(
         sdO, (const T *)a.dout + b * a.do_s[0] + h * a.do_s[1] + (int64_t)i0 * a.do_s[2], a.do_s[2], rows, a.dv,
         a.vec & OSS_ATTN_VEC_DO, tid);
-    const int64_t ro = bh * a.lq_pad + i0;
+    const int64_t ro = oss_attn_ws_row(a, b, h) + i0;
     oss_attn_load_rowstats<BR, NTHREADS>(sL, sD, (const float *)a.lse_adj + ro, (const float *)a.dsum + ro, tid);
     const int64_t jf = (int64_t)jt0 * BC;
     oss_load_tile<T, BC, KD, LDS, NTHREADS>(sK, gK + jf * a.k_s[2], a.k_s[2], min(BC, a.lk - (int)jf), a.d, vk, tid);

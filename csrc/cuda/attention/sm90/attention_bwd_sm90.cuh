@@ -276,7 +276,7 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
       oss_wgmma_fence_operand<8>(dq);
       oss_wgmma_fence_operand<1>(rs);
       if (a.eacc != nullptr && (lane & 3) == 0) {
-        float *e = a.eacc + ((int64_t)b * a.hq + h) * a.lq_pad + i0;
+        float *e = a.eacc + oss_attn_ws_row(a, b, h) + i0;
 #pragma unroll
         for (int hi = 0; hi < 2; hi++) {
           const int r = mo + (warp & 3) * 16 + g + hi * 8;
@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
         for (int n = 0; n < 8; n++) *reinterpret_cast<float2 *>(row + n * 8) = make_float2(dq[n][2 * hi], dq[n][2 * hi + 1]);
       }
       oss_fence_proxy_async();
-      dq_pending = a.dq_acc + (((int64_t)b * a.hq + h) * a.lq_pad + i0) * a.dq_ld;
+      dq_pending = a.dq_acc + (oss_attn_ws_row(a, b, h) + i0) * a.dq_ld;
       dq_pending_rows = min(BR, a.lq - i0);
     } else {
       oss_wgmma_wait<0>();
