@@ -114,15 +114,32 @@ def _backward_dims(head_dims):
     return sorted(dims)
 
 
-def _launcher(path, header, name, call):
-    _write(
-        path,
-        HEADER
-        + f'#include "cuda/attention/{header}"\n\n'
-        + f'extern "C" oss_status {name}(const oss_attn_args *a, cudaStream_t stream,\n'
-        + f"    const oss_device_info *dev) {{\n"
-        + f"  return {call}(a, stream, dev);\n}}\n",
-    )
+def _dq_det_name(hd, tag):
+    return f"oss_attn_bwd_dq_mma_hd{hd}_{tag}"
+
+
+def _dq_det_var_name(hd, tag):
+    return f"oss_attn_bwd_dq_var_hd{hd}_{tag}"
+
+
+def _launcher(path, header, name, call, uses=(), more=()):
+    """A file of extern "C" launchers: name (returning call(a, stream, dev,
+    *uses)) and the (name, call) pairs of `more`. uses: launchers of other
+    generated files the call takes (the mma.sync fallbacks of the Hopper
+    kernels), declared here and passed by pointer, so that their kernels are
+    compiled once, in their own files."""
+    text = HEADER + f'#include "cuda/attention/{header}"\n\n'
+    for u in uses:
+        text += (f'extern "C" oss_status {u}(const oss_attn_args *a, cudaStream_t stream, '
+                 f"const oss_device_info *dev);\n")
+    if uses:
+        text += "\n"
+    for fn, fn_call in ((name, call), *more):
+        args = "".join(f", {u}" for u in (uses if fn == name else ()))
+        text += (f'extern "C" oss_status {fn}(const oss_attn_args *a, cudaStream_t stream,\n'
+                 f"    const oss_device_info *dev) {{\n"
+                 f"  return {fn_call}(a, stream, dev{args});\n}}\n")
+    _write(path, text)
     return path
 
 
@@ -145,14 +162,16 @@ def generate(head_dims, out_dir, sm90=False):
             if hd in sm90_dims:
                 paths.append(_launcher(os.path.join(out_dir, f"attention_fwd_sm90_hd{hd}_{tag}.cu"),
                                        "sm90/attention_fwd_sm90.cuh", _sm90_name(hd, tag),
-                                       f"oss_attn_fwd_sm90_launch<{ctype}, {hd}>"))
+                                       f"oss_attn_fwd_sm90_launch<{ctype}, {hd}>", uses=[_fwd_name(hd, tag)]))
             if hd in bwd_dims:
+                dq_det = ([(_dq_det_name(hd, tag), f"oss_attn_bwd_dq_det_launch<{ctype}, {hd}, false>")]
+                          if hd in sm90_bwd_dims else [])
                 paths.append(_launcher(os.path.join(out_dir, f"attention_bwd_hd{hd}_{tag}.cu"), "mma/attention_bwd.cuh",
-                                       _bwd_name(hd, tag), f"oss_attn_bwd_mma_launch<{ctype}, {hd}>"))
+                                       _bwd_name(hd, tag), f"oss_attn_bwd_mma_launch<{ctype}, {hd}>", more=dq_det))
                 if hd in sm90_bwd_dims:
                     paths.append(_launcher(os.path.join(out_dir, f"attention_bwd_sm90_hd{hd}_{tag}.cu"),
                                            "sm90/attention_bwd_sm90.cuh", _bwd_sm90_name(hd, tag),
-                                           f"oss_attn_bwd_sm90_launch<{ctype}, {hd}>"))
+                                           f"oss_attn_bwd_sm90_launch<{ctype}, {hd}>", uses=[_dq_det_name(hd, tag)]))
 
     dec_dims = sorted({_decode_dim(d) for d in dims})
     for hd in dec_dims:
@@ -172,14 +191,17 @@ def generate(head_dims, out_dir, sm90=False):
             if hd in sm90_var_dims:
                 paths.append(_launcher(os.path.join(out_dir, f"attention_fwd_var_sm90_hd{hd}_{tag}.cu"),
                                        "sm90/attention_fwd_sm90.cuh", _fwd_var_sm90_name(hd, tag),
-                                       f"oss_attn_fwd_sm90_var_launch<{ctype}, {hd}>"))
+                                       f"oss_attn_fwd_sm90_var_launch<{ctype}, {hd}>", uses=[_fwd_var_name(hd, tag)]))
+            dq_det = ([(_dq_det_var_name(hd, tag), f"oss_attn_bwd_dq_det_launch<{ctype}, {hd}, true>")]
+                      if hd in sm90_bwd_var_dims else [])
             paths.append(_launcher(os.path.join(out_dir, f"attention_bwd_var_hd{hd}_{tag}.cu"),
                                    "mma/attention_bwd.cuh", _bwd_var_name(hd, tag),
-                                   f"oss_attn_bwd_var_launch<{ctype}, {hd}>"))
+                                   f"oss_attn_bwd_var_launch<{ctype}, {hd}>", more=dq_det))
             if hd in sm90_bwd_var_dims:
                 paths.append(_launcher(os.path.join(out_dir, f"attention_bwd_var_sm90_hd{hd}_{tag}.cu"),
                                        "sm90/attention_bwd_sm90.cuh", _bwd_var_sm90_name(hd, tag),
-                                       f"oss_attn_bwd_sm90_var_launch<{ctype}, {hd}>"))
+                                       f"oss_attn_bwd_sm90_var_launch<{ctype}, {hd}>",
+                                       uses=[_dq_det_var_name(hd, tag), _bwd_var_name(hd, tag)]))
 
     lines = [HEADER, '#include "cuda/attention/attention_common.cuh"\n\n', 'extern "C" {\n']
     def declare(name):

@@ -592,5 +592,12 @@ oss_status oss_attn_bwd_var_launch(const oss_attn_args *a, cudaStream_t stream, 
   return oss_attn_bwd_mma_run<T, HD, C::BR, C::NKW, C::NCS, C::MINB, C::DQ_BR, C::DQ_BC, C::DQ_NW, true>(a, stream,
                                                                                                           dev);
 }
+/* The deterministic mode's dQ pass alone (nothing in the default mode), for
+ * the Hopper backward, which has no dQ kernel of its own. */
+template <typename T, int HD, bool VAR>
+oss_status oss_attn_bwd_dq_det_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+  typedef oss_attn_bwd_cfg<HD> C;
+  return oss_attn_bwd_dq_det_run<T, HD, C::DQ_BR, C::DQ_BC, C::DQ_NW, VAR>(a, stream, dev);
+}
 
 #endif /* OSS_ATTENTION_BWD_CUH */

@@ -329,10 +329,12 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
 #endif
 }
 
+/* dq_det: the deterministic mode's dQ pass, the mma.sync kernel's (its own
+ * generated file's launcher, oss_attn_bwd_dq_det_launch). */
 template <typename T, int HD, bool VAR>
-oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
+                                 oss_attn_launch_fn dq_det) {
   typedef oss_attn_bwd_sm90_cfg<HD> C;
-  typedef oss_attn_bwd_cfg<HD> M; /* the mma.sync dQ kernel of the deterministic mode */
   if (a->lk > 0) {
     const oss_status st = oss_attn_launch(
         oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC, VAR>,
@@ -341,20 +343,24 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
         oss_attn_key_grid(a, C::BC), 256, a, stream, dev);
     if (st != OSS_OK) return st;
   }
-  return oss_attn_bwd_dq_det_run<T, HD, M::DQ_BR, M::DQ_BC, M::DQ_NW, VAR>(a, stream, dev);
+  return dq_det(a, stream, dev);
 }
 
 /* Entry points instantiated once per (head dim, dtype) by the generator: the
  * plain kernel, and the one with the score variants (calls that also carry a
- * mask tensor run the mma.sync kernels with the variants, which read it). */
+ * mask tensor run mma_var, the mma.sync backward with the variants, which
+ * reads it). The mma.sync launchers come from their own generated files, so
+ * these files do not compile those kernels again. */
 template <typename T, int HD>
-oss_status oss_attn_bwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
-  return oss_attn_bwd_sm90_run<T, HD, false>(a, stream, dev);
+oss_status oss_attn_bwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
+                                    oss_attn_launch_fn dq_det) {
+  return oss_attn_bwd_sm90_run<T, HD, false>(a, stream, dev, dq_det);
 }
 template <typename T, int HD>
-oss_status oss_attn_bwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
-  if (a->mask_kind != OSS_MASK_NONE) return oss_attn_bwd_var_launch<T, HD>(a, stream, dev);
-  return oss_attn_bwd_sm90_run<T, HD, true>(a, stream, dev);
+oss_status oss_attn_bwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
+                                        oss_attn_launch_fn dq_det_var, oss_attn_launch_fn mma_var) {
+  if (a->mask_kind != OSS_MASK_NONE) return mma_var(a, stream, dev);
+  return oss_attn_bwd_sm90_run<T, HD, true>(a, stream, dev, dq_det_var);
 }
 
 #endif /* OSS_ATTENTION_BWD_SM90_CUH */

@@ -506,8 +506,13 @@ oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_a
   return oss_check_launch("attention forward (wgmma)");
 }
 
+/* Entry points instantiated once per (head dim, dtype) by the generator.
+ * mma: the mma.sync forward of the same head dim and dtype (its own
+ * generated file's launcher, so this file does not compile that kernel
+ * again), which runs what the wgmma kernel cannot take. */
 template <typename T, int HD>
-oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
+                                    oss_attn_launch_fn mma) {
   typedef oss_attn_fwd_sm90_cfg<HD> C;
   /* a kernel without the registers for reading a mask tensor where there is
    * none; the one that reads it has no registers left for ping-pong */
@@ -515,21 +520,23 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
   static const int mask_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>);
   if (a->mask_kind != OSS_MASK_NONE)
     return oss_attn_fwd_sm90_run<T, HD>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>, mask_regs,
-                                        oss_attn_fwd_mma_launch<T, HD>, a, stream, dev);
+                                        mma, a, stream, dev);
   return oss_attn_fwd_sm90_run<T, HD>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>,
-                                      plain_regs, oss_attn_fwd_mma_launch<T, HD>, a, stream, dev);
+                                      plain_regs, mma, a, stream, dev);
 }
 
 /* The score variants on Hopper (oss_attn_fwd_var_scores per tile, a window's
  * key tiles only, sinks in the row statistics); calls that also pass a mask
- * tensor run the mma.sync kernel with the variants, which reads it. */
+ * tensor run mma_var, the mma.sync kernel with the variants (its own
+ * generated file's launcher), which reads it. */
 template <typename T, int HD>
-oss_status oss_attn_fwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+oss_status oss_attn_fwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
+                                        oss_attn_launch_fn mma_var) {
   typedef oss_attn_fwd_sm90_cfg<HD> C;
-  if (a->mask_kind != OSS_MASK_NONE) return oss_attn_fwd_var_launch<T, HD>(a, stream, dev);
+  if (a->mask_kind != OSS_MASK_NONE) return mma_var(a, stream, dev);
   static const int regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>);
   return oss_attn_fwd_sm90_run<T, HD>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>,
-                                      regs, oss_attn_fwd_var_launch<T, HD>, a, stream, dev);
+                                      regs, mma_var, a, stream, dev);
 }
 
 #endif /* OSS_ATTENTION_FWD_SM90_CUH */
