@@ -62,6 +62,9 @@ def main():
     ap.add_argument("--with-uncentred", action="store_true",
                     help="also time torch_oss without the 16-bit backward's dQ centring, to see what it costs "
                          "(column torch_oss-uncentred)")
+    ap.add_argument("--with-persistent", action="store_true",
+                    help="also time torch_oss with the Hopper forward on a persistent grid of one CTA per SM "
+                         "(column torch_oss-persistent)")
     args = ap.parse_args()
     device = args.device
     gpu = device == "cuda"
@@ -80,6 +83,9 @@ def main():
         impls["torch_oss-mma"] = lambda: attention_kernels(forward="mma", backward="mma", dq_centring=True)
     if args.with_uncentred:
         impls["torch_oss-uncentred"] = lambda: attention_kernels(forward="best", backward="best", dq_centring=False)
+    if args.with_persistent:
+        impls["torch_oss-persistent"] = lambda: attention_kernels(forward="best", backward="best", dq_centring=True,
+                                                                  forward_ctas_per_sm=1)
     impls.update(sdpa_backends(device))
     records = []
     for dname in dtypes:

@@ -129,6 +129,53 @@ def test_kernel_families(device_kernel, dtype, is_causal, alignment, case):
         check_kernel_family(device, dtype, is_causal, alignment, case, f"{dtype} {device_kernel}")
 
 
+def test_attention_kernels_checks_its_choices():
+    for kw in (dict(forward="fast"), dict(decode_splits=-2), dict(forward_ctas_per_sm=-1),
+               dict(forward_ctas_per_sm=1.5)):
+        name = next(iter(kw))
+        with pytest.raises(ValueError, match=name):
+            with attention_kernels(**kw):
+                pass
+
+
+@pytest.mark.parametrize("device", [cuda_param("cuda")])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_persistent_forward_gives_the_same_bits(device, head_dim):
+    """The Hopper forward on a persistent grid (one CTA per SM looping over
+    the blocks of query rows, its barriers' phases running on from block to
+    block) returns the bits of the one-CTA-per-block grid: plain, causal with
+    GQA, with a mask tensor, with the score variants, and a variable-length
+    batch; each with more blocks than SMs. (Where the mma.sync forward runs,
+    the choice changes nothing and the test compares a kernel with itself.)"""
+    torch.manual_seed(head_dim)
+    dtype = torch.bfloat16
+    q = torch.randn(4, 8, 1500, head_dim, device=device, dtype=dtype)
+    k = torch.randn(4, 2, 1700, head_dim, device=device, dtype=dtype)
+    v = torch.randn(4, 2, 1700, head_dim, device=device, dtype=dtype)
+    mask = torch.rand(4, 1, 1500, 1700, device=device) > 0.3
+    lens = [1, 700, 0, 1300, 129, 2000, 64]
+    cu = torch.tensor([0] + lens, device=device).cumsum(0).to(torch.int32)
+    qp, kp, vp = (torch.randn(sum(lens), 8, head_dim, device=device, dtype=dtype) for _ in range(3))
+    calls = {
+        "plain": lambda: torch_oss.attention_with_lse(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1)),
+        "causal gqa": lambda: torch_oss.attention_with_lse(q, k, v, is_causal=True, enable_gqa=True),
+        "mask": lambda: torch_oss.attention_with_lse(q, k, v, attn_mask=mask, enable_gqa=True),
+        "variants": lambda: torch_oss.attention_with_lse(q, k, v, is_causal=True, enable_gqa=True,
+                                                         window_size=(300, 0), softcap=20.0,
+                                                         sinks=torch.randn(8, device=device)),
+        "varlen": lambda: torch_oss.attention_varlen(qp, kp, vp, cu, cu, max(lens), max(lens), causal=True,
+                                                     return_lse=True),
+    }
+    for name, call in calls.items():
+        torch.manual_seed(0)
+        want = call()
+        with attention_kernels(forward_ctas_per_sm=1):
+            torch.manual_seed(0)
+            got = call()
+        for what, a, b in zip(("out", "lse"), got, want):
+            assert torch.equal(a, b), f"{name} hd={head_dim}: {what} differs on the persistent grid"
+
+
 def check_kernel_family(device, dtype, is_causal, alignment, case, name):
     q, k, v = make_qkv(case, dtype, device)
     label = f"{name} causal={is_causal}/{alignment} case={case}"

@@ -498,11 +498,13 @@ oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_a
   if (smem > (size_t)dev->max_smem_per_block_optin) return fallback(a, stream, dev);
   OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   /* One CTA per work block. The kernel can also run persistent (fewer CTAs,
-   * each looping over blocks), but on an H100 that was slower at seqlen >= 1k
-   * (up to 16 % causal) and gained only at 512 without a mask: the hardware's
-   * block scheduler balances the unequal causal blocks better than a static
-   * stride does. */
-  kernel<<<(unsigned)nwork, 384, smem, stream>>>(*a, maps);
+   * each looping over blocks; oss.h's forward_ctas_per_sm asks for it), but
+   * on an H100 that was slower at seqlen >= 1k (up to 16 % causal) and gained
+   * only at 512 without a mask: the hardware's block scheduler balances the
+   * unequal causal blocks better than a static stride does. */
+  const int64_t per_sm = oss_attention_cuda_get_options().forward_ctas_per_sm;
+  const int64_t grid = per_sm > 0 && per_sm * dev->sm_count < nwork ? per_sm * dev->sm_count : nwork;
+  kernel<<<(unsigned)grid, 384, smem, stream>>>(*a, maps);
   return oss_check_launch("attention forward (wgmma)");
 }
 
