@@ -773,7 +773,7 @@ def sm90_ptxas_report():
     source = ('#include "cuda/attention/sm90/attention_fwd_sm90.cuh"\n'
               '#include "cuda/attention/sm90/attention_bwd_sm90.cuh"\n') + "".join(
         f"template oss_status oss_attn_{d}_sm90_launch<__nv_bfloat16, {hd}>(const oss_attn_args *, cudaStream_t, "
-        f"const oss_device_info *);\n" for d, hd in SM90_KERNELS)
+        f"const oss_device_info *, oss_attn_launch_fn);\n" for d, hd in SM90_KERNELS)
     with tempfile.TemporaryDirectory() as tmp:
         return ptxas_report(source, pathlib.Path(tmp), pathlib.Path(__file__).resolve().parents[1] / "csrc")
 
