@@ -64,7 +64,8 @@ def main():
                          "(column torch_oss-uncentred)")
     ap.add_argument("--with-persistent", action="store_true",
                     help="also time torch_oss with the Hopper forward on a persistent grid of one CTA per SM "
-                         "(column torch_oss-persistent)")
+                         "and on a grid of one CTA per block of query rows (columns torch_oss-persistent, "
+                         "torch_oss-per-block)")
     args = ap.parse_args()
     device = args.device
     gpu = device == "cuda"
@@ -86,6 +87,8 @@ def main():
     if args.with_persistent:
         impls["torch_oss-persistent"] = lambda: attention_kernels(forward="best", backward="best", dq_centring=True,
                                                                   forward_ctas_per_sm=1)
+        impls["torch_oss-per-block"] = lambda: attention_kernels(forward="best", backward="best", dq_centring=True,
+                                                                 forward_ctas_per_sm=-1)
     impls.update(sdpa_backends(device))
     records = []
     for dname in dtypes:

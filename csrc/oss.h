@@ -319,8 +319,9 @@ typedef struct oss_attention_cuda_options {
   int decode_splits;     /* the split-KV decode forward: 0 splits by its rule, n > 0 forces
                             n key splits (fewer where there are fewer key tiles), -1 never
                             runs it (where the other kernels can serve the call) */
-  int forward_ctas_per_sm; /* the Hopper forward's grid: 0 one CTA per work block, n > 0 a
-                              persistent grid of n CTAs per SM, each looping over blocks */
+  int forward_ctas_per_sm; /* the Hopper forward's grid: 0 by the launcher's rule, -1 one CTA
+                              per work block, n > 0 a persistent grid of n CTAs per SM, each
+                              looping over blocks */
 } oss_attention_cuda_options;
 oss_attention_cuda_options oss_attention_cuda_get_options(void);
 void oss_attention_cuda_set_options(const oss_attention_cuda_options *options);

@@ -130,7 +130,7 @@ def test_kernel_families(device_kernel, dtype, is_causal, alignment, case):
 
 
 def test_attention_kernels_checks_its_choices():
-    for kw in (dict(forward="fast"), dict(decode_splits=-2), dict(forward_ctas_per_sm=-1),
+    for kw in (dict(forward="fast"), dict(decode_splits=-2), dict(forward_ctas_per_sm=-2),
                dict(forward_ctas_per_sm=1.5)):
         name = next(iter(kw))
         with pytest.raises(ValueError, match=name):
@@ -143,8 +143,9 @@ def test_attention_kernels_checks_its_choices():
 def test_persistent_forward_gives_the_same_bits(device, head_dim):
     """The Hopper forward on a persistent grid (one CTA per SM looping over
     the blocks of query rows, its barriers' phases running on from block to
-    block) returns the bits of the one-CTA-per-block grid: plain, causal with
-    GQA, with a mask tensor, with the score variants, and a variable-length
+    block, causal blocks in pairs of equal work) returns the bits of the
+    one-CTA-per-block grid: plain, causal with GQA (an even and an odd number
+    of blocks a head), with a mask tensor, with the score variants, and a variable-length
     batch; each with more blocks than SMs. (Where the mma.sync forward runs,
     the choice changes nothing and the test compares a kernel with itself.)"""
     torch.manual_seed(head_dim)
@@ -159,6 +160,8 @@ def test_persistent_forward_gives_the_same_bits(device, head_dim):
     calls = {
         "plain": lambda: torch_oss.attention_with_lse(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1)),
         "causal gqa": lambda: torch_oss.attention_with_lse(q, k, v, is_causal=True, enable_gqa=True),
+        # 11 blocks of query rows a head: the persistent grid's middle block goes alone
+        "causal odd": lambda: torch_oss.attention_with_lse(q[:, :, :1400], k, v, is_causal=True, enable_gqa=True),
         "mask": lambda: torch_oss.attention_with_lse(q, k, v, attn_mask=mask, enable_gqa=True),
         "variants": lambda: torch_oss.attention_with_lse(q, k, v, is_causal=True, enable_gqa=True,
                                                          window_size=(300, 0), softcap=20.0,
@@ -167,8 +170,9 @@ def test_persistent_forward_gives_the_same_bits(device, head_dim):
                                                      return_lse=True),
     }
     for name, call in calls.items():
-        torch.manual_seed(0)
-        want = call()
+        with attention_kernels(forward_ctas_per_sm=-1):
+            torch.manual_seed(0)
+            want = call()
         with attention_kernels(forward_ctas_per_sm=1):
             torch.manual_seed(0)
             got = call()

@@ -16,7 +16,8 @@ def attention_kernels(forward=None, backward=None, dq_centring=None, decode_spli
     decode_splits=n forces the split-KV decode forward to n key splits (0: its
     own rule, -1: never run it where the other kernels can serve the call), and
     forward_ctas_per_sm=n runs the Hopper forward as a persistent grid of n
-    CTAs per SM (0: one CTA per block of query rows, the default). None keeps
+    CTAs per SM (-1: one CTA per block of query rows; 0: the launcher's rule,
+    the default). None keeps
     a choice as it is. The choices are process-wide: not for use while another
     thread runs attention."""
 
@@ -29,8 +30,8 @@ def attention_kernels(forward=None, backward=None, dq_centring=None, decode_spli
 
     if decode_splits is not None and (not isinstance(decode_splits, int) or decode_splits < -1):
         raise ValueError(f"attention_kernels: decode_splits={decode_splits!r} must be an int >= -1 or None")
-    if forward_ctas_per_sm is not None and (not isinstance(forward_ctas_per_sm, int) or forward_ctas_per_sm < 0):
-        raise ValueError(f"attention_kernels: forward_ctas_per_sm={forward_ctas_per_sm!r} must be an int >= 0 or None")
+    if forward_ctas_per_sm is not None and (not isinstance(forward_ctas_per_sm, int) or forward_ctas_per_sm < -1):
+        raise ValueError(f"attention_kernels: forward_ctas_per_sm={forward_ctas_per_sm!r} must be an int >= -1 or None")
     previous = _C.attention_kernels(family(forward, "forward"), family(backward, "backward"),
                                     _KEEP if dq_centring is None else int(bool(dq_centring)),
                                     _KEEP if decode_splits is None else decode_splits,

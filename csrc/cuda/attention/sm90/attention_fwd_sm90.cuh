@@ -4,11 +4,10 @@
  * same result as attention_fwd.cuh (out = softmax(scale Q K^T + mask) V, lse
  * per query row), computed with m64nNk16 wgmma and bulk tensor copies.
  *
- * A CTA takes work blocks blockIdx.x, + gridDim.x, ... (a block: BR = 128
- * query rows of one (batch, query head); the blocks of one head are
- * consecutive, heaviest first when causal). With more than one block per CTA
- * a block's epilogue runs while the next block's Q and K/V load; the launcher
- * gives each block its own CTA (see there). A block streams the keys of its
+ * A CTA takes one work block (BR = 128 query rows of one (batch, query
+ * head)) or, on a persistent grid, several (oss_sm90_first_block); then a
+ * block's epilogue runs while the next block's Q and K/V load. The launcher
+ * picks the grid (see there). A block streams the keys of its
  * kv head (h / group) in tiles of BC, warp-specialised:
  *   - a producer warpgroup gives its registers away (setmaxnreg) and one of
  *     its threads issues the bulk tensor copies (TMA): Q once, then K_j and
@@ -67,6 +66,7 @@
 template <int HD> struct oss_attn_fwd_sm90_cfg {
   static constexpr int BR = 128; /* query rows per CTA: two consumer warpgroups */
   static constexpr int BC = HD <= 128 ? 128 : 64;
+  static constexpr int BC_PLAIN = HD == 64 ? 192 : HD == 128 ? 160 : 64;
   static constexpr int STAGES = 2;
   static constexpr bool PINGPONG = HD <= 128;
 };
@@ -182,6 +182,35 @@ __host__ __device__ __forceinline__ int64_t oss_sm90_work_rows(const oss_attn_ar
   return a.cu_q != nullptr ? a.hq : (int64_t)a.batch * a.hq;
 }
 
+/* The work blocks of a CTA: w = oss_sm90_first_block(), then
+ * oss_sm90_next_block(w) while w >= 0. One CTA per block (gridDim.x >= nwork)
+ * takes block blockIdx.x. A persistent grid of fewer CTAs takes the blocks of
+ * a row of the work grid (one head's, consecutive, so the CTAs running at one
+ * time share few heads' K and V in L2) by stride, or, with causal masking,
+ * whose blocks of a head cost nqb, nqb - 1, ..., 1 key tiles (heaviest first),
+ * by pairs of equal work: unit u of a row is block u then block nqb - 1 - u
+ * (the middle block of an odd nqb alone), the units taken by stride, so every
+ * CTA gets the same work (a stride over single blocks would hand CTA c the
+ * same weight every time). Only w carries from one block to the next. */
+__device__ __forceinline__ int oss_sm90_unit_block(unsigned u, int nqb, int nwork) {
+  const unsigned per_row = (unsigned)(nqb + 1) / 2;
+  if (u >= (unsigned)nwork / (unsigned)nqb * per_row) return -1;
+  return (int)(u / per_row) * nqb + (int)(u % per_row);
+}
+__device__ __forceinline__ int oss_sm90_first_block(int nqb, int nwork, bool pairs) {
+  if (gridDim.x >= (unsigned)nwork || !pairs) return blockIdx.x < (unsigned)nwork ? (int)blockIdx.x : -1;
+  return oss_sm90_unit_block(blockIdx.x, nqb, nwork);
+}
+__device__ __forceinline__ int oss_sm90_next_block(int w, int nqb, int nwork, bool pairs) {
+  if (gridDim.x >= (unsigned)nwork) return -1;
+  /* unsigned: w + gridDim.x < 2 nwork <= 2 INT_MAX */
+  if (!pairs) return w + gridDim.x < (unsigned)nwork ? (int)(w + gridDim.x) : -1;
+  const int row = w / nqb, b = w % nqb, partner = nqb - 1 - b;
+  if (b < partner) return row * nqb + partner; /* the light block of the unit */
+  const unsigned per_row = (unsigned)(nqb + 1) / 2;
+  return oss_sm90_unit_block((unsigned)row * per_row + (unsigned)partner + gridDim.x, nqb, nwork);
+}
+
 /* Zeroes rows first .. ROWS - 1 of a landed ROWS x HD tile (HD / 64 boxes of
  * ROWS rows of 128 bytes; the swizzle moves chunks only within a row) for the
  * warpgroup's thread t of 128, then makes the writes visible to its tensor
@@ -219,11 +248,10 @@ __global__ void __launch_bounds__(384, 1)
   __shared__ __align__(8) uint64_t q_full, q_empty, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-  /* persistent: the CTA takes work blocks blockIdx.x, + gridDim.x, ...; the
-   * blocks of one (batch, head) are consecutive, so the CTAs running at one
-   * time share few heads' K and V in L2 */
+  /* the work blocks of this CTA: oss_sm90_first_block */
   const int nqb = (int)oss_sm90_row_blocks(args, BR);
   const int nwork = nqb * (int)oss_sm90_work_rows(args); /* the launcher checks that it fits */
+  const bool pairs = args.causal && args.cu_q == nullptr;
   /* the current block's arguments: in a variable-length batch its sequence's
    * view (oss_attn_seq_view); the copies then address the packed rows from the
    * sequence's first (seq_q0, seq_k0) in one batch. A mask tensor never comes
@@ -252,7 +280,7 @@ __global__ void __launch_bounds__(384, 1)
       oss_tma_prefetch_map(&maps.v);
       int blocks = 0, tiles = 0; /* Q and K/V uses so far */
 #pragma unroll 1
-      for (int w = blockIdx.x; w < nwork; w += gridDim.x) {
+      for (int w = oss_sm90_first_block(nqb, nwork, pairs); w >= 0; w = oss_sm90_next_block(w, nqb, nwork, pairs)) {
         int64_t bh = w / nqb;
         int block = w % nqb;
         if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, w, nqb, &bh, &block)) continue;
@@ -286,10 +314,10 @@ __global__ void __launch_bounds__(384, 1)
     if (PINGPONG && wg == 1) oss_named_arrive(other_bar, 256);
     const bool drop = VAR && a.drop_seed != nullptr; /* dropout (VAR kernels) */
     const uint64_t seed = VAR ? oss_attn_drop_seed(a) : 0;
-    oss_attn_keep<1, NT> keep; /* the kept weights of the tile being packed */
+    oss_attn_keep<1, VAR ? NT : 2> keep; /* the kept weights of the tile being packed (VAR kernels) */
     int blocks = 0, tiles = 0;
 #pragma unroll 1
-    for (int w = blockIdx.x; w < nwork; w += gridDim.x) {
+    for (int w = oss_sm90_first_block(nqb, nwork, pairs); w >= 0; w = oss_sm90_next_block(w, nqb, nwork, pairs)) {
       int64_t bh = w / nqb;
       int block = w % nqb;
       if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, w, nqb, &bh, &block)) continue;
@@ -333,10 +361,11 @@ __global__ void __launch_bounds__(384, 1)
                       : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, 0, lane);
         oss_sm90_softmax_exp<NT>(s[0], m[0], l[0], alpha, c);
         oss_sm90_softmax_pack<T, NT, NO>(s[0], o[0], lr[0], alpha, pa);
-        if (drop) {
-          oss_attn_dropout_keep<false, 1, NT>(keep, a, seed, qb.bh, i0 + wrow, jt0 * BC, lane);
-          oss_attn_dropout_apply_a<1, NT>(reinterpret_cast<uint32_t(&)[1][NT / 2][4]>(pa), keep);
-        }
+        if constexpr (VAR)
+          if (drop) {
+            oss_attn_dropout_keep<false, 1, NT>(keep, a, seed, qb.bh, i0 + wrow, jt0 * BC, lane);
+            oss_attn_dropout_apply_a<1, NT>(reinterpret_cast<uint32_t(&)[1][NT / 2][4]>(pa), keep);
+          }
 
 #pragma unroll 1
         for (int j = 1; j < ntiles; j++) {
@@ -364,14 +393,16 @@ __global__ void __launch_bounds__(384, 1)
           c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, j0, lane)
                   : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, j0, lane);
           oss_sm90_softmax_exp<NT>(s[0], m[0], l[0], alpha, c);
-          if (drop) oss_attn_dropout_keep<false, 1, NT>(keep, a, seed, qb.bh, i0 + wrow, j0, lane);
+          if constexpr (VAR)
+            if (drop) oss_attn_dropout_keep<false, 1, NT>(keep, a, seed, qb.bh, i0 + wrow, j0, lane);
           oss_wgmma_wait<0>();
           oss_wgmma_fence_operand<NO>(o[0]);
           oss_wgmma_fence_operand<NT / 2>(pa);
           __syncwarp();
           if (lane == 0) oss_mbar_arrive(&v_empty[pst]);
           oss_sm90_softmax_pack<T, NT, NO>(s[0], o[0], lr[0], alpha, pa);
-          if (drop) oss_attn_dropout_apply_a<1, NT>(reinterpret_cast<uint32_t(&)[1][NT / 2][4]>(pa), keep);
+          if constexpr (VAR)
+            if (drop) oss_attn_dropout_apply_a<1, NT>(reinterpret_cast<uint32_t(&)[1][NT / 2][4]>(pa), keep);
         }
 
         /* the last tile's P V */
@@ -476,7 +507,7 @@ static inline int oss_kernel_regs(void (*kernel)(const oss_attn_args, const oss_
  * with `regs` registers per thread) over the call's work blocks, or, where
  * the copy engine cannot address the inputs or the kernel's register budget
  * does not hold, `fallback` (the mma.sync kernel of the same result). */
-template <typename T, int HD>
+template <typename T, int HD, int BC>
 oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_attn_sm90_maps), int regs,
                                  oss_attn_launch_fn fallback, const oss_attn_args *a, cudaStream_t stream,
                                  const oss_device_info *dev) {
@@ -491,18 +522,17 @@ oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_a
   const int64_t mb = packed ? 1 : a->batch, mq = packed ? a->total_q : a->lq, mk = packed ? a->total_k : a->lk;
   if (regs < OSS_SM90_LAUNCH_REGS || a->lk == 0 || nwork > INT_MAX || mq > INT_MAX || mk > INT_MAX ||
       !oss_attn_sm90_map<T>(&maps.q, a->q, mb, a->hq, mq, a->d, a->q_s, C::BR) ||
-      !oss_attn_sm90_map<T>(&maps.k, a->k, mb, a->hkv, mk, a->d, a->k_s, C::BC) ||
-      !oss_attn_sm90_map<T>(&maps.v, a->v, mb, a->hkv, mk, a->dv, a->v_s, C::BC))
+      !oss_attn_sm90_map<T>(&maps.k, a->k, mb, a->hkv, mk, a->d, a->k_s, BC) ||
+      !oss_attn_sm90_map<T>(&maps.v, a->v, mb, a->hkv, mk, a->dv, a->v_s, BC))
     return fallback(a, stream, dev);
-  const size_t smem = oss_attn_fwd_sm90_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
+  const size_t smem = oss_attn_fwd_sm90_smem_bytes<HD, C::BR, BC, C::STAGES>();
   if (smem > (size_t)dev->max_smem_per_block_optin) return fallback(a, stream, dev);
   OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  /* One CTA per work block. The kernel can also run persistent (fewer CTAs,
-   * each looping over blocks; oss.h's forward_ctas_per_sm asks for it), but
-   * on an H100 that was slower at seqlen >= 1k (up to 16 % causal) and gained
-   * only at 512 without a mask: the hardware's block scheduler balances the
-   * unequal causal blocks better than a static stride does. */
-  const int64_t per_sm = oss_attention_cuda_get_options().forward_ctas_per_sm;
+  /* The grid: one CTA per work block, or persistent (per_sm CTAs per SM,
+   * each looping over blocks: oss_sm90_first_block). oss.h's
+   * forward_ctas_per_sm forces either; 0 leaves it to this rule. */
+  const int64_t forced = oss_attention_cuda_get_options().forward_ctas_per_sm;
+  const int64_t per_sm = forced != 0 ? forced : 0;
   const int64_t grid = per_sm > 0 && per_sm * dev->sm_count < nwork ? per_sm * dev->sm_count : nwork;
   kernel<<<(unsigned)grid, 384, smem, stream>>>(*a, maps);
   return oss_check_launch("attention forward (wgmma)");
@@ -518,12 +548,12 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
   typedef oss_attn_fwd_sm90_cfg<HD> C;
   /* a kernel without the registers for reading a mask tensor where there is
    * none; the one that reads it has no registers left for ping-pong */
-  static const int plain_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>);
+  static const int plain_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC_PLAIN, C::STAGES, C::PINGPONG, false>);
   static const int mask_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>);
   if (a->mask_kind != OSS_MASK_NONE)
-    return oss_attn_fwd_sm90_run<T, HD>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>, mask_regs,
+    return oss_attn_fwd_sm90_run<T, HD, C::BC>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>, mask_regs,
                                         mma, a, stream, dev);
-  return oss_attn_fwd_sm90_run<T, HD>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>,
+  return oss_attn_fwd_sm90_run<T, HD, C::BC_PLAIN>(oss_attn_fwd_sm90_kernel<T, HD, C::BC_PLAIN, C::STAGES, C::PINGPONG, false>,
                                       plain_regs, mma, a, stream, dev);
 }
 
@@ -537,7 +567,7 @@ oss_status oss_attn_fwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t str
   typedef oss_attn_fwd_sm90_cfg<HD> C;
   if (a->mask_kind != OSS_MASK_NONE) return mma_var(a, stream, dev);
   static const int regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>);
-  return oss_attn_fwd_sm90_run<T, HD>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>,
+  return oss_attn_fwd_sm90_run<T, HD, C::BC>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>,
                                       regs, mma_var, a, stream, dev);
 }
 
