@@ -376,7 +376,11 @@ VARIANTS = {
     "sinks": dict(sinks=True),
     "all": dict(window_size=(9, 2), softcap=3.0, alibi="heads", sinks=True),
 }
-VARIANT_LENS = ([1, 17, 0, 45, 9], [12, 17, 4, 30, 1])
+# Awkward short sequences and two of a few hundred rows: the tolerance rule
+# compares maximum errors, and over only a few thousand gradient elements the
+# peer's own maximum moves by a factor of 2-3 with the summation order of its
+# matrix products, which would make the bound a draw.
+VARIANT_LENS = ([1, 17, 0, 145, 9, 300], [12, 17, 4, 130, 1, 290])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -397,7 +401,7 @@ def test_sinks_any_dtype(device):
     torch.manual_seed(4)
     inputs = make_packed(*VARIANT_LENS, 4, 4, 16, 16, torch.float32, device)
     for sinks_dtype in (torch.bfloat16, torch.float64):
-        kw = draw_variants({"sinks": True}, 5, 4, device, sinks_dtype=sinks_dtype)
+        kw = draw_variants({"sinks": True}, len(VARIANT_LENS[0]), 4, device, sinks_dtype=sinks_dtype)
         check_varlen(*inputs, causal=True, kw=kw, label=f"sinks {sinks_dtype}")
 
 

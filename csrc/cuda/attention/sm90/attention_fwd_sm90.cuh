@@ -66,9 +66,13 @@
 template <int HD> struct oss_attn_fwd_sm90_cfg {
   static constexpr int BR = 128; /* query rows per CTA: two consumer warpgroups */
   static constexpr int BC = HD <= 128 ? 128 : 64;
-  static constexpr int BC_PLAIN = HD == 64 ? 192 : HD == 128 ? 160 : 64;
   static constexpr int STAGES = 2;
   static constexpr bool PINGPONG = HD <= 128;
+  /* A dense batch without a mask tensor or score variants runs on a
+   * persistent grid (a block's epilogue under the next block's loads), which
+   * measured faster at every seqlen, most at short ones; causal too, but not
+   * at head dim 256, whose causal blocks measured slower on it. */
+  static constexpr bool PERSISTENT_CAUSAL = HD <= 128;
 };
 
 /* Registers per thread after setmaxnreg. A CTA keeps the registers it was
@@ -314,7 +318,7 @@ __global__ void __launch_bounds__(384, 1)
     if (PINGPONG && wg == 1) oss_named_arrive(other_bar, 256);
     const bool drop = VAR && a.drop_seed != nullptr; /* dropout (VAR kernels) */
     const uint64_t seed = VAR ? oss_attn_drop_seed(a) : 0;
-    oss_attn_keep<1, VAR ? NT : 2> keep; /* the kept weights of the tile being packed (VAR kernels) */
+    oss_attn_keep<1, NT> keep; /* the kept weights of the tile being packed */
     int blocks = 0, tiles = 0;
 #pragma unroll 1
     for (int w = oss_sm90_first_block(nqb, nwork, pairs); w >= 0; w = oss_sm90_next_block(w, nqb, nwork, pairs)) {
@@ -361,11 +365,10 @@ __global__ void __launch_bounds__(384, 1)
                       : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, 0, lane);
         oss_sm90_softmax_exp<NT>(s[0], m[0], l[0], alpha, c);
         oss_sm90_softmax_pack<T, NT, NO>(s[0], o[0], lr[0], alpha, pa);
-        if constexpr (VAR)
-          if (drop) {
-            oss_attn_dropout_keep<false, 1, NT>(keep, a, seed, qb.bh, i0 + wrow, jt0 * BC, lane);
-            oss_attn_dropout_apply_a<1, NT>(reinterpret_cast<uint32_t(&)[1][NT / 2][4]>(pa), keep);
-          }
+        if (drop) {
+          oss_attn_dropout_keep<false, 1, NT>(keep, a, seed, qb.bh, i0 + wrow, jt0 * BC, lane);
+          oss_attn_dropout_apply_a<1, NT>(reinterpret_cast<uint32_t(&)[1][NT / 2][4]>(pa), keep);
+        }
 
 #pragma unroll 1
         for (int j = 1; j < ntiles; j++) {
@@ -393,16 +396,14 @@ __global__ void __launch_bounds__(384, 1)
           c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, j0, lane)
                   : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, j0, lane);
           oss_sm90_softmax_exp<NT>(s[0], m[0], l[0], alpha, c);
-          if constexpr (VAR)
-            if (drop) oss_attn_dropout_keep<false, 1, NT>(keep, a, seed, qb.bh, i0 + wrow, j0, lane);
+          if (drop) oss_attn_dropout_keep<false, 1, NT>(keep, a, seed, qb.bh, i0 + wrow, j0, lane);
           oss_wgmma_wait<0>();
           oss_wgmma_fence_operand<NO>(o[0]);
           oss_wgmma_fence_operand<NT / 2>(pa);
           __syncwarp();
           if (lane == 0) oss_mbar_arrive(&v_empty[pst]);
           oss_sm90_softmax_pack<T, NT, NO>(s[0], o[0], lr[0], alpha, pa);
-          if constexpr (VAR)
-            if (drop) oss_attn_dropout_apply_a<1, NT>(reinterpret_cast<uint32_t(&)[1][NT / 2][4]>(pa), keep);
+          if (drop) oss_attn_dropout_apply_a<1, NT>(reinterpret_cast<uint32_t(&)[1][NT / 2][4]>(pa), keep);
         }
 
         /* the last tile's P V */
@@ -504,13 +505,14 @@ static inline int oss_kernel_regs(void (*kernel)(const oss_attn_args, const oss_
 }
 
 /* Launches `kernel` (one of oss_attn_fwd_sm90_kernel<T, HD, ...>, launched
- * with `regs` registers per thread) over the call's work blocks, or, where
+ * with `regs` registers per thread) over the call's work blocks (on a
+ * persistent grid where `persistent`), or, where
  * the copy engine cannot address the inputs or the kernel's register budget
  * does not hold, `fallback` (the mma.sync kernel of the same result). */
-template <typename T, int HD, int BC>
+template <typename T, int HD>
 oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_attn_sm90_maps), int regs,
-                                 oss_attn_launch_fn fallback, const oss_attn_args *a, cudaStream_t stream,
-                                 const oss_device_info *dev) {
+                                 oss_attn_launch_fn fallback, bool persistent, const oss_attn_args *a,
+                                 cudaStream_t stream, const oss_device_info *dev) {
   typedef oss_attn_fwd_sm90_cfg<HD> C;
   /* The budgets of setmaxnreg hold only if the kernel launches with the
    * registers assumed above; a compiler that allots fewer would make the
@@ -522,17 +524,17 @@ oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_a
   const int64_t mb = packed ? 1 : a->batch, mq = packed ? a->total_q : a->lq, mk = packed ? a->total_k : a->lk;
   if (regs < OSS_SM90_LAUNCH_REGS || a->lk == 0 || nwork > INT_MAX || mq > INT_MAX || mk > INT_MAX ||
       !oss_attn_sm90_map<T>(&maps.q, a->q, mb, a->hq, mq, a->d, a->q_s, C::BR) ||
-      !oss_attn_sm90_map<T>(&maps.k, a->k, mb, a->hkv, mk, a->d, a->k_s, BC) ||
-      !oss_attn_sm90_map<T>(&maps.v, a->v, mb, a->hkv, mk, a->dv, a->v_s, BC))
+      !oss_attn_sm90_map<T>(&maps.k, a->k, mb, a->hkv, mk, a->d, a->k_s, C::BC) ||
+      !oss_attn_sm90_map<T>(&maps.v, a->v, mb, a->hkv, mk, a->dv, a->v_s, C::BC))
     return fallback(a, stream, dev);
-  const size_t smem = oss_attn_fwd_sm90_smem_bytes<HD, C::BR, BC, C::STAGES>();
+  const size_t smem = oss_attn_fwd_sm90_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
   if (smem > (size_t)dev->max_smem_per_block_optin) return fallback(a, stream, dev);
   OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  /* The grid: one CTA per work block, or persistent (per_sm CTAs per SM,
-   * each looping over blocks: oss_sm90_first_block). oss.h's
-   * forward_ctas_per_sm forces either; 0 leaves it to this rule. */
-  const int64_t forced = oss_attention_cuda_get_options().forward_ctas_per_sm;
-  const int64_t per_sm = forced != 0 ? forced : 0;
+  /* The grid: one CTA per work block, or, where the caller's `persistent`
+   * says so, one CTA per SM, each looping over blocks (oss_sm90_first_block).
+   * oss.h's forward_ctas_per_sm overrides the choice. */
+  const int forced = oss_attention_cuda_get_options().forward_ctas_per_sm;
+  const int64_t per_sm = forced != 0 ? forced : persistent ? 1 : 0;
   const int64_t grid = per_sm > 0 && per_sm * dev->sm_count < nwork ? per_sm * dev->sm_count : nwork;
   kernel<<<(unsigned)grid, 384, smem, stream>>>(*a, maps);
   return oss_check_launch("attention forward (wgmma)");
@@ -548,13 +550,14 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
   typedef oss_attn_fwd_sm90_cfg<HD> C;
   /* a kernel without the registers for reading a mask tensor where there is
    * none; the one that reads it has no registers left for ping-pong */
-  static const int plain_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC_PLAIN, C::STAGES, C::PINGPONG, false>);
+  static const int plain_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>);
   static const int mask_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>);
   if (a->mask_kind != OSS_MASK_NONE)
-    return oss_attn_fwd_sm90_run<T, HD, C::BC>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>, mask_regs,
-                                        mma, a, stream, dev);
-  return oss_attn_fwd_sm90_run<T, HD, C::BC_PLAIN>(oss_attn_fwd_sm90_kernel<T, HD, C::BC_PLAIN, C::STAGES, C::PINGPONG, false>,
-                                      plain_regs, mma, a, stream, dev);
+    return oss_attn_fwd_sm90_run<T, HD>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>, mask_regs,
+                                        mma, false, a, stream, dev);
+  const bool persistent = a->cu_q == NULL && (!a->causal || C::PERSISTENT_CAUSAL);
+  return oss_attn_fwd_sm90_run<T, HD>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>,
+                                      plain_regs, mma, persistent, a, stream, dev);
 }
 
 /* The score variants on Hopper (oss_attn_fwd_var_scores per tile, a window's
@@ -567,8 +570,8 @@ oss_status oss_attn_fwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t str
   typedef oss_attn_fwd_sm90_cfg<HD> C;
   if (a->mask_kind != OSS_MASK_NONE) return mma_var(a, stream, dev);
   static const int regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>);
-  return oss_attn_fwd_sm90_run<T, HD, C::BC>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>,
-                                      regs, mma_var, a, stream, dev);
+  return oss_attn_fwd_sm90_run<T, HD>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>,
+                                      regs, mma_var, false, a, stream, dev);
 }
 
 #endif /* OSS_ATTENTION_FWD_SM90_CUH */
