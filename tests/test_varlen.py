@@ -215,10 +215,17 @@ def check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, alignment="bot
         peers["torch_oss.attention per sequence"] = per_sequence(loop_run(causal, alignment, scale, full_kw), q, k,
                                                                  v, cu_q, cu_k, dout, sinks)
     atol = ATTENTION_ATOL[dtype]
+    # 16-bit gradients: each element may also be one rounding of its own magnitude
+    # off. FlashAttention's own tests add two roundings at the gradient's magnitude to
+    # the bound; without that allowance the bound is a draw here, as the peer's own
+    # maximum error over a few thousand elements is decided by one or two rounding
+    # flips (on identical inputs it changed 2x with its matrix products' summation order).
+    half = dtype in (torch.float16, torch.bfloat16)
     for peer_name, peer in peers.items():
         for i, name in enumerate(("out", "lse", "dq", "dk", "dv")):
             assert ours[i].dtype == (lse.dtype if name == "lse" else dtype), f"{name} {label}: {ours[i].dtype}"
-            assert_tolerance(f"{name} {label} (peer: {peer_name})", ours[i], ref[i], peer[i], atol)
+            assert_tolerance(f"{name} {label} (peer: {peer_name})", ours[i], ref[i], peer[i], atol,
+                             per_element_eps=half and i >= 2)
         if sinks is not None and (peer_name != "PyTorch" or len(peers) == 1):
             # the kernels' float64 sums written as float32 (oss.h dsinks), then cast to the
             # sinks' dtype; the peers' sums of per-sequence values: judged in float32 at
@@ -376,10 +383,8 @@ VARIANTS = {
     "sinks": dict(sinks=True),
     "all": dict(window_size=(9, 2), softcap=3.0, alibi="heads", sinks=True),
 }
-# Awkward short sequences and two of a few hundred rows: the tolerance rule
-# compares maximum errors, and over only a few thousand gradient elements the
-# peer's own maximum moves by a factor of 2-3 with the summation order of its
-# matrix products, which would make the bound a draw.
+# Awkward short sequences and two of a few hundred rows, so the maximum errors the
+# tolerance rule compares are taken over tens of thousands of gradient elements.
 VARIANT_LENS = ([1, 17, 0, 145, 9, 300], [12, 17, 4, 130, 1, 290])
 
 
