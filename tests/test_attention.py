@@ -145,8 +145,8 @@ def test_persistent_forward_gives_the_same_bits(device, head_dim):
     the blocks of query rows, its barriers' phases running on from block to
     block, causal blocks in pairs of equal work) returns the bits of the
     one-CTA-per-block grid: plain, causal with GQA (an even and an odd number
-    of blocks a head), with a mask tensor, with the score variants, and a variable-length
-    batch; each with more blocks than SMs. (Where the mma.sync forward runs,
+    of blocks a head), with a mask tensor, with the score variants, and a
+    variable-length batch; each with more blocks than SMs. (Where the mma.sync forward runs,
     the choice changes nothing and the test compares a kernel with itself.)"""
     torch.manual_seed(head_dim)
     dtype = torch.bfloat16

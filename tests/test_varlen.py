@@ -218,8 +218,8 @@ def check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, alignment="bot
     # 16-bit gradients: each element may also be one rounding of its own magnitude
     # off. FlashAttention's own tests add two roundings at the gradient's magnitude to
     # the bound; without that allowance the bound is a draw here, as the peer's own
-    # maximum error over a few thousand elements is decided by one or two rounding
-    # flips (on identical inputs it changed 2x with its matrix products' summation order).
+    # maximum error over these few short sequences is decided by one or two rounding
+    # flips (on identical inputs it changed 2x from one process to another).
     half = dtype in (torch.float16, torch.bfloat16)
     for peer_name, peer in peers.items():
         for i, name in enumerate(("out", "lse", "dq", "dk", "dv")):
