@@ -17,9 +17,8 @@ def attention_kernels(forward=None, backward=None, dq_centring=None, decode_spli
     own rule, -1: never run it where the other kernels can serve the call), and
     forward_ctas_per_sm=n runs the Hopper forward as a persistent grid of n
     CTAs per SM (-1: one CTA per block of query rows; 0: the launcher's rule,
-    the default). None keeps
-    a choice as it is. The choices are process-wide: not for use while another
-    thread runs attention."""
+    the default). None keeps a choice as it is. The choices are process-wide:
+    not for use while another thread runs attention."""
 
     def family(value, name):
         if value is None:
