@@ -24,8 +24,11 @@ DEFAULT_HEAD_DIMS = [32, 40, 64, 80, 96, 112, 128, 160, 192, 256]
 # compiled backward head dim): set BACKWARD_HEAD_DIMS to such a list.
 BACKWARD_HEAD_DIMS = None
 
-# Head dims of the Hopper (wgmma, sm_90a) forward and backward; others run the
-# mma.sync kernels (the backward's register plan is written for 64 and 128).
+# Head dims of the Hopper (wgmma, sm_90a) forward and backward (the backward's
+# register plan is written for 64 and 128). On Hopper every other head dim's
+# forward runs the smallest of them that covers it (zero padding, as for the
+# decode and variant kernels) where that one is compiled; its backward runs
+# the mma.sync kernel of its own head dim.
 SM90_FORWARD_HEAD_DIMS = [64, 128, 256]
 SM90_BACKWARD_HEAD_DIMS = [64, 128]
 
@@ -89,6 +92,10 @@ def _bwd_var_name(hd, tag):
 
 def _variant_dim(hd):
     return min(d for d in VARIANT_HEAD_DIMS if d >= hd)
+
+
+def _sm90_forward_dim(hd):
+    return min(d for d in SM90_FORWARD_HEAD_DIMS if d >= hd)
 
 
 def _write(path, text):
@@ -236,7 +243,8 @@ def generate(head_dims, out_dir, sm90=False):
     for hd in dims:
         for tag, _, enum in DTYPES:
             bwd = _bwd_name(hd, tag) if hd in bwd_dims else "NULL"
-            hopper = _sm90_name(hd, tag) if hd in sm90_dims else "NULL"
+            hd90 = _sm90_forward_dim(hd)
+            hopper = _sm90_name(hd90, tag) if hd90 in sm90_dims else "NULL"
             bwd_hopper = _bwd_sm90_name(hd, tag) if hd in sm90_bwd_dims else "NULL"
             dd = _decode_dim(hd)
             vd = _variant_dim(hd)
