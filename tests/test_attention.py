@@ -101,8 +101,8 @@ def test_forward_and_backward(device, dtype, is_causal, alignment, case):
 
 
 # On an H100 head dims 64 and 128 run the Hopper wgmma forward and backward, 256
-# its forward; the other head dims run the forward of the next of them,
-# zero-padded (32 -> 64, 96 -> 128, 192 -> 256), and the mma.sync backward;
+# its forward; the other head dims run the kernels of the next of them,
+# zero-padded (32 -> 64, 96 -> 128, 192 -> 256; above 128 the mma.sync backward);
 # attention_kernels(forward="mma", backward="mma") forces mma.sync. Both families are checked
 # on the same cases: lengths across several tiles and off the tile size,
 # Dv != D, GQA, padded head dims, one query, a mask, unaligned rows
@@ -605,8 +605,8 @@ def test_backward_equal_value_rows(device, dtype, head_dim, is_causal):
 
 
 # (batch, heads_q, heads_kv, len_q, len_k, head_dim): on an H100 the wgmma
-# backward (64, 128) and the mma.sync one (40; 131 -> 160 and 200 -> 256
-# padded, two dK column slices), lengths off the blocks, GQA
+# backward (64, 128; 40 padded to 64) and the mma.sync one (131 -> 160 and
+# 200 -> 256 padded, two dK column slices), lengths off the blocks, GQA
 CENTRING_CASES = [
     (2, 4, 2, 200, 173, 64),
     (1, 2, 1, 150, 300, 128),
