@@ -100,8 +100,9 @@ def test_forward_and_backward(device, dtype, is_causal, alignment, case):
     check_backward(q, k, v, is_causal=is_causal, alignment=alignment, label=label)
 
 
-# On an H100 head dims 64 and 128 (D and Dv up to them) run the Hopper wgmma
-# forward (and 256 its forward) and backward, the others the mma.sync ones;
+# On an H100 head dims 64 and 128 run the Hopper wgmma forward and backward, 256
+# its forward; the other head dims run the kernels of the next of them,
+# zero-padded (32 -> 64, 96 -> 128, 192 -> 256; above 128 the mma.sync backward);
 # attention_kernels(forward="mma", backward="mma") forces mma.sync. Both families are checked
 # on the same cases: lengths across several tiles and off the tile size,
 # Dv != D, GQA, padded head dims, one query, a mask, unaligned rows
@@ -115,6 +116,9 @@ KERNEL_CASES = [
     (1, 3, 1, 257, 130, 128, 100),
     (2, 2, 2, 1, 77, 64, 48),
     (1, 1, 1, 640, 640, 60, 64),
+    (1, 2, 2, 100, 140, 32, 32),
+    (1, 2, 1, 200, 300, 96, 96),
+    (1, 2, 2, 150, 260, 192, 192),
 ]
 
 
@@ -601,8 +605,8 @@ def test_backward_equal_value_rows(device, dtype, head_dim, is_causal):
 
 
 # (batch, heads_q, heads_kv, len_q, len_k, head_dim): on an H100 the wgmma
-# backward (64, 128) and the mma.sync one (40; 131 -> 160 and 200 -> 256
-# padded, two dK column slices), lengths off the blocks, GQA
+# backward (64, 128; 40 padded to 64) and the mma.sync one (131 -> 160 and
+# 200 -> 256 padded, two dK column slices), lengths off the blocks, GQA
 CENTRING_CASES = [
     (2, 4, 2, 200, 173, 64),
     (1, 2, 1, 150, 300, 128),

@@ -510,8 +510,11 @@ static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params
   const int64_t need = p->head_dim > p->head_dim_v ? p->head_dim : p->head_dim_v;
   const oss_attn_kernel_entry *e = oss_attn_find(p->dtype, need, 1);
   if (e == NULL) return L;
-  /* the padded head dim of the kernel that will run (the variants' may be wider) */
-  const int kd = ((oss_attn_has_variants(p) ? e->var_head_dim : e->head_dim) + 15) / 16 * 16;
+  /* the padded head dim of the kernel that will run (the variants' and the
+   * Hopper kernel's may be wider: sized for the widest that may run) */
+  const int hd = oss_attn_has_variants(p) ? e->var_head_dim
+                                          : (e->bwd_sm90_head_dim > e->head_dim ? e->bwd_sm90_head_dim : e->head_dim);
+  const int kd = (hd + 15) / 16 * 16;
   L.mean_ld = kd;
   L.off_kpart = L.total;
   L.total += oss_attn_round256((size_t)(p->batch * p->heads_kv) *

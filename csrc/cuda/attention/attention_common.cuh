@@ -150,6 +150,7 @@ typedef struct oss_attn_kernel_entry {
   oss_dtype dtype; /* OSS_FLOAT16 or OSS_BFLOAT16 */
   oss_attn_launch_fn fwd[OSS_ATTN_FAMILIES]; /* NULL where not compiled */
   oss_attn_launch_fn bwd[OSS_ATTN_FAMILIES]; /* backward kernels, NULL where not compiled */
+  int bwd_sm90_head_dim; /* the head dim bwd[OSS_ATTN_SM90] was compiled for (>= head_dim; 0: none) */
   oss_attn_launch_fn dec; /* split-KV decode forward (mma.sync), NULL where not compiled */
   int dec_head_dim;       /* the head dim dec was compiled for (>= head_dim) */
   oss_attn_launch_fn fwd_var[OSS_ATTN_FAMILIES]; /* with the score variants (NULL where not compiled) */

@@ -24,8 +24,11 @@ DEFAULT_HEAD_DIMS = [32, 40, 64, 80, 96, 112, 128, 160, 192, 256]
 # compiled backward head dim): set BACKWARD_HEAD_DIMS to such a list.
 BACKWARD_HEAD_DIMS = None
 
-# Head dims of the Hopper (wgmma, sm_90a) forward and backward; others run the
-# mma.sync kernels (the backward's register plan is written for 64 and 128).
+# Head dims of the Hopper (wgmma, sm_90a) forward and backward (the backward's
+# register plan is written for 64 and 128). On Hopper every other head dim
+# runs the smallest of them that covers it (zero padding, as for the decode
+# and variant kernels) where that one is compiled; a backward above 128 runs
+# the mma.sync kernel of its own head dim.
 SM90_FORWARD_HEAD_DIMS = [64, 128, 256]
 SM90_BACKWARD_HEAD_DIMS = [64, 128]
 
@@ -89,6 +92,14 @@ def _bwd_var_name(hd, tag):
 
 def _variant_dim(hd):
     return min(d for d in VARIANT_HEAD_DIMS if d >= hd)
+
+
+def _sm90_forward_dim(hd):
+    return min(d for d in SM90_FORWARD_HEAD_DIMS if d >= hd)
+
+
+def _sm90_backward_dim(hd):
+    return min((d for d in SM90_BACKWARD_HEAD_DIMS if d >= hd), default=None)
 
 
 def _write(path, text):
@@ -228,7 +239,7 @@ def generate(head_dims, out_dir, sm90=False):
             if hd in sm90_bwd_var_dims:
                 declare(_bwd_var_sm90_name(hd, tag))
     lines.append("\n/* {head_dim, dtype, {mma.sync forward, Hopper wgmma forward},\n"
-                 " *  {mma.sync backward, Hopper wgmma backward}, decode forward, its head dim,\n"
+                 " *  {mma.sync backward, Hopper wgmma backward}, the latter's head dim, decode forward, its head dim,\n"
                  " *  {mma.sync forward, Hopper wgmma forward} and {mma.sync backward, Hopper wgmma\n"
                  " *  backward} with the score variants, their head dim} */\n")
     lines.append("const oss_attn_kernel_entry oss_attn_kernel_table[] = {\n")
@@ -236,18 +247,21 @@ def generate(head_dims, out_dir, sm90=False):
     for hd in dims:
         for tag, _, enum in DTYPES:
             bwd = _bwd_name(hd, tag) if hd in bwd_dims else "NULL"
-            hopper = _sm90_name(hd, tag) if hd in sm90_dims else "NULL"
-            bwd_hopper = _bwd_sm90_name(hd, tag) if hd in sm90_bwd_dims else "NULL"
+            hd90 = _sm90_forward_dim(hd)
+            hopper = _sm90_name(hd90, tag) if hd90 in sm90_dims else "NULL"
+            bd90 = _sm90_backward_dim(hd) if hd in bwd_dims else None
+            bwd_hopper = _bwd_sm90_name(bd90, tag) if bd90 in sm90_bwd_dims else "NULL"
+            bwd90_dim = bd90 if bd90 in sm90_bwd_dims else 0
             dd = _decode_dim(hd)
             vd = _variant_dim(hd)
             var_hopper = _fwd_var_sm90_name(vd, tag) if vd in sm90_var_dims else "NULL"
             bwd_var_hopper = _bwd_var_sm90_name(vd, tag) if vd in sm90_bwd_var_dims else "NULL"
-            lines.append(f"    {{{hd}, {enum}, {{{_fwd_name(hd, tag)}, {hopper}}}, {{{bwd}, {bwd_hopper}}}, "
+            lines.append(f"    {{{hd}, {enum}, {{{_fwd_name(hd, tag)}, {hopper}}}, {{{bwd}, {bwd_hopper}}}, {bwd90_dim}, "
                          f"{_dec_name(dd, tag)}, {dd}, {{{_fwd_var_name(vd, tag)}, {var_hopper}}}, "
                          f"{{{_bwd_var_name(vd, tag)}, {bwd_var_hopper}}}, {vd}}},\n")
             n += 1
     if n == 0:
-        lines.append("    {0, OSS_FLOAT16, {NULL, NULL}, {NULL, NULL}, NULL, 0, {NULL, NULL}, {NULL, NULL}, 0},\n")
+        lines.append("    {0, OSS_FLOAT16, {NULL, NULL}, {NULL, NULL}, 0, NULL, 0, {NULL, NULL}, {NULL, NULL}, 0},\n")
     lines.append("};\n")
     lines.append(f"const int oss_attn_kernel_table_len = {n};\n\n")
     lines.append(f'const char *oss_attention_cuda_head_dims_list(void) {{ return "{",".join(str(d) for d in dims)}"; }}\n\n')

@@ -23,6 +23,9 @@
  *       wait for S_j, mask and exponentiate it (row max m, sum l), wait for
  *       the P V product, rescale O by exp2(m_old - m_new), pack P_j to 16 bits
  *     so the softmax of tile j runs while the tensor cores finish P_{j-1} V.
+ *     Without the score variants the tensor cores also sum each row's rounded
+ *     P (lr, which out is divided by): a box of ones follows V's columns in
+ *     every stage and P V runs with N = HD + 8 (oss_attn_fwd_sm90_ones).
  *     With PINGPONG the two warpgroups also take turns issuing their products
  *     (named barriers), so one's softmax runs under the other's products.
  *   - a mask tensor is read element-wise from global memory by the variant
@@ -75,6 +78,19 @@ template <int HD> struct oss_attn_fwd_sm90_cfg {
   static constexpr bool PERSISTENT_CAUSAL = HD <= 128;
 };
 
+/* Kernels without the score variants sum each row's rounded P (lr, which out
+ * is divided by) on the tensor cores: P V with N = HD + 8, the 8 extra
+ * columns of V all ones (a 64-column box per stage that the copies never
+ * touch), so the accumulator's column HD holds the row's sum, rescaled with
+ * O. The softmax then spends no instructions on unpacking and adding the
+ * rounded P. Not at head dim 256 (N would pass 256), and not with the
+ * variants: with dropout lr sums P before the dropped weights are zeroed. */
+template <int HD, bool VAR> __host__ __device__ constexpr bool oss_attn_fwd_sm90_ones() { return !VAR && HD <= 128; }
+/* Elements of a V stage: HD / 64 boxes of BC rows, plus the ones box. */
+template <int HD, bool VAR> __host__ __device__ constexpr int oss_attn_fwd_sm90_v_cols() {
+  return HD + (oss_attn_fwd_sm90_ones<HD, VAR>() ? 64 : 0);
+}
+
 /* Registers per thread after setmaxnreg. A CTA keeps the registers it was
  * launched with (168 per thread for 384 threads at one CTA per SM), so the
  * producer's and consumers' budgets must fit in them, or the consumers' request
@@ -89,8 +105,9 @@ typedef struct oss_attn_sm90_maps {
   CUtensorMap q, k, v;
 } oss_attn_sm90_maps;
 
-template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size_t oss_attn_fwd_sm90_smem_bytes() {
-  return (size_t)(BR + 2 * STAGES * BC) * HD * 2 + 1024; /* + room to align the tiles to 1024 bytes */
+template <int HD, int BR, int BC, int STAGES, bool VAR> __host__ __device__ constexpr size_t oss_attn_fwd_sm90_smem_bytes() {
+  /* Q, K and V stages; + room to align the tiles to 1024 bytes */
+  return (size_t)(BR * HD + STAGES * BC * (HD + oss_attn_fwd_sm90_v_cols<HD, VAR>())) * 2 + 1024;
 }
 
 /* Softmax of one tile, first half (S landed, the previous P V may still run):
@@ -125,9 +142,10 @@ __device__ __forceinline__ void oss_sm90_softmax_exp(float (&s)[NT][4], float (&
 
 /* Second half (the previous P V completed, so O and P's registers are free):
  * O *= alpha, P packed to T as the A fragments of P V (pa[kk] holds n-tiles
- * 2kk and 2kk + 1), and lr = alpha lr + the row sum of the rounded P, which
- * out is normalised by (see oss_attn_online_softmax). */
-template <typename T, int NT, int NO>
+ * 2kk and 2kk + 1), and, with SUM_ROUNDED, lr = alpha lr + the row sum of the
+ * rounded P, which out is normalised by (see oss_attn_online_softmax;
+ * without, the ones column of O holds it: oss_attn_fwd_sm90_ones). */
+template <typename T, int NT, int NO, bool SUM_ROUNDED>
 __device__ __forceinline__ void oss_sm90_softmax_pack(const float (&s)[NT][4], float (&o)[NO][4], float (&lr)[2],
                                                       const float (&alpha)[2], uint32_t (&pa)[NT / 2][4]) {
 #pragma unroll
@@ -137,10 +155,12 @@ __device__ __forceinline__ void oss_sm90_softmax_pack(const float (&s)[NT][4], f
     for (int n = 0; n < NT; n++) {
       const uint32_t packed = oss_mma_op<T>::pack(s[n][2 * hi], s[n][2 * hi + 1]);
       pa[n / 2][2 * (n & 1) + hi] = packed;
-      const float2 rounded = oss_mma_op<T>::unpack(packed);
-      sum_rounded += rounded.x + rounded.y;
+      if (SUM_ROUNDED) {
+        const float2 rounded = oss_mma_op<T>::unpack(packed);
+        sum_rounded += rounded.x + rounded.y;
+      }
     }
-    lr[hi] = lr[hi] * alpha[hi] + sum_rounded;
+    if (SUM_ROUNDED) lr[hi] = lr[hi] * alpha[hi] + sum_rounded;
 #pragma unroll
     for (int n = 0; n < NO; n++) {
       o[n][2 * hi] *= alpha[hi];
@@ -238,12 +258,14 @@ __global__ void __launch_bounds__(384, 1)
     oss_attn_fwd_sm90_kernel(const __grid_constant__ oss_attn_args args, const __grid_constant__ oss_attn_sm90_maps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BR = 128, NT = BC / 8, NO = HD / 8, NWARPS = 8;
+  constexpr bool ONES = oss_attn_fwd_sm90_ones<HD, VAR>();
+  constexpr int VC = oss_attn_fwd_sm90_v_cols<HD, VAR>(), NOA = NO + (ONES ? 1 : 0); /* O's n-tiles, ones included */
   static_assert(HD % 64 == 0 && BC % 16 == 0 && BC <= 256, "head dim a multiple of 64, key tile of 16");
 
   extern __shared__ __align__(1024) unsigned char oss_sm90_smem[];
   T *sQ = reinterpret_cast<T *>(oss_sm90_smem + ((1024u - (oss_smem_u32(oss_sm90_smem) & 1023u)) & 1023u));
   T *sK = sQ + BR * HD;
-  T *sV = sK + STAGES * BC * HD;
+  T *sV = sK + STAGES * BC * HD; /* stage st at sV + st * BC * VC */
 
   /* q_full: Q landed; q_empty: every consumer warp issued its last Q K^T of
    * the block; k_full / v_full[stage]: that stage's tile landed (one producer
@@ -262,6 +284,14 @@ __global__ void __launch_bounds__(384, 1)
    * with a variable-length batch: that kernel skips the view (registers). */
   oss_attn_args a = args;
 
+  if (ONES) { /* every V stage's ones box (swizzling moves ones among ones) */
+    const uint32_t one2 = oss_mma_op<T>::pack(1.f, 1.f);
+    for (int c = tid; c < STAGES * BC * 64 / 8; c += 384) {
+      const int st = c / (BC * 8), e = c % (BC * 8);
+      reinterpret_cast<uint4 *>(sV + st * BC * VC + HD * BC)[e] = make_uint4(one2, one2, one2, one2);
+    }
+    oss_fence_proxy_async(); /* the tensor cores read them */
+  }
   if (tid == 0) {
     oss_mbar_init(&q_full, 1);
     oss_mbar_init(&q_empty, NWARPS);
@@ -301,7 +331,7 @@ __global__ void __launch_bounds__(384, 1)
           if (use > 0) oss_mbar_wait(&k_empty[st], (use - 1) & 1);
           oss_sm90_load_tile<HD, BC>(sK + st * BC * HD, &maps.k, &k_full[st], j0, qb.hk, tb);
           if (use > 0) oss_mbar_wait(&v_empty[st], (use - 1) & 1);
-          oss_sm90_load_tile<HD, BC>(sV + st * BC * HD, &maps.v, &v_full[st], j0, qb.hk, tb);
+          oss_sm90_load_tile<HD, BC>(sV + st * BC * VC, &maps.v, &v_full[st], j0, qb.hk, tb);
         }
       }
     }
@@ -337,11 +367,11 @@ __global__ void __launch_bounds__(384, 1)
        * the mma.sync kernel: m = the sink, one quad lane's l and lr hold 1). */
       const float sink_m = (!VAR || a.sinks == nullptr) ? -INFINITY : a.sinks[qb.h] * (float)OSS_LOG2E;
       const float sink_l = (VAR && a.sinks != nullptr && (lane & 3) == 0) ? 1.f : 0.f;
-      float o[1][NO][4], s[1][NT][4];
+      float o[1][NOA][4], s[1][NT][4];
       float m[1][2] = {{sink_m, sink_m}}, l[1][2] = {{sink_l, sink_l}}, lr[1][2] = {{sink_l, sink_l}}, alpha[2];
       uint32_t pa[NT / 2][4];
 #pragma unroll
-      for (int n = 0; n < NO; n++) o[0][n][0] = o[0][n][1] = o[0][n][2] = o[0][n][3] = 0.f;
+      for (int n = 0; n < NOA; n++) o[0][n][0] = o[0][n][1] = o[0][n][2] = o[0][n][3] = 0.f;
 
       if (ntiles > 0) {
         oss_mbar_wait(&q_full, blocks & 1);
@@ -364,7 +394,7 @@ __global__ void __launch_bounds__(384, 1)
         float c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, jt0 * BC, lane)
                       : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, 0, lane);
         oss_sm90_softmax_exp<NT>(s[0], m[0], l[0], alpha, c);
-        oss_sm90_softmax_pack<T, NT, NO>(s[0], o[0], lr[0], alpha, pa);
+        oss_sm90_softmax_pack<T, NT, NOA, !ONES>(s[0], o[0], lr[0], alpha, pa);
         if (drop) {
           oss_attn_dropout_keep<false, 1, NT>(keep, a, seed, qb.bh, i0 + wrow, jt0 * BC, lane);
           oss_attn_dropout_apply_a<1, NT>(reinterpret_cast<uint32_t(&)[1][NT / 2][4]>(pa), keep);
@@ -381,9 +411,9 @@ __global__ void __launch_bounds__(384, 1)
           oss_attn_sm90_qk<T, HD, BR, BC>(s[0], sQa, oss_smem_u32(sK + st * BC * HD));
           oss_wgmma_commit();
           oss_mbar_wait(&v_full[pst], pphase);
-          oss_wgmma_fence_operand<NO>(o[0]);
+          oss_wgmma_fence_operand<NOA>(o[0]);
           oss_wgmma_fence();
-          oss_attn_sm90_pv<T, HD, BC>(o[0], pa, oss_smem_u32(sV + pst * BC * HD));
+          oss_attn_sm90_pv<T, NOA * 8, BC>(o[0], pa, oss_smem_u32(sV + pst * BC * VC));
           oss_wgmma_commit();
           if (PINGPONG) oss_named_arrive(other_bar, 256);
           oss_wgmma_wait<1>(); /* S_j done, P_{j-1} V_{j-1} may still run */
@@ -398,34 +428,39 @@ __global__ void __launch_bounds__(384, 1)
           oss_sm90_softmax_exp<NT>(s[0], m[0], l[0], alpha, c);
           if (drop) oss_attn_dropout_keep<false, 1, NT>(keep, a, seed, qb.bh, i0 + wrow, j0, lane);
           oss_wgmma_wait<0>();
-          oss_wgmma_fence_operand<NO>(o[0]);
+          oss_wgmma_fence_operand<NOA>(o[0]);
           oss_wgmma_fence_operand<NT / 2>(pa);
           __syncwarp();
           if (lane == 0) oss_mbar_arrive(&v_empty[pst]);
-          oss_sm90_softmax_pack<T, NT, NO>(s[0], o[0], lr[0], alpha, pa);
+          oss_sm90_softmax_pack<T, NT, NOA, !ONES>(s[0], o[0], lr[0], alpha, pa);
           if (drop) oss_attn_dropout_apply_a<1, NT>(reinterpret_cast<uint32_t(&)[1][NT / 2][4]>(pa), keep);
         }
 
         /* the last tile's P V */
         oss_mbar_wait(&v_full[st], ((tiles + ntiles - 1) / STAGES) & 1);
         if (!MASK_TENSOR && a.cu_q != nullptr && (jt0 + ntiles) * BC > a.lk)
-          oss_sm90_zero_rows<T, HD, BC>(sV + st * BC * HD, a.lk - (jt0 + ntiles - 1) * BC, tid & 127, 3 + wg);
+          oss_sm90_zero_rows<T, HD, BC>(sV + st * BC * VC, a.lk - (jt0 + ntiles - 1) * BC, tid & 127, 3 + wg);
         if (PINGPONG) oss_named_sync(my_bar, 256);
-        oss_wgmma_fence_operand<NO>(o[0]);
+        oss_wgmma_fence_operand<NOA>(o[0]);
         oss_wgmma_fence();
-        oss_attn_sm90_pv<T, HD, BC>(o[0], pa, oss_smem_u32(sV + st * BC * HD));
+        oss_attn_sm90_pv<T, NOA * 8, BC>(o[0], pa, oss_smem_u32(sV + st * BC * VC));
         oss_wgmma_commit();
         if (PINGPONG) oss_named_arrive(other_bar, 256);
         oss_wgmma_wait<0>();
-        oss_wgmma_fence_operand<NO>(o[0]);
+        oss_wgmma_fence_operand<NOA>(o[0]);
         oss_wgmma_fence_operand<NT / 2>(pa);
         __syncwarp();
         if (lane == 0) oss_mbar_arrive(&v_empty[st]);
         blocks++;
         tiles += ntiles;
       }
-      /* the epilogue runs while the producer already loads the next block */
-      oss_attn_fwd_write<T, 1, NO>(a, o, m, l, lr, qb.b, qb.h, qb.bh, i0 + wrow, lane, drop ? a.drop_scale : 1.f);
+      /* the epilogue runs while the producer already loads the next block. With
+       * the ones column every lane of a quad holds its rows' lr; the epilogue
+       * sums a quad's partial lr, so one lane gives it */
+      if (ONES)
+        for (int hi = 0; hi < 2; hi++) lr[0][hi] = (lane & 3) == 0 ? o[0][NO][2 * hi] : 0.f;
+      oss_attn_fwd_write<T, 1, NO>(a, reinterpret_cast<const float(&)[1][NO][4]>(o), m, l, lr, qb.b, qb.h, qb.bh,
+                                   i0 + wrow, lane, drop ? a.drop_scale : 1.f);
     }
     if (PINGPONG && wg == 0) oss_named_sync(my_bar, 256);
   }
@@ -509,7 +544,7 @@ static inline int oss_kernel_regs(void (*kernel)(const oss_attn_args, const oss_
  * persistent grid where `persistent`), or, where
  * the copy engine cannot address the inputs or the kernel's register budget
  * does not hold, `fallback` (the mma.sync kernel of the same result). */
-template <typename T, int HD>
+template <typename T, int HD, bool VAR>
 oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_attn_sm90_maps), int regs,
                                  oss_attn_launch_fn fallback, bool persistent, const oss_attn_args *a,
                                  cudaStream_t stream, const oss_device_info *dev) {
@@ -527,7 +562,7 @@ oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_a
       !oss_attn_sm90_map<T>(&maps.k, a->k, mb, a->hkv, mk, a->d, a->k_s, C::BC) ||
       !oss_attn_sm90_map<T>(&maps.v, a->v, mb, a->hkv, mk, a->dv, a->v_s, C::BC))
     return fallback(a, stream, dev);
-  const size_t smem = oss_attn_fwd_sm90_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
+  const size_t smem = oss_attn_fwd_sm90_smem_bytes<HD, C::BR, C::BC, C::STAGES, VAR>();
   if (smem > (size_t)dev->max_smem_per_block_optin) return fallback(a, stream, dev);
   OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   /* The grid: one CTA per work block, or, where the caller's `persistent`
@@ -553,10 +588,10 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
   static const int plain_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>);
   static const int mask_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>);
   if (a->mask_kind != OSS_MASK_NONE)
-    return oss_attn_fwd_sm90_run<T, HD>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>, mask_regs,
+    return oss_attn_fwd_sm90_run<T, HD, false>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>, mask_regs,
                                         mma, false, a, stream, dev);
   const bool persistent = a->cu_q == NULL && (!a->causal || C::PERSISTENT_CAUSAL);
-  return oss_attn_fwd_sm90_run<T, HD>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>,
+  return oss_attn_fwd_sm90_run<T, HD, false>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>,
                                       plain_regs, mma, persistent, a, stream, dev);
 }
 
@@ -570,7 +605,7 @@ oss_status oss_attn_fwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t str
   typedef oss_attn_fwd_sm90_cfg<HD> C;
   if (a->mask_kind != OSS_MASK_NONE) return mma_var(a, stream, dev);
   static const int regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>);
-  return oss_attn_fwd_sm90_run<T, HD>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>,
+  return oss_attn_fwd_sm90_run<T, HD, true>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>,
                                       regs, mma_var, false, a, stream, dev);
 }
 
