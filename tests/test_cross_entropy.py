@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _util import (CUDA_OK, CUDA_SKIP_REASON, DEVICES, FLOAT_DTYPES, SOFTMAX_ATOL, assert_tolerance, awkward_randn,
-                   cuda_param)
+                   cuda_param, derived_atol)
 
 import torch_oss
 
@@ -33,11 +33,11 @@ def peer_dtype(dtype):
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def at_compute_precision(lse, dtype):
-    """The log-sum-exp is stored in float64 but computed in the logits'
-    compute dtype (float32 for 16-bit logits), so it is checked at that
-    precision: the float32 atol of the rule, not float64's."""
-    return lse.to(peer_dtype(dtype))
+def lse_atol(dtype, ref_lse):
+    """The rule's atol for the log-sum-exp: it is stored in float64 (m + log d
+    taken in float64), but for float32 and 16-bit logits its sum d is a float32
+    sum, so its atol is float32's (derived from the reference), not float64's."""
+    return derived_atol(torch.float32, ref_lse) if peer_dtype(dtype) == torch.float32 else SOFTMAX_ATOL[dtype]
 
 
 def random_target(shape, classes, device, ignored_every=0):
@@ -119,7 +119,7 @@ def test_op_forward_and_backward(device, dtype, shape, label_smoothing, z_loss):
     # the loss's atol is that of its own dtype (float32 for 16-bit logits)
     atol = SOFTMAX_ATOL[peer_dtype(dtype)]
     assert_tolerance("loss", loss, ref_loss, peer_loss, atol)
-    assert_tolerance("lse", at_compute_precision(lse, dtype), ref_lse, peer_lse, atol)
+    assert_tolerance("lse", lse, ref_lse, peer_lse, lse_atol(dtype, ref_lse))
     assert torch.all(loss[t == IGNORE] == 0)
 
     g = torch.rand(N, dtype=torch.float64, device=device) + 0.5
@@ -166,7 +166,7 @@ def test_forward_backward_ops(device, dtype, shape):
         peer_loss, peer_lse = rows_reference(x.to(peer_dtype(dtype)), t, label_smoothing, z_loss)
         atol = SOFTMAX_ATOL[peer_dtype(dtype)]
         assert_tolerance("fused loss", loss, ref_loss, peer_loss, atol)
-        assert_tolerance("fused lse", at_compute_precision(lse, dtype), ref_lse, peer_lse, atol)
+        assert_tolerance("fused lse", lse, ref_lse, peer_lse, lse_atol(dtype, ref_lse))
         ref_grad = grad_reference(x64, t, g.double(), label_smoothing, z_loss)
         xq = x.detach().requires_grad_()
         peer_rows, _ = rows_reference(xq, t, label_smoothing, z_loss)
@@ -251,7 +251,7 @@ def test_op_strided_logits(device, dtype, width):
         ref_loss, ref_lse = rows_reference(x.double(), t, 0.1, 1e-3)
         atol = SOFTMAX_ATOL[peer_dtype(dtype)]
         assert_tolerance("loss", loss, ref_loss, rows_reference(xp, t, 0.1, 1e-3)[0], atol)
-        assert_tolerance("lse", at_compute_precision(lse, dtype), ref_lse, rows_reference(xp, t, 0.1, 1e-3)[1], atol)
+        assert_tolerance("lse", lse, ref_lse, rows_reference(xp, t, 0.1, 1e-3)[1], lse_atol(dtype, ref_lse))
         g = torch.rand(6, dtype=torch.float64, device=device) + 0.5
         grad = torch.ops.oss.cross_entropy_backward(g.to(loss.dtype), x, t, lse, IGNORE, 0.1, 1e-3)
         assert grad.is_contiguous()
