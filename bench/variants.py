@@ -16,6 +16,7 @@ are random; tests/test_dropout.py checks the values).
 
     python bench/variants.py              # GPU
     python bench/variants.py --no-flex    # without FlexAttention (no compilation)
+    python bench/variants.py --variants dropout   # some variants only (plain always runs)
     python bench/variants.py --smoke      # tiny shapes, CPU or GPU, one rep (what a run without a GPU does)
 """
 
@@ -34,6 +35,7 @@ import torch_oss  # noqa: E402
 WINDOW = 1024
 SOFTCAP = 50.0
 DROPOUT = 0.1
+VARIANTS = ("plain", "window", "softcap", "alibi", "sinks", "dropout")
 FLEX_POINT = (128, 8192)  # FlexAttention compiles per variant and shape: one point keeps the run short
 
 
@@ -103,16 +105,8 @@ def flex_fn(name, kw, L, device):
     return lambda q, k, v: compiled(q, k, v, score_mod=score_mod, block_mask=block_mask)
 
 
-def run(args):
-    device = "cuda" if torch.cuda.is_available() and not args.device == "cpu" else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    tokens, width = (16 * 1024, 2048) if not args.smoke else (256, 64)
-    points = [(hd, L) for hd in ((64, 128) if not args.smoke else (32,)) for L in
-              ((2048, 8192) if not args.smoke else (128,))]
-    names = ["plain", "window", "softcap", "alibi", "sinks", "dropout"]
-    rows, records = [], []
-    torch.manual_seed(0)
-    # first, a window of 4k keys at 32k against full causal attention, forward+backward time
+def window_32k(args, device, dtype, width, records):
+    """A window of 4k keys at 32k against full causal attention, forward+backward time."""
     L, hd = (32 * 1024, 128) if not args.smoke else (256, 32)
     B, H = 1, width // hd
     q, k, v = (torch.randn(B, H, L, hd, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
@@ -126,6 +120,19 @@ def run(args):
           f"{times['causal']:.2f} ms: {ratio:.3f} of causal")
     records.append(dict(seqlen=L, head_dim=hd, window_ms=times["window 4k"], causal_ms=times["causal"],
                         ratio=ratio))
+
+
+def run(args):
+    device = "cuda" if torch.cuda.is_available() and not args.device == "cpu" else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    tokens, width = (16 * 1024, 2048) if not args.smoke else (256, 64)
+    points = [(hd, L) for hd in ((64, 128) if not args.smoke else (32,)) for L in
+              ((2048, 8192) if not args.smoke else (128,))]
+    names = [n for n in VARIANTS if n == "plain" or n in args.variants]
+    rows, records = [], []
+    torch.manual_seed(0)
+    if "window" in names:
+        window_32k(args, device, dtype, width, records)
     for hd, L in points:
         B, H = max(1, tokens // L), width // hd
         q, k, v = (torch.randn(B, H, L, hd, device=device, dtype=dtype) for _ in range(3))
@@ -194,7 +201,12 @@ def main():
     p.add_argument("--no-flex", action="store_true")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--rep-ms", type=int, default=100)
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS))
     args = p.parse_args()
+    args.variants = args.variants.split(",")
+    unknown = sorted(set(args.variants) - set(VARIANTS))
+    if unknown:
+        p.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     args.smoke = args.smoke or not torch.cuda.is_available()  # no GPU: the smoke run
     if args.smoke:
         args.rep_ms = 1

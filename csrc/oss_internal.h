@@ -64,15 +64,16 @@ static inline OSS_HOST_DEVICE float oss_log_softmax_grad_near_one(float y, float
 
 /* ---- attention dropout ----------------------------------------------------
  * Every kernel (CPU and CUDA, forward and backward) drops the same weights:
- * weight (bh = b * heads_q + h, query i, key j) takes 32 random bits from
+ * weight (bh = b * heads_q + h, query i, key j) takes 16 random bits from
  * Philox4x32-10 (Salmon et al., SC'11) keyed by the 64-bit seed, with the
- * counter (i & ~8, j & ~8, low and high words of bh): one call gives the four
- * weights {i, i | 8} x {j, j | 8}, word ((i >> 3) & 1) * 2 + ((j >> 3) & 1).
- * That group is what one thread of a 16 x 16 tensor-core tile holds in both
- * orientations (query-major in the forward, key-major in the backward), so a
- * thread spends one Philox call on four of its own weights. A weight is kept
- * when its bits are >= oss_dropout_threshold(p), probability 1 - p to within
- * 2^-32, and then scaled by 1 / (1 - p). */
+ * counter (i & ~8, j & ~9, low and high words of bh): one call gives the
+ * eight weights {i, i | 8} x {j, j | 1, j | 8, j | 9}, half (j & 1) of word
+ * ((i >> 3) & 1) * 2 + ((j >> 3) & 1). That group is what one thread holds of
+ * a 16 x 16 tensor-core tile query-major (the forward), so a thread spends
+ * one call on eight of its own weights; key-major (the backward) a thread
+ * holds half of two groups, and two lanes each draw one and swap halves.
+ * A weight is kept when its bits are >= oss_dropout_threshold(p), probability
+ * 1 - p to within 2^-17, and then scaled by 1 / (1 - p). */
 static inline OSS_HOST_DEVICE uint32_t oss_mulhilo32(uint32_t a, uint32_t b, uint32_t *hi) {
   const uint64_t prod = (uint64_t)a * b;
   *hi = (uint32_t)(prod >> 32);
@@ -95,19 +96,23 @@ static inline OSS_HOST_DEVICE void oss_philox4x32(uint32_t c0, uint32_t c1, uint
   out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
 }
 
-/* The random words of the group holding (i, j) (i and j with bit 3 cleared
- * or not: the same group). */
+/* The random words of the group holding (i, j) (any member of the group
+ * gives the same words). */
 static inline OSS_HOST_DEVICE void oss_dropout_group(uint64_t seed, uint64_t bh, int64_t i, int64_t j,
                                                      uint32_t out[4]) {
-  oss_philox4x32((uint32_t)(i & ~(int64_t)8), (uint32_t)(j & ~(int64_t)8), (uint32_t)bh, (uint32_t)(bh >> 32),
+  oss_philox4x32((uint32_t)(i & ~(int64_t)8), (uint32_t)(j & ~(int64_t)9), (uint32_t)bh, (uint32_t)(bh >> 32),
                  (uint32_t)seed, (uint32_t)(seed >> 32), out);
 }
+/* Weight (i, j)'s word in its group's words, and its bits: that word's half j & 1. */
 static inline OSS_HOST_DEVICE int oss_dropout_word(int64_t i, int64_t j) {
   return (int)(((i >> 3) & 1) * 2 + ((j >> 3) & 1));
 }
-/* Bits below which a weight is dropped: floor(p 2^32), all of them at p = 1. */
+static inline OSS_HOST_DEVICE uint32_t oss_dropout_bits(uint32_t word, int64_t j) {
+  return (word >> (16 * (int)(j & 1))) & 0xFFFFu;
+}
+/* Bits below which a weight is dropped: round(p 2^16), all 65536 values at p >= 1. */
 static inline OSS_HOST_DEVICE uint32_t oss_dropout_threshold(double p) {
-  return p >= 1.0 ? 0xFFFFFFFFu : (uint32_t)(p * 4294967296.0);
+  return p >= 1.0 ? 65536u : (uint32_t)(p * 65536.0 + 0.5);
 }
 /* The factor a kept weight takes: 1 / (1 - p); 0 at p = 1 (nothing is kept). */
 static inline OSS_HOST_DEVICE double oss_dropout_scale(double p) { return p >= 1.0 ? 0.0 : 1.0 / (1.0 - p); }

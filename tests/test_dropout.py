@@ -56,21 +56,22 @@ def test_philox_known_answers():
 
 def dropout_factor(seed, B, Hq, Lq, Lk, p):
     """(B, Hq, Lq, Lk) float64: 1 / (1 - p) where weight (b, h, i, j) is kept,
-    else 0. Weight (bh = b Hq + h, i, j) takes word ((i >> 3) & 1) * 2 +
-    ((j >> 3) & 1) of Philox4x32-10 with key = the seed's low and high words
-    and counter (i & ~8, j & ~8, bh's low and high words); kept when the word
-    is >= floor(p 2^32)."""
+    else 0. Weight (bh = b Hq + h, i, j) takes half j & 1 (the low 16 bits for
+    even j) of word ((i >> 3) & 1) * 2 + ((j >> 3) & 1) of Philox4x32-10 with
+    key = the seed's low and high words and counter (i & ~8, j & ~9, bh's low
+    and high words); kept when those 16 bits are >= round(p 2^16)."""
     s = int(seed.item()) & (2**64 - 1)
     bh = np.arange(B * Hq, dtype=np.uint64).reshape(B * Hq, 1, 1)
     i = np.arange(Lq, dtype=np.uint64).reshape(1, Lq, 1)
     j = np.arange(Lk, dtype=np.uint64).reshape(1, 1, Lk)
-    not8 = ~np.uint64(8)
-    words = philox4x32(i & not8, j & not8, bh & _MASK32, bh >> np.uint64(32), s & 0xFFFFFFFF, s >> 32)
+    words = philox4x32(i & ~np.uint64(8), j & ~np.uint64(9), bh & _MASK32, bh >> np.uint64(32), s & 0xFFFFFFFF,
+                       s >> 32)
     pick = ((i >> np.uint64(3)) & np.uint64(1)) * np.uint64(2) + ((j >> np.uint64(3)) & np.uint64(1))
-    bits = np.choose(pick.astype(np.int64) + np.zeros((B * Hq, Lq, Lk), dtype=np.int64), words)
+    word = np.choose(pick.astype(np.int64) + np.zeros((B * Hq, Lq, Lk), dtype=np.int64), words)
+    bits = (word >> (np.uint64(16) * (j & np.uint64(1)))) & np.uint64(0xFFFF)
     if p >= 1:
         return torch.zeros(B, Hq, Lq, Lk, dtype=torch.float64)
-    keep = bits >= np.uint64(int(p * 2**32))
+    keep = bits >= np.uint64(int(p * 65536 + 0.5))
     return torch.from_numpy(keep.reshape(B, Hq, Lq, Lk)).double() / (1 - p)
 
 

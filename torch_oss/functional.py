@@ -268,7 +268,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     ``torch.nn.attention.bias.causal_lower_right(Lq, Lk)`` as ``attn_mask``.
 
     ``dropout_p`` > 0 drops each attention weight with that probability
-    and scales the kept ones by 1 / (1 - dropout_p), as SDPA does (pass
+    (to within 2**-17: 16 random bits per weight) and scales the kept ones
+    by 1 / (1 - dropout_p), as SDPA does (pass
     ``dropout_p=p if self.training else 0.0``). The mask comes from a
     counter-based generator (Philox) seeded by one draw from torch's
     generator of the inputs' device, so it follows ``torch.manual_seed`` and

@@ -309,23 +309,31 @@ static double FN(sink_of)(const oss_attention_params *p, int64_t h) {
 
 /* F[r * cols + c] = the dropout factor of weight (query i0 + r, key j0 + c)
  * of (b, h): 1 / (1 - p) where oss_internal.h's rule keeps it, else 0. One
- * Philox call serves the (up to) four weights of its group in the tile. */
+ * Philox call serves the (up to) eight weights of its group in the tile, made
+ * at the group's first member inside the tile. */
 static void FN(dropout_tile)(const oss_attention_params *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
                              int64_t j0, int64_t cols, double *F) {
+  static const int64_t di[2] = {0, 8}, dj[4] = {0, 1, 8, 9};
   const uint64_t seed = *p->dropout_seed, bh = (uint64_t)(b * p->heads_q + h);
   const uint32_t thr = oss_dropout_threshold(p->dropout_p);
   const double keep = oss_dropout_scale(p->dropout_p);
-  /* each group once: from its first row and first column inside the tile */
   for (int64_t i = i0; i < i0 + rows; i++) {
-    if ((i & 8) && i - 8 >= i0) continue;
+    const int64_t gi = i & ~(int64_t)8;
+    if (i != (gi >= i0 ? gi : gi + 8)) continue;
     for (int64_t j = j0; j < j0 + cols; j++) {
-      if ((j & 8) && j - 8 >= j0) continue;
+      const int64_t gj = j & ~(int64_t)9;
+      int k = 0;
+      while (gj + dj[k] < j0) k++; /* stops at j's member or before: j >= j0 */
+      if (j != gj + dj[k]) continue;
       uint32_t w[4];
       oss_dropout_group(seed, bh, i, j, w);
-      for (int64_t gi = i & ~(int64_t)8; gi <= (i | 8); gi += 8)
-        for (int64_t gj = j & ~(int64_t)8; gj <= (j | 8); gj += 8)
-          if (gi >= i0 && gi < i0 + rows && gj >= j0 && gj < j0 + cols)
-            F[(gi - i0) * cols + (gj - j0)] = w[oss_dropout_word(gi, gj)] >= thr ? keep : 0.0;
+      for (int x = 0; x < 2; x++)
+        for (int y = 0; y < 4; y++) {
+          const int64_t qi = gi + di[x], kj = gj + dj[y];
+          if (qi >= i0 && qi < i0 + rows && kj >= j0 && kj < j0 + cols)
+            F[(qi - i0) * cols + (kj - j0)] =
+                oss_dropout_bits(w[oss_dropout_word(qi, kj)], kj) >= thr ? keep : 0.0;
+        }
     }
   }
 }

@@ -109,8 +109,8 @@ typedef struct oss_attn_args {
   float *dsinks;
   /* Dropout of the attention weights (oss.h; counts as a score variant, so
    * it runs in the VAR kernels and the SIMT kernels; drop_seed NULL: off).
-   * Weight (bh = b * hq + h, query i, key j) is kept when its word of
-   * oss_dropout_group(*drop_seed, bh, i, j) is >= drop_thr, and then takes
+   * Weight (bh = b * hq + h, query i, key j) is kept when its 16 bits of
+   * oss_dropout_group(*drop_seed, bh, i, j) are >= drop_thr, and then takes
    * the factor 1 / (1 - p) (0 at p = 1): drop_scale for the tensor-core
    * kernels, drop_scale64 for the SIMT ones. drop_seed: device memory, read
    * by the kernels. */

@@ -108,12 +108,12 @@ __device__ __forceinline__ double oss_simt_score(const oss_attn_args &a, const S
 }
 
 /* Whether dropout keeps weight (bh, query i, key j): oss_internal.h's rule,
- * one Philox call per weight here (the word of the weight's group). */
+ * one Philox call per weight here (the bits of the weight's group). */
 __device__ __forceinline__ bool oss_simt_kept(const oss_attn_args &a, uint64_t seed, int64_t bh, int i, int j) {
   uint32_t w[4];
   oss_dropout_group(seed, (uint64_t)bh, i, j, w);
   const int k = oss_dropout_word(i, j);
-  return (k == 0 ? w[0] : (k == 1 ? w[1] : (k == 2 ? w[2] : w[3]))) >= a.drop_thr;
+  return oss_dropout_bits(k == 0 ? w[0] : (k == 1 ? w[1] : (k == 2 ? w[2] : w[3])), j) >= a.drop_thr;
 }
 
 /* The seed of a call with dropout (0 without), read from device memory. */

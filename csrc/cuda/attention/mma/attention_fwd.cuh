@@ -30,7 +30,7 @@
  *     first visible tile to its last). Dropout (calls with drop_seed) is a
  *     variant too: the softmax as without (m, l, lr and lse those of the
  *     weights before dropout), then the dropped weights of the packed P
- *     zeroed (one Philox call per four of a thread's weights,
+ *     zeroed (one Philox call per eight of a thread's weights,
  *     oss_attn_dropout_keep), and 1 / (1 - p), the kept weights' common
  *     factor, applied to out at the end; a call without dropout tests for it
  *     once per tile.

@@ -492,10 +492,14 @@ __device__ __forceinline__ void oss_attn_var_each(const float (&s)[MT][NT][4], c
  * R = r0 + 16 mt + g + 8 (e >> 1) and column C = c0 + 8 n + 2t + (e & 1);
  * KEY_MAJOR = false: R is the query i and C the key j (forward, dQ), true:
  * the reverse (dK/dV). With r0 and c0 multiples of 16 (every kernel's tile
- * origins are), R = r0 + 16 mt + g and C = c0 + 16 m + 2t + x have bit 3
- * clear, so elements (mt, 2m, x), (mt, 2m, 2 + x), (mt, 2m + 1, x) and
- * (mt, 2m + 1, 2 + x) are rows R, R + 8 by columns C, C + 8: one Philox
- * group, one call for four of the thread's own weights. A tile's kept
+ * origins are), R = r0 + 16 mt + g and C = c0 + 16 m + 2t have bit 3 clear
+ * (C bit 0 too), so elements (mt, 2m + dc, 2 dr + x) for dr, dc, x in {0, 1}
+ * are rows R, R + 8 by columns C, C + 1, C + 8, C + 9. Query-major that is
+ * one Philox group: one call for eight of the thread's own weights.
+ * Key-major the keys R and R ^ 1 share groups: the lane of R (row g) draws
+ * the group of query C + (g & 1), the lane of R ^ 1 (lane ^ 4) the group of
+ * the other query, and each gives the other the halves of its keys: again
+ * one call per eight weights, and two shuffles. A tile's kept
  * weights are drawn once, as bits (oss_attn_keep): the forward zeroes the
  * dropped ones in the packed P (oss_attn_dropout_apply_a), the backward
  * applies the same bits to dP and to P (oss_attn_dropout_tile, then
@@ -515,11 +519,11 @@ template <int MT, int NT> struct oss_attn_keep {
 };
 
 /* The kept weights of the tile at (r0, c0) (multiples of 16) of (batch, query
- * head) bh: bits of oss_dropout_group's words >= a.drop_thr. Byte
- * mt NT / 2 + m of the bits holds n-tiles 2m and 2m + 1 of m-tile mt, the
- * two groups x = 0, 1 there; the bytes are made one at a time (a loop, not
- * unrolled), so the calls' temporaries stay few beside the tiles the
- * kernels hold. */
+ * head) bh: weights whose 16 bits are >= a.drop_thr. Byte mt NT / 2 + m of
+ * the bits holds n-tiles 2m and 2m + 1 of m-tile mt; the bytes are made one
+ * at a time (a loop, not unrolled), so the calls' temporaries stay few beside
+ * the tiles the kernels hold. Every lane of the warp calls it (key-major
+ * lanes swap bits). */
 template <bool KEY_MAJOR, int MT, int NT>
 __device__ __forceinline__ void oss_attn_dropout_keep(oss_attn_keep<MT, NT> &keep, const oss_attn_args &a,
                                                       uint64_t seed, int64_t bh, int r0, int c0, int lane) {
@@ -529,23 +533,43 @@ __device__ __forceinline__ void oss_attn_dropout_keep(oss_attn_keep<MT, NT> &kee
 #pragma unroll 1
   for (int idx = 0; idx < MT * NT / 2; idx++) {
     const int mt = idx / (NT / 2), m = idx % (NT / 2);
-    uint32_t byte = 0;
-#pragma unroll
-    for (int x = 0; x < 2; x++) {
-      const int R = r0 + mt * 16 + g, C = c0 + m * 16 + t2 + x;
-      uint32_t word[4];
-      /* the seed through oss_opaque: each call derives its round keys afresh
-       * (two adds a round) rather than the compiler holding all twenty
-       * across the key loop, in registers the accumulators need */
-      oss_dropout_group((uint64_t)oss_opaque((int64_t)seed), (uint64_t)bh, KEY_MAJOR ? C : R, KEY_MAJOR ? R : C,
-                        word);
-      /* (R + 8 dr, C + 8 dc), element (mt, 2m + dc, 2 dr + x): word 2 bq + bk
-       * for the query's and the key's bit 3, bq and bk */
+    const int R = r0 + mt * 16 + g, C = c0 + m * 16 + t2;
+    /* the seed through oss_opaque: each call derives its round keys afresh
+     * (two adds a round) rather than the compiler holding all twenty
+     * across the loop, in registers the accumulators need */
+    const uint64_t s = (uint64_t)oss_opaque((int64_t)seed);
+    const uint32_t thr = a.drop_thr;
+    uint32_t w[4], byte = 0;
+    if constexpr (!KEY_MAJOR) {
+      /* query R + 8 dr, key C + 8 dc + x: half x of word 2 dr + dc */
+      oss_dropout_group(s, (uint64_t)bh, R, C, w);
 #pragma unroll
       for (int dr = 0; dr < 2; dr++)
 #pragma unroll
-        for (int dc = 0; dc < 2; dc++)
-          if (word[KEY_MAJOR ? 2 * dc + dr : 2 * dr + dc] >= a.drop_thr) byte |= 1u << (4 * dc + 2 * dr + x);
+        for (int dc = 0; dc < 2; dc++) {
+          byte |= (uint32_t)((w[2 * dr + dc] & 0xFFFFu) >= thr) << (4 * dc + 2 * dr);
+          byte |= (uint32_t)((w[2 * dr + dc] >> 16) >= thr) << (4 * dc + 2 * dr + 1);
+        }
+    } else {
+      /* key R + 8 dr, query C + 8 dc + x: half g & 1 (R's bit 0) of word
+       * 2 dc + dr of query C + x's group. This lane draws the group of query
+       * C + own and keeps the halves own of its words; the other halves go to
+       * the partner lane, which returns those of query C + (1 - own). */
+      const int own = g & 1;
+      oss_dropout_group(s, (uint64_t)bh, C + own, R, w);
+      const uint32_t keep_sel = own ? 0x7632u : 0x5410u, give_sel = own ? 0x5410u : 0x7632u;
+#pragma unroll
+      for (int dc = 0; dc < 2; dc++) {
+        /* keys R, R + 8 (low, high half) of query C + own (mine), C + 1 - own (got) */
+        const uint32_t mine = __byte_perm(w[2 * dc], w[2 * dc + 1], keep_sel);
+        const uint32_t got = __shfl_xor_sync(0xFFFFFFFFu, __byte_perm(w[2 * dc], w[2 * dc + 1], give_sel), 4);
+#pragma unroll
+        for (int dr = 0; dr < 2; dr++) {
+          const uint32_t bm = dr ? mine >> 16 : mine & 0xFFFFu, bg = dr ? got >> 16 : got & 0xFFFFu;
+          byte |= (uint32_t)(bm >= thr) << (4 * dc + 2 * dr + own);
+          byte |= (uint32_t)(bg >= thr) << (4 * dc + 2 * dr + 1 - own);
+        }
+      }
     }
     keep.bits |= (uint64_t)byte << (8 * idx);
   }
