@@ -75,9 +75,16 @@ static inline OSS_HOST_DEVICE float oss_log_softmax_grad_near_one(float y, float
  * A weight is kept when its bits are >= oss_dropout_threshold(p), probability
  * 1 - p to within 2^-17, and then scaled by 1 / (1 - p). */
 static inline OSS_HOST_DEVICE uint32_t oss_mulhilo32(uint32_t a, uint32_t b, uint32_t *hi) {
+#ifdef __CUDA_ARCH__
+  /* one IMAD.WIDE either way, but the 64-bit product's shift leaves an extra
+   * add on each high word in the device code */
+  *hi = __umulhi(a, b);
+  return a * b;
+#else
   const uint64_t prod = (uint64_t)a * b;
   *hi = (uint32_t)(prod >> 32);
   return (uint32_t)prod;
+#endif
 }
 
 /* out[0..3] = Philox4x32-10(counter c0..c3, key k0 k1). */

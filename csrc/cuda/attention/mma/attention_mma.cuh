@@ -530,14 +530,18 @@ __device__ __forceinline__ void oss_attn_dropout_keep(oss_attn_keep<MT, NT> &kee
   static_assert(NT % 2 == 0, "n-tiles come in pairs");
   const int g = lane >> 2, t2 = (lane & 3) * 2;
   keep.bits = 0;
+  /* The seed is read again each iteration (for the next one, by a strong
+   * load the compiler may not hoist; CTA scope, so from L1) so that each call
+   * derives its twenty round keys afresh (an add each) rather than the
+   * compiler holding them across the loop, in registers the accumulators
+   * need. */
+  uint64_t s = seed;
 #pragma unroll 1
   for (int idx = 0; idx < MT * NT / 2; idx++) {
     const int mt = idx / (NT / 2), m = idx % (NT / 2);
     const int R = r0 + mt * 16 + g, C = c0 + m * 16 + t2;
-    /* the seed through oss_opaque: each call derives its round keys afresh
-     * (two adds a round) rather than the compiler holding all twenty
-     * across the loop, in registers the accumulators need */
-    const uint64_t s = (uint64_t)oss_opaque((int64_t)seed);
+    uint64_t s_next;
+    asm volatile("ld.relaxed.cta.global.u64 %0, [%1];" : "=l"(s_next) : "l"(a.drop_seed));
     const uint32_t thr = a.drop_thr;
     uint32_t w[4], byte = 0;
     if constexpr (!KEY_MAJOR) {
@@ -547,8 +551,8 @@ __device__ __forceinline__ void oss_attn_dropout_keep(oss_attn_keep<MT, NT> &kee
       for (int dr = 0; dr < 2; dr++)
 #pragma unroll
         for (int dc = 0; dc < 2; dc++) {
-          byte |= (uint32_t)((w[2 * dr + dc] & 0xFFFFu) >= thr) << (4 * dc + 2 * dr);
-          byte |= (uint32_t)((w[2 * dr + dc] >> 16) >= thr) << (4 * dc + 2 * dr + 1);
+          if ((w[2 * dr + dc] & 0xFFFFu) >= thr) byte |= 1u << (4 * dc + 2 * dr);
+          if ((w[2 * dr + dc] >> 16) >= thr) byte |= 2u << (4 * dc + 2 * dr);
         }
     } else {
       /* key R + 8 dr, query C + 8 dc + x: half g & 1 (R's bit 0) of word
@@ -566,12 +570,13 @@ __device__ __forceinline__ void oss_attn_dropout_keep(oss_attn_keep<MT, NT> &kee
 #pragma unroll
         for (int dr = 0; dr < 2; dr++) {
           const uint32_t bm = dr ? mine >> 16 : mine & 0xFFFFu, bg = dr ? got >> 16 : got & 0xFFFFu;
-          byte |= (uint32_t)(bm >= thr) << (4 * dc + 2 * dr + own);
-          byte |= (uint32_t)(bg >= thr) << (4 * dc + 2 * dr + 1 - own);
+          if (bm >= thr) byte |= (1u << (4 * dc + 2 * dr)) << own;
+          if (bg >= thr) byte |= (2u << (4 * dc + 2 * dr)) >> own;
         }
       }
     }
     keep.bits |= (uint64_t)byte << (8 * idx);
+    s = s_next;
   }
 }
 
