@@ -185,6 +185,8 @@ def test_persistent_forward_gives_the_same_bits(device, head_dim):
 
 
 def check_kernel_family(device, dtype, is_causal, alignment, case, name):
+    if not head_dim_supported(device, case[5], case[6]):
+        pytest.skip("head dim not compiled into this build")
     q, k, v = make_qkv(case, dtype, device)
     label = f"{name} causal={is_causal}/{alignment} case={case}"
     check_forward(q, k, v, is_causal=is_causal, alignment=alignment, label=label)
