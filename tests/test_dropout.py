@@ -182,12 +182,14 @@ def test_dropout_with_mask(device, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
-@pytest.mark.parametrize("p", [0.5, 0.1])
+@pytest.mark.parametrize("p", [0.5, 0.1, 0.99999, 0.999995])
 def test_mask_recovered_from_outputs(device, dtype, p):
     """q = 0 makes every weight 1 / Lk, and v = the identity makes out[i, j]
     that weight after dropout: the mask, recovered exactly, equals the rule's
     (every bh, row and key, so every tile layout of every kernel), and the kept
-    fraction is 1 - p within 5 standard deviations."""
+    fraction is 1 - p within 5 standard deviations. Near p = 1 the threshold
+    is the last 16-bit value (0.99999: only bits 0xFFFF are kept) or past it
+    (0.999995 rounds to 2^16: nothing is kept)."""
     B, Hq, Hkv, Lq, L = 2, 6, 3, 300, 128
     q = torch.zeros(B, Hq, Lq, 32, dtype=dtype, device=device)
     k = torch.randn(B, Hkv, L, 32, dtype=dtype, device=device)
