@@ -588,11 +588,11 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
   static const int plain_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>);
   static const int mask_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>);
   if (a->mask_kind != OSS_MASK_NONE)
-    return oss_attn_fwd_sm90_run<T, HD, false>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>, mask_regs,
-                                        mma, false, a, stream, dev);
+    return oss_attn_fwd_sm90_run<T, HD, false>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>,
+                                               mask_regs, mma, false, a, stream, dev);
   const bool persistent = a->cu_q == NULL && (!a->causal || C::PERSISTENT_CAUSAL);
   return oss_attn_fwd_sm90_run<T, HD, false>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>,
-                                      plain_regs, mma, persistent, a, stream, dev);
+                                             plain_regs, mma, persistent, a, stream, dev);
 }
 
 /* The score variants on Hopper (oss_attn_fwd_var_scores per tile, a window's
@@ -606,7 +606,7 @@ oss_status oss_attn_fwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t str
   if (a->mask_kind != OSS_MASK_NONE) return mma_var(a, stream, dev);
   static const int regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>);
   return oss_attn_fwd_sm90_run<T, HD, true>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>,
-                                      regs, mma_var, false, a, stream, dev);
+                                            regs, mma_var, false, a, stream, dev);
 }
 
 #endif /* OSS_ATTENTION_FWD_SM90_CUH */
