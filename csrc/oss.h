@@ -365,6 +365,12 @@ typedef struct oss_cross_entropy_backward_params {
   const void *grad_loss;        /* contiguous [rows], loss's dtype */
   void *grad_logits;            /* [rows, classes] in fwd.dtype, rows contiguous */
   int64_t grad_logits_stride_row;
+  /* NULL, or one value s of the loss's dtype (backward only): the gradient is
+   * for grad_loss[i] * s, and where s is exactly 1 nothing is written:
+   * grad_logits then already holds the gradient for grad_loss, as the
+   * forward + backward wrote it. Decided where s lives (on the device for
+   * CUDA), so the caller never reads it. */
+  const void *grad_scale;
 } oss_cross_entropy_backward_params;
 
 /* One pass over each row (online max and sum of exponentials). */
@@ -387,8 +393,10 @@ oss_status oss_cross_entropy_forward_cuda(const oss_cross_entropy_params *p, voi
 oss_status oss_cross_entropy_backward_cuda(const oss_cross_entropy_backward_params *p, void *cuda_stream);
 /* Both in one launch: writes p->fwd.loss and p->fwd.lse as the forward does
  * and the gradient for the given grad_loss as the backward does (from the
- * lse it just computed; p->fwd.lse is only written), reading each row once
- * for the statistics and once more for the gradient. */
+ * lse it just computed; p->fwd.lse is only written). On sm_90 a row of up to
+ * 512 KB is held in shared memory (a CTA's or a cluster's) and read once;
+ * other rows are read once for the statistics and once more for the
+ * gradient. p->grad_scale must be NULL. */
 oss_status oss_cross_entropy_forward_backward_cuda(const oss_cross_entropy_backward_params *p, void *cuda_stream);
 
 #ifdef __cplusplus

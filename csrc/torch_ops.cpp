@@ -1343,6 +1343,7 @@ Tensor cross_entropy_backward_op(const Tensor &grad_loss_in, const Tensor &logit
   p.grad_loss = grad_loss.data_ptr();
   p.grad_logits = grad.data_ptr();
   p.grad_logits_stride_row = grad.size(1);
+  p.grad_scale = nullptr;
 #ifdef OSS_WITH_CUDA
   if (logits.is_cuda()) {
     const c10::cuda::CUDAGuard guard(logits.device());
@@ -1357,9 +1358,9 @@ Tensor cross_entropy_backward_op(const Tensor &grad_loss_in, const Tensor &logit
 // The forward and the backward for a grad_loss known in advance, in one call:
 // loss, lse and the gradient, written into a new tensor or (inplace) over the
 // logits, which must then be unit-stride along the classes (any row stride).
-// On CUDA one launch, which reads each row once for its statistics and once
-// more (from L2 where the rows in flight fit there) for its gradient; on the
-// CPU the two kernels one after the other.
+// On CUDA one launch (on sm_90 a row held in shared memory and read once,
+// else read a second time, from L2 where it still is there); on the CPU the
+// two kernels one after the other.
 std::tuple<Tensor, Tensor, Tensor> cross_entropy_forward_backward(const char *op, const Tensor &grad_loss_in,
                                                                   const Tensor &logits_in, const Tensor &target_in,
                                                                   int64_t ignore_index, double label_smoothing,
@@ -1386,6 +1387,7 @@ std::tuple<Tensor, Tensor, Tensor> cross_entropy_forward_backward(const char *op
   p.grad_loss = grad_loss.data_ptr();
   p.grad_logits = grad.data_ptr();
   p.grad_logits_stride_row = inplace ? p.fwd.logits_stride_row : grad.size(1);
+  p.grad_scale = nullptr;
 #ifdef OSS_WITH_CUDA
   if (logits.is_cuda()) {
     const c10::cuda::CUDAGuard guard(logits.device());
@@ -1411,6 +1413,55 @@ std::tuple<Tensor, Tensor> cross_entropy_forward_backward_inplace_op(const Tenso
   auto [loss, lse, grad] = cross_entropy_forward_backward("cross_entropy_forward_backward_", grad_loss, logits,
                                                           target, ignore_index, label_smoothing, z_loss, true);
   return {loss, lse};
+}
+
+// The backward of a loss whose gradient the forward + backward op already
+// wrote into grad_logits for grad_loss: rewrites it for grad_loss * grad_scale
+// (one value), unless grad_scale is exactly 1, where it is left as it is. The
+// test runs where grad_scale lives (on the device for CUDA: nothing
+// synchronises), so a loss whose upstream gradient is 1, as for
+// loss.backward(), costs no second pass over the logits.
+void cross_entropy_backward_scaled_op(const Tensor &grad_logits, const Tensor &grad_loss_in,
+                                      const Tensor &grad_scale_in, const Tensor &logits_in, const Tensor &target_in,
+                                      const Tensor &lse_in, int64_t ignore_index, double label_smoothing,
+                                      double z_loss) {
+  const char *op = "cross_entropy_backward_scaled_";
+  const at::ScalarType stat_dtype = check_cross_entropy(op, logits_in, target_in, label_smoothing, z_loss);
+  check_row_vector(op, "grad_loss", grad_loss_in, logits_in);
+  check_row_vector(op, "lse", lse_in, logits_in);
+  OSS_CHECK(grad_scale_in.device() == logits_in.device() && grad_scale_in.numel() == 1 &&
+                is_kernel_float(grad_scale_in.scalar_type()),
+            Value, "%s: grad_scale must be one floating-point value on the logits' device, got %s of shape %s on %s",
+            op, dtype_name(grad_scale_in.scalar_type()), shape_str(grad_scale_in.sizes()).c_str(),
+            device_str(grad_scale_in).c_str());
+  OSS_CHECK(grad_logits.device() == logits_in.device() && grad_logits.scalar_type() == logits_in.scalar_type() &&
+                grad_logits.sizes() == logits_in.sizes(),
+            Value, "%s: grad_logits must have the logits' shape %s, dtype and device, got %s %s on %s", op,
+            shape_str(logits_in.sizes()).c_str(), shape_str(grad_logits.sizes()).c_str(),
+            dtype_name(grad_logits.scalar_type()), device_str(grad_logits).c_str());
+  OSS_CHECK(grad_logits.size(1) <= 1 || grad_logits.stride(1) == 1, Value,
+            "%s: grad_logits has strides (%lld, %lld) but must have unit stride along the classes", op,
+            LL(grad_logits.stride(0)), LL(grad_logits.stride(1)));
+  if (logits_in.size(0) == 0) return;
+  Tensor logits = logits_in, target = target_in;
+  const Tensor grad_loss = grad_loss_in.to(stat_dtype).contiguous();
+  const Tensor grad_scale = grad_scale_in.reshape({1}).to(stat_dtype).contiguous();
+  const Tensor lse = lse_in.to(at::kDouble).contiguous();
+  oss_cross_entropy_backward_params p;
+  p.fwd = cross_entropy_params(logits, target, ignore_index, label_smoothing, z_loss);
+  p.fwd.lse = const_cast<void *>(lse.data_ptr());
+  p.grad_loss = grad_loss.data_ptr();
+  p.grad_logits = grad_logits.data_ptr();
+  p.grad_logits_stride_row = grad_logits.size(0) > 1 ? grad_logits.stride(0) : grad_logits.size(1);
+  p.grad_scale = grad_scale.data_ptr();
+#ifdef OSS_WITH_CUDA
+  if (logits.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(logits.device());
+    check_status(op, oss_cross_entropy_backward_cuda(&p, at::cuda::getCurrentCUDAStream().stream()));
+    return;
+  }
+#endif
+  check_status(op, oss_cross_entropy_backward_cpu(&p, &cpu_exec));
 }
 
 }  // namespace
@@ -1656,8 +1707,9 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_autograd(const Tensor &q, cons
 }
 
 // ---------------------------------------------------------------------------
-// The Autograd kernels of cross_entropy_forward_backward(_). These ops compute
-// a gradient themselves and are not differentiable (differentiate
+// The Autograd kernels of cross_entropy_forward_backward(_) and
+// cross_entropy_backward_scaled_. These ops compute a gradient themselves and
+// are not differentiable (differentiate
 // oss::cross_entropy, whose backward is oss::cross_entropy_backward): on
 // inputs autograd would track they raise, rather than return results that
 // silently carry no gradient. The in-place one bumps the logits' version, so
@@ -1698,6 +1750,25 @@ std::tuple<Tensor, Tensor> cross_entropy_forward_backward_inplace_autograd(const
   }
   logits.unsafeGetTensorImpl()->bump_version();
   return out;
+}
+
+void cross_entropy_backward_scaled_autograd(const Tensor &grad_logits, const Tensor &grad_loss,
+                                            const Tensor &grad_scale, const Tensor &logits, const Tensor &target,
+                                            const Tensor &lse, int64_t ignore_index, double label_smoothing,
+                                            double z_loss) {
+  OSS_CHECK(!will_differentiate(grad_loss) && !will_differentiate(grad_scale) && !will_differentiate(logits) &&
+                !will_differentiate(grad_logits),
+            NotImplemented,
+            "cross_entropy_backward_scaled_ is not differentiable (an argument requires grad); differentiate "
+            "torch.ops.oss.cross_entropy_backward instead, or call it on detached tensors");
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("oss::cross_entropy_backward_scaled_", "")
+                             .typed<decltype(cross_entropy_backward_scaled_op)>();
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    op.call(grad_logits, grad_loss, grad_scale, logits, target, lse, ignore_index, label_smoothing, z_loss);
+  }
+  grad_logits.unsafeGetTensorImpl()->bump_version();
 }
 
 // ---------------------------------------------------------------------------
@@ -1763,6 +1834,9 @@ TORCH_LIBRARY(oss, m) {
   m.def(
       "cross_entropy_forward_backward_(Tensor grad_loss, Tensor(a!) logits, Tensor target, int ignore_index=-100, "
       "float label_smoothing=0.0, float z_loss=0.0) -> (Tensor loss, Tensor lse)");
+  m.def(
+      "cross_entropy_backward_scaled_(Tensor(a!) grad_logits, Tensor grad_loss, Tensor grad_scale, Tensor logits, "
+      "Tensor target, Tensor lse, int ignore_index, float label_smoothing, float z_loss) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(oss, CPU, m) {
@@ -1781,6 +1855,7 @@ TORCH_LIBRARY_IMPL(oss, CPU, m) {
   m.impl("cross_entropy_backward", &cross_entropy_backward_op);
   m.impl("cross_entropy_forward_backward", &cross_entropy_forward_backward_op);
   m.impl("cross_entropy_forward_backward_", &cross_entropy_forward_backward_inplace_op);
+  m.impl("cross_entropy_backward_scaled_", &cross_entropy_backward_scaled_op);
 }
 
 TORCH_LIBRARY_IMPL(oss, Autograd, m) {
@@ -1795,6 +1870,7 @@ TORCH_LIBRARY_IMPL(oss, Autograd, m) {
   m.impl("attention_with_kvcache", &attention_with_kvcache_autograd);
   m.impl("cross_entropy_forward_backward", &cross_entropy_forward_backward_autograd);
   m.impl("cross_entropy_forward_backward_", &cross_entropy_forward_backward_inplace_autograd);
+  m.impl("cross_entropy_backward_scaled_", &cross_entropy_backward_scaled_autograd);
 }
 
 #ifdef OSS_WITH_CUDA
@@ -1814,6 +1890,7 @@ TORCH_LIBRARY_IMPL(oss, CUDA, m) {
   m.impl("cross_entropy_backward", &cross_entropy_backward_op);
   m.impl("cross_entropy_forward_backward", &cross_entropy_forward_backward_op);
   m.impl("cross_entropy_forward_backward_", &cross_entropy_forward_backward_inplace_op);
+  m.impl("cross_entropy_backward_scaled_", &cross_entropy_backward_scaled_op);
 }
 #endif
 

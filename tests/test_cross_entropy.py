@@ -175,6 +175,155 @@ def test_forward_backward_ops(device, dtype, shape):
         assert torch.all(grad[t == IGNORE] == 0) and torch.all(loss[t == IGNORE] == 0)
 
 
+# rows held in shared memory on sm_90 by one CTA or clusters of 2 to 8 (16-bit:
+# 1, 2, 4, 8; float32: 3, 4, 8; float64: 5, 8), and past the largest cluster
+# (float32 at 262144 classes, float64 from 128256: the L2 path)
+ONCHIP_SHAPES = [(6, 40001), (3, 60001), (2, 128256), (2, 262144)]
+
+
+@pytest.mark.parametrize("device", [cuda_param("cuda")])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", ONCHIP_SHAPES)
+@pytest.mark.parametrize("offset", [0, 3])
+def test_forward_backward_op_wide_rows(device, dtype, shape, offset):
+    """The fused op on rows as wide as the on-chip kernel's clusters hold (and
+    wider), on rows starting at 16-byte boundaries and 3 elements past them
+    (head and tail elements on the first and last CTA of a row), in place too,
+    against the float64 references, with the target placed in the head, the
+    middle and the tail."""
+    N, C = shape
+    base = awkward_randn((N, C + offset), dtype, device)
+    x = base[:, offset:]
+    t = random_target((N,), C, device)
+    t[0] = 1
+    if N > 2:
+        t[1] = C - 2
+        t[2] = IGNORE
+    g = (torch.rand(N, dtype=torch.float64, device=device) + 0.5).to(peer_dtype(dtype))
+    args = (IGNORE, 0.1, 1e-3)
+    loss, lse, grad = torch.ops.oss.cross_entropy_forward_backward(g, x, t, *args)
+    xi = base.clone()
+    i_loss, i_lse = torch.ops.oss.cross_entropy_forward_backward_(g, xi[:, offset:], t, *args)
+    assert torch.equal(i_loss, loss) and torch.equal(i_lse, lse) and torch.equal(xi[:, offset:], grad)
+    assert torch.equal(xi[:, :offset], base[:, :offset])
+    x64 = x.double()
+    ref_loss, ref_lse = rows_reference(x64, t, 0.1, 1e-3)
+    peer_loss, peer_lse = rows_reference(x.to(peer_dtype(dtype)), t, 0.1, 1e-3)
+    assert_tolerance("wide loss", loss, ref_loss, peer_loss, SOFTMAX_ATOL[peer_dtype(dtype)])
+    assert_tolerance("wide lse", lse, ref_lse, peer_lse, lse_atol(dtype, ref_lse))
+    ref_grad = grad_reference(x64, t, g.double(), 0.1, 1e-3)
+    xq = x.detach().requires_grad_()
+    peer_rows, _ = rows_reference(xq, t, 0.1, 1e-3)
+    (peer_grad,) = torch.autograd.grad(peer_rows, xq, g.to(peer_rows.dtype))
+    assert_tolerance("wide grad", grad, ref_grad, peer_grad, SOFTMAX_ATOL[dtype])
+
+
+def two_ops_loss(x, t, reduction, label_smoothing, z_loss):
+    """torch_oss.cross_entropy's sum / mean composed from the forward op (whose
+    autograd formula runs the backward op), as a compiled graph runs it."""
+    loss, _ = torch.ops.oss.cross_entropy(x, t, IGNORE, label_smoothing, z_loss)
+    total = loss.sum(dtype=torch.float64).to(loss.dtype)
+    return total if reduction == "sum" else total / (t != IGNORE).sum()
+
+
+def test_which_losses_form_the_gradient_in_the_forward():
+    """Only a differentiated, unweighted mean in eager mode takes the fused
+    form; the other cases keep the two ops' graph."""
+    x = torch.randn(6, 40, requires_grad=True)
+    t = torch.tensor([0, 39, IGNORE, 5, 5, 1])
+
+    def node(**kwargs):
+        return type(torch_oss.cross_entropy(x, t, **kwargs).grad_fn).__name__
+
+    assert node() == node(label_smoothing=0.1, z_loss=1e-3) == "_MeanLossBackward"
+    assert node(reduction="sum") != "_MeanLossBackward"
+    assert node(weight=torch.rand(40)) != "_MeanLossBackward"
+    assert node(reduction="none") != "_MeanLossBackward"
+    with torch.no_grad():
+        assert torch_oss.cross_entropy(x, t).grad_fn is None
+    assert torch_oss.cross_entropy(x.detach(), t).grad_fn is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("upstream", [1.0, 0.37])
+@pytest.mark.parametrize("shape", [(37, 5003), (5, 128256)])
+def test_loss_gradient_formed_in_the_forward(device, dtype, reduction, upstream, shape):
+    """A differentiated mean loss: the forward writes the logits' gradient,
+    the backward hands it on (upstream gradient 1) or rewrites it for its
+    upstream gradient (a sum, which keeps the two ops, for comparison).
+    Against float64 by the rule, and against the two ops' gradient: bitwise
+    on the CPU, where both run the same kernels (for the same row
+    gradients)."""
+    N, C = shape
+    x = awkward_randn(shape, dtype, device)
+    t = random_target((N,), C, device, ignored_every=4)
+    for label_smoothing, z_loss in SMOOTHING_Z[::3]:
+        xa = x.detach().requires_grad_()
+        loss = torch_oss.cross_entropy(xa, t, reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss)
+        up = torch.tensor(upstream, dtype=loss.dtype, device=device)
+        (grad,) = torch.autograd.grad(loss, xa, up)
+        xb = x.detach().requires_grad_()
+        two = two_ops_loss(xb, t, reduction, label_smoothing, z_loss)
+        (two_grad,) = torch.autograd.grad(two, xb, up)
+        x64 = x.double().requires_grad_()
+        ref = full_reference(x64, t, reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss)
+        (ref_grad,) = torch.autograd.grad(ref, x64, up.double())
+        xq = x.detach().to(peer_dtype(dtype)).requires_grad_()
+        peer = full_reference(xq, t, reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss)
+        (peer_grad,) = torch.autograd.grad(peer, xq, up.to(peer.dtype))
+        assert_tolerance("loss", loss, ref.detach(), peer.detach(), SOFTMAX_ATOL[peer_dtype(dtype)])
+        assert_tolerance("grad", grad, ref_grad, peer_grad.to(dtype), SOFTMAX_ATOL[dtype], per_element_eps=True)
+        # (a mean's two ops scale by upstream / n, this by (1 / n) * upstream)
+        if device == "cpu" and (upstream == 1.0 or reduction == "sum"):
+            assert torch.equal(loss, two) and torch.equal(grad, two_grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_loss_gradient_through_a_retained_graph(device):
+    """A second backward through the same graph recomputes the gradient (the
+    first one handed its tensor on): x.grad doubles."""
+    x = awkward_randn((9, 3001), torch.float32, device).requires_grad_()
+    t = random_target((9,), 3001, device, ignored_every=4)
+    loss = torch_oss.cross_entropy(x, t, label_smoothing=0.1)
+    loss.backward(retain_graph=True)
+    first = x.grad.clone()
+    loss.backward()
+    torch.testing.assert_close(x.grad, 2 * first, rtol=1e-6, atol=1e-9)
+    if device == "cpu":
+        assert torch.equal(x.grad, 2 * first)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_backward_scaled_op(device, dtype):
+    """cross_entropy_backward_scaled_ leaves grad_logits alone for a scale of
+    exactly 1, and otherwise writes the backward for grad_loss * scale (the
+    backward op's result, bitwise)."""
+    N, C = 7, 2500
+    x = awkward_randn((N, C), dtype, device)
+    t = random_target((N,), C, device, ignored_every=3)
+    sd = peer_dtype(dtype)
+    g = torch.rand(N, dtype=sd, device=device) + 0.5
+    _, lse = torch.ops.oss.cross_entropy(x, t, IGNORE, 0.1, 1e-3)
+    buf = torch.full((N, C), 7.0, dtype=dtype, device=device)
+    torch.ops.oss.cross_entropy_backward_scaled_(buf, g, torch.ones((), dtype=sd, device=device), x, t, lse,
+                                                 IGNORE, 0.1, 1e-3)
+    assert torch.all(buf == 7)
+    scale = torch.tensor([2.5], dtype=sd, device=device)
+    torch.ops.oss.cross_entropy_backward_scaled_(buf, g, scale, x, t, lse, IGNORE, 0.1, 1e-3)
+    assert torch.equal(buf, torch.ops.oss.cross_entropy_backward(g * scale, x, t, lse, IGNORE, 0.1, 1e-3))
+    with pytest.raises(ValueError, match="grad_scale"):
+        torch.ops.oss.cross_entropy_backward_scaled_(buf, g, torch.ones(2, device=device), x, t, lse, IGNORE, 0.0,
+                                                     0.0)
+    with pytest.raises(ValueError, match="grad_logits"):
+        torch.ops.oss.cross_entropy_backward_scaled_(buf[:, 1:], g, scale, x, t, lse, IGNORE, 0.0, 0.0)
+    with pytest.raises(NotImplementedError, match="not differentiable"):
+        torch.ops.oss.cross_entropy_backward_scaled_(buf, g, scale, x.detach().requires_grad_(), t, lse, IGNORE,
+                                                     0.0, 0.0)
+
+
 def test_forward_backward_ops_are_not_differentiable():
     """They compute a gradient and refuse to be differentiated; the in-place
     one bumps the logits' version, so a graph that saved them notices."""
@@ -435,6 +584,10 @@ def test_opcheck():
         torch.library.opcheck(torch.ops.oss.cross_entropy_forward_backward, (g, xd.detach(), t, IGNORE, 0.1, 0.01))
         torch.library.opcheck(torch.ops.oss.cross_entropy_forward_backward_,
                               (g, xd.detach().clone(), t, IGNORE, 0.1, 0.01))
+        for scale in (1.0, 0.5):
+            torch.library.opcheck(torch.ops.oss.cross_entropy_backward_scaled_,
+                                  (torch.zeros_like(xd.detach()), g, torch.tensor(scale, dtype=g.dtype), xd.detach(),
+                                   t, lse, IGNORE, 0.1, 0.01))
 
 
 def test_compile_fullgraph():

@@ -297,6 +297,17 @@ def _cross_entropy_forward_backward_inplace_fake(grad_loss, logits, target, igno
     return loss, lse
 
 
+def _cross_entropy_backward_scaled_fake(grad_logits, grad_loss, grad_scale, logits, target, lse, ignore_index,
+                                        label_smoothing, z_loss):
+    _check_same_device("cross_entropy_backward_scaled_", [("grad_logits", grad_logits), ("grad_loss", grad_loss),
+                                                          ("grad_scale", grad_scale), ("logits", logits),
+                                                          ("target", target), ("lse", lse)])
+    torch._check_value(grad_logits.shape == logits.shape,
+                       lambda: f"cross_entropy_backward_scaled_: grad_logits has shape {tuple(grad_logits.shape)} "
+                       f"but must have the logits' {tuple(logits.shape)}")
+    return None
+
+
 def _cross_entropy_setup_context(ctx, inputs, output):
     logits, target, ignore_index, label_smoothing, z_loss = inputs
     _, lse = output
@@ -382,6 +393,7 @@ def register():
     torch.library.register_fake(f"{lib}::cross_entropy_forward_backward", _cross_entropy_forward_backward_fake)
     torch.library.register_fake(f"{lib}::cross_entropy_forward_backward_",
                                 _cross_entropy_forward_backward_inplace_fake)
+    torch.library.register_fake(f"{lib}::cross_entropy_backward_scaled_", _cross_entropy_backward_scaled_fake)
     # cross_entropy's formulas are here: the op is called once per loss, not per layer
     torch.library.register_autograd(f"{lib}::cross_entropy", _cross_entropy_backward,
                                     setup_context=_cross_entropy_setup_context)

@@ -11,9 +11,11 @@ logits) and log-sum-exp (float64) of 2-D logits;
 torch.ops.oss.cross_entropy_backward gives the gradient of the logits, and
 torch.ops.oss.cross_entropy_forward_backward both for a per-row upstream
 gradient known in advance (cross_entropy_forward_backward_ writes that
-gradient over the logits and returns the loss and lse). All run kernels that
-pass over each row once (C on the CPU, CUDA on the GPU; the fused op reads a
-row twice on the GPU, the second time from L2 where it still is there). On
+gradient over the logits and returns the loss and lse), and
+torch.ops.oss.cross_entropy_backward_scaled_ rewrites such a gradient for a
+scaled upstream gradient unless the scale is 1. All run kernels that pass
+over each row once (C on the CPU, CUDA on the GPU; on the GPU the fused op
+holds a row in shared memory on sm_90, else reads it again from L2). On
 the CPU a target outside [0, C) that is not ignore_index raises ValueError;
 on CUDA (no host synchronisation) it makes its row's loss and gradient NaN.
 """
@@ -80,6 +82,59 @@ def _rows(input, target):
     return rows, target.reshape(-1), expected
 
 
+class _MeanLoss(torch.autograd.Function):
+    """The mean of the rows' losses of 2-D logits, with the logits' gradient
+    formed in the forward's own pass over them: the forward + backward op runs
+    for the gradient of this loss under an upstream gradient of 1 (row_grad:
+    1 / counted rows, 0 on ignored rows) and keeps it. The backward hands that tensor on, rewritten by
+    cross_entropy_backward_scaled_ only when the upstream gradient is not
+    exactly 1 (decided on the device), so loss.backward() reads the logits once
+    in all. A second backward through a retained graph recomputes the gradient
+    from the saved logits, and a backward that builds a graph (create_graph)
+    takes the two ops' differentiable path, so second derivatives are those of
+    the two-op form."""
+
+    @staticmethod
+    def forward(ctx, logits, target, ignore_index, label_smoothing, z_loss):
+        counted = target != ignore_index
+        denominator = counted.sum()
+        row_grad = counted.to(_stat_dtype(logits.dtype)) / denominator
+        args = (ignore_index, label_smoothing, z_loss)
+        loss, lse, grad = torch.ops.oss.cross_entropy_forward_backward(row_grad, logits, target, *args)
+        total = loss.sum(dtype=torch.float64).to(loss.dtype) / denominator  # the sum rounded once
+        ctx.save_for_backward(logits, target, row_grad, lse)
+        ctx.args = args
+        ctx.grad = grad  # handed on by the first backward
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        logits, target, row_grad, lse = ctx.saved_tensors
+        grad, ctx.grad = ctx.grad, None
+        nones = (None,) * 4
+        if torch.is_grad_enabled():
+            # the two ops' graph: lse recomputed by the differentiable forward
+            _, lse = torch.ops.oss.cross_entropy(logits, target, *ctx.args)
+            return (torch.ops.oss.cross_entropy_backward(row_grad * grad_total, logits, target, lse, *ctx.args),
+                    *nones)
+        if grad is None:
+            return torch.ops.oss.cross_entropy_backward(row_grad * grad_total, logits, target, lse, *ctx.args), *nones
+        torch.ops.oss.cross_entropy_backward_scaled_(grad, row_grad, grad_total, logits, target, lse, *ctx.args)
+        return (grad, *nones)
+
+
+def _fuses_backward(logits, weight, reduction):
+    """Whether the forward writes the gradient too: a mean loss without class
+    weights whose logits autograd will differentiate, in eager mode (a
+    compiled graph keeps the two ops, whose formulas it traces). Not a sum:
+    sums are most often divided afterwards (Hugging Face divides a summed
+    loss by the tokens of the whole accumulation step), and an upstream
+    gradient other than 1 costs the fused form a second pass, which makes it
+    slower than the two ops."""
+    return (weight is None and reduction == "mean" and logits.requires_grad and torch.is_grad_enabled()
+            and not torch.compiler.is_compiling())
+
+
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, z_loss=0.0):
     """Drop-in for torch.nn.functional.cross_entropy with class-index targets
     (int64), plus z_loss: each counted row adds z_loss * logsumexp(row)**2.
@@ -92,6 +147,13 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     it is nan when every row is ignored, as in PyTorch. With `weight`, each
     row's terms are scaled as in F.cross_entropy (the smoothing term by the
     weights of all classes); the z-loss term by the weight of the row's target.
+
+    A "mean" loss without weights whose input will be differentiated (in
+    eager mode) computes the input's gradient in the forward's pass over it
+    and keeps it until the backward (memory the backward would allocate
+    anyway); the backward then passes over the logits again only when its
+    upstream gradient is not exactly 1 (a loss divided for gradient
+    accumulation or scaled by a GradScaler).
     """
     name = "cross_entropy"
     if not isinstance(input, torch.Tensor):
@@ -105,6 +167,8 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
             raise ValueError(f"{name}: weight must be a tensor of shape ({classes},), got {got}")
         if not weight.is_floating_point():
             raise TypeError(f"{name}: weight has dtype {weight.dtype} but must be floating point")
+    if _fuses_backward(logits, weight, reduction):
+        return _MeanLoss.apply(logits, flat_target, ignore_index, float(label_smoothing), float(z_loss))
     counted = flat_target != ignore_index
 
     if weight is None:

@@ -78,6 +78,8 @@ oss_status oss_cross_entropy_backward_cpu(const oss_cross_entropy_backward_param
                     (long long)p->grad_logits_stride_row, (long long)p->fwd.classes);
   if (p->fwd.rows == 0) return OSS_OK;
   const int f64 = p->fwd.dtype == OSS_FLOAT64;
+  if (p->grad_scale != NULL && (f64 ? *(const double *)p->grad_scale : (double)*(const float *)p->grad_scale) == 1.0)
+    return OSS_OK; /* grad_logits already holds this gradient */
   oss_cpu_parallel_for(exec, p->fwd.rows, ce_grain(p->fwd.classes), (void *)p,
                        f64 ? ce_bwd_rows_f64 : ce_bwd_rows_f32);
   return OSS_OK;
@@ -145,9 +147,14 @@ static void FN(ce_bwd_rows)(void *ctx, int64_t begin, int64_t end) {
   for (int64_t row = begin; row < end; row++) {
     const int64_t xo = row * p->logits_stride_row, yo = row * b->grad_logits_stride_row, t = p->target[row];
     const int ignored = t == p->ignore_index;
-    const double g = ignored ? 0.0
-                     : NATIVE == OSS_FLOAT64 ? ((const double *)b->grad_loss)[row]
-                                             : (double)((const float *)b->grad_loss)[row];
+    double g = ignored ? 0.0
+               : NATIVE == OSS_FLOAT64 ? ((const double *)b->grad_loss)[row]
+                                       : (double)((const float *)b->grad_loss)[row];
+    /* the product in the loss's dtype, as the upstream gradient a caller
+     * would pass for it */
+    if (b->grad_scale != NULL)
+      g = NATIVE == OSS_FLOAT64 ? g * *(const double *)b->grad_scale
+                                : (double)((float)g * *(const float *)b->grad_scale);
     const double lse = ((const double *)p->lse)[row];
     /* grad_j = a exp(x_j - lse) - s, and grad_t -= g (1 - eps) */
     const REAL a = (REAL)(g * (1 + 2 * p->z_loss * lse)), s = (REAL)(g * eps / (double)C);

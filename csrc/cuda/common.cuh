@@ -1,8 +1,9 @@
 /*
  * common.cuh - small helpers shared by the CUDA kernel files: status
- * conversion for CUDA errors, launch checks, device attributes and the
+ * conversion for CUDA errors, launch checks, device attributes, the
  * load/convert/store of the element types (computation happens in float, or
- * double for float64 tensors).
+ * double for float64 tensors), and the shared-memory addresses, mbarriers and
+ * bulk copies of the sm_90 kernels (used only inside sm_90 code).
  */
 #ifndef OSS_CUDA_COMMON_CUH
 #define OSS_CUDA_COMMON_CUH
@@ -102,6 +103,44 @@ template <> __device__ __forceinline__ float oss_from_float<float>(float x) { re
 template <> __device__ __forceinline__ __half oss_from_float<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 oss_from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
+}
+
+/* ---- shared memory, mbarriers and bulk copies (sm_90) -------------------- */
+
+__device__ __forceinline__ uint32_t oss_smem_u32(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* mbarrier (PTX ISA, "mbarrier"): a shared-memory barrier object completing a
+ * phase when its pending arrivals reach zero; waiters poll the parity of the
+ * phase they wait for. */
+__device__ __forceinline__ void oss_mbar_init(uint64_t *bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(oss_smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void oss_mbar_wait(uint64_t *bar, int parity) {
+  asm volatile("{\n.reg .pred done;\nwait_%=:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra wait_%=;\n}\n" ::"r"(oss_smem_u32(bar)),
+               "r"(parity)
+               : "memory");
+}
+/* Arrives on bar and adds `bytes` to the transaction count its phase waits
+ * for (the bytes the copy engine will deliver to it). */
+__device__ __forceinline__ void oss_mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(oss_smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+/* Makes initialised mbarriers visible to the copy engine (async proxy). */
+__device__ __forceinline__ void oss_fence_mbar_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+/* Bulk copy (PTX ISA, "cp.async.bulk"): `bytes` (a multiple of 16) from
+ * global memory to this CTA's shared memory, both 16-byte aligned, by the
+ * copy engine; the bytes complete on bar. */
+__device__ __forceinline__ void oss_bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint64_t *bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(oss_smem_u32(bar))
+               : "memory");
 }
 
 #endif /* OSS_CUDA_COMMON_CUH */

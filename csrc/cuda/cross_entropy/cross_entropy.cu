@@ -32,7 +32,9 @@
  * the compute type (float, or double for float64) and added to d and the x
  * sum in double, as the CPU kernel's blocks are. The group then reduces the
  * shifts to their max first (no exp in the tree), each thread rescales its d
- * once to it and the d's and x sums are added in double: warp shuffles, and
+ * once to it and the d's and x sums are added in double (the max of 16-bit
+ * logits taken in pairs on their raw bits, the x sum only with label
+ * smoothing): warp shuffles, and
  * for CTA groups one shared-memory exchange per reduction. Every thread forms
  * lse = m + log d in double; the group's first thread forms the loss in
  * double, as the CPU kernel does, and writes both. The exp of 16-bit logits is
@@ -41,16 +43,21 @@
  *
  * Backward, one pass per row reading x and writing grad_j = a exp((x - hi) -
  * lo) - s, with a = g (1 + 2 z lse), s = g eps / C and lse split into the
- * compute-type pair hi + lo (so x - hi is exact near the dominant class); the
+ * compute-type pair hi + lo (so x - hi is exact near the dominant class;
+ * 16-bit logits take 2^((x - hi) log2(e) - lo log2(e)), one fused
+ * multiply-add before the hardware 2^x); the
  * target element is recomputed in double from its own loaded value,
  * g ((p_t (1 + 2 z lse) - 1) + eps (1 - 1/C)), where p_t - 1 cancels.
  * Ignored rows are written as zeros without reading the logits. The gradient
  * is stored with 16-byte stores where its rows have the logits' 16-byte phase
  * (always for the contiguous gradient of contiguous logits, and in place),
  * element by element otherwise.
- * Forward + backward in one launch: the forward's pass, the reduction, then
- * the backward's pass over the same row (read again, from L2 where the rows
- * in flight fit there).
+ * Forward + backward in one launch: on sm_90, rows of more than
+ * CE_WARP_MAX_CLASSES classes up to 512 KB run ce_onchip_kernel (its own
+ * comment below), which holds the row in the shared memory of a CTA or a
+ * cluster and reads it once; elsewhere the forward's pass, the reduction,
+ * then the backward's pass over the same row (read again, from L2 where the
+ * rows in flight fit there).
  *
  * In place: grad_logits may be the logits themselves (same pointer and row
  * stride). Every element is read and then written by one thread; the one
@@ -70,6 +77,10 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
+
+#include <cooperative_groups.h>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 
@@ -139,6 +150,22 @@ template <typename T> __device__ __forceinline__ void ce_set(ce_vec &v, int e, t
   else if constexpr (sizeof(T) == 4) v.f[e] = x;
   else if constexpr (ce_same<T, __half>::value) v.h[e] = __half_as_ushort(__float2half_rn(x));
   else v.h[e] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
+/* Elements 2w and 2w + 1 of a vector set to a and b, rounded to nearest
+ * even (one conversion instruction for a pair of 16-bit values). */
+template <typename T>
+__device__ __forceinline__ void ce_set2(ce_vec &v, int w, typename ce_acc<T>::type a, typename ce_acc<T>::type b) {
+  if constexpr (sizeof(T) == 2 && ce_same<T, __half>::value) {
+    const __half2 h = __floats2half2_rn(a, b);
+    v.w[w] = *reinterpret_cast<const unsigned int *>(&h);
+  } else if constexpr (sizeof(T) == 2) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    v.w[w] = *reinterpret_cast<const unsigned int *>(&h);
+  } else {
+    ce_set<T>(v, 2 * w, a);
+    ce_set<T>(v, 2 * w + 1, b);
+  }
 }
 
 /* exp(x - ms) per element. FAST (16-bit logits): 2^((x - ms) log2(e)) by the
@@ -244,18 +271,39 @@ __device__ __forceinline__ void ce_fence(ce_vec &v) {
   asm volatile("" : "+r"(v.w[0]), "+r"(v.w[1]), "+r"(v.w[2]), "+r"(v.w[3]));
 }
 
+/* The max of U vectors of T. 16-bit elements are compared in pairs on their
+ * own bits (max over the raw values, then one conversion: the same result,
+ * half the instructions); like fmaxf, a NaN loses to any other value. */
+template <typename T, int U, typename Acc> __device__ __forceinline__ Acc ce_vecs_max(const ce_vec (&v)[U]) {
+  constexpr int VEC = ce_vec_len<T>();
+  if constexpr (sizeof(T) == 2) {
+    typedef typename std::conditional<ce_same<T, __half>::value, __half2, __nv_bfloat162>::type T2;
+    T2 m2[4];
+#pragma unroll
+    for (int w = 0; w < 4; w++) m2[w] = *reinterpret_cast<const T2 *>(&v[0].w[w]);
+#pragma unroll
+    for (int k = 1; k < U; k++)
+#pragma unroll
+      for (int w = 0; w < 4; w++) m2[w] = __hmax2(m2[w], *reinterpret_cast<const T2 *>(&v[k].w[w]));
+    const T2 m = __hmax2(__hmax2(m2[0], m2[1]), __hmax2(m2[2], m2[3]));
+    return fmaxf(ce_to_acc(m.x), ce_to_acc(m.y));
+  } else {
+    Acc bm[2] = {(Acc)-INFINITY, (Acc)-INFINITY};
+#pragma unroll
+    for (int k = 0; k < U; k++)
+#pragma unroll
+      for (int e = 0; e < VEC; e++) bm[e & 1] = ce_max(bm[e & 1], ce_elem<T>(v[k], e));
+    return ce_max(bm[0], bm[1]);
+  }
+}
+
 /* Adds U vectors of T to the statistics: the shift first (from their max),
- * then their exp terms and their sum, each summed in Acc and added in
- * double. Special values as in ce_fold1. */
-template <bool FAST, typename T, int U, typename Acc>
+ * then their exp terms and (SUM_X, for label smoothing) their sum, each
+ * summed in Acc and added in double. Special values as in ce_fold1. */
+template <bool FAST, bool SUM_X, typename T, int U, typename Acc>
 __device__ __forceinline__ void ce_fold_vecs(ce_stat<Acc> &st, ce_vec (&v)[U]) {
   constexpr int VEC = ce_vec_len<T>();
-  Acc bm[2] = {(Acc)-INFINITY, (Acc)-INFINITY};
-#pragma unroll
-  for (int k = 0; k < U; k++)
-#pragma unroll
-    for (int e = 0; e < VEC; e++) bm[e & 1] = ce_max(bm[e & 1], ce_elem<T>(v[k], e));
-  ce_move_shift(st, ce_max(bm[0], bm[1]));
+  ce_move_shift(st, ce_vecs_max<T, U, Acc>(v));
   const Acc ms = ce_safe(st.m);
   Acc s[2] = {0, 0}, sx[2] = {0, 0};
 #pragma unroll
@@ -265,15 +313,15 @@ __device__ __forceinline__ void ce_fold_vecs(ce_stat<Acc> &st, ce_vec (&v)[U]) {
     for (int e = 0; e < VEC; e++) {
       const Acc x = ce_elem<T>(v[k], e);
       s[e & 1] += ce_exp_shift<FAST>(x, ms);
-      sx[e & 1] += x;
+      if constexpr (SUM_X) sx[e & 1] += x;
     }
   }
   st.d += (double)(s[0] + s[1]);
-  st.sx += (double)(sx[0] + sx[1]);
+  if constexpr (SUM_X) st.sx += (double)(sx[0] + sx[1]);
 }
 
 /* The statistics of the row elements a thread owns (thread `lane` of G). */
-template <bool FAST, typename T, typename Acc>
+template <bool FAST, bool SUM_X, typename T, typename Acc>
 __device__ __forceinline__ ce_stat<Acc> ce_thread_stats(const T *x, const ce_row_layout &L, int C, int lane, int G) {
   constexpr int U = ce_unroll<T>();
   ce_stat<Acc> st;
@@ -288,11 +336,11 @@ __device__ __forceinline__ ce_stat<Acc> ce_thread_stats(const T *x, const ce_row
     ce_vec v[U];
 #pragma unroll
     for (int u = 0; u < U; u++) v[u] = ce_ld(xv + k + u * G);
-    ce_fold_vecs<FAST, T>(st, v);
+    ce_fold_vecs<FAST, SUM_X, T>(st, v);
   }
   for (; k < L.nvec; k += G) {
     ce_vec v[1] = {ce_ld(xv + k)};
-    ce_fold_vecs<FAST, T>(st, v);
+    ce_fold_vecs<FAST, SUM_X, T>(st, v);
   }
   return st;
 }
@@ -365,6 +413,7 @@ __device__ __forceinline__ ce_stat<Acc> ce_group_reduce(ce_stat<Acc> st, int G, 
 /* What a row's gradient pass needs. */
 template <typename Acc> struct ce_grad_row {
   Acc a, s, hi, lo; /* grad = a exp((x - hi) - lo) - s */
+  Acc lo2;          /* lo log2(e), for the 16-bit logits' 2^x */
   int t;            /* the target column, or -1 (no element is special) */
   double g, lse, scale, smooth; /* the target element, in double */
 };
@@ -378,6 +427,7 @@ __device__ __forceinline__ ce_grad_row<Acc> ce_grad_setup(double g, double lse, 
   R.s = valid ? (Acc)(g * eps / (double)C) : (Acc)NAN;
   R.hi = (Acc)lse;
   R.lo = isfinite(lse) ? (Acc)(lse - (double)R.hi) : (Acc)0;
+  R.lo2 = (Acc)((double)R.lo * CE_LOG2E);
   R.t = valid && t >= 0 && t < C ? (int)t : -1;
   R.g = g;
   R.lse = lse;
@@ -388,7 +438,7 @@ __device__ __forceinline__ ce_grad_row<Acc> ce_grad_setup(double g, double lse, 
 /* The gradient of an element other than the target, in Acc. */
 template <bool FAST, typename Acc> __device__ __forceinline__ Acc ce_grad_elem(const ce_grad_row<Acc> &R, Acc x) {
   Acc ex;
-  if constexpr (FAST && sizeof(Acc) == 4) ex = ce_ex2(((x - R.hi) - R.lo) * (float)CE_LOG2E);
+  if constexpr (FAST && sizeof(Acc) == 4) ex = ce_ex2(fmaf(x - R.hi, (float)CE_LOG2E, -R.lo2)); /* x - hi exact */
   else if constexpr (sizeof(Acc) == 4) ex = expf((x - R.hi) - R.lo);
   else ex = exp((x - R.hi) - R.lo);
   return R.a * ex - R.s;
@@ -470,13 +520,24 @@ typedef struct ce_args {
   void *loss;           /* float32, or float64 for float64 logits (CE_FWD) */
   double *lse;          /* written (CE_FWD) or read (CE_BWD alone) */
   const void *grad_loss; /* loss's dtype (CE_BWD) */
+  const void *grad_scale; /* NULL, or grad_loss's multiplier, nothing written where it is 1 (CE_BWD alone) */
+  int cluster;             /* ce_onchip_kernel: CTAs per row */
+  int chunk_vecs;          /* ce_onchip_kernel: vectors per CTA (the last CTA of a row may hold fewer) */
 } ce_args;
+
+/* The backward's upstream multiplier (ce_args.grad_scale), in the loss's dtype. */
+template <bool F64> __device__ __forceinline__ double ce_grad_scale(const void *p) {
+  return F64 ? *(const double *)p : (double)*(const float *)p;
+}
 
 template <typename T, int MODE> __global__ void __launch_bounds__(CE_MAX_THREADS_FUSED) ce_kernel(ce_args A) {
   typedef typename ce_acc<T>::type Acc;
   constexpr bool FAST = sizeof(T) == 2;
   constexpr bool F64 = sizeof(T) == 8;
   __shared__ ce_smem<Acc> sh;
+  if constexpr (MODE == CE_BWD) {
+    if (A.grad_scale != NULL && ce_grad_scale<F64>(A.grad_scale) == 1) return; /* y already holds this gradient */
+  }
   const int G = A.group, C = A.classes;
   const int lane = (int)(threadIdx.x % (unsigned)G);
   const int groups = (int)(blockDim.x / (unsigned)G);
@@ -492,7 +553,8 @@ template <typename T, int MODE> __global__ void __launch_bounds__(CE_MAX_THREADS
       /* x_t, read before the reduction (in place, its owner overwrites it after) */
       Acc xt = 0;
       if (lane == 0 && !ignored && valid) xt = ce_to_acc(x[t]);
-      ce_stat<Acc> st = ce_thread_stats<FAST, T, Acc>(x, L, C, lane, G);
+      ce_stat<Acc> st = A.eps != 0 ? ce_thread_stats<FAST, true, T, Acc>(x, L, C, lane, G)
+                                   : ce_thread_stats<FAST, false, T, Acc>(x, L, C, lane, G);
       st = ce_group_reduce(st, G, &sh);
       lse = (double)st.m + log(st.d);
       if (lane == 0) {
@@ -512,13 +574,201 @@ template <typename T, int MODE> __global__ void __launch_bounds__(CE_MAX_THREADS
       lse = A.lse[row];
     }
     if constexpr ((MODE & CE_BWD) != 0) {
-      const double g = ignored ? 0.0
-                       : F64   ? ((const double *)A.grad_loss)[row]
-                               : (double)((const float *)A.grad_loss)[row];
+      double g = ignored ? 0.0
+                 : F64   ? ((const double *)A.grad_loss)[row]
+                         : (double)((const float *)A.grad_loss)[row];
+      /* (the product in the loss's dtype, as the CPU kernel forms it) */
+      if (A.grad_scale != NULL)
+        g = F64 ? g * ce_grad_scale<F64>(A.grad_scale) : (double)((float)g * (float)ce_grad_scale<F64>(A.grad_scale));
       const ce_grad_row<Acc> R = ce_grad_setup<Acc>(g, lse, t, valid, A.eps, A.z, C);
       ce_thread_grad<FAST, T, Acc>(x, (T *)A.y + row * A.y_stride, L, C, lane, G, R, ignored);
     }
   }
+}
+
+// ---- forward + backward with the row on chip (sm_90) ------------------------------------
+
+/* The fused pass reading each logit from DRAM once: a row (its 16-byte
+ * vectors) is split over a cluster of `cluster` CTAs (one CTA for rows up to
+ * CE_ONCHIP_ONE_CTA_BYTES), each copying its chunk into shared memory with
+ * one bulk copy that completes on an mbarrier. The chunk's statistics are the
+ * forward's (ce_fold_vecs, ce_group_reduce); the CTAs of a cluster then write
+ * theirs into every CTA's shared memory and each merges them in rank order
+ * (the same bits everywhere). The gradient pass reads the chunk from shared
+ * memory and writes the gradient, so nothing is read twice and in place needs
+ * no ordering beyond the exchange. Head and tail elements go to the first
+ * threads of the first and last CTAs, x_t for the loss to thread 0 of the
+ * first CTA, read from global memory before the exchange. One cluster per
+ * row (grid.x = rows x cluster); two to three chunks share an SM, so that one
+ * CTA loads while the others compute or write. Limits: rows up to
+ * CE_ONCHIP_MAX_CLUSTER x CE_ONCHIP_CLUSTER_CHUNK_BYTES (512 KB), rows x
+ * cluster < 2^31. */
+enum {
+  CE_ONCHIP_ONE_CTA_BYTES = 108 * 1024,      /* a row up to this size: one CTA, two per SM */
+  CE_ONCHIP_CLUSTER_CHUNK_BYTES = 64 * 1024, /* wider rows: chunks up to this size, three per SM */
+  CE_ONCHIP_MAX_CLUSTER = 8,                 /* the portable cluster size */
+  CE_ONCHIP_VECS_PER_THREAD = 16, /* threads grow (128 to 512) until each holds at most this many vectors */
+  CE_ONCHIP_MAX_THREADS = 512,
+};
+
+/* A CTA's chunk statistics (its n vectors in shared memory). */
+template <bool FAST, bool SUM_X, typename T, typename Acc>
+__device__ __forceinline__ void ce_chunk_stats(ce_stat<Acc> &st, const ce_vec *chunk, int n) {
+  constexpr int U = ce_unroll<T>();
+  const int tid = threadIdx.x, nt = blockDim.x;
+  int k = tid;
+  for (; k + (U - 1) * nt < n; k += U * nt) {
+    ce_vec v[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) v[u] = chunk[k + u * nt];
+    ce_fold_vecs<FAST, SUM_X, T>(st, v);
+  }
+  for (; k < n; k += nt) {
+    ce_vec v[1] = {chunk[k]};
+    ce_fold_vecs<FAST, SUM_X, T>(st, v);
+  }
+}
+
+template <typename T> __global__ void __launch_bounds__(CE_ONCHIP_MAX_THREADS) ce_onchip_kernel(ce_args A) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  typedef typename ce_acc<T>::type Acc;
+  constexpr bool FAST = sizeof(T) == 2;
+  constexpr bool F64 = sizeof(T) == 8;
+  constexpr int VEC = ce_vec_len<T>();
+  extern __shared__ __align__(16) ce_vec ce_chunk[];
+  __shared__ uint64_t loaded; /* the mbarrier of the bulk copy */
+  __shared__ ce_smem<Acc> sh;
+  __shared__ ce_stat<Acc> xch[CE_ONCHIP_MAX_CLUSTER]; /* every rank's statistics */
+  __shared__ ce_stat<Acc> merged;
+  const int tid = threadIdx.x, nt = blockDim.x, CR = A.cluster, C = A.classes;
+  unsigned rank_u, row_u; /* the rank in the cluster and the cluster (the row) */
+  asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank_u));
+  asm("mov.u32 %0, %%clusterid.x;\n" : "=r"(row_u));
+  const int rank = (int)rank_u;
+  const int64_t row = (int64_t)row_u;
+  /* every CTA of the cluster must be running before its shared memory is
+   * written: arrive now, wait just before the exchange */
+  if (CR > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+
+  const T *x = (const T *)A.x + row * A.x_stride;
+  const ce_row_layout L = ce_layout(x, C);
+  const int v0 = min(rank * A.chunk_vecs, L.nvec);
+  const int n = min(A.chunk_vecs, L.nvec - v0); /* this CTA's vectors */
+  if (tid == 0) {
+    oss_mbar_init(&loaded, 1);
+    oss_fence_mbar_init();
+    if (n > 0) {
+      oss_mbar_arrive_expect_tx(&loaded, (uint32_t)n * 16u);
+      oss_bulk_load(oss_smem_u32(ce_chunk), (const ce_vec *)(x + L.head) + v0, (uint32_t)n * 16u, &loaded);
+    }
+  }
+  const int64_t t = A.target[row];
+  const bool ignored = t == A.ignore_index;
+  const bool valid = ignored || (t >= 0 && t < C);
+  /* the loss's x_t (before the exchange: in place, its owner overwrites it
+   * after), and the head / tail elements, kept for the gradient pass */
+  Acc xt = 0, xh = 0, xe = 0;
+  if (rank == 0 && tid == 0 && !ignored && valid) xt = ce_to_acc(x[t]);
+  ce_stat<Acc> st;
+  st.m = (Acc)-INFINITY;
+  st.d = 0;
+  st.sx = 0;
+  const bool has_head = rank == 0 && tid < L.head, has_tail = rank == CR - 1 && tid < C - L.tail;
+  if (has_head) {
+    xh = ce_to_acc(x[tid]);
+    ce_fold1<FAST>(st, xh);
+  }
+  if (has_tail) {
+    xe = ce_to_acc(x[L.tail + tid]);
+    ce_fold1<FAST>(st, xe);
+  }
+  __syncthreads(); /* the mbarrier is initialised before anyone waits on it */
+  if (n > 0) oss_mbar_wait(&loaded, 0);
+  if (A.eps != 0) ce_chunk_stats<FAST, true, T>(st, ce_chunk, n);
+  else ce_chunk_stats<FAST, false, T>(st, ce_chunk, n);
+  st = ce_group_reduce(st, nt, &sh);
+  if (CR > 1) {
+    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+    if (tid < CR) *cl.map_shared_rank(&xch[rank], (unsigned)tid) = st;
+    cl.sync();
+    if (tid < 32) {
+      /* the ranks' statistics merged as ce_group_reduce merges threads' */
+      ce_stat<Acc> r;
+      r.m = (Acc)-INFINITY;
+      r.d = 0;
+      r.sx = 0;
+      if (tid < CR) r = xch[tid];
+      const Acc m = ce_warp_max(r.m);
+      double d = r.m == (Acc)-INFINITY ? 0.0 : r.d * exp((double)r.m - (double)ce_safe(m));
+      double sx = r.sx;
+      ce_warp_sum2(d, sx);
+      if (tid == 0) {
+        merged.m = m;
+        merged.d = d;
+        merged.sx = sx;
+      }
+    }
+    __syncthreads();
+    st = merged;
+  }
+  const double lse = (double)st.m + log(st.d);
+  if (rank == 0 && tid == 0) {
+    double loss = 0;
+    if (!valid) {
+      loss = NAN;
+    } else if (!ignored) {
+      loss = (1 - A.eps) * (lse - (double)xt);
+      if (A.eps != 0) loss += A.eps * (lse - st.sx / (double)C);
+      if (A.z != 0) loss += A.z * lse * lse;
+    }
+    if constexpr (F64) ((double *)A.loss)[row] = loss;
+    else ((float *)A.loss)[row] = (float)loss;
+    A.lse[row] = lse;
+  }
+
+  /* the gradient: every element by the Acc formula, the target's in double
+   * (patched into its vector before the store) */
+  const double g = ignored ? 0.0
+                   : F64   ? ((const double *)A.grad_loss)[row]
+                           : (double)((const float *)A.grad_loss)[row];
+  const ce_grad_row<Acc> R = ce_grad_setup<Acc>(g, lse, t, valid, A.eps, A.z, C);
+  T *y = (T *)A.y + row * A.y_stride;
+  if (has_head) y[tid] = ce_from_acc<T>(ignored ? (Acc)0 : tid == R.t ? ce_grad_target(R, xh) : ce_grad_elem<FAST>(R, xh));
+  if (has_tail) {
+    const int j = L.tail + tid;
+    y[j] = ce_from_acc<T>(ignored ? (Acc)0 : j == R.t ? ce_grad_target(R, xe) : ce_grad_elem<FAST>(R, xe));
+  }
+  const bool vec_out = (((uintptr_t)(y + L.head)) & 15) == 0;
+  /* the target's vector in this chunk (or none) and its element */
+  const int tv = R.t >= L.head && R.t < L.tail ? (R.t - L.head) / VEC - v0 : -1, te = (R.t - L.head) % VEC;
+  T *y0 = y + L.head + (int64_t)v0 * VEC;
+#pragma unroll 4
+  for (int k = tid; k < n; k += nt) {
+    const ce_vec xv = ce_chunk[k];
+    ce_vec v;
+    if (ignored) {
+      v.u = make_uint4(0, 0, 0, 0);
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; e += 2)
+        ce_set2<T>(v, e >> 1, ce_grad_elem<FAST>(R, ce_elem<T>(xv, e)), ce_grad_elem<FAST>(R, ce_elem<T>(xv, e + 1)));
+      if (k == tv) { /* (static element indices: a dynamic one would put v in local memory) */
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+          if (e == te) ce_set<T>(v, e, ce_grad_target(R, ce_elem<T>(xv, e)));
+      }
+    }
+    if (vec_out) {
+      ce_st(y0 + (int64_t)k * VEC, v);
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; e++) y0[(int64_t)k * VEC + e] = ce_from_acc<T>(ce_elem<T>(v, e));
+    }
+  }
+#else
+  __trap(); /* launched only on sm_90 and later (ce_onchip_plan) */
+#endif
 }
 
 // ---- host side ----------------------------------------------------------------------------
@@ -549,9 +799,10 @@ static oss_status ce_check_backward(const char *op, const oss_cross_entropy_back
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: grad_logits_stride_row=%lld is below classes=%lld", op,
                     (long long)b->grad_logits_stride_row, (long long)p->classes);
   const size_t es = ce_dtype_size(p->dtype);
-  if ((uintptr_t)b->grad_logits % es != 0 || (uintptr_t)b->grad_loss % (p->dtype == OSS_FLOAT64 ? 8 : 4) != 0)
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: grad_logits or grad_loss is not aligned to its element size",
-                    op);
+  const uintptr_t ls = p->dtype == OSS_FLOAT64 ? 8 : 4;
+  if ((uintptr_t)b->grad_logits % es != 0 || (uintptr_t)b->grad_loss % ls != 0 || (uintptr_t)b->grad_scale % ls != 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT,
+                    "%s: grad_logits, grad_loss or grad_scale is not aligned to its element size", op);
   if (p->rows == 0) return OSS_OK;
   const int64_t xs = p->rows > 1 ? p->logits_stride_row : p->classes;
   const int64_t ys = p->rows > 1 ? b->grad_logits_stride_row : p->classes;
@@ -601,6 +852,81 @@ template <int MODE> static oss_status ce_launch(oss_dtype dtype, const ce_args &
   }
 }
 
+/* Whether the binary runs sm_90 code of the on-chip kernel on this device (a
+ * build for older archs only would run its trap), asked once per device. */
+static int ce_onchip_built(int device) {
+  static signed char known[OSS_DEVICE_INFO_CACHE]; /* 0 unknown, 1 yes, -1 no; a racing write stores the same */
+  if (device >= 0 && device < OSS_DEVICE_INFO_CACHE && known[device] != 0) return known[device] > 0;
+  cudaFuncAttributes fa;
+  int built = 0;
+  if (cudaFuncGetAttributes(&fa, (const void *)ce_onchip_kernel<float>) == cudaSuccess) built = fa.binaryVersion >= 90;
+  else cudaGetLastError();
+  if (device >= 0 && device < OSS_DEVICE_INFO_CACHE) known[device] = built ? 1 : -1;
+  return built;
+}
+
+/* The on-chip plan of a forward + backward launch (ce_onchip_kernel): on
+ * sm_90 and later, for rows wider than a warp's. A row of at most
+ * CE_ONCHIP_ONE_CTA_BYTES takes one CTA (two per SM); a wider one the
+ * smallest cluster whose chunks fit CE_ONCHIP_CLUSTER_CHUNK_BYTES (three CTAs
+ * of 256 threads per SM: the chunks of a cluster wait for each other at the
+ * exchange, and a third CTA keeps loads in flight; on an H200 that measured
+ * 2-5 points of copy above two larger chunks per SM). Threads grow from 128
+ * until each holds at most CE_ONCHIP_VECS_PER_THREAD vectors (twice the
+ * threads with half the vectors each measured 10-20 points lower).
+ * Returns 0 where the L2 path (ce_kernel) runs instead. */
+static int ce_onchip_plan(const oss_device_info *info, int64_t classes, int64_t rows, oss_dtype dtype, int *cluster,
+                          int *chunk_vecs, int *threads) {
+  if (info->cc_major < 9 || classes <= CE_WARP_MAX_CLASSES || !ce_onchip_built(info->device)) return 0;
+  const int64_t nvec = classes / (16 / (int64_t)ce_dtype_size(dtype)); /* at least any row's whole vectors */
+  int c = 1;
+  if (nvec * 16 > CE_ONCHIP_ONE_CTA_BYTES) {
+    c = 2;
+    while (c < CE_ONCHIP_MAX_CLUSTER && (nvec + c - 1) / c * 16 > CE_ONCHIP_CLUSTER_CHUNK_BYTES) c++;
+  }
+  const int64_t chunk = (nvec + c - 1) / c;
+  if (chunk * 16 > (c == 1 ? CE_ONCHIP_ONE_CTA_BYTES : CE_ONCHIP_CLUSTER_CHUNK_BYTES) || rows > INT32_MAX / c)
+    return 0;
+  int t = CE_MIN_THREADS;
+  while (t < CE_ONCHIP_MAX_THREADS && (int64_t)t * CE_ONCHIP_VECS_PER_THREAD < chunk) t *= 2;
+  *cluster = c;
+  *chunk_vecs = (int)chunk;
+  *threads = t;
+  return 1;
+}
+
+template <typename T> static oss_status ce_onchip_launch_typed(const ce_args &A, int threads, cudaStream_t stream) {
+  const void *kern = (const void *)ce_onchip_kernel<T>;
+  const size_t smem = (size_t)A.chunk_vecs * 16;
+  OSS_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  cudaLaunchConfig_t cfg;
+  cudaLaunchAttribute attr;
+  memset(&cfg, 0, sizeof cfg);
+  memset(&attr, 0, sizeof attr);
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = (unsigned)A.cluster;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.gridDim = dim3((unsigned)(A.rows * A.cluster));
+  cfg.blockDim = dim3((unsigned)threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  OSS_CUDA_TRY(cudaLaunchKernelEx(&cfg, ce_onchip_kernel<T>, A));
+  return oss_check_launch("ce_onchip_kernel");
+}
+
+static oss_status ce_onchip_launch(oss_dtype dtype, const ce_args &A, int threads, cudaStream_t stream) {
+  switch (dtype) {
+  case OSS_FLOAT32: return ce_onchip_launch_typed<float>(A, threads, stream);
+  case OSS_FLOAT64: return ce_onchip_launch_typed<double>(A, threads, stream);
+  case OSS_FLOAT16: return ce_onchip_launch_typed<__half>(A, threads, stream);
+  case OSS_BFLOAT16: return ce_onchip_launch_typed<__nv_bfloat16>(A, threads, stream);
+  default: return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "cross_entropy: logits have dtype code %d", (int)dtype);
+  }
+}
+
 static ce_args ce_args_from(const oss_cross_entropy_params *p, int group) {
   ce_args A;
   A.x = p->logits;
@@ -617,6 +943,9 @@ static ce_args ce_args_from(const oss_cross_entropy_params *p, int group) {
   A.loss = p->loss;
   A.lse = (double *)p->lse;
   A.grad_loss = NULL;
+  A.grad_scale = NULL;
+  A.cluster = 1;
+  A.chunk_vecs = 0;
   return A;
 }
 
@@ -641,6 +970,8 @@ static oss_status ce_backward(const char *op, const oss_cross_entropy_backward_p
   oss_status st = ce_check(op, p);
   if (st == OSS_OK) st = ce_check_backward(op, b);
   if (st != OSS_OK) return st;
+  if (fused && b->grad_scale != NULL)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: grad_scale is for the backward alone", op);
   if (fused && p->rows > 0 && p->loss == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: loss is NULL", op);
   if (fused && (uintptr_t)p->loss % (p->dtype == OSS_FLOAT64 ? 8 : 4) != 0)
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: loss is not aligned to its element size", op);
@@ -651,7 +982,19 @@ static oss_status ce_backward(const char *op, const oss_cross_entropy_backward_p
   A.y = b->grad_logits;
   A.y_stride = p->rows > 1 ? b->grad_logits_stride_row : p->classes;
   A.grad_loss = b->grad_loss;
+  if (!fused) A.grad_scale = b->grad_scale;
   const cudaStream_t stream = (cudaStream_t)cuda_stream;
+  if (fused) {
+    oss_device_info info;
+    st = oss_get_device_info(&info);
+    if (st != OSS_OK) return st;
+    int cluster, chunk_vecs, onchip_threads;
+    if (ce_onchip_plan(&info, p->classes, p->rows, p->dtype, &cluster, &chunk_vecs, &onchip_threads)) {
+      A.cluster = cluster;
+      A.chunk_vecs = chunk_vecs;
+      return ce_onchip_launch(p->dtype, A, onchip_threads, stream);
+    }
+  }
   return fused ? ce_launch<CE_FWD_BWD>(p->dtype, A, threads, stream) : ce_launch<CE_BWD>(p->dtype, A, threads, stream);
 }
 

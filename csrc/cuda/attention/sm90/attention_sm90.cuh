@@ -61,12 +61,7 @@ template <int N> __device__ __forceinline__ void oss_bulk_wait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-/* mbarrier (PTX ISA, "mbarrier"): a shared-memory barrier object completing a
- * phase when its pending arrivals reach zero; waiters poll the parity of the
- * phase they wait for. */
-__device__ __forceinline__ void oss_mbar_init(uint64_t *bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(oss_smem_u32(bar)), "r"(count) : "memory");
-}
+/* mbarriers beyond common.cuh's init, wait and expect_tx. */
 __device__ __forceinline__ void oss_mbar_arrive(uint64_t *bar) {
   asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(oss_smem_u32(bar))
                : "memory");
@@ -74,24 +69,6 @@ __device__ __forceinline__ void oss_mbar_arrive(uint64_t *bar) {
 /* Arrives on bar once all of this thread's earlier cp.async copies landed. */
 __device__ __forceinline__ void oss_cp_async_arrive(uint64_t *bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(oss_smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void oss_mbar_wait(uint64_t *bar, int parity) {
-  asm volatile("{\n.reg .pred done;\nwait_%=:\n"
-               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-               "@!done bra wait_%=;\n}\n" ::"r"(oss_smem_u32(bar)),
-               "r"(parity)
-               : "memory");
-}
-
-/* Arrives on bar and adds `bytes` to the transaction count its phase waits
- * for (the bytes the copy engine will deliver to it). */
-__device__ __forceinline__ void oss_mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(oss_smem_u32(bar)), "r"(bytes)
-               : "memory");
-}
-/* Makes initialised mbarriers visible to the copy engine (async proxy). */
-__device__ __forceinline__ void oss_fence_mbar_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
 /* Bulk tensor copy (PTX ISA, "cp.async.bulk.tensor"): the box of the 4-D
