@@ -887,6 +887,9 @@ static int ce_onchip_plan(const oss_device_info *info, int64_t classes, int64_t 
   const int64_t chunk = (nvec + c - 1) / c;
   if (chunk * 16 > (c == 1 ? CE_ONCHIP_ONE_CTA_BYTES : CE_ONCHIP_CLUSTER_CHUNK_BYTES) || rows > INT32_MAX / c)
     return 0;
+  /* a GPU with less shared memory per CTA (the chunk and about 1 KB of the
+   * kernel's own) takes the L2 path */
+  if (chunk * 16 + 2048 > info->max_smem_per_block_optin) return 0;
   int t = CE_MIN_THREADS;
   while (t < CE_ONCHIP_MAX_THREADS && (int64_t)t * CE_ONCHIP_VECS_PER_THREAD < chunk) t *= 2;
   *cluster = c;
