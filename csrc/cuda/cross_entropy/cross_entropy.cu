@@ -525,6 +525,24 @@ typedef struct ce_args {
   int chunk_vecs;          /* ce_onchip_kernel: vectors per CTA (the last CTA of a row may hold fewer) */
 } ce_args;
 
+/* A row's loss (formed in double, rounded once to its dtype) and lse from
+ * its statistics: NaN for an invalid target, 0 for an ignored row. */
+template <bool F64, typename Acc>
+__device__ __forceinline__ void ce_write_loss(const ce_args &A, int64_t row, int C, double lse, double sx, Acc xt,
+                                              bool valid, bool ignored) {
+  double loss = 0;
+  if (!valid) {
+    loss = NAN;
+  } else if (!ignored) {
+    loss = (1 - A.eps) * (lse - (double)xt);
+    if (A.eps != 0) loss += A.eps * (lse - sx / (double)C);
+    if (A.z != 0) loss += A.z * lse * lse;
+  }
+  if constexpr (F64) ((double *)A.loss)[row] = loss;
+  else ((float *)A.loss)[row] = (float)loss;
+  A.lse[row] = lse;
+}
+
 /* The backward's upstream multiplier (ce_args.grad_scale), in the loss's dtype. */
 template <bool F64> __device__ __forceinline__ double ce_grad_scale(const void *p) {
   return F64 ? *(const double *)p : (double)*(const float *)p;
@@ -557,19 +575,7 @@ template <typename T, int MODE> __global__ void __launch_bounds__(CE_MAX_THREADS
                                    : ce_thread_stats<FAST, false, T, Acc>(x, L, C, lane, G);
       st = ce_group_reduce(st, G, &sh);
       lse = (double)st.m + log(st.d);
-      if (lane == 0) {
-        double loss = 0;
-        if (!valid) {
-          loss = NAN;
-        } else if (!ignored) {
-          loss = (1 - A.eps) * (lse - (double)xt);
-          if (A.eps != 0) loss += A.eps * (lse - st.sx / (double)C);
-          if (A.z != 0) loss += A.z * lse * lse;
-        }
-        if constexpr (F64) ((double *)A.loss)[row] = loss;
-        else ((float *)A.loss)[row] = (float)loss;
-        A.lse[row] = lse;
-      }
+      if (lane == 0) ce_write_loss<F64>(A, row, C, lse, st.sx, xt, valid, ignored);
     } else {
       lse = A.lse[row];
     }
@@ -713,19 +719,7 @@ template <typename T> __global__ void __launch_bounds__(CE_ONCHIP_MAX_THREADS) c
     st = merged;
   }
   const double lse = (double)st.m + log(st.d);
-  if (rank == 0 && tid == 0) {
-    double loss = 0;
-    if (!valid) {
-      loss = NAN;
-    } else if (!ignored) {
-      loss = (1 - A.eps) * (lse - (double)xt);
-      if (A.eps != 0) loss += A.eps * (lse - st.sx / (double)C);
-      if (A.z != 0) loss += A.z * lse * lse;
-    }
-    if constexpr (F64) ((double *)A.loss)[row] = loss;
-    else ((float *)A.loss)[row] = (float)loss;
-    A.lse[row] = lse;
-  }
+  if (rank == 0 && tid == 0) ce_write_loss<F64>(A, row, C, lse, st.sx, xt, valid, ignored);
 
   /* the gradient: every element by the Acc formula, the target's in double
    * (patched into its vector before the store) */
