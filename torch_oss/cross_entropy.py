@@ -86,13 +86,13 @@ class _MeanLoss(torch.autograd.Function):
     """The mean of the rows' losses of 2-D logits, with the logits' gradient
     formed in the forward's own pass over them: the forward + backward op runs
     for the gradient of this loss under an upstream gradient of 1 (row_grad:
-    1 / counted rows, 0 on ignored rows) and keeps it. The backward hands that tensor on, rewritten by
-    cross_entropy_backward_scaled_ only when the upstream gradient is not
-    exactly 1 (decided on the device), so loss.backward() reads the logits once
-    in all. A second backward through a retained graph recomputes the gradient
-    from the saved logits, and a backward that builds a graph (create_graph)
-    takes the two ops' differentiable path, so second derivatives are those of
-    the two-op form."""
+    1 / counted rows, 0 on ignored rows) and keeps it. The backward hands that
+    tensor on, rewritten by cross_entropy_backward_scaled_ only when the
+    upstream gradient is not exactly 1 (decided on the device), so
+    loss.backward() reads the logits once in all. A second backward through a
+    retained graph recomputes the gradient from the saved logits, and a
+    backward that builds a graph (create_graph) takes the two ops'
+    differentiable path, so second derivatives are those of the two-op form."""
 
     @staticmethod
     def forward(ctx, logits, target, ignore_index, label_smoothing, z_loss):
@@ -112,14 +112,13 @@ class _MeanLoss(torch.autograd.Function):
         logits, target, row_grad, lse = ctx.saved_tensors
         grad, ctx.grad = ctx.grad, None
         nones = (None,) * 4
-        if torch.is_grad_enabled():
-            # the two ops' graph: lse recomputed by the differentiable forward
-            _, lse = torch.ops.oss.cross_entropy(logits, target, *ctx.args)
-            return (torch.ops.oss.cross_entropy_backward(row_grad * grad_total, logits, target, lse, *ctx.args),
-                    *nones)
-        if grad is None:
-            return torch.ops.oss.cross_entropy_backward(row_grad * grad_total, logits, target, lse, *ctx.args), *nones
-        torch.ops.oss.cross_entropy_backward_scaled_(grad, row_grad, grad_total, logits, target, lse, *ctx.args)
+        if torch.is_grad_enabled() or grad is None:
+            if torch.is_grad_enabled():
+                # the two ops' graph: lse recomputed by the differentiable forward
+                _, lse = torch.ops.oss.cross_entropy(logits, target, *ctx.args)
+            grad = torch.ops.oss.cross_entropy_backward(row_grad * grad_total, logits, target, lse, *ctx.args)
+        else:
+            torch.ops.oss.cross_entropy_backward_scaled_(grad, row_grad, grad_total, logits, target, lse, *ctx.args)
         return (grad, *nones)
 
 
