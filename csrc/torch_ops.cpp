@@ -1326,32 +1326,45 @@ void check_row_vector(const char *op, const char *name, const Tensor &t, const T
             dtype_name(t.scalar_type()));
 }
 
-Tensor cross_entropy_backward_op(const Tensor &grad_loss_in, const Tensor &logits_in, const Tensor &target_in,
-                                 const Tensor &lse_in, int64_t ignore_index, double label_smoothing, double z_loss) {
-  const char *op = "cross_entropy_backward";
-  const at::ScalarType stat_dtype = check_cross_entropy(op, logits_in, target_in, label_smoothing, z_loss);
-  check_row_vector(op, "grad_loss", grad_loss_in, logits_in);
-  check_row_vector(op, "lse", lse_in, logits_in);
+// The backward kernels on checked arguments: the gradient for grad_loss
+// (times grad_scale where that is defined: the scaled op's rule) written into
+// grad, whose classes are unit-stride.
+void run_cross_entropy_backward(const char *op, at::ScalarType stat_dtype, const Tensor &grad_loss_in,
+                                const Tensor &logits_in, const Tensor &target_in, const Tensor &lse_in,
+                                int64_t ignore_index, double label_smoothing, double z_loss, const Tensor &grad,
+                                const Tensor &grad_scale_in) {
+  if (logits_in.size(0) == 0) return;
   Tensor logits = logits_in, target = target_in;
   const Tensor grad_loss = grad_loss_in.to(stat_dtype).contiguous();
   const Tensor lse = lse_in.to(at::kDouble).contiguous();
-  Tensor grad = at::empty(logits.sizes(), logits.options().memory_format(at::MemoryFormat::Contiguous));
-  if (logits.size(0) == 0) return grad;
+  const Tensor grad_scale =
+      grad_scale_in.defined() ? grad_scale_in.reshape({1}).to(stat_dtype).contiguous() : grad_scale_in;
   oss_cross_entropy_backward_params p;
   p.fwd = cross_entropy_params(logits, target, ignore_index, label_smoothing, z_loss);
   p.fwd.lse = const_cast<void *>(lse.data_ptr());
   p.grad_loss = grad_loss.data_ptr();
   p.grad_logits = grad.data_ptr();
-  p.grad_logits_stride_row = grad.size(1);
-  p.grad_scale = nullptr;
+  p.grad_logits_stride_row = grad.size(0) > 1 ? grad.stride(0) : grad.size(1);
+  p.grad_scale = grad_scale.defined() ? grad_scale.data_ptr() : nullptr;
 #ifdef OSS_WITH_CUDA
   if (logits.is_cuda()) {
     const c10::cuda::CUDAGuard guard(logits.device());
     check_status(op, oss_cross_entropy_backward_cuda(&p, at::cuda::getCurrentCUDAStream().stream()));
-    return grad;
+    return;
   }
 #endif
   check_status(op, oss_cross_entropy_backward_cpu(&p, &cpu_exec));
+}
+
+Tensor cross_entropy_backward_op(const Tensor &grad_loss, const Tensor &logits, const Tensor &target,
+                                 const Tensor &lse, int64_t ignore_index, double label_smoothing, double z_loss) {
+  const char *op = "cross_entropy_backward";
+  const at::ScalarType stat_dtype = check_cross_entropy(op, logits, target, label_smoothing, z_loss);
+  check_row_vector(op, "grad_loss", grad_loss, logits);
+  check_row_vector(op, "lse", lse, logits);
+  Tensor grad = at::empty(logits.sizes(), logits.options().memory_format(at::MemoryFormat::Contiguous));
+  run_cross_entropy_backward(op, stat_dtype, grad_loss, logits, target, lse, ignore_index, label_smoothing, z_loss,
+                             grad, Tensor());
   return grad;
 }
 
@@ -1442,26 +1455,8 @@ void cross_entropy_backward_scaled_op(const Tensor &grad_logits, const Tensor &g
   OSS_CHECK(grad_logits.size(1) <= 1 || grad_logits.stride(1) == 1, Value,
             "%s: grad_logits has strides (%lld, %lld) but must have unit stride along the classes", op,
             LL(grad_logits.stride(0)), LL(grad_logits.stride(1)));
-  if (logits_in.size(0) == 0) return;
-  Tensor logits = logits_in, target = target_in;
-  const Tensor grad_loss = grad_loss_in.to(stat_dtype).contiguous();
-  const Tensor grad_scale = grad_scale_in.reshape({1}).to(stat_dtype).contiguous();
-  const Tensor lse = lse_in.to(at::kDouble).contiguous();
-  oss_cross_entropy_backward_params p;
-  p.fwd = cross_entropy_params(logits, target, ignore_index, label_smoothing, z_loss);
-  p.fwd.lse = const_cast<void *>(lse.data_ptr());
-  p.grad_loss = grad_loss.data_ptr();
-  p.grad_logits = grad_logits.data_ptr();
-  p.grad_logits_stride_row = grad_logits.size(0) > 1 ? grad_logits.stride(0) : grad_logits.size(1);
-  p.grad_scale = grad_scale.data_ptr();
-#ifdef OSS_WITH_CUDA
-  if (logits.is_cuda()) {
-    const c10::cuda::CUDAGuard guard(logits.device());
-    check_status(op, oss_cross_entropy_backward_cuda(&p, at::cuda::getCurrentCUDAStream().stream()));
-    return;
-  }
-#endif
-  check_status(op, oss_cross_entropy_backward_cpu(&p, &cpu_exec));
+  run_cross_entropy_backward(op, stat_dtype, grad_loss_in, logits_in, target_in, lse_in, ignore_index,
+                             label_smoothing, z_loss, grad_logits, grad_scale_in);
 }
 
 }  // namespace
