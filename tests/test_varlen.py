@@ -281,6 +281,34 @@ def test_long_sequences_cuda(device, dtype, causal, alignment, head_dim):
                  label=f"long {dtype} hd={head_dim} causal={causal}/{alignment}")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_non_finite_neighbour_leaves_a_sequence_alone(device, dtype, head_dim, causal):
+    """The CUDA kernels load whole tiles, so a sequence's last tile of queries
+    and of keys holds the first rows of the next sequence. With non-finite
+    q, k, v and dout there, the first sequence's output and gradients are
+    finite and those of the sequence run alone (to a rounding: the order of
+    the dQ accumulator's additions may differ)."""
+    torch.manual_seed(head_dim + causal)
+    n = 100
+    q, k, v, cu_q, cu_k, mq, mk = make_packed([n, 60], [n, 60], 4, 2, head_dim, head_dim, dtype, device)
+    dout = torch.randn_like(q)
+    q[n:], k[n:], v[n:], dout[n:] = float("inf"), float("nan"), float("inf"), float("nan")
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = torch_oss.attention_varlen(*leaves, cu_q, cu_k, mq, mk, causal=causal)
+    out.backward(dout)
+    alone = [t[:n].detach().clone().requires_grad_() for t in (q, k, v)]
+    out_alone = torch_oss.attention_varlen(*alone, cu_q[:2], cu_k[:2], n, n, causal=causal)
+    out_alone.backward(dout[:n])
+    for name, got, want in [("out", out[:n], out_alone)] + [
+            (f"d{x}", t.grad[:n], a.grad) for x, t, a in zip("qkv", leaves, alone)]:
+        assert torch.isfinite(got).all(), f"{name}: non-finite values from the neighbour"
+        torch.testing.assert_close(got, want, rtol=0, atol=4 * torch.finfo(dtype).eps * want.abs().max().item(),
+                                   msg=lambda m: f"{name}: {m}")
+
+
 @pytest.mark.parametrize("device", [cuda_param("cuda")])
 def test_workspace_follows_the_tokens(device):
     """511 one-token sequences beside one of 16k: the backward's workspace

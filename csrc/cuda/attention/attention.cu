@@ -524,9 +524,12 @@ static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params
   if (!bp->deterministic) {
     L.off_eacc = L.total;
     L.total += vec;
-    L.dq_ld = kd;
+    /* rows padded by 16 bytes: the Hopper kernel stages a dQ block in shared
+     * memory with that pitch (against bank conflicts) and adds it to the
+     * accumulator with one bulk reduction */
+    L.dq_ld = kd + 4;
     L.off_dq = L.total;
-    L.total += oss_attn_round256(rows * (size_t)kd * 4);
+    L.total += oss_attn_round256(rows * (size_t)L.dq_ld * 4);
   }
   return L;
 }

@@ -182,7 +182,8 @@ def generate(head_dims, out_dir, sm90=False):
                 if hd in sm90_bwd_dims:
                     paths.append(_launcher(os.path.join(out_dir, f"attention_bwd_sm90_hd{hd}_{tag}.cu"),
                                            "sm90/attention_bwd_sm90.cuh", _bwd_sm90_name(hd, tag),
-                                           f"oss_attn_bwd_sm90_launch<{ctype}, {hd}>", uses=[_dq_det_name(hd, tag)]))
+                                           f"oss_attn_bwd_sm90_launch<{ctype}, {hd}>",
+                                           uses=[_dq_det_name(hd, tag), _bwd_name(hd, tag)]))
 
     dec_dims = sorted({_decode_dim(d) for d in dims})
     for hd in dec_dims:

@@ -8,25 +8,35 @@
  * dP = dO V^T, D = rowsum(dO * O) (oss_attn_bwd_pre_kernel, run before) and
  * dS' = scale P (dP - D):  dV = P^T dO,  dK = dS'^T Q,  dQ = dS' K.
  *
- * One CTA (256 threads, two warpgroups) owns BC = 128 keys of one (batch, kv
- * head); K and V of the block stay in shared memory, and the CTA loops over
- * every query head of its GQA group and every block of BR query rows that sees
- * the keys (causal: from the diagonal on). Warpgroup w owns keys
- * [64w, 64w + 64) of the block, warp k of it keys 16k .. 16k + 15 (the wgmma
- * accumulator rows), and accumulates their dK and dV in registers. Per query
- * block (Q, dO, lse and D double buffered with cp.async, the next block
- * loading while this one computes; all tiles 128-byte swizzled):
+ * One CTA owns BC = 128 keys of one (batch, kv head) and loops over every
+ * query head of its GQA group and every block of BR query rows that sees the
+ * keys (causal: from the diagonal on), warp-specialised (384 threads):
+ *   - the producer warpgroup gives its registers away (setmaxnreg). Its warp
+ *     8 streams the query blocks through STAGES stages: Q and dO by bulk
+ *     tensor copies (TMA; 64-column boxes landing 128-byte swizzled, rows
+ *     past the queries zero), lse and D by bulk copies, all completing on the
+ *     stage's "full" mbarrier; a stage is refilled once every consumer warp
+ *     arrived on its "empty" mbarrier. Its warp 9 adds each staged dQ block
+ *     to the float32 dQ accumulator of the workspace with one bulk reduction
+ *     (cp.reduce.async.bulk): the accumulator's rows have the staging rows'
+ *     pitch, so a block is one contiguous range.
+ *   - two consumer warpgroups load K and V once (cp.async, zero past the
+ *     keys) and keep them in shared memory. Warpgroup w owns keys
+ *     [64w, 64w + 64) of the block, warp k of it keys 16k .. 16k + 15 (the
+ *     wgmma accumulator rows), and accumulates their dK and dV in registers.
+ *     Per query block:
  *   S^T = K_w Q^T and dP^T = V_w dO^T (wgmma, both operands in shared memory,
  *   K-major); P^T and dS'^T in registers, key-major, so they are directly the
  *   A operands of dV += P^T dO and dK += dS'^T Q (B = dO, Q read MN-major).
- *   dQ (default, non-deterministic mode): dS'^T goes to shared memory and,
- *   after a CTA barrier, warpgroup w computes a 64 x 64 piece of
- *   dQ_blk = dS' K (A = dS' read MN-major from dS'^T, B = K MN-major; BR = 64:
- *   head-dim columns [64w, 64w + 64), BR = 128: query rows [64w, 64w + 64)),
- *   staged in shared memory and added to the float32 dQ accumulator of the
- *   workspace with one bulk reduction (cp.reduce.async.bulk) per row, issued
- *   after the next barrier.
+ *   dQ (default, non-deterministic mode): dS'^T goes to shared memory (two
+ *   buffers, so one consumer barrier per block suffices) and warpgroup w
+ *   computes a 64 x 64 piece of dQ_blk = dS' K (A = dS' read MN-major from
+ *   dS'^T, B = K MN-major; BR = 64: head-dim columns [64w, 64w + 64),
+ *   BR = 128: query rows [64w, 64w + 64)), staged in shared memory for the
+ *   dQ warp (named barriers: staged, and read again).
  *   Deterministic mode skips that and runs the mma.sync dQ kernel afterwards.
+ *   In a variable-length batch the query rows past a sequence's last (the
+ *   next sequence's) are zeroed once landed.
  *   VAR (a separate instantiation): the score variants through
  *   oss_attn_var_each, P^T and dS'^T in one pass per element once dP^T has
  *   landed (dS' takes the softcap's derivative), only the query blocks whose
@@ -39,8 +49,10 @@
  *   ones give the row sums R of the piece's 64 query rows (BR = 64: each
  *   warpgroup over its half of the keys), added into eacc.
  * Limits: D and Dv up to HD, zero padded; HD in {64, 128} with BR * HD = 8192
- * (the dQ split); built only for sm_90a (elsewhere the body traps and the
- * launcher is not in the dispatch table).
+ * (the dQ split); no mask tensor (the launcher sends those calls to the
+ * mma.sync backward); q and dout with 16-byte aligned base and strides (the
+ * tensor maps' rule; else the mma.sync backward runs); built only for sm_90a
+ * (elsewhere the body traps and the launcher is not in the dispatch table).
  */
 #ifndef OSS_ATTENTION_BWD_SM90_CUH
 #define OSS_ATTENTION_BWD_SM90_CUH
@@ -49,70 +61,139 @@
 #include "cuda/attention/sm90/attention_sm90.cuh"
 
 template <int HD> struct oss_attn_bwd_sm90_cfg {
-  static constexpr int BC = 128;             /* keys per CTA (two warpgroups of 64) */
-  static constexpr int BR = 8192 / HD;       /* query rows per iteration: 128 (hd 64), 64 (hd 128) */
+  static constexpr int BC = 128;       /* keys per CTA (two consumer warpgroups of 64) */
+  static constexpr int BR = 8192 / HD; /* query rows per iteration: 128 (hd 64), 64 (hd 128) */
+  static constexpr int STAGES = 2;     /* query blocks in flight */
 };
+
+/* The tensor maps of q and dout: 4-D (head dim, length, heads, batch) with the
+ * tensors' strides, boxes of 64 columns by BR rows. */
+typedef struct oss_attn_bwd_sm90_maps {
+  CUtensorMap q, dout;
+} oss_attn_bwd_sm90_maps;
 
 /* float pitch of the dQ staging rows: 16 bytes of padding against bank conflicts */
 template <int HD> __host__ __device__ constexpr int oss_attn_bwd_sm90_dq_pitch() { return HD + 4; }
 
-template <int HD, int BR, int BC> __host__ __device__ constexpr size_t oss_attn_bwd_sm90_smem_bytes() {
-  return (size_t)(2 * BC + 4 * BR) * HD * 2                  /* K, V, 2 x (Q, dO) */
-         + (size_t)BC * BR * 2                                /* dS'^T */
+template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size_t oss_attn_bwd_sm90_tiles_bytes() {
+  return (size_t)(2 * BC + 2 * STAGES * BR) * HD * 2        /* K, V, STAGES x (Q, dO) */
+         + (size_t)2 * BC * BR * 2                           /* 2 x dS'^T */
          + (size_t)BR * oss_attn_bwd_sm90_dq_pitch<HD>() * 4 /* dQ block (float) */
-         + (size_t)4 * BR * 4                                 /* 2 x (lse, D) */
-         + 1024                                               /* a tile of ones (dQ's centring) */
-         + 1024;                                              /* room to align the tiles to 1024 bytes */
+         + (size_t)2 * STAGES * BR * 4;                      /* STAGES x (lse, D) */
+}
+template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size_t oss_attn_bwd_sm90_smem_bytes() {
+  return oss_attn_bwd_sm90_tiles_bytes<HD, BR, BC, STAGES>() + 1024 /* a tile of ones (dQ's centring) */
+         + 1024;                                                    /* room to align the tiles to 1024 bytes */
 }
 
-/* Adds the dQ block staged in sdQ (rows < `rows`) to the float32 accumulator
- * rows acc[r * ld]: one bulk reduction per row, issued by thread r. */
-template <int HD, int BR>
-__device__ __forceinline__ void oss_attn_bwd_sm90_flush_dq(float *acc, int64_t ld, const float *sdQ, int rows,
-                                                           int tid) {
-  if (tid < BR && tid < rows) {
-    oss_bulk_reduce_add_f32(acc + tid * ld, oss_smem_u32(sdQ + tid * oss_attn_bwd_sm90_dq_pitch<HD>()), HD * 4);
-    oss_bulk_commit();
-  }
-}
-
-template <typename T, int HD, int BR, int BC, bool VAR = false>
-__global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_attn_args args) {
+template <typename T, int HD, int BR, int BC, int STAGES, bool VAR = false>
+__global__ void __launch_bounds__(384, 1)
+    oss_attn_bwd_sm90_kernel(const __grid_constant__ oss_attn_args args,
+                             const __grid_constant__ oss_attn_bwd_sm90_maps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int NTHREADS = 256, NTQ = BR / 8, NO = HD / 8;
+  constexpr int NCONS = 256, NTQ = BR / 8, NO = HD / 8;
   static_assert(HD % 64 == 0 && BR % 64 == 0 && BC == 128, "64-multiples, two warpgroups of 64 keys");
   static_assert(BR * HD == 8192, "the dQ block splits into one 64 x 64 piece per warpgroup");
+  static_assert(oss_attn_bwd_sm90_tiles_bytes<HD, BR, BC, STAGES>() % 1024 == 0,
+                "the tile of ones is 1024-byte aligned, as its 128-byte swizzle needs");
+  /* named barriers: the consumers (dS'^T stored, K and V landed); the dQ
+   * block staged (consumers arrive, the dQ warp waits) and sdQ free again
+   * (the dQ warp arrives, the consumers wait); zeroing rows (one per
+   * consumer warpgroup) */
+  enum { BAR_CONSUMERS = 1, BAR_DQ_FULL = 2, BAR_DQ_EMPTY = 3, BAR_ZERO = 4 };
+  constexpr int DQ_BAR_THREADS = NCONS + 32;
 
   extern __shared__ __align__(1024) unsigned char oss_sm90_smem[];
   T *sK = reinterpret_cast<T *>(oss_sm90_smem + ((1024u - (oss_smem_u32(oss_sm90_smem) & 1023u)) & 1023u));
   T *sV = sK + BC * HD;
-  T *sQ = sV + BC * HD;       /* [2][BR x HD] */
-  T *sdO = sQ + 2 * BR * HD;  /* [2][BR x HD] */
-  T *sdS = sdO + 2 * BR * HD; /* dS'^T: BC rows (keys) x BR columns (queries) */
-  float *sdQ = reinterpret_cast<float *>(sdS + BC * BR);  /* [BR][dq pitch] */
-  float *sL = sdQ + BR * oss_attn_bwd_sm90_dq_pitch<HD>(); /* [2][BR] */
-  float *sD = sL + 2 * BR;                              /* [2][BR] */
-  T *sOnes = reinterpret_cast<T *>(sD + 2 * BR);        /* 8 x 64 ones: B of the dS' row sums */
-  static_assert(((2 * BC + 4 * BR) * HD * 2 + BC * BR * 2 + BR * oss_attn_bwd_sm90_dq_pitch<HD>() * 4 + 4 * BR * 4) %
-                        1024 == 0,
-                "the tile of ones is 1024-byte aligned, as its 128-byte swizzle needs");
+  T *sQ = sV + BC * HD;            /* [STAGES][BR x HD] */
+  T *sdO = sQ + STAGES * BR * HD;  /* [STAGES][BR x HD] */
+  T *sdS = sdO + STAGES * BR * HD; /* [2][dS'^T: BC rows (keys) x BR columns (queries)] */
+  float *sdQ = reinterpret_cast<float *>(sdS + 2 * BC * BR); /* [BR][dq pitch] */
+  float *sL = sdQ + BR * oss_attn_bwd_sm90_dq_pitch<HD>();   /* [STAGES][BR] */
+  float *sD = sL + STAGES * BR;                             /* [STAGES][BR] */
+  T *sOnes = reinterpret_cast<T *>(sD + STAGES * BR);       /* 8 x 64 ones: B of the dS' row sums */
+
+  /* full[st]: stage st's Q, dO, lse and D landed (one producer arrival plus
+   * the copies' bytes); empty[st]: every consumer warp is done with it */
+  __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-  const int g = lane >> 2, t2 = (lane & 3) * 2;
   int b, hk, block;
   if (!oss_attn_key_block_of(args, BC, &b, &hk, &block)) return;
   oss_attn_args a = args; /* a sequence's view in a variable-length batch */
   oss_attn_seq_view<T>(a, b);
   const int j0 = block * BC;
   if (block < 0 || j0 >= a.lk) return; /* an empty slot, or past a shorter sequence's keys */
-  const int krows = min(BC, a.lk - j0);
-  const int kw0 = j0 + wg * 64 + (warp & 3) * 16; /* this warp's first key */
 
+  /* iteration it: query head hk * group + it / nqe, query block qb0 + it % nqe */
   int qb0, nqe;
   oss_attn_bwd_query_blocks<BR>(a, j0, &qb0, &nqe, BC);
   const int niter = a.group * nqe;
-
   const bool atomic_dq = a.dq_acc != nullptr;
+
+  if (tid == 0) {
+    for (int i = 0; i < STAGES; i++) {
+      oss_mbar_init(&full[i], 1);
+      oss_mbar_init(&empty[i], NCONS / 32);
+    }
+    oss_fence_mbar_init();
+  }
+  __syncthreads(); /* the only CTA-wide barrier */
+
+  if (wg == 2) {
+    /* producer warpgroup: warp 8 issues the copies of the query blocks, warp
+     * 9 adds the staged dQ blocks to the accumulator */
+    oss_setmaxnreg_dec<OSS_SM90_PRODUCER_REGS>();
+    if (warp == 8 && lane == 0 && niter > 0) {
+      oss_tma_prefetch_map(&maps.q);
+      oss_tma_prefetch_map(&maps.dout);
+      const int tb = a.cu_q != nullptr ? 0 : b; /* the copies' batch: packed rows are one */
+#pragma unroll 1
+      for (int it = 0; it < niter; it++) {
+        const int st = it % STAGES, use = it / STAGES;
+        const int h = hk * a.group + it / nqe, i0 = (qb0 + it % nqe) * BR;
+        if (use > 0) oss_mbar_wait(&empty[st], (use - 1) & 1);
+        oss_mbar_arrive_expect_tx(&full[st], 2u * BR * HD * (uint32_t)sizeof(T) + 2u * BR * 4u);
+#pragma unroll
+        for (int cb = 0; cb < HD / 64; cb++) {
+          oss_tma_load_4d(oss_smem_u32(sQ + st * BR * HD + cb * BR * 64), &maps.q, &full[st], cb * 64,
+                          (int)a.seq_q0 + i0, h, tb);
+          oss_tma_load_4d(oss_smem_u32(sdO + st * BR * HD + cb * BR * 64), &maps.dout, &full[st], cb * 64,
+                          (int)a.seq_q0 + i0, h, tb);
+        }
+        /* lse_adj and D: padded workspace rows, so BR of them are always there */
+        const int64_t ro = oss_attn_ws_row(a, b, h) + i0;
+        oss_bulk_load(oss_smem_u32(sL + st * BR), (const float *)a.lse_adj + ro, BR * 4, &full[st]);
+        oss_bulk_load(oss_smem_u32(sD + st * BR), (const float *)a.dsum + ro, BR * 4, &full[st]);
+      }
+    } else if (warp == 9 && atomic_dq && niter > 0) {
+      oss_named_arrive(BAR_DQ_EMPTY, DQ_BAR_THREADS); /* sdQ starts free */
+#pragma unroll 1
+      for (int it = 0; it < niter; it++) {
+        const int h = hk * a.group + it / nqe, i0 = (qb0 + it % nqe) * BR;
+        oss_named_sync(BAR_DQ_FULL, DQ_BAR_THREADS);
+        /* the accumulator's rows have the staging pitch (the launcher checks),
+         * so the block is one contiguous range; its rows past the queries are
+         * the workspace's padding and receive zeros */
+        if (lane == 0) {
+          oss_bulk_reduce_add_f32(a.dq_acc + (oss_attn_ws_row(a, b, h) + i0) * a.dq_ld, oss_smem_u32(sdQ),
+                                  BR * oss_attn_bwd_sm90_dq_pitch<HD>() * 4);
+          oss_bulk_commit();
+          oss_bulk_wait_read<0>(); /* sdQ read */
+        }
+        __syncwarp();
+        if (it + 1 < niter) oss_named_arrive(BAR_DQ_EMPTY, DQ_BAR_THREADS);
+      }
+      oss_bulk_wait<0>();
+    }
+    return;
+  }
+
+  /* consumer warpgroups */
+  oss_setmaxnreg_inc<OSS_SM90_CONSUMER_REGS>();
+  const int g = lane >> 2, t2 = (lane & 3) * 2;
+  const int kw0 = j0 + wg * 64 + (warp & 3) * 16; /* this warp's first key */
   const float sc = (float)a.scale;
   const uint64_t seed = VAR ? oss_attn_drop_seed(a) : 0; /* dropout's */
 
@@ -122,15 +203,23 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
 #pragma unroll
     for (int e = 0; e < 4; e++) dV[n][e] = dK[n][e] = 0.f;
 
-  if (niter > 0) {
-    oss_load_tile<T, BC, HD, 64, NTHREADS, true>(
+  if (niter > 0) { /* K and V, zero past the keys: once per CTA, by the consumers */
+    const int krows = min(BC, a.lk - j0);
+    oss_load_tile<T, BC, HD, 64, NCONS, true>(
         sK, (const T *)a.k + b * a.k_s[0] + hk * a.k_s[1] + (int64_t)j0 * a.k_s[2], a.k_s[2], krows, a.d,
         a.vec & OSS_ATTN_VEC_K, tid);
-    oss_load_tile<T, BC, HD, 64, NTHREADS, true>(
+    oss_load_tile<T, BC, HD, 64, NCONS, true>(
         sV, (const T *)a.v + b * a.v_s[0] + hk * a.v_s[1] + (int64_t)j0 * a.v_s[2], a.v_s[2], krows, a.dv,
         a.vec & OSS_ATTN_VEC_V, tid);
   }
   reinterpret_cast<uint32_t *>(sOnes)[tid] = oss_mma_op<T>::pack(1.f, 1.f); /* 256 x 4 bytes */
+  if (tid < BR) /* the staging rows' padding, added to the accumulator's */
+    *reinterpret_cast<float4 *>(sdQ + tid * oss_attn_bwd_sm90_dq_pitch<HD>() + HD) = make_float4(0.f, 0.f, 0.f, 0.f);
+  oss_cp_async_commit();
+  oss_cp_async_wait<0>();
+  oss_fence_proxy_async(); /* for the tensor cores' reads */
+  oss_named_sync(BAR_CONSUMERS, NCONS);
+
   const uint32_t sKw = oss_smem_u32(sK) + wg * 64 * 128, sVw = oss_smem_u32(sV) + wg * 64 * 128;
   /* this warpgroup's 64 x 64 piece of dQ_blk: query rows mo.., head-dim columns no.. */
   const int mo = BR == 128 ? wg * 64 : 0, no = BR == 128 ? 0 : wg * 64;
@@ -141,31 +230,21 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
    * kernel) */
   constexpr int RS_STEPS = BR == 128 ? BC / 16 : BC / 32;
   const int rs_k0 = BR == 128 ? 0 : wg * RS_STEPS;
-  /* the dQ block staged in sdQ, to be added to the accumulator after the next barrier */
-  float *dq_pending = nullptr;
-  int dq_pending_rows = 0;
 
 #pragma unroll 1
-  for (int it = -1; it < niter; it++) {
-    const int st = it & 1;
-    if (it >= 0) {
-      oss_cp_async_wait<0>(); /* stage st (and K, V) landed */
-      oss_fence_proxy_async(); /* ... for the tensor cores' reads too */
-      __syncthreads();        /* for all threads; stage st^1 and dS'^T are free, sdQ is staged */
-      if (dq_pending != nullptr) oss_attn_bwd_sm90_flush_dq<HD, BR>(dq_pending, a.dq_ld, sdQ, dq_pending_rows, tid);
-    }
-    if (it + 1 < niter) { /* prefetch iteration it + 1 into stage st^1 */
-      const int sn = st ^ 1;
-      oss_attn_bwd_load_query_block<T, BR, HD, 64, NTHREADS, true>(a, b, hk, qb0, nqe, it + 1, sQ + sn * BR * HD,
-                                                                   sdO + sn * BR * HD, sL + sn * BR, sD + sn * BR,
-                                                                   tid);
-    }
-    oss_cp_async_commit();
-    if (it < 0) continue;
-
+  for (int it = 0; it < niter; it++) {
+    const int st = it % STAGES;
     const int h = hk * a.group + it / nqe;
     const int i0 = (qb0 + it % nqe) * BR;
-    const uint32_t cQ = oss_smem_u32(sQ + st * BR * HD), cdO = oss_smem_u32(sdO + st * BR * HD);
+    T *tQ = sQ + st * BR * HD, *tdO = sdO + st * BR * HD;
+    oss_mbar_wait(&full[st], (it / STAGES) & 1);
+    /* a sequence's last block in a variable-length batch: the rows past it
+     * are the next sequence's */
+    if (a.cu_q != nullptr && i0 + BR > a.lq) {
+      oss_sm90_zero_rows<T, HD, BR>(tQ, a.lq - i0, tid & 127, BAR_ZERO + wg);
+      oss_sm90_zero_rows<T, HD, BR>(tdO, a.lq - i0, tid & 127, BAR_ZERO + wg);
+    }
+    const uint32_t cQ = oss_smem_u32(tQ), cdO = oss_smem_u32(tdO);
     const float *cL = sL + st * BR, *cD = sD + st * BR;
 
     /* S^T = K_w Q^T and dP^T = V_w dO^T, committed as two groups (their first
@@ -201,17 +280,17 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
                                                pT[n][e] = (p * sc * dcap) * (pT[n][e] - cD[c]);
                                              });
     } else {
-      /* P^T (element (key r, query c)); scaled scores masked first, as in the
-       * forward, then exp2 against the query's lse */
-      const bool need_mask = a.mask_kind != OSS_MASK_NONE || j0 + BC > a.lk ||
+      /* P^T (element (key r, query c)); scaled scores masked first (the
+       * causal rule and the end of the keys: mask tensors run the mma.sync
+       * kernel), as in the forward, then exp2 against the query's lse */
+      const bool need_mask = j0 + BC > a.lk ||
                              (a.causal && (int64_t)(j0 + wg * 64 + 63) > (int64_t)i0 + a.causal_off);
 #pragma unroll
       for (int n = 0; n < NTQ; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) sT[n][e] *= a.scale_log2;
       if (need_mask)
-        oss_attn_mask_tile<T, true, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a,
-                                            a.mask_kind ? oss_attn_mask_base(a, b, h) : 0, kw0, i0, lane);
+        oss_attn_mask_frag<void, true, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a, 0, kw0, i0, lane);
 #pragma unroll
       for (int n = 0; n < NTQ; n++) {
         const float2 lv = *reinterpret_cast<const float2 *>(cL + n * 8 + t2);
@@ -242,18 +321,20 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
     oss_wgmma_commit();
 
     if (atomic_dq) {
+      /* double buffered: the other buffer may still be read by the other
+       * warpgroup's dQ product of the previous block */
+      T *tdS = sdS + (it & 1) * BC * BR;
       /* dS'^T rows (keys) kw0 - j0 + g (+8), columns (queries) 16kk + t2 (+1, +8, +9), swizzled */
 #pragma unroll
       for (int kk = 0; kk < NTQ / 2; kk++)
 #pragma unroll
         for (int f = 0; f < 4; f++) {
           const int r = kw0 - j0 + g + (f & 1) * 8, c = kk * 16 + (f >> 1) * 8 + t2;
-          T *p = sdS + (c >> 6) * BC * 64 + r * 64 + ((((c & 63) >> 3) ^ (r & 7)) << 3) + (c & 7);
+          T *p = tdS + (c >> 6) * BC * 64 + r * 64 + ((((c & 63) >> 3) ^ (r & 7)) << 3) + (c & 7);
           *reinterpret_cast<uint32_t *>(p) = dsa[0][kk][f];
         }
       oss_fence_proxy_async();
-      oss_bulk_wait_read<0>(); /* the previous dQ block left sdQ */
-      __syncthreads();         /* dS'^T of both warpgroups stored; sdQ free */
+      oss_named_sync(BAR_CONSUMERS, NCONS); /* dS'^T of both warpgroups stored */
 
       float dq[8][4], rs[1][4]; /* rs: the first k-step ignores its old value */
 #pragma unroll
@@ -263,18 +344,20 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
 #pragma unroll
       for (int kk = 0; kk < BC / 16; kk++)
         oss_wgmma<T, 64>::template ss<1, 1>(
-            dq, oss_wgmma_desc(oss_smem_u32(sdS) + (mo >> 6) * BC * 128 + kk * 16 * 128, BC * 128, 1024),
+            dq, oss_wgmma_desc(oss_smem_u32(tdS) + (mo >> 6) * BC * 128 + kk * 16 * 128, BC * 128, 1024),
             oss_wgmma_desc(oss_smem_u32(sK) + (no >> 6) * BC * 128 + kk * 16 * 128, BC * 128, 1024), kk > 0);
       /* R = dS' times ones (K-major B; every k-step reads the same ones) */
 #pragma unroll
       for (int k = 0; k < RS_STEPS; k++)
         oss_wgmma<T, 8>::template ss<1, 0>(
-            rs, oss_wgmma_desc(oss_smem_u32(sdS) + (mo >> 6) * BC * 128 + (rs_k0 + k) * 16 * 128, BC * 128, 1024),
+            rs, oss_wgmma_desc(oss_smem_u32(tdS) + (mo >> 6) * BC * 128 + (rs_k0 + k) * 16 * 128, BC * 128, 1024),
             oss_wgmma_desc(oss_smem_u32(sOnes) + (k & 3) * 32, 16, 1024), k > 0);
       oss_wgmma_commit();
       oss_wgmma_wait<0>();
       oss_wgmma_fence_operand<8>(dq);
       oss_wgmma_fence_operand<1>(rs);
+      __syncwarp();
+      if (lane == 0) oss_mbar_arrive(&empty[st]); /* the stage's Q, dO, lse and D are read */
       if (a.eacc != nullptr && (lane & 3) == 0) {
         float *e = a.eacc + oss_attn_ws_row(a, b, h) + i0;
 #pragma unroll
@@ -283,7 +366,9 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
           if (i0 + r < a.lq) atomicAdd(e + r, rs[0][2 * hi]);
         }
       }
-      /* stage the piece in sdQ; the next barrier publishes it and the bulk reductions follow */
+      /* stage the piece in sdQ once the dQ warp has read the previous block;
+       * then the dQ warp adds it to the accumulator */
+      oss_named_sync(BAR_DQ_EMPTY, DQ_BAR_THREADS);
 #pragma unroll
       for (int hi = 0; hi < 2; hi++) {
         float *row = sdQ + (mo + (warp & 3) * 16 + g + hi * 8) * oss_attn_bwd_sm90_dq_pitch<HD>() + no + t2;
@@ -291,20 +376,15 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
         for (int n = 0; n < 8; n++) *reinterpret_cast<float2 *>(row + n * 8) = make_float2(dq[n][2 * hi], dq[n][2 * hi + 1]);
       }
       oss_fence_proxy_async();
-      dq_pending = a.dq_acc + (oss_attn_ws_row(a, b, h) + i0) * a.dq_ld;
-      dq_pending_rows = min(BR, a.lq - i0);
+      oss_named_arrive(BAR_DQ_FULL, DQ_BAR_THREADS);
     } else {
       oss_wgmma_wait<0>();
+      __syncwarp();
+      if (lane == 0) oss_mbar_arrive(&empty[st]);
     }
     oss_wgmma_fence_operand<NO>(dV);
     oss_wgmma_fence_operand<NO>(dK);
   }
-
-  if (dq_pending != nullptr) { /* the last dQ block */
-    __syncthreads();
-    oss_attn_bwd_sm90_flush_dq<HD, BR>(dq_pending, a.dq_ld, sdQ, dq_pending_rows, tid);
-  }
-  oss_bulk_wait<0>();
 
   /* dK and dV (times dropout's k) for rows < Lk, columns < D / Dv */
   T *gdK = (T *)a.dk + b * a.dk_s[0] + hk * a.dk_s[1];
@@ -329,38 +409,55 @@ __global__ void __launch_bounds__(256, 1) oss_attn_bwd_sm90_kernel(const oss_att
 #endif
 }
 
-/* dq_det: the deterministic mode's dQ pass, the mma.sync kernel's (its own
- * generated file's launcher, oss_attn_bwd_dq_det_launch). */
+/* Launches the kernel over the call's key blocks, then dq_det, the
+ * deterministic mode's dQ pass (the mma.sync kernel's, from its own generated
+ * file; nothing in the default mode). Where the copy engine cannot address q
+ * or dout, or the kernel's register budget does not hold, `fallback` (the
+ * mma.sync backward of the same gradients) runs instead. */
 template <typename T, int HD, bool VAR>
 oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
-                                 oss_attn_launch_fn dq_det) {
+                                 oss_attn_launch_fn dq_det, oss_attn_launch_fn fallback) {
   typedef oss_attn_bwd_sm90_cfg<HD> C;
+  void (*kernel)(const oss_attn_args, const oss_attn_bwd_sm90_maps) =
+      oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR>;
+  /* the setmaxnreg budgets hold only if the kernel launches with the
+   * registers they assume (see OSS_SM90_LAUNCH_REGS) */
+  static const int regs = oss_kernel_regs(kernel);
   if (a->lk > 0) {
-    const oss_status st = oss_attn_launch(
-        oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC, VAR>,
-        VAR ? "attention backward with score variants (wgmma)" : "attention backward (wgmma)", HD,
-        oss_attn_bwd_sm90_smem_bytes<HD, C::BR, C::BC>(),
-        oss_attn_key_grid(a, C::BC), 256, a, stream, dev);
+    oss_attn_bwd_sm90_maps maps;
+    const bool packed = a->cu_q != NULL; /* a variable-length batch: one batch of the packed rows */
+    const int64_t mb = packed ? 1 : a->batch, mq = packed ? a->total_q : a->lq;
+    const size_t smem = oss_attn_bwd_sm90_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
+    if (regs < OSS_SM90_LAUNCH_REGS || mq > INT_MAX || smem > (size_t)dev->max_smem_per_block_optin ||
+        (a->dq_acc != NULL && a->dq_ld != oss_attn_bwd_sm90_dq_pitch<HD>()) ||
+        !oss_attn_sm90_map<T>(&maps.q, a->q, mb, a->hq, mq, a->d, a->q_s, C::BR) ||
+        !oss_attn_sm90_map<T>(&maps.dout, a->dout, mb, a->hq, mq, a->dv, a->do_s, C::BR))
+      return fallback(a, stream, dev);
+    OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel<<<oss_attn_key_grid(a, C::BC), 384, smem, stream>>>(*a, maps);
+    const oss_status st =
+        oss_check_launch(VAR ? "attention backward with score variants (wgmma)" : "attention backward (wgmma)");
     if (st != OSS_OK) return st;
   }
   return dq_det(a, stream, dev);
 }
 
 /* Entry points instantiated once per (head dim, dtype) by the generator: the
- * plain kernel, and the one with the score variants (calls that also carry a
- * mask tensor run mma_var, the mma.sync backward with the variants, which
- * reads it). The mma.sync launchers come from their own generated files, so
+ * plain kernel and the one with the score variants. Calls with a mask tensor
+ * run the mma.sync backward (mma, or mma_var with the variants), which reads
+ * it: reading it here would make the consumers spill registers. The mma.sync launchers come from their own generated files, so
  * these files do not compile those kernels again. */
 template <typename T, int HD>
 oss_status oss_attn_bwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
-                                    oss_attn_launch_fn dq_det) {
-  return oss_attn_bwd_sm90_run<T, HD, false>(a, stream, dev, dq_det);
+                                    oss_attn_launch_fn dq_det, oss_attn_launch_fn mma) {
+  if (a->mask_kind != OSS_MASK_NONE) return mma(a, stream, dev);
+  return oss_attn_bwd_sm90_run<T, HD, false>(a, stream, dev, dq_det, mma);
 }
 template <typename T, int HD>
 oss_status oss_attn_bwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
                                         oss_attn_launch_fn dq_det_var, oss_attn_launch_fn mma_var) {
   if (a->mask_kind != OSS_MASK_NONE) return mma_var(a, stream, dev);
-  return oss_attn_bwd_sm90_run<T, HD, true>(a, stream, dev, dq_det_var);
+  return oss_attn_bwd_sm90_run<T, HD, true>(a, stream, dev, dq_det_var, mma_var);
 }
 
 #endif /* OSS_ATTENTION_BWD_SM90_CUH */

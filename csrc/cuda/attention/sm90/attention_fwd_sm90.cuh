@@ -57,8 +57,6 @@
 #ifndef OSS_ATTENTION_FWD_SM90_CUH
 #define OSS_ATTENTION_FWD_SM90_CUH
 
-#include <cuda.h>
-
 #include "cuda/attention/mma/attention_fwd.cuh"
 #include "cuda/attention/sm90/attention_sm90.cuh"
 
@@ -91,13 +89,6 @@ template <int HD, bool VAR> __host__ __device__ constexpr int oss_attn_fwd_sm90_
   return HD + (oss_attn_fwd_sm90_ones<HD, VAR>() ? 64 : 0);
 }
 
-/* Registers per thread after setmaxnreg. A CTA keeps the registers it was
- * launched with (168 per thread for 384 threads at one CTA per SM), so the
- * producer's and consumers' budgets must fit in them, or the consumers' request
- * waits forever. */
-enum { OSS_SM90_PRODUCER_REGS = 24, OSS_SM90_CONSUMER_REGS = 240, OSS_SM90_LAUNCH_REGS = 168 };
-static_assert(128 * OSS_SM90_PRODUCER_REGS + 256 * OSS_SM90_CONSUMER_REGS <= 384 * OSS_SM90_LAUNCH_REGS,
-              "register budgets exceed the CTA's launch allocation");
 
 /* The tensor maps of q, k and v: 4-D (head dim, length, heads, batch) with the
  * tensors' strides, boxes of 64 columns by BR (q) or BC (k, v) rows. */
@@ -169,17 +160,6 @@ __device__ __forceinline__ void oss_sm90_softmax_pack(const float (&s)[NT][4], f
   }
 }
 
-/* Copies the ROWS x HD tile at row `row` of (batch, head) into `dst` as HD / 64
- * boxes of 64 columns (each ROWS x 128 bytes), completing on `full`, which
- * expects the tile's bytes. */
-template <int HD, int ROWS, typename T>
-__device__ __forceinline__ void oss_sm90_load_tile(T *dst, const CUtensorMap *map, uint64_t *full, int row, int head,
-                                                   int batch) {
-  oss_mbar_arrive_expect_tx(full, ROWS * HD * (uint32_t)sizeof(T));
-#pragma unroll
-  for (int cb = 0; cb < HD / 64; cb++)
-    oss_tma_load_4d(oss_smem_u32(dst + cb * ROWS * 64), map, full, cb * 64, row, head, batch);
-}
 
 /* Work block w of nqb per row of the work grid: (batch * query head) bh =
  * w / nqb and its query block w % nqb; in a variable-length batch w / nqb is
@@ -235,23 +215,6 @@ __device__ __forceinline__ int oss_sm90_next_block(int w, int nqb, int nwork, bo
   return oss_sm90_unit_block((unsigned)row * per_row + (unsigned)partner + gridDim.x, nqb, nwork);
 }
 
-/* Zeroes rows first .. ROWS - 1 of a landed ROWS x HD tile (HD / 64 boxes of
- * ROWS rows of 128 bytes; the swizzle moves chunks only within a row) for the
- * warpgroup's thread t of 128, then makes the writes visible to its tensor
- * cores (named barrier `bar` of 128 threads). In a variable-length batch the
- * rows past a sequence's last key hold the next sequence's values: their
- * weights are 0, but 0 times a non-finite value would not be. Both consumer
- * warpgroups may zero the same rows at once: they write the same zeros. */
-template <typename T, int HD, int ROWS>
-__device__ __forceinline__ void oss_sm90_zero_rows(T *tile, int first, int t, int bar) {
-  const int n = (ROWS - first) * (HD / 64) * 8; /* 16-byte chunks */
-  for (int c = t; c < n; c += 128) {
-    const int row = first + c / 8 % (ROWS - first), box = c / 8 / (ROWS - first);
-    reinterpret_cast<uint4 *>(tile + box * ROWS * 64 + row * 64)[c % 8] = make_uint4(0u, 0u, 0u, 0u);
-  }
-  oss_fence_proxy_async();
-  oss_named_sync(bar, 128);
-}
 
 template <typename T, int HD, int BC, int STAGES, bool PINGPONG, bool MASK_TENSOR, bool VAR = false>
 __global__ void __launch_bounds__(384, 1)
@@ -469,75 +432,7 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-/* ---- host: tensor maps and launch ------------------------------------------ */
-
-typedef CUresult (*oss_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                        const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
-                                        CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
-                                        CUtensorMapFloatOOBfill);
-
-static inline oss_encode_tiled_fn oss_find_encode_tiled(void) {
-  void *p = NULL;
-  cudaDriverEntryPointQueryResult found;
-  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
-          cudaSuccess ||
-      found != cudaDriverEntryPointSuccess)
-    p = NULL;
-  cudaGetLastError();
-  return (oss_encode_tiled_fn)p;
-}
-
-/* The driver's cuTensorMapEncodeTiled, found once per process (the runtime
- * hands out driver entry points, so the library need not link libcuda); NULL
- * where the driver has none, and then the mma.sync kernel runs. */
-static inline oss_encode_tiled_fn oss_encode_tiled(void) {
-  static const oss_encode_tiled_fn fn = oss_find_encode_tiled(); /* initialised once, thread-safely */
-  return fn;
-}
-
-template <typename T> struct oss_tma_dtype;
-template <> struct oss_tma_dtype<__half> {
-  static constexpr CUtensorMapDataType value = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-};
-template <> struct oss_tma_dtype<__nv_bfloat16> {
-  static constexpr CUtensorMapDataType value = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-};
-
-/* Tensor map of a (batch, heads, len, cols) tensor whose rows are contiguous,
- * strides s (elements) of batch, heads and len; boxes of 64 columns by
- * box_rows rows, 128-byte swizzle. Returns 0 when the copy engine cannot
- * address it (16-byte rule on the base and strides). */
-template <typename T>
-static inline int oss_attn_sm90_map(CUtensorMap *map, const void *base, int64_t batch, int64_t heads, int64_t len,
-                                    int64_t cols, const int64_t s[3], int box_rows) {
-  oss_encode_tiled_fn encode = oss_encode_tiled();
-  if (encode == NULL || ((uintptr_t)base) % 16 != 0) return 0;
-  const cuuint64_t dims[4] = {(cuuint64_t)cols, (cuuint64_t)len, (cuuint64_t)heads, (cuuint64_t)batch};
-  const int64_t want[3] = {s[2], s[1], s[0]};
-  cuuint64_t strides[3];
-  int64_t prev = cols * 2;
-  for (int i = 0; i < 3; i++) {
-    /* a dimension of size 1 is never stepped along: any legal stride will do */
-    const int64_t st = dims[i + 1] == 1 ? (prev + 15) / 16 * 16 : want[i] * 2;
-    if (st <= 0 || st % 16 != 0 || st >= ((int64_t)1 << 40)) return 0;
-    strides[i] = (cuuint64_t)st;
-    prev = st * (int64_t)dims[i + 1];
-  }
-  const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, elem_strides[4] = {1, 1, 1, 1};
-  return encode(map, oss_tma_dtype<T>::value, 4, const_cast<void *>(base), dims, strides, box, elem_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-/* Registers per thread the kernel launches with (0 if the runtime cannot say). */
-static inline int oss_kernel_regs(void (*kernel)(const oss_attn_args, const oss_attn_sm90_maps)) {
-  cudaFuncAttributes attr;
-  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return attr.numRegs;
-}
+/* ---- host: launch ----------------------------------------------------------- */
 
 /* Launches `kernel` (one of oss_attn_fwd_sm90_kernel<T, HD, ...>, launched
  * with `regs` registers per thread) over the call's work blocks (on a
