@@ -445,8 +445,9 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
 /* Entry points instantiated once per (head dim, dtype) by the generator: the
  * plain kernel and the one with the score variants. Calls with a mask tensor
  * run the mma.sync backward (mma, or mma_var with the variants), which reads
- * it: reading it here would make the consumers spill registers. The mma.sync launchers come from their own generated files, so
- * these files do not compile those kernels again. */
+ * it: reading it here would make the consumers spill registers. The mma.sync
+ * launchers come from their own generated files, so these files do not
+ * compile those kernels again. */
 template <typename T, int HD>
 oss_status oss_attn_bwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
                                     oss_attn_launch_fn dq_det, oss_attn_launch_fn mma) {
