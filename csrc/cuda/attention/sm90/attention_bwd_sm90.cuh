@@ -15,7 +15,7 @@
  *     8 streams the query blocks through STAGES stages: Q and dO by bulk
  *     tensor copies (TMA; 64-column boxes landing 128-byte swizzled, rows
  *     past the queries zero), lse and D by bulk copies, all completing on the
- *     stage's "full" mbarrier; a stage is refilled once every consumer warp
+ *     stage's "full" mbarrier; a stage is refilled once every consumer thread
  *     arrived on its "empty" mbarrier. Its warp 9 adds each staged dQ block
  *     to the float32 dQ accumulator of the workspace with one bulk reduction
  *     (cp.reduce.async.bulk): the accumulator's rows have the staging rows'
@@ -49,8 +49,8 @@
  *   ones give the row sums R of the piece's 64 query rows (BR = 64: each
  *   warpgroup over its half of the keys), added into eacc.
  * Limits: D and Dv up to HD, zero padded; HD in {64, 128} with BR * HD = 8192
- * (the dQ split); no mask tensor (the launcher sends those calls to the
- * mma.sync backward); q and dout with 16-byte aligned base and strides (the
+ * (the dQ split); a mask tensor only in the MASK_TENSOR instantiation (which
+ * spills) and not with VAR; q and dout with 16-byte aligned base and strides (the
  * tensor maps' rule; else the mma.sync backward runs); built only for sm_90a
  * (elsewhere the body traps and the launcher is not in the dispatch table).
  */
@@ -86,7 +86,7 @@ template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size
          + 1024;                                                    /* room to align the tiles to 1024 bytes */
 }
 
-template <typename T, int HD, int BR, int BC, int STAGES, bool VAR = false>
+template <typename T, int HD, int BR, int BC, int STAGES, bool VAR = false, bool MASK_TENSOR = false>
 __global__ void __launch_bounds__(384, 1)
     oss_attn_bwd_sm90_kernel(const __grid_constant__ oss_attn_args args,
                              const __grid_constant__ oss_attn_bwd_sm90_maps maps) {
@@ -115,7 +115,9 @@ __global__ void __launch_bounds__(384, 1)
   T *sOnes = reinterpret_cast<T *>(sD + STAGES * BR);       /* 8 x 64 ones: B of the dS' row sums */
 
   /* full[st]: stage st's Q, dO, lse and D landed (one producer arrival plus
-   * the copies' bytes); empty[st]: every consumer warp is done with it */
+   * the copies' bytes); empty[st]: every consumer thread is done with it
+   * (each arrives after its own last read: racecheck then follows the
+   * order from its reads of lse and D to the next copy into the stage) */
   __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
@@ -135,7 +137,7 @@ __global__ void __launch_bounds__(384, 1)
   if (tid == 0) {
     for (int i = 0; i < STAGES; i++) {
       oss_mbar_init(&full[i], 1);
-      oss_mbar_init(&empty[i], NCONS / 32);
+      oss_mbar_init(&empty[i], NCONS);
     }
     oss_fence_mbar_init();
   }
@@ -281,15 +283,18 @@ __global__ void __launch_bounds__(384, 1)
                                              });
     } else {
       /* P^T (element (key r, query c)); scaled scores masked first (the
-       * causal rule and the end of the keys: mask tensors run the mma.sync
-       * kernel), as in the forward, then exp2 against the query's lse */
-      const bool need_mask = j0 + BC > a.lk ||
+       * causal rule and the end of the keys; a mask tensor in the kernel built
+       * for it), as in the forward, then exp2 against the query's lse */
+      const bool need_mask = MASK_TENSOR || j0 + BC > a.lk ||
                              (a.causal && (int64_t)(j0 + wg * 64 + 63) > (int64_t)i0 + a.causal_off);
 #pragma unroll
       for (int n = 0; n < NTQ; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) sT[n][e] *= a.scale_log2;
-      if (need_mask)
+      if (MASK_TENSOR)
+        oss_attn_mask_tile<T, true, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a,
+                                            oss_attn_mask_base(a, b, h), kw0, i0, lane);
+      else if (need_mask)
         oss_attn_mask_frag<void, true, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a, 0, kw0, i0, lane);
 #pragma unroll
       for (int n = 0; n < NTQ; n++) {
@@ -356,8 +361,7 @@ __global__ void __launch_bounds__(384, 1)
       oss_wgmma_wait<0>();
       oss_wgmma_fence_operand<8>(dq);
       oss_wgmma_fence_operand<1>(rs);
-      __syncwarp();
-      if (lane == 0) oss_mbar_arrive(&empty[st]); /* the stage's Q, dO, lse and D are read */
+      oss_mbar_arrive(&empty[st]); /* the stage's Q, dO, lse and D are read */
       if (a.eacc != nullptr && (lane & 3) == 0) {
         float *e = a.eacc + oss_attn_ws_row(a, b, h) + i0;
 #pragma unroll
@@ -379,8 +383,7 @@ __global__ void __launch_bounds__(384, 1)
       oss_named_arrive(BAR_DQ_FULL, DQ_BAR_THREADS);
     } else {
       oss_wgmma_wait<0>();
-      __syncwarp();
-      if (lane == 0) oss_mbar_arrive(&empty[st]);
+      oss_mbar_arrive(&empty[st]);
     }
     oss_wgmma_fence_operand<NO>(dV);
     oss_wgmma_fence_operand<NO>(dK);
@@ -414,12 +417,12 @@ __global__ void __launch_bounds__(384, 1)
  * file; nothing in the default mode). Where the copy engine cannot address q
  * or dout, or the kernel's register budget does not hold, `fallback` (the
  * mma.sync backward of the same gradients) runs instead. */
-template <typename T, int HD, bool VAR>
+template <typename T, int HD, bool VAR, bool MASK_TENSOR = false>
 oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
                                  oss_attn_launch_fn dq_det, oss_attn_launch_fn fallback) {
   typedef oss_attn_bwd_sm90_cfg<HD> C;
   void (*kernel)(const oss_attn_args, const oss_attn_bwd_sm90_maps) =
-      oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR>;
+      oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR, MASK_TENSOR>;
   /* the setmaxnreg budgets hold only if the kernel launches with the
    * registers they assume (see OSS_SM90_LAUNCH_REGS) */
   static const int regs = oss_kernel_regs(kernel);
@@ -443,15 +446,16 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
 }
 
 /* Entry points instantiated once per (head dim, dtype) by the generator: the
- * plain kernel and the one with the score variants. Calls with a mask tensor
- * run the mma.sync backward (mma, or mma_var with the variants), which reads
- * it: reading it here would make the consumers spill registers. The mma.sync
- * launchers come from their own generated files, so these files do not
- * compile those kernels again. */
+ * plain kernel, a variant of it that reads a mask tensor (a separate
+ * instantiation, so that the plain one keeps its registers: reading the mask
+ * makes the consumers spill), and the one with the score variants (with a
+ * mask tensor as well: mma_var, the mma.sync backward with the variants).
+ * The mma.sync launchers come from their own generated files, so these files
+ * do not compile those kernels again. */
 template <typename T, int HD>
 oss_status oss_attn_bwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
                                     oss_attn_launch_fn dq_det, oss_attn_launch_fn mma) {
-  if (a->mask_kind != OSS_MASK_NONE) return mma(a, stream, dev);
+  if (a->mask_kind != OSS_MASK_NONE) return oss_attn_bwd_sm90_run<T, HD, false, true>(a, stream, dev, dq_det, mma);
   return oss_attn_bwd_sm90_run<T, HD, false>(a, stream, dev, dq_det, mma);
 }
 template <typename T, int HD>
