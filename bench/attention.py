@@ -10,6 +10,7 @@ torch_oss against every SDPA backend in the same run. TFLOP/s: forward
                                             # (on Hopper hd 64/128 otherwise run the wgmma kernel)
     python bench/attention.py --with-uncentred  # also torch_oss without the backward's dQ centring
                                                 # (what it costs)
+    python bench/attention.py --with-deterministic  # also torch_oss with deterministic=True
 """
 
 import argparse
@@ -62,6 +63,9 @@ def main():
     ap.add_argument("--with-uncentred", action="store_true",
                     help="also time torch_oss without the 16-bit backward's dQ centring, to see what it costs "
                          "(column torch_oss-uncentred)")
+    ap.add_argument("--with-deterministic", action="store_true",
+                    help="also time torch_oss with deterministic=True (bitwise reproducible backward; "
+                         "column torch_oss-deterministic)")
     ap.add_argument("--with-persistent", action="store_true",
                     help="also time torch_oss with the Hopper forward on a persistent grid of one CTA per SM "
                          "and on a grid of one CTA per block of query rows (columns torch_oss-persistent, "
@@ -89,6 +93,9 @@ def main():
                                                                   forward_ctas_per_sm=1)
         impls["torch_oss-per-block"] = lambda: attention_kernels(forward="best", backward="best", dq_centring=True,
                                                                  forward_ctas_per_sm=-1)
+    if args.with_deterministic:
+        impls["torch_oss-deterministic"] = lambda: attention_kernels(forward="best", backward="best",
+                                                                     dq_centring=True)
     impls.update(sdpa_backends(device))
     records = []
     for dname in dtypes:
@@ -106,7 +113,8 @@ def main():
                         with ctx():  # the SDPA backend, or torch_oss's kernel choices
                             def fwd():
                                 if name.startswith("torch_oss"):
-                                    return torch_oss.attention(q, k, v, is_causal=causal)
+                                    return torch_oss.attention(q, k, v, is_causal=causal,
+                                                               deterministic=name == "torch_oss-deterministic")
                                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
                             try:

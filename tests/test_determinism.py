@@ -153,6 +153,16 @@ def test_cpu_attention_backward_bitwise_and_independent_of_thread_count(cpu_thre
             assert_bitwise_equal(f"{name} {what}", a, b)
 
 
+# Larger CUDA cases: many key blocks adding into each dQ block (the Hopper
+# backward orders those additions in deterministic mode): a full square,
+# and keys in more blocks than an H100 has SMs, bottom-right causal (the
+# first key blocks all reach query block 0 at once)
+CUDA_ONLY_CASES = [
+    (1, 4, 4, 2048, 2048, 64, False, "top_left", None),
+    (1, 2, 1, 300, 20000, 128, True, "bottom_right", None),
+]
+CUDA_ONLY_IDS = ["square_2k", "keys_20k_causal_br"]
+
 CUDA_MARKS = cuda_param(None).marks
 # the CPU backward is deterministic in any mode: there, float32 and the two cheaper cases
 DETERMINISTIC_PARAMS = [
@@ -161,6 +171,9 @@ DETERMINISTIC_PARAMS = [
 ] + [
     pytest.param(("cuda", dtype), case, id=f"cuda-{dtype_id(dtype)}-{name}", marks=CUDA_MARKS)
     for dtype in (torch.bfloat16, torch.float16, torch.float32) for case, name in zip(ATTENTION_CASES, ATTENTION_IDS)
+] + [
+    pytest.param(("cuda", dtype), case, id=f"cuda-{dtype_id(dtype)}-{name}", marks=CUDA_MARKS)
+    for dtype in (torch.bfloat16, torch.float16) for case, name in zip(CUDA_ONLY_CASES, CUDA_ONLY_IDS)
 ]
 
 

@@ -197,9 +197,10 @@ def make_qkv(shape, dtype, device):
             torch.randn(B, Hkv, Lk, Dv, dtype=dtype, device=device))
 
 
-def check_variant(q, k, v, kw, mask=None, is_causal=False, alignment="top_left", label="", grads=True):
+def check_variant(q, k, v, kw, mask=None, is_causal=False, alignment="top_left", label="", grads=True, ours_kw=None):
     """out, lse and (with grads) dq, dk, dv and d sinks of torch_oss against
-    the float64 reference, with the float32 (float64) computation as the peer."""
+    the float64 reference, with the float32 (float64) computation as the peer.
+    ours_kw: more keyword arguments for the torch_oss call only."""
     dtype = q.dtype
     gqa = q.shape[1] != k.shape[1]
     sinks = kw.get("sinks")
@@ -212,7 +213,7 @@ def check_variant(q, k, v, kw, mask=None, is_causal=False, alignment="top_left",
     other = {key: val for key, val in kw.items() if key != "sinks"}
     qkv, s = leaves["ours"]
     out, lse = torch_oss.attention_with_lse(*qkv, attn_mask=mask, is_causal=is_causal, enable_gqa=gqa,
-                                            causal_alignment=alignment, sinks=s, **other)
+                                            causal_alignment=alignment, sinks=s, **other, **(ours_kw or {}))
     if q.is_cuda and dtype in (torch.float16, torch.bfloat16):
         return _check_variant_fa_style(q, k, v, kw, other, mask, is_causal, alignment, label, grads, out, lse, leaves)
     results = {"ours": (out, lse)}
@@ -490,6 +491,32 @@ def test_deterministic_flag(device):
         torch_oss.attention(*leaves, enable_gqa=True, deterministic=False).backward(dout)
     finally:
         torch.use_deterministic_algorithms(prior)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_deterministic_variants_bitwise_and_correct(device, dtype, is_causal):
+    """deterministic=True with a window, sinks and GQA over several key and
+    query blocks (on Hopper the backward orders its dQ additions by counters
+    here): correct by the tolerance rule, and every gradient bitwise identical
+    over runs."""
+    torch.manual_seed(23 + is_causal)
+    q, k, v = make_qkv((2, 4, 2, 700, 900, 64, 64), dtype, device)
+    kw = dict(window_size=(300, 200), sinks=(torch.randn(4) * 2).to(device))
+    check_variant(q, k, v, kw, is_causal=is_causal, ours_kw=dict(deterministic=True),
+                  label=f"deterministic window+sinks {dtype} causal={is_causal}")
+    dout = torch.randn(2, 4, 700, 64, dtype=dtype, device=device)
+    grads = []
+    for _ in range(3):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v, kw["sinks"])]
+        out = torch_oss.attention(*leaves[:3], is_causal=is_causal, enable_gqa=True, sinks=leaves[3],
+                                  window_size=kw["window_size"], deterministic=True)
+        out.backward(dout)
+        grads.append([t.grad for t in leaves])
+    for run, other in enumerate(grads[1:], 1):
+        for name, a, b in zip(("dq", "dk", "dv", "dsinks"), other, grads[0]):
+            assert torch.equal(a, b), f"{name} differs in run {run}"
 
 
 # ---------------------------------------------------------------------------

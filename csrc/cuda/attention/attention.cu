@@ -43,7 +43,8 @@
  * accumulator that the dK/dV kernel adds into with atomics and a last pass
  * converts into dq. These rows (oss_attn_ws_row) are [B*Hq][Lq padded], or
  * in a variable-length batch laid out by the tokens. Deterministic mode
- * computes dQ in its own kernel without atomics. dQ is centred: computed as
+ * orders the Hopper backward's additions by counters, or else computes dQ
+ * in its own kernel without atomics. dQ is centred: computed as
  * dS (K - kbar) with kbar the kv head's mean K row (attention_bwd.cuh), which
  * a pass before the kernels writes to the workspace. float32 /
  * float64: the SIMT dQ kernel recomputes the row statistics itself
@@ -489,7 +490,8 @@ typedef struct oss_attn_bwd_layout {
   int64_t lq_pad, ws_rows; /* ws_rows > 0: a variable-length batch's rows per head (oss_attn_ws_row) */
   int dq_ld;   /* 0: no float32 dQ accumulator */
   int mean_ld; /* 0: no mean K rows (SIMT kernels) */
-  size_t off_dsum, off_inv_l, off_kpart, off_kmean, off_eacc, off_dq, total;
+  size_t off_dsum, off_inv_l, off_kpart, off_kmean, off_dq, off_sem, total;
+  size_t sem_bytes; /* deterministic mode's dQ counters (0: none) */
 } oss_attn_bwd_layout;
 
 static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params *bp) {
@@ -521,15 +523,24 @@ static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params
                                (size_t)((p->len_k + OSS_ATTN_MEAN_CHUNK - 1) / OSS_ATTN_MEAN_CHUNK) * kd * 8);
   L.off_kmean = L.total;
   L.total += oss_attn_round256((size_t)(p->batch * p->heads_kv) * kd * 4);
-  if (!bp->deterministic) {
-    L.off_eacc = L.total;
-    L.total += vec;
+  /* Deterministic mode keeps the accumulator only for the Hopper backward,
+   * which orders its additions by counters (one per query head and block of
+   * 64 rows, the smaller of its query blocks; not for variable-length
+   * batches); elsewhere the query-major dQ kernel writes dq. */
+  const int sm90 = oss_attn_has_variants(p) ? e->bwd_var[OSS_ATTN_SM90] != NULL : e->bwd[OSS_ATTN_SM90] != NULL;
+  if (!bp->deterministic || (sm90 && L.ws_rows == 0)) {
     /* rows padded by 16 bytes: the Hopper kernel stages a dQ block in shared
      * memory with that pitch (against bank conflicts) and adds it to the
-     * accumulator with one bulk reduction */
+     * accumulator with one bulk reduction; the first padding column takes
+     * the row sums of dQ's centring */
     L.dq_ld = kd + 4;
     L.off_dq = L.total;
     L.total += oss_attn_round256(rows * (size_t)L.dq_ld * 4);
+  }
+  if (bp->deterministic && L.dq_ld > 0) {
+    L.sem_bytes = (rows / 64 + 1) * sizeof(unsigned);
+    L.off_sem = L.total;
+    L.total += oss_attn_round256(L.sem_bytes);
   }
   return L;
 }
@@ -612,6 +623,7 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   a.inv_l = L.off_inv_l ? (char *)workspace + L.off_inv_l : NULL;
   a.dq_acc = L.dq_ld > 0 ? (float *)((char *)workspace + L.off_dq) : NULL;
   a.dq_ld = L.dq_ld;
+  a.dq_sem = L.sem_bytes > 0 ? (unsigned *)((char *)workspace + L.off_sem) : NULL;
   /* dQ's centring needs dS's rows to sum to 0 over these keys: not so for a
    * block of a larger key set, nor with sinks (the rows sum to D p_sink) or a
    * softcap (dS carries its derivative). In a variable-length batch the mean
@@ -620,7 +632,6 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
       p->softcap == 0.0) {
     a.kmean_part = (double *)((char *)workspace + L.off_kpart);
     a.kmean = (float *)((char *)workspace + L.off_kmean);
-    a.eacc = L.dq_ld > 0 ? (float *)((char *)workspace + L.off_eacc) : NULL;
     a.mean_ld = L.mean_ld;
   }
   cudaStream_t stream = (cudaStream_t)cuda_stream;
@@ -648,6 +659,8 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
     st = oss_attn_bwd_prepare(&a, p->dtype, stream);
     if (st != OSS_OK) return st;
   }
+  if (a.dq_sem != NULL && cudaMemsetAsync(a.dq_sem, 0, L.sem_bytes, stream) != cudaSuccess)
+    return oss_fail(OSS_ERROR_CUDA, "attention_backward: clearing the dQ counters failed");
   st = oss_attn_bwd_means(&a, p->dtype, stream);
   if (st != OSS_OK) return st;
   if (a.variants && e->bwd_var[OSS_ATTN_MMA] == NULL)
@@ -662,6 +675,8 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
     st = oss_attn_bwd_dsinks(&a, p->dtype, stream);
     if (st != OSS_OK) return st;
   }
-  if (a.dq_acc != NULL && nq > 0) return oss_attn_bwd_dq_convert(&a, p->dtype, stream);
+  /* with counters, the Hopper backward converts its own accumulator (the
+   * mma.sync kernels it may fall back to leave it unused) */
+  if (a.dq_acc != NULL && a.dq_sem == NULL && nq > 0) return oss_attn_bwd_dq_convert(&a, p->dtype, stream);
   return OSS_OK;
 }

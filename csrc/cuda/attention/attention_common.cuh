@@ -68,19 +68,26 @@ typedef struct oss_attn_args {
   void *lse_adj;
   void *dsum;
   void *inv_l;    /* SIMT only */
-  float *dq_acc;  /* workspace [rows of oss_attn_ws_row][dq_ld] float, or NULL (deterministic / SIMT) */
+  /* dq_acc: workspace [rows of oss_attn_ws_row][dq_ld] float, or NULL (SIMT;
+   * deterministic mode without the Hopper backward). Column dq_ld - 4 of a row
+   * (padding past the kernels' head dims; and dq_ld - 3) takes the row sums
+   * of the rounded dS' for dQ's centring. dq_sem (deterministic mode only, else NULL): one
+   * counter per (query head, query block of the Hopper backward), which
+   * orders the blocks' additions into dq_acc (attention_bwd_sm90.cuh); the
+   * mma.sync kernels then leave dq_acc alone and dQ to the query-major kernel. */
+  float *dq_acc;
+  unsigned *dq_sem;
   int64_t lq_pad; /* Lq rounded up to OSS_ATTN_LQ_PAD */
   int64_t ws_rows; /* > 0: the variable-length layout [Hq][ws_rows] (oss_attn_ws_row) */
   int dq_ld;
   /* dQ's centring (tensor-core backward, attention_bwd.cuh; kmean NULL: off).
    * kmean: float [B*Hkv][mean_ld], each kv head's mean K row (columns >= D
    * zero), from the per-chunk float64 sums kmean_part [B*Hkv][chunks][mean_ld]
-   * (oss_attn_bwd_means). eacc: float, a workspace row array, default mode only: the
-   * row sums of the rounded dS', which the dK/dV kernel adds into with atomics
-   * and the dq conversion applies (dq -= eacc kmean). */
+   * (oss_attn_bwd_means). The dK/dV kernels add the row sums R of the
+   * rounded dS' into dq_acc's columns dq_ld - 4 and dq_ld - 3, and the dq
+   * conversion applies them (dq -= R kmean). */
   float *kmean;
   double *kmean_part;
-  float *eacc;
   int mean_ld; /* the kernels' padded head dim */
   /* split-KV decode forward (attention_decode.cuh) and the KV-cache fields of
    * oss.h: keys per batch (NULL: lk), page table (NULL: k/v are [B, Hkv, Lk]),
@@ -319,7 +326,7 @@ __device__ __forceinline__ int oss_attn_row_seq(const int *cu, int batch, int64_
   return oss_attn_bisect(batch, t, [&](int x) { return oss_attn_cu_at(cu, total, x); });
 }
 
-/* The backward's row workspace (lse_adj, dsum, eacc and the rows of dq_acc).
+/* The backward's row workspace (lse_adj, dsum and the rows of dq_acc).
  * Its blocks read the statistics of up to OSS_ATTN_LQ_PAD rows from a block's
  * first row, so a sequence's rows are followed by padding rows (D = 0,
  * lse_adj = +inf: weight 0). Dense: [B*Hq][lq_pad]. A variable-length batch

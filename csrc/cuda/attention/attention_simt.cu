@@ -705,7 +705,6 @@ __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_ar
   if (lane == 0) {
     ((Acc *)a.dsum)[row] = (Acc)sum;
     ((Acc *)a.lse_adj)[row] = ladj;
-    if (a.eacc) a.eacc[row] = 0.f;
   }
   if (a.dq_acc) {
     float *acc = a.dq_acc + row * a.dq_ld;
@@ -713,9 +712,10 @@ __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_ar
   }
 }
 
-/* dq = dq_acc (already scaled) - eacc * kmean (dQ's centring, when on) for
- * rows < Lq, cols < D. One warp per row of dq: (batch, head, row), or in a
- * variable-length batch (head, packed row). */
+/* dq = dq_acc (already scaled) - R kmean (dQ's centring, when on; R is the
+ * sum of the row's columns dq_ld - 4 and dq_ld - 3, where the dK/dV kernels
+ * add it) for rows < Lq, cols < D. One warp per row of dq:
+ * (batch, head, row), or in a variable-length batch (head, packed row). */
 template <typename T> __global__ void __launch_bounds__(256) oss_attn_bwd_dq_convert_kernel(const oss_attn_args args) {
   const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
@@ -740,8 +740,8 @@ template <typename T> __global__ void __launch_bounds__(256) oss_attn_bwd_dq_con
   const int64_t ws = oss_attn_ws_row(a, b, h) + i;
   const float *src = a.dq_acc + ws * a.dq_ld;
   T *dst = (T *)a.dq + b * a.dq_s[0] + h * a.dq_s[1] + i * a.dq_s[2];
-  if (a.eacc != nullptr) {
-    const float e = a.eacc[ws];
+  if (a.kmean != nullptr) {
+    const float e = src[a.dq_ld - 4] + src[a.dq_ld - 3];
     const float ec = isfinite(e) ? e : 0.f;
     const float *kbar = a.kmean + ((int64_t)b * a.hkv + h / a.group) * a.mean_ld;
     for (int c = lane; c < a.d; c += 32) dst[c] = oss_from_float<T>(src[c] - ec * kbar[c]);

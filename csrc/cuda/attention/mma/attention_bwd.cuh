@@ -42,9 +42,10 @@
  * kbar = the mean K row of the kv head: dq = rounded dS' (K - kbar), exactly 0
  * for equal rows and otherwise the same error (smaller where K's rows share a
  * large mean). R comes from the tensor cores (the dS' fragments times a B of
- * ones): the dK/dV kernel's dQ product adds it into the workspace's eacc with
- * atomics and the dq conversion subtracts eacc kbar; the dQ kernel sums it in
- * registers and subtracts R kbar at its end. kbar: oss_attn_bwd_means.
+ * ones): the dK/dV kernel's dQ product adds it into column dq_ld - 4 of the
+ * float32 accumulator's rows with atomics and the dq conversion subtracts R
+ * kbar; the dQ kernel sums it in registers and subtracts R kbar at its end.
+ * kbar: oss_attn_bwd_means.
  *
  * VAR (a separate instantiation of both kernels): each score through the
  * score variants of oss.h (oss_attn_var_each: the visibility test only on
@@ -182,7 +183,7 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
   const int niter = a.group * nqe;
 
   const bool vk = a.vec & OSS_ATTN_VEC_K, vv = a.vec & OSS_ATTN_VEC_V;
-  const bool atomic_dq = a.dq_acc != nullptr;
+  const bool atomic_dq = a.dq_acc != nullptr && a.dq_sem == nullptr; /* else the dQ kernel's */
   /* dS is scaled before it is rounded to T for the dK / dQ products: the
    * unscaled P (dP - D) overflows float16 long before the gradients do. */
   const float sc = (float)a.scale;
@@ -308,17 +309,17 @@ __global__ void __launch_bounds__(NKW * NCS * 32, MINB) oss_attn_bwd_dkdv_mma_ke
           rs[mt][0] = rs[mt][1] = rs[mt][2] = rs[mt][3] = 0.f;
         }
         /* the first warp of each row block also sums dS' rows (dQ's centring) */
-        const bool rowsum = a.eacc != nullptr && wn == 0;
+        const bool rowsum = a.kmean != nullptr && wn == 0;
         oss_warp_mma_tt<T, TM, TN, BC, LDSS, LDS>(q, oss_smem_u32(sdS + wm * TM * 16), oss_smem_u32(sK + nb0 * 8),
                                                   lane, np_valid, rowsum, rs);
-        if (rowsum && (lane & 3) == 0) {
-          float *e = a.eacc + oss_attn_ws_row(a, b, h) + i0;
+        if (rowsum && (lane & 3) == 0) { /* into the accumulator row's column dq_ld - 4 */
+          float *e = a.dq_acc + (oss_attn_ws_row(a, b, h) + i0) * a.dq_ld + (a.dq_ld - 4);
 #pragma unroll
           for (int mt = 0; mt < TM; mt++)
 #pragma unroll
             for (int hi = 0; hi < 2; hi++) {
               const int r = wm * TM * 16 + mt * 16 + g + hi * 8;
-              if (i0 + r < a.lq) atomicAdd(e + r, rs[mt][2 * hi]);
+              if (i0 + r < a.lq) atomicAdd(e + (int64_t)r * a.dq_ld, rs[mt][2 * hi]);
             }
         }
         float *acc = a.dq_acc + (oss_attn_ws_row(a, b, h) + i0) * a.dq_ld;
@@ -553,11 +554,12 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
     }
 }
 
-/* Deterministic mode (no float32 dQ accumulator): dQ by the query-major
- * kernel, after a dK/dV kernel that skipped it. */
+/* Deterministic mode (no float32 dQ accumulator, or one that only the Hopper
+ * backward's ordered additions use): dQ by the query-major kernel, after a
+ * dK/dV kernel that skipped it. */
 template <typename T, int HD, int DQ_BR, int DQ_BC, int DQ_NW, bool VAR = false>
 oss_status oss_attn_bwd_dq_det_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
-  if (a->dq_acc != nullptr || a->lq == 0) return OSS_OK;
+  if ((a->dq_acc != nullptr && a->dq_sem == nullptr) || a->lq == 0) return OSS_OK;
   return oss_attn_launch(oss_attn_bwd_dq_mma_kernel<T, HD, DQ_BR, DQ_BC, DQ_NW, VAR>,
                          "deterministic attention backward (dQ, mma.sync)", HD,
                          oss_attn_bwd_dq_smem_bytes<HD, DQ_BR, DQ_BC>(),

@@ -28,13 +28,17 @@
  *   S^T = K_w Q^T and dP^T = V_w dO^T (wgmma, both operands in shared memory,
  *   K-major); P^T and dS'^T in registers, key-major, so they are directly the
  *   A operands of dV += P^T dO and dK += dS'^T Q (B = dO, Q read MN-major).
- *   dQ (default, non-deterministic mode): dS'^T goes to shared memory (two
- *   buffers, so one consumer barrier per block suffices) and warpgroup w
- *   computes a 64 x 64 piece of dQ_blk = dS' K (A = dS' read MN-major from
- *   dS'^T, B = K MN-major; BR = 64: head-dim columns [64w, 64w + 64),
- *   BR = 128: query rows [64w, 64w + 64)), staged in shared memory for the
- *   dQ warp (named barriers: staged, and read again).
- *   Deterministic mode skips that and runs the mma.sync dQ kernel afterwards.
+ *   dQ: dS'^T goes to shared memory (two buffers, so one consumer barrier
+ *   per block suffices) and warpgroup w computes a 64 x 64 piece of
+ *   dQ_blk = dS' K (A = dS' read MN-major from dS'^T, B = K MN-major;
+ *   BR = 64: head-dim columns [64w, 64w + 64), BR = 128: query rows
+ *   [64w, 64w + 64)), staged in shared memory for the dQ warp (named
+ *   barriers: staged, and read again).
+ *   Deterministic mode (a.dq_sem, dense batches): the key blocks of a head
+ *   run in reverse and add into each dQ block in that order, the dQ warp
+ *   waiting on the block's counter for its turn (oss_attn_bwd_sm90_rank)
+ *   and bumping it once its addition completed; the float32 sums then
+ *   happen in one order whatever the timing.
  *   In a variable-length batch the query rows past a sequence's last (the
  *   next sequence's) are zeroed once landed.
  *   VAR (a separate instantiation): the score variants through
@@ -47,7 +51,8 @@
  *   the packed P^T after it, and dV times k when written.
  *   dQ's centring (attention_bwd.cuh): m64n8k16 wgmmas of dS' by a tile of
  *   ones give the row sums R of the piece's 64 query rows (BR = 64: each
- *   warpgroup over its half of the keys), added into eacc.
+ *   warpgroup over its half of the keys), staged in a padding column of the
+ *   dQ block, so they reach the accumulator with it.
  * Limits: D and Dv up to HD, zero padded; HD in {64, 128} with BR * HD = 8192
  * (the dQ split); a mask tensor only in the MASK_TENSOR instantiation (which
  * spills) and not with VAR; q and dout with 16-byte aligned base and strides (the
@@ -84,6 +89,28 @@ template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size
 template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size_t oss_attn_bwd_sm90_smem_bytes() {
   return oss_attn_bwd_sm90_tiles_bytes<HD, BR, BC, STAGES>() + 1024 /* a tile of ones (dQ's centring) */
          + 1024;                                                    /* room to align the tiles to 1024 bytes */
+}
+
+/* Deterministic mode: the key blocks of a head add into a dQ block in
+ * decreasing order, which is the order in which they reach it (a key block's
+ * first query block does not decrease with the block, and each walks its
+ * query blocks upwards); the grid starts them in that order too, so a CTA
+ * only ever waits for CTAs started before it. The key blocks that see query
+ * block qi are consecutive, so the rank of key block kb (how many add before
+ * it) is hi - kb, hi the last key block whose first query block is <= qi. */
+template <int BR, int BC>
+__device__ __forceinline__ int oss_attn_bwd_sm90_rank(const oss_attn_args &a, int kb, int nkb, int qi) {
+  int lo = kb, hi = nkb - 1; /* kb itself sees qi */
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    int q0, ne;
+    oss_attn_bwd_query_blocks<BR>(a, mid * BC, &q0, &ne, BC);
+    if (q0 <= qi)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo - kb;
 }
 
 template <typename T, int HD, int BR, int BC, int STAGES, bool VAR = false, bool MASK_TENSOR = false>
@@ -125,6 +152,11 @@ __global__ void __launch_bounds__(384, 1)
   if (!oss_attn_key_block_of(args, BC, &b, &hk, &block)) return;
   oss_attn_args a = args; /* a sequence's view in a variable-length batch */
   oss_attn_seq_view<T>(a, b);
+  /* deterministic mode (dense batches only): the key blocks in reverse
+   * (oss_attn_bwd_sm90_rank), the dQ blocks added in that order */
+  const bool ordered = a.dq_sem != nullptr;
+  const int nkb = (a.lk + BC - 1) / BC;
+  if (ordered) block = nkb - 1 - block;
   const int j0 = block * BC;
   if (block < 0 || j0 >= a.lk) return; /* an empty slot, or past a shorter sequence's keys */
 
@@ -173,19 +205,32 @@ __global__ void __launch_bounds__(384, 1)
       oss_named_arrive(BAR_DQ_EMPTY, DQ_BAR_THREADS); /* sdQ starts free */
 #pragma unroll 1
       for (int it = 0; it < niter; it++) {
-        const int h = hk * a.group + it / nqe, i0 = (qb0 + it % nqe) * BR;
+        const int h = hk * a.group + it / nqe, qi = qb0 + it % nqe, i0 = qi * BR;
+        const int64_t row0 = oss_attn_ws_row(a, b, h) + i0;
+        /* deterministic mode: this block's counter (one per 64 workspace
+         * rows) and the count of additions it must see first */
+        unsigned *sem = ordered ? a.dq_sem + row0 / 64 : nullptr;
+        const unsigned rank = ordered && lane == 0 ? (unsigned)oss_attn_bwd_sm90_rank<BR, BC>(a, block, nkb, qi) : 0u;
         oss_named_sync(BAR_DQ_FULL, DQ_BAR_THREADS);
         /* the accumulator's rows have the staging pitch (the launcher checks),
          * so the block is one contiguous range; its rows past the queries are
          * the workspace's padding and receive zeros */
         if (lane == 0) {
-          oss_bulk_reduce_add_f32(a.dq_acc + (oss_attn_ws_row(a, b, h) + i0) * a.dq_ld, oss_smem_u32(sdQ),
-                                  BR * oss_attn_bwd_sm90_dq_pitch<HD>() * 4);
+          if (ordered) {
+            while (oss_ld_acquire_gpu(sem) != rank) __nanosleep(64);
+            oss_fence_proxy_async_global(); /* the bulk reduction after the acquire */
+          }
+          oss_bulk_reduce_add_f32(a.dq_acc + row0 * a.dq_ld, oss_smem_u32(sdQ), BR * oss_attn_bwd_sm90_dq_pitch<HD>() * 4);
           oss_bulk_commit();
           oss_bulk_wait_read<0>(); /* sdQ read */
         }
         __syncwarp();
         if (it + 1 < niter) oss_named_arrive(BAR_DQ_EMPTY, DQ_BAR_THREADS);
+        if (ordered && lane == 0) { /* the additions done, then the next key block's turn */
+          oss_bulk_wait<0>();
+          oss_fence_proxy_async_global();
+          oss_red_release_gpu_add(sem, 1u);
+        }
       }
       oss_bulk_wait<0>();
     }
@@ -362,22 +407,18 @@ __global__ void __launch_bounds__(384, 1)
       oss_wgmma_fence_operand<8>(dq);
       oss_wgmma_fence_operand<1>(rs);
       oss_mbar_arrive(&empty[st]); /* the stage's Q, dO, lse and D are read */
-      if (a.eacc != nullptr && (lane & 3) == 0) {
-        float *e = a.eacc + oss_attn_ws_row(a, b, h) + i0;
-#pragma unroll
-        for (int hi = 0; hi < 2; hi++) {
-          const int r = mo + (warp & 3) * 16 + g + hi * 8;
-          if (i0 + r < a.lq) atomicAdd(e + r, rs[0][2 * hi]);
-        }
-      }
       /* stage the piece in sdQ once the dQ warp has read the previous block;
-       * then the dQ warp adds it to the accumulator */
+       * then the dQ warp adds it to the accumulator. The row sums R go into
+       * the padding column HD (BR = 64: HD + wg, a half per warpgroup, which
+       * the dq conversion adds), so they reach the accumulator with dQ */
       oss_named_sync(BAR_DQ_EMPTY, DQ_BAR_THREADS);
 #pragma unroll
       for (int hi = 0; hi < 2; hi++) {
-        float *row = sdQ + (mo + (warp & 3) * 16 + g + hi * 8) * oss_attn_bwd_sm90_dq_pitch<HD>() + no + t2;
+        float *row = sdQ + (mo + (warp & 3) * 16 + g + hi * 8) * oss_attn_bwd_sm90_dq_pitch<HD>();
 #pragma unroll
-        for (int n = 0; n < 8; n++) *reinterpret_cast<float2 *>(row + n * 8) = make_float2(dq[n][2 * hi], dq[n][2 * hi + 1]);
+        for (int n = 0; n < 8; n++)
+          *reinterpret_cast<float2 *>(row + no + t2 + n * 8) = make_float2(dq[n][2 * hi], dq[n][2 * hi + 1]);
+        if ((lane & 3) == 0) row[HD + (BR == 128 ? 0 : wg)] = rs[0][2 * hi];
       }
       oss_fence_proxy_async();
       oss_named_arrive(BAR_DQ_FULL, DQ_BAR_THREADS);
@@ -412,11 +453,14 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-/* Launches the kernel over the call's key blocks, then dq_det, the
- * deterministic mode's dQ pass (the mma.sync kernel's, from its own generated
- * file; nothing in the default mode). Where the copy engine cannot address q
- * or dout, or the kernel's register budget does not hold, `fallback` (the
- * mma.sync backward of the same gradients) runs instead. */
+/* Launches the kernel over the call's key blocks. In the default mode dq_det
+ * (the mma.sync query-major dQ pass, from its own generated file) then does
+ * nothing and the caller converts the accumulator; in deterministic mode
+ * (a->dq_sem) the kernel's ordered additions fill it and this converts it.
+ * Where the copy engine cannot address q or dout, or the kernel's register
+ * budget does not hold, or a deterministic call has a variable-length batch,
+ * `fallback` (the mma.sync backward of the same gradients, whose dQ pass
+ * then computes dq) runs instead. */
 template <typename T, int HD, bool VAR, bool MASK_TENSOR = false>
 oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
                                  oss_attn_launch_fn dq_det, oss_attn_launch_fn fallback) {
@@ -432,7 +476,7 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
     const int64_t mb = packed ? 1 : a->batch, mq = packed ? a->total_q : a->lq;
     const size_t smem = oss_attn_bwd_sm90_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
     if (regs < OSS_SM90_LAUNCH_REGS || mq > INT_MAX || smem > (size_t)dev->max_smem_per_block_optin ||
-        (a->dq_acc != NULL && a->dq_ld != oss_attn_bwd_sm90_dq_pitch<HD>()) ||
+        (a->dq_acc != NULL && a->dq_ld != oss_attn_bwd_sm90_dq_pitch<HD>()) || (a->dq_sem != NULL && packed) ||
         !oss_attn_sm90_map<T>(&maps.q, a->q, mb, a->hq, mq, a->d, a->q_s, C::BR) ||
         !oss_attn_sm90_map<T>(&maps.dout, a->dout, mb, a->hq, mq, a->dv, a->do_s, C::BR))
       return fallback(a, stream, dev);
@@ -442,6 +486,9 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
         oss_check_launch(VAR ? "attention backward with score variants (wgmma)" : "attention backward (wgmma)");
     if (st != OSS_OK) return st;
   }
+  if (a->dq_sem != NULL)
+    return a->lq > 0 ? oss_attn_bwd_dq_convert(a, std::is_same<T, __half>::value ? OSS_FLOAT16 : OSS_BFLOAT16, stream)
+                     : OSS_OK;
   return dq_det(a, stream, dev);
 }
 

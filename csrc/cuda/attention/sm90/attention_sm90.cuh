@@ -63,6 +63,20 @@ template <int N> __device__ __forceinline__ void oss_bulk_wait_read() {
 template <int N> __device__ __forceinline__ void oss_bulk_wait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
+/* Counters between CTAs: an acquiring load and a releasing add at GPU scope;
+ * the proxy fence orders the generic accesses around them with the bulk
+ * operations (async proxy) on global memory. */
+__device__ __forceinline__ void oss_fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+__device__ __forceinline__ unsigned oss_ld_acquire_gpu(const unsigned *p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void oss_red_release_gpu_add(unsigned *p, unsigned v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
 
 /* mbarriers beyond common.cuh's init, wait and expect_tx. */
 __device__ __forceinline__ void oss_mbar_arrive(uint64_t *bar) {
