@@ -5,10 +5,9 @@
  * per query row), computed with m64nNk16 wgmma and bulk tensor copies.
  *
  * A CTA takes one work block (BR = 128 query rows of one (batch, query
- * head)) or, on a persistent grid, several (oss_sm90_first_block); then the
- * next block's Q loads into a second buffer while this block runs (head dims
- * up to 128) and its first K/V tiles while this block's epilogue runs. The
- * launcher picks the grid (see there). A block streams the keys of its
+ * head)) or, on a persistent grid, several (oss_sm90_first_block); then a
+ * block's epilogue runs while the next block's Q and K/V load. The launcher
+ * picks the grid (see there). A block streams the keys of its
  * kv head (h / group) in tiles of BC, warp-specialised:
  *   - a producer warpgroup gives its registers away (setmaxnreg) and one of
  *     its threads issues the bulk tensor copies (TMA): Q once, then K_j and
@@ -69,11 +68,6 @@ template <int HD> struct oss_attn_fwd_sm90_cfg {
   static constexpr int BR = 128; /* query rows per CTA: two consumer warpgroups */
   static constexpr int BC = HD <= 128 ? 128 : 64;
   static constexpr int STAGES = 2;
-  /* Q buffers: two where shared memory has room for them (up to head dim
-   * 128: 225 KB with the ones box), so that on a persistent grid the next
-   * block's Q loads while this block runs; one at 256, whose next Q loads
-   * once the consumers have issued their last Q K^T. */
-  static constexpr int QBUF = HD <= 128 ? 2 : 1;
   static constexpr bool PINGPONG = HD <= 128;
   /* A dense batch without a mask tensor or score variants runs on a
    * persistent grid (a block's epilogue under the next block's loads), which
@@ -103,10 +97,8 @@ typedef struct oss_attn_sm90_maps {
 } oss_attn_sm90_maps;
 
 template <int HD, int BR, int BC, int STAGES, bool VAR> __host__ __device__ constexpr size_t oss_attn_fwd_sm90_smem_bytes() {
-  /* Q buffers, K and V stages; + room to align the tiles to 1024 bytes */
-  return (size_t)(oss_attn_fwd_sm90_cfg<HD>::QBUF * BR * HD + STAGES * BC * (HD + oss_attn_fwd_sm90_v_cols<HD, VAR>())) *
-             2 +
-         1024;
+  /* Q, K and V stages; + room to align the tiles to 1024 bytes */
+  return (size_t)(BR * HD + STAGES * BC * (HD + oss_attn_fwd_sm90_v_cols<HD, VAR>())) * 2 + 1024;
 }
 
 /* Softmax of one tile, first half (S landed, the previous P V may still run):
@@ -228,23 +220,21 @@ template <typename T, int HD, int BC, int STAGES, bool PINGPONG, bool MASK_TENSO
 __global__ void __launch_bounds__(384, 1)
     oss_attn_fwd_sm90_kernel(const __grid_constant__ oss_attn_args args, const __grid_constant__ oss_attn_sm90_maps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BR = 128, NT = BC / 8, NO = HD / 8, NWARPS = 8, QBUF = oss_attn_fwd_sm90_cfg<HD>::QBUF;
+  constexpr int BR = 128, NT = BC / 8, NO = HD / 8, NWARPS = 8;
   constexpr bool ONES = oss_attn_fwd_sm90_ones<HD, VAR>();
   constexpr int VC = oss_attn_fwd_sm90_v_cols<HD, VAR>(), NOA = NO + (ONES ? 1 : 0); /* O's n-tiles, ones included */
   static_assert(HD % 64 == 0 && BC % 16 == 0 && BC <= 256, "head dim a multiple of 64, key tile of 16");
 
   extern __shared__ __align__(1024) unsigned char oss_sm90_smem[];
   T *sQ = reinterpret_cast<T *>(oss_sm90_smem + ((1024u - (oss_smem_u32(oss_sm90_smem) & 1023u)) & 1023u));
-  T *sK = sQ + QBUF * BR * HD;  /* Q buffer b at sQ + b * BR * HD: the block's (blocks done) % QBUF */
+  T *sK = sQ + BR * HD;
   T *sV = sK + STAGES * BC * HD; /* stage st at sV + st * BC * VC */
 
-  /* q_full[b]: Q landed in buffer b; q_empty[b]: every consumer warp issued
-   * its last Q K^T of that buffer's block; k_full / v_full[stage]: that
-   * stage's tile landed (one producer arrival plus the copy's bytes); k_empty
-   * / v_empty[stage]: every consumer warp is done reading it. Phases count
-   * on across work blocks. */
-  __shared__ __align__(8) uint64_t q_full[QBUF], q_empty[QBUF], k_full[STAGES], v_full[STAGES], k_empty[STAGES],
-      v_empty[STAGES];
+  /* q_full: Q landed; q_empty: every consumer warp issued its last Q K^T of
+   * the block; k_full / v_full[stage]: that stage's tile landed (one producer
+   * arrival plus the copy's bytes); k_empty / v_empty[stage]: every consumer
+   * warp is done reading it. Phases count on across work blocks. */
+  __shared__ __align__(8) uint64_t q_full, q_empty, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   /* the work blocks of this CTA: oss_sm90_first_block */
@@ -266,10 +256,8 @@ __global__ void __launch_bounds__(384, 1)
     oss_fence_proxy_async(); /* the tensor cores read them */
   }
   if (tid == 0) {
-    for (int i = 0; i < QBUF; i++) {
-      oss_mbar_init(&q_full[i], 1);
-      oss_mbar_init(&q_empty[i], NWARPS);
-    }
+    oss_mbar_init(&q_full, 1);
+    oss_mbar_init(&q_empty, NWARPS);
     for (int i = 0; i < STAGES; i++) {
       oss_mbar_init(&k_full[i], 1);
       oss_mbar_init(&v_full[i], 1);
@@ -297,9 +285,8 @@ __global__ void __launch_bounds__(384, 1)
         oss_attn_query_block_at<BR, BC, VAR>(a, bh, block, &qb);
         if (qb.ntiles <= qb.jt0) continue;
         const int tb = a.cu_q != nullptr ? 0 : qb.b; /* the copies' batch */
-        const int qbuf = blocks % QBUF, quse = blocks / QBUF;
-        if (quse > 0) oss_mbar_wait(&q_empty[qbuf], (quse - 1) & 1);
-        oss_sm90_load_tile<HD, BR>(sQ + qbuf * BR * HD, &maps.q, &q_full[qbuf], (int)a.seq_q0 + qb.i0, qb.h, tb);
+        if (blocks > 0) oss_mbar_wait(&q_empty, (blocks - 1) & 1);
+        oss_sm90_load_tile<HD, BR>(sQ, &maps.q, &q_full, (int)a.seq_q0 + qb.i0, qb.h, tb);
         blocks++;
 #pragma unroll 1
         for (int j = qb.jt0; j < qb.ntiles; j++, tiles++) {
@@ -315,6 +302,7 @@ __global__ void __launch_bounds__(384, 1)
     /* consumer warpgroups */
     oss_setmaxnreg_inc<OSS_SM90_CONSUMER_REGS>();
     const int wrow = wg * 64 + (warp & 3) * 16; /* this warp's first row in the tile */
+    const uint32_t sQa = oss_smem_u32(sQ) + wg * 64 * 128; /* this warpgroup's 64 rows */
     /* ping-pong: a warpgroup issues its products after syncing on its own
      * barrier, then arrives on the other's. Both take the same turns; the
      * second warpgroup arrives once more at the start, so the first goes
@@ -349,10 +337,7 @@ __global__ void __launch_bounds__(384, 1)
       for (int n = 0; n < NOA; n++) o[0][n][0] = o[0][n][1] = o[0][n][2] = o[0][n][3] = 0.f;
 
       if (ntiles > 0) {
-        const int qbuf = blocks % QBUF;
-        /* this warpgroup's 64 rows of the block's Q buffer */
-        const uint32_t sQa = oss_smem_u32(sQ + qbuf * BR * HD) + wg * 64 * 128;
-        oss_mbar_wait(&q_full[qbuf], (blocks / QBUF) & 1);
+        oss_mbar_wait(&q_full, blocks & 1);
         /* tile 0: S_0 alone */
         int st = tiles % STAGES;
         oss_mbar_wait(&k_full[st], (tiles / STAGES) & 1);
@@ -367,7 +352,7 @@ __global__ void __launch_bounds__(384, 1)
         __syncwarp();
         if (lane == 0) {
           oss_mbar_arrive(&k_empty[st]);
-          if (ntiles == 1) oss_mbar_arrive(&q_empty[qbuf]);
+          if (ntiles == 1) oss_mbar_arrive(&q_empty);
         }
         float c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, jt0 * BC, lane)
                       : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, 0, lane);
@@ -399,7 +384,7 @@ __global__ void __launch_bounds__(384, 1)
           __syncwarp();
           if (lane == 0) {
             oss_mbar_arrive(&k_empty[st]);
-            if (j == ntiles - 1) oss_mbar_arrive(&q_empty[qbuf]);
+            if (j == ntiles - 1) oss_mbar_arrive(&q_empty);
           }
           c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, j0, lane)
                   : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, j0, lane);
