@@ -69,11 +69,11 @@ typedef struct oss_attn_args {
   void *dsum;
   void *inv_l;    /* SIMT only */
   /* dq_acc: workspace [rows of oss_attn_ws_row][dq_ld] float, or NULL (SIMT;
-   * deterministic mode without the Hopper backward). Column dq_ld - 4 of a row
-   * (padding past the kernels' head dims; and dq_ld - 3) takes the row sums
-   * of the rounded dS' for dQ's centring. dq_sem (deterministic mode only, else NULL): one
-   * counter per (query head, query block of the Hopper backward), which
-   * orders the blocks' additions into dq_acc (attention_bwd_sm90.cuh); the
+   * deterministic mode without the Hopper backward). Columns dq_ld - 4 and
+   * dq_ld - 3 of a row (padding past the kernels' head dims) take the row
+   * sums of the rounded dS' for dQ's centring. dq_sem (deterministic mode
+   * only, else NULL): one counter per 64 workspace rows, which orders the
+   * Hopper backward's additions into dq_acc (attention_bwd_sm90.cuh); the
    * mma.sync kernels then leave dq_acc alone and dQ to the query-major kernel. */
   float *dq_acc;
   unsigned *dq_sem;
