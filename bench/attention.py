@@ -93,9 +93,8 @@ def main():
                                                                   forward_ctas_per_sm=1)
         impls["torch_oss-per-block"] = lambda: attention_kernels(forward="best", backward="best", dq_centring=True,
                                                                  forward_ctas_per_sm=-1)
-    if args.with_deterministic:
-        impls["torch_oss-deterministic"] = lambda: attention_kernels(forward="best", backward="best",
-                                                                     dq_centring=True)
+    if args.with_deterministic:  # the same kernel choices; fwd() passes deterministic=True
+        impls["torch_oss-deterministic"] = impls["torch_oss"]
     impls.update(sdpa_backends(device))
     records = []
     for dname in dtypes:
