@@ -531,8 +531,8 @@ static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params
   if (!bp->deterministic || (sm90 && L.ws_rows == 0)) {
     /* rows padded by 16 bytes: the Hopper kernel stages a dQ block in shared
      * memory with that pitch (against bank conflicts) and adds it to the
-     * accumulator with one bulk reduction; the first padding column takes
-     * the row sums of dQ's centring */
+     * accumulator with one bulk reduction; the first two padding columns
+     * take the row sums of dQ's centring */
     L.dq_ld = kd + 4;
     L.off_dq = L.total;
     L.total += oss_attn_round256(rows * (size_t)L.dq_ld * 4);
