@@ -137,8 +137,11 @@ __device__ __forceinline__ void oss_attn_online_softmax(const float (&s)[MT][NT]
  * math). With a.out_res, also out's rounding residual out_scale o / lr - out
  * (oss_output_residual: to a step of 2^-5 of out's last place, 0 where out
  * is not finite), for the backward's D. out_scale: dropout's 1 / (1 - p),
- * else 1. */
-template <typename T, int MT, int NO>
+ * else 1. RUN: the common case as one run of stores (oss_store_frag_row);
+ * false keeps a branch per pair, for a kernel without the registers to spare
+ * for both paths. The residual's stores follow the output's, so that the
+ * path without them is one stretch of code. */
+template <typename T, int MT, int NO, bool RUN = true>
 __device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const float (&o)[MT][NO][4],
                                                    const float (&m)[MT][2], const float (&l)[MT][2],
                                                    const float (&lr)[MT][2], int b, int h, int64_t bh, int r0,
@@ -162,13 +165,20 @@ __device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const
       const int r = r0 + mt * 16 + g + hi * 8;
       if (r < a.lq) {
         T *orow = gO + (int64_t)r * a.o_s[2];
+        if (RUN) {
+          oss_store_frag_row<T, NO>(orow, t2, a.dv, vo, o[mt], hi, inv);
+        } else {
 #pragma unroll
-        for (int n = 0; n < NO; n++) {
-          const float v0 = o[mt][n][2 * hi] * inv, v1 = o[mt][n][2 * hi + 1] * inv;
-          oss_store_pair<T>(orow, n * 8 + t2, a.dv, v0, v1, vo);
-          if (gR != nullptr)
-            oss_store_pair<T>(gR + (int64_t)r * a.o_s[2], n * 8 + t2, a.dv, oss_rounding_residual<T>(v0),
-                              oss_rounding_residual<T>(v1), vr);
+          for (int n = 0; n < NO; n++)
+            oss_store_pair<T>(orow, n * 8 + t2, a.dv, o[mt][n][2 * hi] * inv, o[mt][n][2 * hi + 1] * inv, vo);
+        }
+        if (gR != nullptr) {
+          T *rrow = gR + (int64_t)r * a.o_s[2];
+#pragma unroll
+          for (int n = 0; n < NO; n++) {
+            const float v0 = o[mt][n][2 * hi] * inv, v1 = o[mt][n][2 * hi + 1] * inv;
+            oss_store_pair<T>(rrow, n * 8 + t2, a.dv, oss_rounding_residual<T>(v0), oss_rounding_residual<T>(v1), vr);
+          }
         }
         if ((lane & 3) == 0) /* in double: one rounding of m ln2 + ln l, which can be large */
           lse[r] = lt == 0.f ? -INFINITY : (float)((double)m[mt][hi] * OSS_LN2 + (double)logf(lt));

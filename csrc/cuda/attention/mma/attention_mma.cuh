@@ -645,6 +645,25 @@ __device__ __forceinline__ void oss_store_pair(T *row, int c, int ncols, float v
   }
 }
 
+/* Stores row hi of an accumulator fragment times `scale`: acc[n][2 hi] and
+ * acc[n][2 hi + 1] at columns n * 8 + t2 and n * 8 + t2 + 1 of `row`, only
+ * those < ncols. Where the row is aligned and all NO * 8 columns exist (the
+ * common case) that is one branch-free run of 32-bit stores: an epilogue with
+ * a branch per element is long enough to miss the instruction cache. */
+template <typename T, int NO>
+__device__ __forceinline__ void oss_store_frag_row(T *row, int t2, int ncols, bool vec, const float (&acc)[NO][4],
+                                                   int hi, float scale) {
+  if (vec && NO * 8 <= ncols) {
+    uint32_t *row32 = reinterpret_cast<uint32_t *>(row + t2);
+#pragma unroll
+    for (int n = 0; n < NO; n++) row32[n * 4] = oss_mma_op<T>::pack(acc[n][2 * hi] * scale, acc[n][2 * hi + 1] * scale);
+  } else {
+#pragma unroll
+    for (int n = 0; n < NO; n++)
+      oss_store_pair<T>(row, n * 8 + t2, ncols, acc[n][2 * hi] * scale, acc[n][2 * hi + 1] * scale, vec);
+  }
+}
+
 /* Query block `block` of (batch, query head) bh: batch b, query head h and
  * its kv head hk, rows i0 .. i0 + rows - 1, and the ntiles key tiles of BC
  * that some of them can see (causal: up to the diagonal). Causal blocks are

@@ -439,13 +439,8 @@ __global__ void __launch_bounds__(384, 1)
   for (int hi = 0; hi < 2; hi++) {
     const int r = kw0 + g + hi * 8;
     if (r < a.lk) {
-      T *rk = gdK + (int64_t)r * a.dk_s[2];
-      T *rv = gdV + (int64_t)r * a.dv_s[2];
-#pragma unroll
-      for (int n = 0; n < NO; n++) {
-        oss_store_pair<T>(rk, n * 8 + t2, a.d, dK[n][2 * hi], dK[n][2 * hi + 1], vdk);
-        oss_store_pair<T>(rv, n * 8 + t2, a.dv, dV[n][2 * hi] * dv_scale, dV[n][2 * hi + 1] * dv_scale, vdv);
-      }
+      oss_store_frag_row<T, NO>(gdK + (int64_t)r * a.dk_s[2], t2, a.d, vdk, dK, hi, 1.f);
+      oss_store_frag_row<T, NO>(gdV + (int64_t)r * a.dv_s[2], t2, a.dv, vdv, dV, hi, dv_scale);
     }
   }
 #else
