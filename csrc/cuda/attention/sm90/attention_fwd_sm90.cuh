@@ -423,8 +423,9 @@ __global__ void __launch_bounds__(384, 1)
       if (ONES)
         for (int hi = 0; hi < 2; hi++) lr[0][hi] = (lane & 3) == 0 ? o[0][NO][2 * hi] : 0.f;
       /* the mask kernel at head dim 256 has no register to spare for the run of stores */
-      oss_attn_fwd_write<T, 1, NO, !(MASK_TENSOR && HD > 128)>(a, reinterpret_cast<const float(&)[1][NO][4]>(o), m, l, lr, qb.b, qb.h, qb.bh,
-                                   i0 + wrow, lane, drop ? a.drop_scale : 1.f);
+      constexpr bool RUN = !(MASK_TENSOR && HD > 128);
+      oss_attn_fwd_write<T, 1, NO, RUN>(a, reinterpret_cast<const float(&)[1][NO][4]>(o), m, l, lr, qb.b, qb.h,
+                                        qb.bh, i0 + wrow, lane, drop ? a.drop_scale : 1.f);
     }
     if (PINGPONG && wg == 0) oss_named_sync(my_bar, 256);
   }
