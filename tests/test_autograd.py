@@ -100,9 +100,10 @@ def test_double_backward_matches_float64(device, dtype, op_name, shape, dim):
     log = op_name == "log_softmax"
     for name, a, p, r in zip(("grad", "hvp", "grad of |grad|^2"), ours, peer, ref):
         assert a.dtype == dtype and a.device == x.device
-        # the first gradient by the rule (atol: first_order_atol); the second derivatives with their atol
-        atol = first_order_atol(dtype, r, w, dim, log) if name == "grad" else second_order_atol(dtype, r, w, v if name == "hvp"
-                                                                                   else 2 * ours[0], dim, log)
+        if name == "grad":
+            atol = first_order_atol(dtype, r, w, dim, log)
+        else:
+            atol = second_order_atol(dtype, r, w, v if name == "hvp" else 2 * ours[0], dim, log)
         assert_tolerance(f"{op_name} {name} {dtype} {shape} dim={dim}", a, r, p, atol)
 
 
@@ -138,8 +139,8 @@ def second_order_atol(dtype, ref64, w, v, dim, log):
     level of a pairwise sum over dim (ceil(log2 n) levels: the row sums inside
     the chain round at each); in float64 the peer is the reference's own
     computation, so there the atol is the whole allowance. float16 and
-    bfloat16 (sums in float32): two roundings of the largest result plus one
-    16-bit rounding of the terms, the size by which rounding y or the first
+    bfloat16 (sums in float32): two roundings of the largest result plus half
+    a 16-bit ulp (eps / 2) of the terms, by which rounding y or the first
     gradient to 16 bits moves the result (where y is nearly one-hot the
     result is far smaller than its terms)."""
     eps = torch.finfo(dtype).eps
