@@ -28,9 +28,18 @@ and skips the replay of failures saved in the example database (fresh cases only
 
 A failing case prints its reproduction blob (print_blob=True); paste it into
 @reproduce_failure or rerun with the same profile (ci is fully reproducible).
+
+Random inputs: every test starts with torch's generators (CPU and CUDA) seeded
+from its own name (file and test id) and TORCH_OSS_TEST_SEED (default 0), so a
+test draws the same inputs alone, under -k, in any order and in any worker, and
+a failure seen in a suite run reproduces by running that test alone. Another
+TORCH_OSS_TEST_SEED draws fresh inputs everywhere ("random": a new one per run,
+printed in the header).
 """
 
 import os
+import random
+import zlib
 
 import pytest
 import torch
@@ -63,6 +72,9 @@ settings.register_profile(
     print_blob=True,
     suppress_health_check=_SLOW_CHECKS,
 )
+_SEED_ENV = os.environ.get("TORCH_OSS_TEST_SEED", "0")
+TEST_SEED = random.randrange(2**31) if _SEED_ENV == "random" else int(_SEED_ENV)
+
 FUZZ_PROFILE = os.environ.get("TORCH_OSS_FUZZ_PROFILE", "ci")
 if os.environ.get("TORCH_OSS_FUZZ_NO_SHRINK", "") not in ("", "0"):
     # report the first failing case as drawn, without minimising it (shrinking
@@ -78,7 +90,8 @@ settings.load_profile(FUZZ_PROFILE)
 def pytest_report_header(config):
     import torch_oss
 
-    return [f"hypothesis profile: {FUZZ_PROFILE} (max_examples={settings().max_examples}, "
+    return [f"TORCH_OSS_TEST_SEED={TEST_SEED} (each test's draws: its name and this seed)",
+            f"hypothesis profile: {FUZZ_PROFILE} (max_examples={settings().max_examples}, "
             f"derandomize={settings().derandomize})",
             f"torch_oss: {torch_oss.__file__}, CUDA kernels: {torch_oss.build_info()['cuda']}, "
             f"GPU visible: {torch.cuda.is_available()}, CUDA tests required: {cuda_required(config)}"]
@@ -133,6 +146,16 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if cuda_required(config):
         terminalreporter.write_line(f"CUDA tests that ran: {_CUDA_TESTS_RAN[0]}")
+
+
+@pytest.fixture(autouse=True)
+def _seeded_draws(request):
+    """Seeds torch's generators from the test's name and TEST_SEED (see the
+    module docstring). The name is taken from the test file on, so the seed does
+    not depend on the directory pytest runs from."""
+    name = request.node.nodeid.split("/")[-1]
+    torch.manual_seed((zlib.crc32(name.encode()) ^ TEST_SEED) & 0x7FFFFFFF)
+    yield
 
 
 @pytest.fixture
