@@ -149,8 +149,8 @@ def test_persistent_forward_gives_the_same_bits(device, head_dim):
     the blocks of query rows, its barriers' phases running on from block to
     block, causal blocks in pairs of equal work) returns the bits of the
     one-CTA-per-block grid: plain, causal with GQA (an even and an odd number
-    of blocks a head), with a mask tensor, with the score variants, and a
-    variable-length batch; each with more blocks than SMs. (Where the mma.sync forward runs,
+    of blocks a head), with a mask tensor, with the score variants, a window
+    alone, dropout, and a variable-length batch; each with more blocks than SMs. (Where the mma.sync forward runs,
     the choice changes nothing and the test compares a kernel with itself.)"""
     torch.manual_seed(head_dim)
     dtype = torch.bfloat16
@@ -170,6 +170,11 @@ def test_persistent_forward_gives_the_same_bits(device, head_dim):
         "variants": lambda: torch_oss.attention_with_lse(q, k, v, is_causal=True, enable_gqa=True,
                                                          window_size=(300, 0), softcap=20.0,
                                                          sinks=torch.randn(8, device=device)),
+        # a window alone runs the plain kernel, its blocks by stride
+        "causal window": lambda: torch_oss.attention_with_lse(q, k, v, is_causal=True, enable_gqa=True,
+                                                              window_size=(300, 0)),
+        "window": lambda: torch_oss.attention_with_lse(q, k, v, enable_gqa=True, window_size=(200, 90)),
+        "dropout": lambda: torch_oss.attention_with_lse(q, k, v, is_causal=True, enable_gqa=True, dropout_p=0.2),
         "varlen": lambda: torch_oss.attention_varlen(qp, kp, vp, cu, cu, max(lens), max(lens), causal=True,
                                                      return_lse=True),
     }
@@ -771,7 +776,8 @@ def test_generated_wgmma_wrappers_are_current():
 
 SM90_KERNELS = [("fwd", 64), ("fwd", 128), ("fwd", 256), ("bwd", 64), ("bwd", 128)]
 # the launchers' further arguments: the mma.sync launchers they fall back to
-FALLBACKS = {"fwd": "oss_attn_launch_fn", "bwd": "oss_attn_launch_fn, oss_attn_launch_fn"}
+# (the forward's: without and with the score variants; the backward's: dQ pass, fallback)
+FALLBACKS = {"fwd": "oss_attn_launch_fn, oss_attn_launch_fn", "bwd": "oss_attn_launch_fn, oss_attn_launch_fn"}
 
 
 @functools.lru_cache(maxsize=1)

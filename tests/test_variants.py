@@ -447,19 +447,23 @@ def test_tiny_window_over_long_keys(device, alignment):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_window_with_inner_and_edge_tiles(device, dtype, is_causal):
-    """A window of a few hundred keys over ~600 queries and ~700 keys, with
-    softcap, ALiBi and sinks: the kernels' key tiles fall wholly inside the
-    window (where the tensor-core kernels skip the per-pair visibility test
-    and count ALiBi's distances from one base per tile), across its edges,
-    on the diagonal and past the last key, forward and backward."""
-    torch.manual_seed(11)
-    shape = (2, 4, 2, 600, 700, 64, 64)
-    q, k, v = make_qkv(shape, dtype, device)
-    kw = {"window_size": (200, 50), "softcap": 4.0, "alibi_slopes": torch.rand(2, 4, device=device) * 0.05,
-          "sinks": torch.randn(4, device=device)}
-    check_variant(q, k, v, kw, is_causal=is_causal, alignment="bottom_right",
-                  label=f"inner and edge tiles {dtype} causal={is_causal}")
+@pytest.mark.parametrize("others", [True, False], ids=["with_others", "window_alone"])
+def test_window_with_inner_and_edge_tiles(device, dtype, is_causal, others):
+    """A window of a few hundred keys over ~600 queries and ~700 keys, alone
+    (on Hopper the plain forward kernel runs it) or with softcap, ALiBi and
+    sinks: the kernels' key tiles fall wholly inside the window (where the
+    tensor-core kernels skip the per-pair visibility test and count ALiBi's
+    distances from one base per tile), across its edges, on the diagonal and
+    past the last key, forward and backward; head dims 64 and 128."""
+    torch.manual_seed(11 + others)
+    for shape, window in (((2, 4, 2, 600, 700, 64, 64), (200, 50)), ((1, 4, 1, 650, 520, 128, 100), (260, 0))):
+        q, k, v = make_qkv(shape, dtype, device)
+        kw = {"window_size": window}
+        if others:
+            kw.update(softcap=4.0, alibi_slopes=torch.rand(shape[0], 4, device=device) * 0.05,
+                      sinks=torch.randn(4, device=device))
+        check_variant(q, k, v, kw, is_causal=is_causal, alignment="bottom_right",
+                      label=f"inner and edge tiles {dtype} causal={is_causal} shape={shape} {kw.keys()}")
 
 
 # ---------------------------------------------------------------------------

@@ -137,16 +137,18 @@ def _launcher(path, header, name, call, uses=(), more=()):
     """A file of extern "C" launchers: name (returning call(a, stream, dev,
     *uses)) and the (name, call) pairs of `more`. uses: launchers of other
     generated files the call takes (the mma.sync fallbacks of the Hopper
-    kernels), declared here and passed by pointer, so that their kernels are
-    compiled once, in their own files."""
+    kernels, the plain Hopper forward that serves a window alone), declared
+    here and passed by pointer, so that their kernels are compiled once, in
+    their own files; None passes NULL (a launcher this build lacks)."""
     text = HEADER + f'#include "cuda/attention/{header}"\n\n'
     for u in uses:
-        text += (f'extern "C" oss_status {u}(const oss_attn_args *a, cudaStream_t stream, '
-                 f"const oss_device_info *dev);\n")
+        if u is not None:
+            text += (f'extern "C" oss_status {u}(const oss_attn_args *a, cudaStream_t stream, '
+                     f"const oss_device_info *dev);\n")
     if uses:
         text += "\n"
     for fn, fn_call in ((name, call), *more):
-        args = "".join(f", {u}" for u in (uses if fn == name else ()))
+        args = "".join(f", {u or 'NULL'}" for u in (uses if fn == name else ()))
         text += (f'extern "C" oss_status {fn}(const oss_attn_args *a, cudaStream_t stream,\n'
                  f"    const oss_device_info *dev) {{\n"
                  f"  return {fn_call}(a, stream, dev{args});\n}}\n")
@@ -173,7 +175,8 @@ def generate(head_dims, out_dir, sm90=False):
             if hd in sm90_dims:
                 paths.append(_launcher(os.path.join(out_dir, f"attention_fwd_sm90_hd{hd}_{tag}.cu"),
                                        "sm90/attention_fwd_sm90.cuh", _sm90_name(hd, tag),
-                                       f"oss_attn_fwd_sm90_launch<{ctype}, {hd}>", uses=[_fwd_name(hd, tag)]))
+                                       f"oss_attn_fwd_sm90_launch<{ctype}, {hd}>",
+                                       uses=[_fwd_name(hd, tag), _fwd_var_name(_variant_dim(hd), tag)]))
             if hd in bwd_dims:
                 dq_det = ([(_dq_det_name(hd, tag), f"oss_attn_bwd_dq_det_launch<{ctype}, {hd}, false>")]
                           if hd in sm90_bwd_dims else [])
@@ -203,7 +206,8 @@ def generate(head_dims, out_dir, sm90=False):
             if hd in sm90_var_dims:
                 paths.append(_launcher(os.path.join(out_dir, f"attention_fwd_var_sm90_hd{hd}_{tag}.cu"),
                                        "sm90/attention_fwd_sm90.cuh", _fwd_var_sm90_name(hd, tag),
-                                       f"oss_attn_fwd_sm90_var_launch<{ctype}, {hd}>", uses=[_fwd_var_name(hd, tag)]))
+                                       f"oss_attn_fwd_sm90_var_launch<{ctype}, {hd}>",
+                                       uses=[_fwd_var_name(hd, tag), _sm90_name(hd, tag) if hd in sm90_dims else None]))
             dq_det = ([(_dq_det_var_name(hd, tag), f"oss_attn_bwd_dq_det_launch<{ctype}, {hd}, true>")]
                       if hd in sm90_bwd_var_dims else [])
             paths.append(_launcher(os.path.join(out_dir, f"attention_bwd_var_hd{hd}_{tag}.cu"),

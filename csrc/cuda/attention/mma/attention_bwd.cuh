@@ -387,7 +387,7 @@ __global__ void __launch_bounds__(NW * 32, 1) oss_attn_bwd_dq_mma_kernel(const o
   const int g = lane >> 2, t2 = (lane & 3) * 2;
   oss_attn_query_block qblk;
   oss_attn_args a = args; /* a sequence's view in a variable-length batch */
-  if (!oss_attn_query_block_of<T, BR, BC, VAR>(a, &qblk)) return;
+  if (!oss_attn_query_block_of<T, BR, BC>(a, &qblk)) return;
   const int64_t bh = qblk.bh;
   const int b = qblk.b, h = qblk.h, hk = qblk.hk, i0 = qblk.i0, rows = qblk.rows, ntiles = qblk.ntiles;
   const int jt0 = VAR ? qblk.jt0 : 0; /* a window's first tile (the plain kernel starts at 0) */

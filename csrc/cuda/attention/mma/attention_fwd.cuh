@@ -54,12 +54,13 @@
  * or a negative scale, where max and scaling do not commute) are scaled and
  * masked here, and c = 1. MASK_TENSOR = false: a kernel built for calls
  * without a mask tensor (a.mask_kind is none), which then needs no registers
- * for reading one. */
+ * for reading one, and which applies a window (the tiles across its edges). */
 template <typename T, int MT, int NT, bool MASK_TENSOR = true>
 __device__ __forceinline__ float oss_attn_fwd_mask_scores(float (&s)[MT][NT][4], const oss_attn_args &a,
                                                           int64_t mbase, int r0, int j0, int lane) {
   const bool need_mask = (MASK_TENSOR && a.mask_kind != OSS_MASK_NONE) || a.scale_log2 < 0.f || j0 + NT * 8 > a.lk ||
-                         (a.causal && (int64_t)(j0 + NT * 8 - 1) > (int64_t)r0 + a.causal_off);
+                         (a.causal && (int64_t)(j0 + NT * 8 - 1) > (int64_t)r0 + a.causal_off) ||
+                         (!MASK_TENSOR && !oss_attn_window_holds(a, r0, MT * 16, j0, NT * 8));
   if (!need_mask) return a.scale_log2;
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
@@ -73,11 +74,15 @@ __device__ __forceinline__ float oss_attn_fwd_mask_scores(float (&s)[MT][NT][4],
 }
 
 /* oss_attn_fwd_mask_scores under the score variants: each score of
- * oss_attn_var_each in place, c = 1. */
+ * oss_attn_var_each in place, c = 1; or, on a tile of visible pairs without
+ * softcap or ALiBi (which then only scale), the raw scores and c = scale
+ * log2(e), as in the plain kernels. */
 template <int MT, int NT, bool MASKS = true>
 __device__ __forceinline__ float oss_attn_fwd_var_scores(float (&s)[MT][NT][4], const oss_attn_args &a,
                                                          const oss_attn_var_consts &v, int64_t mbase, int r0, int j0,
                                                          int lane) {
+  if (v.cap == 0.f && v.slope == 0.f && v.scale_l2 >= 0.f && oss_attn_var_interior(a, r0, MT * 16, j0, NT * 8))
+    return v.scale_l2;
   oss_attn_var_each<false, MT, NT, MASKS>(s, a, v, mbase, r0, j0, lane,
                            [&](int mt, int n, int e, float x, float) { s[mt][n][e] = x; });
   return 1.f;
@@ -217,7 +222,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) oss_attn_fwd_mma_kernel(const o
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   oss_attn_args a = args; /* a sequence's view in a variable-length batch */
   oss_attn_query_block qblk;
-  if (!oss_attn_query_block_of<T, BR, BC, VAR>(a, &qblk)) return;
+  if (!oss_attn_query_block_of<T, BR, BC>(a, &qblk)) return;
   const int64_t bh = qblk.bh;
   const int b = qblk.b, h = qblk.h, hk = qblk.hk, i0 = qblk.i0, rows = qblk.rows, ntiles = qblk.ntiles;
   const int jt0 = VAR ? qblk.jt0 : 0; /* a window's first tile (the plain kernel starts at 0) */

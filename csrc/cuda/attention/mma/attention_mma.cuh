@@ -286,11 +286,32 @@ template <typename M> __device__ __forceinline__ float oss_attn_mask_ld(const vo
   else return oss_to_float(v) * (float)OSS_LOG2E;
 }
 
+/* The window (oss.h window_size; a side < 0 is unbounded) narrows the
+ * visible columns [*lo, *hi] of fragment row R: key j lies in query i's
+ * window iff i + var_off - left <= j <= i + var_off + right. KEY_MAJOR =
+ * false: R is the query and the columns are keys; else R is a key and the
+ * columns are queries. */
+template <bool KEY_MAJOR>
+__device__ __forceinline__ void oss_attn_window_clamp(const oss_attn_args &a, int R, int64_t *lo, int64_t *hi) {
+  const int64_t diag = KEY_MAJOR ? (int64_t)R - a.var_off : (int64_t)R + a.var_off; /* the column of d = 0 */
+  const int64_t below = KEY_MAJOR ? a.win_right : a.win_left, above = KEY_MAJOR ? a.win_left : a.win_right;
+  if (below >= 0 && diag - below > *lo) *lo = diag - below;
+  if (above >= 0 && diag + above < *hi) *hi = diag + above;
+}
+
+/* Whether every pair of queries [i0, i0 + ni) and keys [j0, j0 + nj) lies
+ * inside the window (always, without one). */
+__device__ __forceinline__ bool oss_attn_window_holds(const oss_attn_args &a, int i0, int ni, int j0, int nj) {
+  const int64_t dmax = (int64_t)(i0 + ni - 1) + a.var_off - j0, dmin = (int64_t)i0 + a.var_off - (j0 + nj - 1);
+  return (a.win_left < 0 || dmax <= a.win_left) && (a.win_right < 0 || -dmin <= a.win_right);
+}
+
 /* Applies the key bound, the causal rule and the mask tensor (element type M,
  * void for none) to scaled scores held as C fragments: fragment row
  * R = r0 + mt*16 + g (+8), column C = c0 + n*8 + 2t (+1). KEY_MAJOR = false:
  * R is the query and C the key (forward, dQ); true: the transpose (dK/dV).
- * Invisible scores become -inf. */
+ * Without a mask tensor, the window too (a window with a mask tensor runs the
+ * kernels with the score variants). Invisible scores become -inf. */
 template <typename M, bool KEY_MAJOR, int MT, int NT>
 __device__ __forceinline__ void oss_attn_mask_frag(float (&s)[MT][NT][4], const oss_attn_args &a, int64_t mbase,
                                                    int r0, int c0, int lane) {
@@ -319,6 +340,14 @@ __device__ __forceinline__ void oss_attn_mask_frag(float (&s)[MT][NT][4], const 
         cmax = (int)(hiv < (int64_t)a.lk - 1 ? (hiv < -1 ? -1 : hiv) : (int64_t)a.lk - 1);
         row_in = R < a.lq;
       }
+      if constexpr (std::is_same<M, void>::value) {
+        if (a.win_left >= 0 || a.win_right >= 0) {
+          int64_t lo = cmin, hi = cmax;
+          oss_attn_window_clamp<KEY_MAJOR>(a, R, &lo, &hi);
+          cmin = lo > INT_MAX ? INT_MAX : (int)lo; /* lo only rose, hi only fell (and stays above INT_MIN) */
+          cmax = (int)hi;
+        }
+      }
       const int64_t mrow = mbase + (int64_t)R * ms_r;
 #pragma unroll
       for (int n = 0; n < NT; n++)
@@ -339,7 +368,7 @@ __device__ __forceinline__ void oss_attn_mask_frag(float (&s)[MT][NT][4], const 
 typedef struct oss_attn_var_consts {
   float scale_l2; /* the softmax scale times log2(e) */
   float cap;      /* the softcap times log2(e) (0: off) */
-  float cap_k;    /* 2 log2(e) / cap: tanh(x / cap) = 1 - 2 / (2^(x cap_k) + 1) */
+  float cap_k;    /* 2 scale log2(e) / softcap: tanh(raw scale / softcap) = 1 - 2 / (2^(raw cap_k) + 1) */
   float slope;    /* this (batch, query head)'s ALiBi slope times log2(e) (0: off) */
 } oss_attn_var_consts;
 
@@ -347,27 +376,37 @@ __device__ __forceinline__ oss_attn_var_consts oss_attn_var_consts_of(const oss_
   oss_attn_var_consts v;
   v.scale_l2 = a.scale_log2;
   v.cap = a.softcap_l2;
-  v.cap_k = a.softcap_l2 > 0.f ? (float)(2.0 * OSS_LOG2E) / a.softcap_l2 : 0.f;
+  v.cap_k = a.softcap_l2 > 0.f ? (float)(2.0 * OSS_LOG2E) * a.scale_log2 / a.softcap_l2 : 0.f;
   v.slope = a.alibi == nullptr ? 0.f : a.alibi[(int64_t)b * a.alibi_sb + h] * (float)OSS_LOG2E;
   return v;
 }
 
+/* 1 / x in one MUFU op (x = inf gives 0). */
+__device__ __forceinline__ float oss_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 /* A visible pair's score in log2 units from its raw product q.k: scaled,
  * capped (s = cap tanh(s / cap)) where cap, minus ALiBi's slope |dist| where
- * alibi (dist = i + off - j, exact in float below 2^24). tanh by one
- * ex2.approx and a fast reciprocal: absolute error ~1e-7, which the cap
- * scales into the score's absolute error (~5e-6 at cap 50, float32's own
- * rounding of such a score); the backward recomputes the same value. *dcap:
- * the capped score's derivative by the scaled one, 1 - tanh^2 (1 without
- * softcap), for dS. */
+ * alibi (dist = i + off - j, exact in float below 2^24). The capped score is
+ * cap (1 - 2 r), r = 1 / (2^(raw cap_k) + 1), by one ex2.approx and one
+ * rcp.approx: absolute error ~1e-7 in tanh, which the cap scales into the
+ * score's absolute error (~5e-6 at cap 50, float32's own rounding of such a
+ * score); the backward recomputes the same value. *dcap: the capped score's
+ * derivative by the scaled one, 1 - tanh^2 (1 without softcap), for dS. */
 __device__ __forceinline__ float oss_attn_var_value(const oss_attn_var_consts &v, bool cap, bool alibi, float raw,
                                                     float dist, float *dcap) {
-  float x = raw * v.scale_l2;
+  float x;
   *dcap = 1.f;
   if (cap) {
-    const float t = 1.f - __fdividef(2.f, oss_ex2(x * v.cap_k) + 1.f);
-    x = v.cap * t;
+    const float r = oss_rcp(oss_ex2(raw * v.cap_k) + 1.f);
+    x = fmaf(-2.f * v.cap, r, v.cap);
+    const float t = fmaf(-2.f, r, 1.f);
     *dcap = 1.f - t * t;
+  } else {
+    x = raw * v.scale_l2;
   }
   return alibi ? fmaf(-v.slope, fabsf(dist), x) : x;
 }
@@ -381,14 +420,11 @@ __device__ __forceinline__ void oss_attn_var_visible(const oss_attn_args &a, int
   if (!KEY_MAJOR) { /* keys j with j <= i + causal_off and i + off - left <= j <= i + off + right */
     h = R < a.lq ? (int64_t)a.lk - 1 : -1;
     if (a.causal && (int64_t)R + a.causal_off < h) h = (int64_t)R + a.causal_off;
-    if (a.win_right >= 0 && (int64_t)R + a.var_off + a.win_right < h) h = (int64_t)R + a.var_off + a.win_right;
-    if (a.win_left >= 0 && (int64_t)R + a.var_off - a.win_left > l) l = (int64_t)R + a.var_off - a.win_left;
   } else { /* queries i with i >= j - causal_off and j - off - right <= i <= j - off + left */
     h = R < a.lk ? (int64_t)a.lq - 1 : -1;
     if (a.causal && (int64_t)R - a.causal_off > l) l = (int64_t)R - a.causal_off;
-    if (a.win_right >= 0 && (int64_t)R - a.var_off - a.win_right > l) l = (int64_t)R - a.var_off - a.win_right;
-    if (a.win_left >= 0 && (int64_t)R - a.var_off + a.win_left < h) h = (int64_t)R - a.var_off + a.win_left;
   }
+  oss_attn_window_clamp<KEY_MAJOR>(a, R, &l, &h);
   *lo = l > INT_MAX ? INT_MAX : (int)l;
   *hi = h < -1 ? -1 : (int)h; /* h <= lk - 1 or lq - 1 */
 }
@@ -399,11 +435,8 @@ __device__ __forceinline__ void oss_attn_var_visible(const oss_attn_args &a, int
  * checked, as in the plain kernels: their rows are never written (forward),
  * and their zero dO and D make their terms vanish (backward). */
 __device__ __forceinline__ bool oss_attn_var_interior(const oss_attn_args &a, int i0, int ni, int j0, int nj) {
-  if (a.mask_kind != OSS_MASK_NONE || j0 + nj > a.lk ||
-      (a.causal && (int64_t)(j0 + nj - 1) > (int64_t)i0 + a.causal_off))
-    return false;
-  const int64_t dmax = (int64_t)(i0 + ni - 1) + a.var_off - j0, dmin = (int64_t)i0 + a.var_off - (j0 + nj - 1);
-  return (a.win_left < 0 || dmax <= a.win_left) && (a.win_right < 0 || -dmin <= a.win_right);
+  return a.mask_kind == OSS_MASK_NONE && j0 + nj <= a.lk &&
+         !(a.causal && (int64_t)(j0 + nj - 1) > (int64_t)i0 + a.causal_off) && oss_attn_window_holds(a, i0, ni, j0, nj);
 }
 
 /* Whether some key of [j0, j0 + nj) is inside the window of some query of
@@ -676,7 +709,7 @@ typedef struct oss_attn_query_block {
   int jt0; /* the first key tile some row can see (a window's left edge; else 0) */
 } oss_attn_query_block;
 
-template <int BR, int BC, bool VAR = false>
+template <int BR, int BC>
 __device__ __forceinline__ void oss_attn_query_block_at(const oss_attn_args &a, int64_t bh, int block,
                                                         oss_attn_query_block *q) {
   q->bh = bh;
@@ -691,16 +724,14 @@ __device__ __forceinline__ void oss_attn_query_block_at(const oss_attn_args &a, 
     const int64_t lim = (int64_t)(q->i0 + q->rows) + a.causal_off;
     n_end = (int)(lim < 0 ? 0 : (lim < a.lk ? lim : a.lk));
   }
-  int n_start = 0;
-  if (VAR) { /* a window: keys [i0 + off - left, i0 + rows - 1 + off + right] */
-    if (a.win_right >= 0) {
-      const int64_t lim = (int64_t)(q->i0 + q->rows - 1) + a.var_off + a.win_right + 1;
-      n_end = (int)(lim < 0 ? 0 : (lim < n_end ? lim : n_end));
-    }
-    if (a.win_left >= 0) {
-      const int64_t first = (int64_t)q->i0 + a.var_off - a.win_left;
-      n_start = (int)(first < 0 ? 0 : (first < n_end ? first : n_end));
-    }
+  int n_start = 0; /* a window: keys [i0 + off - left, i0 + rows - 1 + off + right] */
+  if (a.win_right >= 0) {
+    const int64_t lim = (int64_t)(q->i0 + q->rows - 1) + a.var_off + a.win_right + 1;
+    n_end = (int)(lim < 0 ? 0 : (lim < n_end ? lim : n_end));
+  }
+  if (a.win_left >= 0) {
+    const int64_t first = (int64_t)q->i0 + a.var_off - a.win_left;
+    n_start = (int)(first < 0 ? 0 : (first < n_end ? first : n_end));
   }
   q->ntiles = (n_end + BC - 1) / BC;
   q->jt0 = n_start / BC;
@@ -710,7 +741,7 @@ __device__ __forceinline__ void oss_attn_query_block_at(const oss_attn_args &a, 
 /* The block of this CTA; a (the kernel's copy of its arguments) becomes its
  * sequence's view in a variable-length batch (oss_attn_seq_view). False: no
  * such block (past batch * heads, or past its sequence's rows). */
-template <typename T, int BR, int BC, bool VAR = false>
+template <typename T, int BR, int BC>
 __device__ __forceinline__ bool oss_attn_query_block_of(oss_attn_args &a, oss_attn_query_block *q) {
   const int64_t y = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
   int64_t bh = y;
@@ -723,7 +754,7 @@ __device__ __forceinline__ bool oss_attn_query_block_of(oss_attn_args &a, oss_at
   }
   oss_attn_seq_view<T>(a, (int)(bh / a.hq));
   if (block < 0 || (int64_t)block * BR >= a.lq) return false;
-  oss_attn_query_block_at<BR, BC, VAR>(a, bh, block, q);
+  oss_attn_query_block_at<BR, BC>(a, bh, block, q);
   return true;
 }
 

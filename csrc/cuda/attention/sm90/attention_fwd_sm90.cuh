@@ -30,14 +30,17 @@
  *     (named barriers), so one's softmax runs under the other's products.
  *   - a mask tensor is read element-wise from global memory by the variant
  *     built for it (MASK_TENSOR); the variant without holds fewer registers.
- *   - VAR (a separate instantiation): the score variants of oss.h through
- *     oss_attn_fwd_var_scores (as in the mma.sync kernel), a row's softmax
- *     starting at its sink, and a window's key tiles only (producer and
- *     consumers both walk jt0 .. ntiles - 1); calls that also carry a mask
- *     tensor run the mma.sync kernel with the variants instead. Dropout (a
- *     variant too), as in the mma.sync kernel: a tile's kept weights drawn
- *     after its exponentials, while the previous P V runs, the dropped ones
- *     zeroed once P is packed, and 1 / (1 - p) applied to out at the end.
+ *   - a window's key tiles only (producer and consumers both walk jt0 ..
+ *     ntiles - 1). The kernel without a mask tensor applies a window as it
+ *     applies the causal rule (on the tiles across its edges), so a window
+ *     alone runs it; a window's blocks go on the persistent grid by stride.
+ *   - VAR (a separate instantiation): the other score variants of oss.h
+ *     through oss_attn_fwd_var_scores (as in the mma.sync kernel), a row's
+ *     softmax starting at its sink; calls that also carry a mask tensor run
+ *     the mma.sync kernel with the variants instead. Dropout (a variant
+ *     too), as in the mma.sync kernel: a tile's kept weights drawn after its
+ *     exponentials, while the previous P V runs, the dropped ones zeroed once
+ *     P is packed, and 1 / (1 - p) applied to out at the end.
  *   - a variable-length batch (oss.h cu_seqlens): the work blocks of a head
  *     are slots of the packed rows (oss_attn_seq_slots), so the grid follows
  *     the tokens rather than batch x the longest sequence; a block's arguments
@@ -240,7 +243,9 @@ __global__ void __launch_bounds__(384, 1)
   /* the work blocks of this CTA: oss_sm90_first_block */
   const int nqb = (int)oss_sm90_row_blocks(args, BR);
   const int nwork = nqb * (int)oss_sm90_work_rows(args); /* the launcher checks that it fits */
-  const bool pairs = args.causal && args.cu_q == nullptr;
+  /* causal blocks in pairs of equal work; a window's blocks are of about equal
+   * work each (a left edge caps them), taken by stride */
+  const bool pairs = args.causal && args.cu_q == nullptr && args.win_left < 0;
   /* the current block's arguments: in a variable-length batch its sequence's
    * view (oss_attn_seq_view); the copies then address the packed rows from the
    * sequence's first (seq_q0, seq_k0) in one batch. A mask tensor never comes
@@ -282,7 +287,7 @@ __global__ void __launch_bounds__(384, 1)
         int block = w % nqb;
         if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, w, nqb, &bh, &block)) continue;
         oss_attn_query_block qb;
-        oss_attn_query_block_at<BR, BC, VAR>(a, bh, block, &qb);
+        oss_attn_query_block_at<BR, BC>(a, bh, block, &qb);
         if (qb.ntiles <= qb.jt0) continue;
         const int tb = a.cu_q != nullptr ? 0 : qb.b; /* the copies' batch */
         if (blocks > 0) oss_mbar_wait(&q_empty, (blocks - 1) & 1);
@@ -319,7 +324,7 @@ __global__ void __launch_bounds__(384, 1)
       int block = w % nqb;
       if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, w, nqb, &bh, &block)) continue;
       oss_attn_query_block qb;
-      oss_attn_query_block_at<BR, BC, VAR>(a, bh, block, &qb);
+      oss_attn_query_block_at<BR, BC>(a, bh, block, &qb);
       /* the block's key tiles jt0 .. jt0 + ntiles - 1 (a window's; else all up to the diagonal) */
       const int i0 = qb.i0, jt0 = qb.jt0, ntiles = qb.ntiles > qb.jt0 ? qb.ntiles - qb.jt0 : 0;
       const int64_t mbase = MASK_TENSOR ? oss_attn_mask_base(a, qb.b, qb.h) : 0;
@@ -355,7 +360,7 @@ __global__ void __launch_bounds__(384, 1)
           if (ntiles == 1) oss_mbar_arrive(&q_empty);
         }
         float c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, jt0 * BC, lane)
-                      : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, 0, lane);
+                      : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, jt0 * BC, lane);
         oss_sm90_softmax_exp<NT>(s[0], m[0], l[0], alpha, c);
         oss_sm90_softmax_pack<T, NT, NOA, !ONES>(s[0], o[0], lr[0], alpha, pa);
         if (drop) {
@@ -478,32 +483,42 @@ oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_a
  * again), which runs what the wgmma kernel cannot take. */
 template <typename T, int HD>
 oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
-                                    oss_attn_launch_fn mma) {
+                                    oss_attn_launch_fn mma, oss_attn_launch_fn mma_var) {
   typedef oss_attn_fwd_sm90_cfg<HD> C;
   /* a kernel without the registers for reading a mask tensor where there is
    * none; the one that reads it has no registers left for ping-pong */
   static const int plain_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>);
   static const int mask_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>);
+  /* a window alone (oss_attn_fwd_sm90_var_launch sends it here) falls back to
+   * the mma.sync kernel with the variants */
+  const oss_attn_launch_fn fallback = a->variants ? mma_var : mma;
   if (a->mask_kind != OSS_MASK_NONE)
     return oss_attn_fwd_sm90_run<T, HD, false>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>,
-                                               mask_regs, mma, false, a, stream, dev);
+                                               mask_regs, fallback, false, a, stream, dev);
   const bool persistent = a->cu_q == NULL && (!a->causal || C::PERSISTENT_CAUSAL);
   return oss_attn_fwd_sm90_run<T, HD, false>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>,
-                                             plain_regs, mma, persistent, a, stream, dev);
+                                             plain_regs, fallback, persistent, a, stream, dev);
 }
 
 /* The score variants on Hopper (oss_attn_fwd_var_scores per tile, a window's
- * key tiles only, sinks in the row statistics); calls that also pass a mask
- * tensor run mma_var, the mma.sync kernel with the variants (its own
- * generated file's launcher), which reads it. */
+ * key tiles only, sinks in the row statistics). A window alone runs `plain`,
+ * the launcher above (its own generated file's; NULL where the build has no
+ * plain Hopper kernel of this head dim), whose kernel applies a window where
+ * it applies the causal rule and keeps its ones column and its scale folded
+ * into the exponent; calls that also pass a mask tensor run mma_var, the
+ * mma.sync kernel with the variants (its own generated file's launcher),
+ * which reads it. */
 template <typename T, int HD>
 oss_status oss_attn_fwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
-                                        oss_attn_launch_fn mma_var) {
+                                        oss_attn_launch_fn mma_var, oss_attn_launch_fn plain) {
   typedef oss_attn_fwd_sm90_cfg<HD> C;
   if (a->mask_kind != OSS_MASK_NONE) return mma_var(a, stream, dev);
+  const bool window_only = a->softcap_l2 == 0.f && a->alibi == NULL && a->sinks == NULL && a->drop_seed == NULL;
+  if (window_only && plain != NULL) return plain(a, stream, dev);
   static const int regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>);
+  const bool persistent = a->cu_q == NULL && (!a->causal || C::PERSISTENT_CAUSAL);
   return oss_attn_fwd_sm90_run<T, HD, true>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>,
-                                            regs, mma_var, false, a, stream, dev);
+                                            regs, mma_var, persistent, a, stream, dev);
 }
 
 #endif /* OSS_ATTENTION_FWD_SM90_CUH */
