@@ -1525,6 +1525,8 @@ template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Func
     const Tensor residual = RESIDUAL && half ? outs[2] : Tensor();
     if (RESIDUAL) ctx->mark_non_differentiable({outs[1], outs[2]});
     else ctx->mark_non_differentiable({outs[1]});
+    // the backward reads out's gradient only: no zero tensors for lse's and the residual's
+    ctx->set_materialize_grads(false);
     ctx->save_for_backward({query, key, value, attn_mask.value_or(Tensor()), outs[0], outs[1], residual,
                             alibi_slopes.value_or(Tensor()), sinks.value_or(Tensor()),
                             dropout_p > 0 ? dropout_seed.value_or(Tensor()) : Tensor()});
@@ -1547,6 +1549,7 @@ template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Func
                                           .findSchemaOrThrow("oss::attention_backward_with_sinks", "")
                                           .typed<decltype(attention_backward_with_sinks_op)>();
     variable_list none(kAttentionInputs);
+    if (!grads[0].defined()) return none;  // out's gradient is zero: so are the inputs'
     const variable_list saved = ctx->get_saved_variables();
     const Tensor &mask = saved[3], &residual = saved[6], &alibi = saved[7], &sinks = saved[8], &seed = saved[9];
     // needs_input_grad counts the defined tensor inputs only: q, k, v, [mask], [alibi], sinks

@@ -196,6 +196,7 @@ def _attention_varlen_setup_context(ctx, inputs, output):
      deterministic, dropout_p, dropout_seed, return_residual) = inputs
     out, lse, residual = output
     ctx.mark_non_differentiable(lse, residual)
+    ctx.set_materialize_grads(False)  # the backward reads out's gradient only: no zero tensors for the others
     half = q.dtype in (torch.float16, torch.bfloat16)
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, residual if return_residual and half else None,
                           alibi_slopes, sinks, dropout_seed if dropout_p > 0 else None)
@@ -214,7 +215,7 @@ def _attention_varlen_backward(ctx, grad_out, grad_lse, grad_residual):
     needs = ctx.needs_input_grad  # the trailing defaulted inputs may be absent
     want = [needs[0], needs[1], needs[2], sinks is not None and len(needs) > _VARLEN_SINKS and needs[_VARLEN_SINKS]]
     grads = [None] * _VARLEN_INPUTS
-    if not any(want):
+    if grad_out is None or not any(want):  # out's gradient is zero: so are the inputs'
         return tuple(grads)
     dq, dk, dv, dsinks = torch.ops.oss.attention_varlen_backward(
         grad_out, q, k, v, out, lse, cu_q, cu_k, *ctx.varlen_args, residual, *ctx.variant_args, alibi_slopes, sinks,

@@ -654,110 +654,208 @@ oss_status oss_attn_bwd_simt(const oss_attn_args *a, oss_dtype dtype, cudaStream
 // backward pre-pass and dQ conversion of the tensor-core kernels
 // ---------------------------------------------------------------------------
 
-/* One warp per workspace row (oss_attn_ws_row: [B*Hq][lq_pad], or in a
- * variable-length batch [Hq][ws_rows]): dsum = rowsum(dO * O) (summed in
- * double: it is subtracted from dP, where every rounding shows in dS; O plus
- * its rounding residual when the forward kept one, so D carries no rounding
- * of the output), lse_adj = lse * log2(e) (+inf where lse = -inf and for
- * padding rows), and the row of the float32 dQ accumulator zeroed when there
- * is one. */
-template <typename T>
+/* These passes stream rows of O, dO, K or the dQ accumulator. A row goes to a
+ * group of oss_attn_row_lanes(n) lanes of one warp, 8 columns a lane (one
+ * 16-byte load of 16-bit elements where the rows allow, 4 to 32 lanes, so a
+ * warp takes 1 to 8 rows at once), and a CTA of 256 threads takes
+ * consecutive rows (OSS_ATTN_ROW_BLOCK, or oss_attn_pre_rows): the index
+ * arithmetic is paid per CTA, the loads are as wide as the memory system
+ * serves them. */
+#define OSS_ATTN_ROW_BLOCK 64
+
+__host__ __device__ __forceinline__ int oss_attn_row_lanes(int64_t n) {
+  int lanes = 4;
+  while (lanes < 32 && lanes * 8 < n) lanes *= 2;
+  return lanes;
+}
+
+/* Elements [c, c + 8) of a row of 16-bit T, as they are in memory: one
+ * 16-byte load where `vec` (the row 16-byte aligned) and all 8 are below n,
+ * else element loads (0 past n). oss_attn_unpack8: them as float. */
+template <typename T> __device__ __forceinline__ uint4 oss_attn_load8(const T *row, int64_t c, int64_t n, bool vec) {
+  static_assert(sizeof(T) == 2, "16-bit elements");
+  if (vec && c + 8 <= n) return *reinterpret_cast<const uint4 *>(row + c);
+  uint4 u;
+  T *e = reinterpret_cast<T *>(&u);
+#pragma unroll
+  for (int k = 0; k < 8; k++) e[k] = c + k < n ? row[c + k] : oss_from_float<T>(0.f);
+  return u;
+}
+template <typename T> __device__ __forceinline__ void oss_attn_unpack8(const uint4 &u, float (&x)[8]) {
+  const T *e = reinterpret_cast<const T *>(&u);
+#pragma unroll
+  for (int k = 0; k < 8; k++) x[k] = oss_to_float(e[k]);
+}
+
+/* Workspace rows (oss_attn_ws_row: [B*Hq][lq_pad], or in a variable-length
+ * batch [Hq][ws_rows]): dsum = rowsum(dO * O) (summed in double: it is
+ * subtracted from dP, where every rounding shows in dS; O plus its rounding
+ * residual when the forward kept one, so D carries no rounding of the output;
+ * each product of two 16-bit values is exact in float), lse_adj = lse *
+ * log2(e) (+inf where lse = -inf and for padding rows), and the CTA's rows of
+ * the float32 dQ accumulator (one contiguous range) zeroed when there is one.
+ * A row by LANES lanes (oss_attn_row_lanes(Dv): its columns in one pass), a
+ * thread's PRE_ROWS rows loaded before any is summed and stored, so that each
+ * thread has all its loads in flight at once (the pass is bound by the bytes
+ * in flight). oss_attn_pre_rows<LANES>() rows a CTA; a dense CTA's rows are of
+ * one (batch, head) (they divide lq_pad), a packed CTA's of at most two heads
+ * (they are fewer than ws_rows). */
+#define OSS_ATTN_PRE_ROWS 4
+template <int LANES> __host__ __device__ constexpr int oss_attn_pre_rows() {
+  return 256 / LANES * OSS_ATTN_PRE_ROWS < OSS_ATTN_LQ_PAD ? 256 / LANES * OSS_ATTN_PRE_ROWS : OSS_ATTN_LQ_PAD;
+}
+
+template <typename T, int LANES>
 __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_args args) {
-  typedef float Acc;
-  const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  oss_attn_args a = args; /* a sequence's view in a variable-length batch: rows past it are padding */
-  int b, h;
-  int64_t i;
-  if (args.ws_rows > 0) {
-    if (row >= (int64_t)args.hq * args.ws_rows) return;
-    h = (int)(row / args.ws_rows);
-    const int64_t r = row % args.ws_rows;
-    b = oss_attn_bisect(args.batch, r,
-                        [&](int x) { return oss_attn_ws_base(oss_attn_cu_at(args.cu_q, args.total_q, x), x); });
-    oss_attn_seq_view<T>(a, b);
-    i = r - oss_attn_ws_base(a.seq_q0, b);
-  } else {
-    if (row >= (int64_t)args.batch * args.hq * args.lq_pad) return;
-    const int64_t bh = row / args.lq_pad;
-    i = row % args.lq_pad;
-    b = (int)(bh / args.hq);
-    h = (int)(bh % args.hq);
-    oss_attn_seq_view<T>(a, b);
+  constexpr int ROWS = oss_attn_pre_rows<LANES>(), STEP = 256 / LANES, PER = ROWS / STEP;
+  static_assert(OSS_ATTN_LQ_PAD % ROWS == 0 && ROWS % STEP == 0, "a dense CTA's rows are of one (batch, head)");
+  const bool packed = args.ws_rows > 0;
+  const int64_t nrows = packed ? (int64_t)args.hq * args.ws_rows : (int64_t)args.batch * args.hq * args.lq_pad;
+  const int64_t r0 = (int64_t)blockIdx.x * ROWS;
+  if (r0 >= nrows) return;
+  const int sub = threadIdx.x % LANES, c = sub * 8; /* this lane's columns */
+  const bool vec = (args.vec & OSS_ATTN_VEC_O) && (args.vec & OSS_ATTN_VEC_DO) &&
+                   (args.out_res == nullptr || (args.vec & OSS_ATTN_VEC_OR));
+  const bool res = args.out_res != nullptr;
+  /* dense: the CTA's (batch * head); packed: the head of its first row */
+  const int64_t base = packed ? r0 / args.ws_rows : r0 / args.lq_pad;
+  uint4 xo[PER], xd[PER], xr[PER]; /* the rows' elements, unpacked once all have been loaded */
+  float lse[PER]; /* each row's lse, -inf for padding rows */
+#pragma unroll
+  for (int k = 0; k < PER; k++) {
+    const int64_t row = r0 + threadIdx.x / LANES + k * STEP;
+    oss_attn_args a = args; /* a sequence's view in a variable-length batch: rows past it are padding */
+    int b = 0, h = 0;
+    int64_t i = -1;
+    if (row < nrows) {
+      if (packed) {
+        int64_t r = row - base * args.ws_rows;
+        h = (int)base;
+        if (r >= args.ws_rows) {
+          r -= args.ws_rows;
+          h++;
+        }
+        b = oss_attn_bisect(args.batch, r,
+                            [&](int x) { return oss_attn_ws_base(oss_attn_cu_at(args.cu_q, args.total_q, x), x); });
+        oss_attn_seq_view<T>(a, b);
+        i = r - oss_attn_ws_base(a.seq_q0, b);
+      } else {
+        b = (int)(base / args.hq);
+        h = (int)(base % args.hq);
+        i = row - base * args.lq_pad;
+      }
+    }
+    lse[k] = -INFINITY;
+    xo[k] = xd[k] = xr[k] = make_uint4(0u, 0u, 0u, 0u); /* +0 in both 16-bit types */
+    if (i >= 0 && i < a.lq && c < a.dv) {
+      const int64_t off_o = b * a.o_s[0] + h * a.o_s[1] + i * a.o_s[2];
+      xo[k] = oss_attn_load8<T>((const T *)a.out + off_o, c, a.dv, vec);
+      xd[k] = oss_attn_load8<T>((const T *)a.dout + b * a.do_s[0] + h * a.do_s[1] + i * a.do_s[2], c, a.dv, vec);
+      if (res) xr[k] = oss_attn_load8<T>((const T *)a.out_res + off_o, c, a.dv, vec);
+    }
+    if (i >= 0 && i < a.lq) lse[k] = ((const float *)a.lse)[oss_attn_lse_row(a, (int64_t)b * a.hq + h) + i];
   }
-  double sum = 0;
-  Acc ladj = (Acc)INFINITY;
-  if (i >= 0 && i < a.lq) {
-    const T *o = (const T *)a.out + b * a.o_s[0] + h * a.o_s[1] + i * a.o_s[2];
-    const T *d = (const T *)a.dout + b * a.do_s[0] + h * a.do_s[1] + i * a.do_s[2];
-    if (a.out_res == nullptr) {
-      for (int c = lane; c < a.dv; c += 32) sum += (double)oss_to_float(o[c]) * (double)oss_to_float(d[c]);
-    } else {
-      const T *res = (const T *)a.out_res + (o - (const T *)a.out);
-      for (int c = lane; c < a.dv; c += 32)
-        sum += ((double)oss_to_float(o[c]) + (double)oss_to_float(res[c])) * (double)oss_to_float(d[c]);
+  if (args.dq_acc != nullptr) { /* dq_ld is a multiple of 4 and the workspace 16-byte aligned */
+    float4 *acc = reinterpret_cast<float4 *>(args.dq_acc + r0 * args.dq_ld);
+    const int n = (int)(min((int64_t)ROWS, nrows - r0) * args.dq_ld / 4);
+    for (int e = threadIdx.x; e < n; e += 256) acc[e] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+#pragma unroll
+  for (int k = 0; k < PER; k++) {
+    float o[8], d[8], r[8];
+    oss_attn_unpack8<T>(xo[k], o);
+    oss_attn_unpack8<T>(xd[k], d);
+    oss_attn_unpack8<T>(xr[k], r);
+    double sum = 0;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+      sum += (double)(o[e] * d[e]);
+      if (res) sum += (double)(r[e] * d[e]);
     }
 #pragma unroll
-    for (int off = 16; off >= 1; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    const Acc lse = ((const Acc *)a.lse)[oss_attn_lse_row(a, (int64_t)b * a.hq + h) + i];
-    ladj = lse == (Acc)(-INFINITY) ? (Acc)INFINITY : (Acc)((double)lse * OSS_LOG2E); /* one rounding */
-  }
-  if (lane == 0) {
-    ((Acc *)a.dsum)[row] = (Acc)sum;
-    ((Acc *)a.lse_adj)[row] = ladj;
-  }
-  if (a.dq_acc) {
-    float *acc = a.dq_acc + row * a.dq_ld;
-    for (int c = lane; c < a.dq_ld; c += 32) acc[c] = 0.f;
+    for (int off = LANES / 2; off >= 1; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const int64_t row = r0 + threadIdx.x / LANES + k * STEP;
+    if (sub == 0 && row < nrows) {
+      ((float *)args.dsum)[row] = (float)sum;
+      ((float *)args.lse_adj)[row] = lse[k] == -INFINITY ? INFINITY : (float)((double)lse[k] * OSS_LOG2E); /* one rounding */
+    }
   }
 }
 
 /* dq = dq_acc (already scaled) - R kmean (dQ's centring, when on; R is the
  * sum of the row's columns dq_ld - 4 and dq_ld - 3, where the dK/dV kernels
- * add it) for rows < Lq, cols < D. One warp per row of dq:
- * (batch, head, row), or in a variable-length batch (head, packed row). */
+ * add it) for rows < Lq, cols < D. OSS_ATTN_ROW_BLOCK rows a CTA: grid x the
+ * blocks of a (batch, head)'s Lq rows, or of a variable-length batch's packed
+ * rows; y and z the (batch, head), or the head. The accumulator's and kmean's
+ * rows are 16-byte aligned with at least D rounded up to 8 columns. */
 template <typename T> __global__ void __launch_bounds__(256) oss_attn_bwd_dq_convert_kernel(const oss_attn_args args) {
-  const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  oss_attn_args a = args; /* a sequence's view in a variable-length batch */
-  int b, h;
-  int64_t i;
-  if (args.ws_rows > 0) {
-    if (row >= (int64_t)args.hq * args.total_q) return;
-    h = (int)(row / args.total_q);
-    const int64_t t = row % args.total_q;
-    b = oss_attn_row_seq(args.cu_q, args.batch, args.total_q, t);
-    oss_attn_seq_view<T>(a, b);
-    i = t - a.seq_q0;
-  } else {
-    if (row >= (int64_t)args.batch * args.hq * args.lq) return;
-    const int64_t bh = row / args.lq;
-    i = row % args.lq;
-    b = (int)(bh / args.hq);
-    h = (int)(bh % args.hq);
-  }
-  if (i < 0 || i >= a.lq) return;
-  const int64_t ws = oss_attn_ws_row(a, b, h) + i;
-  const float *src = a.dq_acc + ws * a.dq_ld;
-  T *dst = (T *)a.dq + b * a.dq_s[0] + h * a.dq_s[1] + i * a.dq_s[2];
-  if (a.kmean != nullptr) {
-    const float e = src[a.dq_ld - 4] + src[a.dq_ld - 3];
-    const float ec = isfinite(e) ? e : 0.f;
-    const float *kbar = a.kmean + ((int64_t)b * a.hkv + h / a.group) * a.mean_ld;
-    for (int c = lane; c < a.d; c += 32) dst[c] = oss_from_float<T>(src[c] - ec * kbar[c]);
-  } else {
-    for (int c = lane; c < a.d; c += 32) dst[c] = oss_from_float<T>(src[c]);
+  const bool packed = args.ws_rows > 0;
+  const int64_t y = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
+  if (y >= (packed ? (int64_t)args.hq : (int64_t)args.batch * args.hq)) return;
+  const int lanes = oss_attn_row_lanes(args.d), per_warp = 32 / lanes;
+  const int lane = threadIdx.x & 31, sub = lane % lanes;
+  const bool vec = (args.vec & OSS_ATTN_VEC_DQ) != 0;
+  for (int rr = (int)(threadIdx.x >> 5) * per_warp + lane / lanes; rr < OSS_ATTN_ROW_BLOCK; rr += 8 * per_warp) {
+    const int64_t t = (int64_t)blockIdx.x * OSS_ATTN_ROW_BLOCK + rr;
+    oss_attn_args a = args; /* a sequence's view in a variable-length batch */
+    int b, h;
+    int64_t i;
+    if (packed) {
+      if (t >= args.total_q) break;
+      h = (int)y;
+      b = oss_attn_row_seq(args.cu_q, args.batch, args.total_q, t);
+      oss_attn_seq_view<T>(a, b);
+      i = t - a.seq_q0;
+    } else {
+      b = (int)(y / args.hq);
+      h = (int)(y % args.hq);
+      i = t;
+    }
+    if (i < 0 || i >= a.lq) continue;
+    const float *src = a.dq_acc + (oss_attn_ws_row(a, b, h) + i) * a.dq_ld;
+    T *dst = (T *)a.dq + b * a.dq_s[0] + h * a.dq_s[1] + i * a.dq_s[2];
+    float e = 0.f;
+    const float *kbar = nullptr;
+    if (a.kmean != nullptr) {
+      e = src[a.dq_ld - 4] + src[a.dq_ld - 3];
+      e = isfinite(e) ? e : 0.f;
+      kbar = a.kmean + ((int64_t)b * a.hkv + h / a.group) * a.mean_ld;
+    }
+    for (int c = sub * 8; c < a.d; c += lanes * 8) {
+      float x[8];
+      *reinterpret_cast<float4 *>(x) = *reinterpret_cast<const float4 *>(src + c);
+      *reinterpret_cast<float4 *>(x + 4) = *reinterpret_cast<const float4 *>(src + c + 4);
+      if (kbar != nullptr) {
+        const float4 k0 = *reinterpret_cast<const float4 *>(kbar + c), k1 = *reinterpret_cast<const float4 *>(kbar + c + 4);
+        const float kb[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
+#pragma unroll
+        for (int k = 0; k < 8; k++) x[k] -= e * kb[k];
+      }
+      if (vec && c + 8 <= a.d) {
+        uint4 u;
+        T *v = reinterpret_cast<T *>(&u);
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = oss_from_float<T>(x[k]);
+        *reinterpret_cast<uint4 *>(dst + c) = u;
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+          if (c + k < a.d) dst[c + k] = oss_from_float<T>(x[k]);
+      }
+    }
   }
 }
 
 /* dQ's centring: the mean K row of each kv head, deterministically. Pass 1:
  * one CTA of 256 threads per (chunk of OSS_ATTN_MEAN_CHUNK rows, batch * kv
- * head), each thread summing one column over every `lanes`-th row of the chunk
- * in float64, the row lanes added in order into kmean_part. Pass 2: one thread
- * per (kv head, column) adds the chunks in order and divides (n equal rows
- * average exactly to that row). Columns >= D and non-finite means give 0. */
+ * head); its threads take the chunk's rows by groups (a row per group, 8
+ * columns a lane, as the passes above), each summing its columns over every
+ * `rows`-th row in float64, and the groups' sums are added in order into
+ * kmean_part. Pass 2: one thread per (kv head, column) adds the chunks in
+ * order and divides (n equal rows average exactly to that row). Columns >= D
+ * and non-finite means give 0. */
 template <typename T> __global__ void __launch_bounds__(256) oss_attn_kmean_part_kernel(const oss_attn_args args) {
-  __shared__ double part[256];
+  __shared__ double part[256 * 8];
   const int64_t bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
   if (bh >= (int64_t)args.batch * args.hkv) return;
   const int b = (int)(bh / args.hkv), h = (int)(bh % args.hkv);
@@ -766,18 +864,23 @@ template <typename T> __global__ void __launch_bounds__(256) oss_attn_kmean_part
   const int chunks = (args.lk + OSS_ATTN_MEAN_CHUNK - 1) / OSS_ATTN_MEAN_CHUNK;
   const int r0 = blockIdx.x * OSS_ATTN_MEAN_CHUNK, r1 = min(r0 + OSS_ATTN_MEAN_CHUNK, a.lk);
   const T *x = (const T *)a.k + b * a.k_s[0] + h * a.k_s[1];
-  const int cols = (a.mean_ld + 31) / 32 * 32, lanes = 256 / cols; /* mean_ld <= 256 */
-  const int c = threadIdx.x % cols, lane = threadIdx.x / cols;
-  double sum = 0;
-  if (lane < lanes && c < a.d) {
-#pragma unroll 4
-    for (int r = r0 + lane; r < r1; r += lanes) sum += (double)oss_to_float(x[(int64_t)r * a.k_s[2] + c]);
+  const int lanes = oss_attn_row_lanes(a.mean_ld), rows = 256 / lanes; /* mean_ld <= 256 */
+  const int sub = threadIdx.x % lanes, group = threadIdx.x / lanes, c = sub * 8;
+  const bool vec = (a.vec & OSS_ATTN_VEC_K) != 0;
+  double sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int r = r0 + group; r < r1; r += rows) {
+    float v[8];
+    oss_attn_unpack8<T>(oss_attn_load8<T>(x + (int64_t)r * a.k_s[2], c, a.d, vec), v);
+#pragma unroll
+    for (int k = 0; k < 8; k++) sum[k] += (double)v[k];
   }
-  part[threadIdx.x] = sum;
+#pragma unroll
+  for (int k = 0; k < 8; k++) part[group * lanes * 8 + c + k] = sum[k];
   __syncthreads();
-  if (lane == 0 && c < a.mean_ld) {
-    for (int l = 1; l < lanes; l++) sum += part[l * cols + c];
-    a.kmean_part[(bh * chunks + blockIdx.x) * a.mean_ld + c] = sum;
+  for (int col = threadIdx.x; col < a.mean_ld; col += 256) {
+    double total = 0;
+    for (int g = 0; g < rows; g++) total += part[g * lanes * 8 + col];
+    a.kmean_part[(bh * chunks + blockIdx.x) * a.mean_ld + col] = total;
   }
 }
 
@@ -819,16 +922,28 @@ oss_status oss_attn_bwd_means(const oss_attn_args *a, oss_dtype dtype, cudaStrea
 oss_status oss_attn_bwd_prepare(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream) {
   const int64_t rows = a->ws_rows > 0 ? (int64_t)a->hq * a->ws_rows : (int64_t)a->batch * a->hq * a->lq_pad;
   if (rows == 0) return OSS_OK;
-  const dim3 grid((unsigned)((rows + 7) / 8));
-  if (dtype == OSS_FLOAT16) oss_attn_bwd_pre_kernel<__half><<<grid, 256, 0, stream>>>(*a);
-  else oss_attn_bwd_pre_kernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(*a);
+  auto launch = [&](auto lanes) {
+    constexpr int L = decltype(lanes)::value, R = oss_attn_pre_rows<L>();
+    const dim3 grid((unsigned)((rows + R - 1) / R));
+    if (dtype == OSS_FLOAT16) oss_attn_bwd_pre_kernel<__half, L><<<grid, 256, 0, stream>>>(*a);
+    else oss_attn_bwd_pre_kernel<__nv_bfloat16, L><<<grid, 256, 0, stream>>>(*a);
+  };
+  switch (oss_attn_row_lanes(a->dv)) { /* Dv <= 256: at most 32 lanes of 8 columns */
+  case 4: launch(std::integral_constant<int, 4>()); break;
+  case 8: launch(std::integral_constant<int, 8>()); break;
+  case 16: launch(std::integral_constant<int, 16>()); break;
+  default: launch(std::integral_constant<int, 32>()); break;
+  }
   return oss_check_launch("oss_attn_bwd_pre_kernel");
 }
 
 oss_status oss_attn_bwd_dq_convert(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream) {
-  const int64_t rows = a->ws_rows > 0 ? (int64_t)a->hq * a->total_q : (int64_t)a->batch * a->hq * a->lq;
-  if (rows == 0) return OSS_OK;
-  const dim3 grid((unsigned)((rows + 7) / 8));
+  const bool packed = a->ws_rows > 0;
+  const int64_t per = packed ? a->total_q : a->lq, heads = packed ? (int64_t)a->hq : (int64_t)a->batch * a->hq;
+  if (per == 0 || heads == 0) return OSS_OK;
+  const int64_t y = heads < 65535 ? heads : 65535;
+  const dim3 grid((unsigned)((per + OSS_ATTN_ROW_BLOCK - 1) / OSS_ATTN_ROW_BLOCK), (unsigned)y,
+                  (unsigned)((heads + y - 1) / y));
   if (dtype == OSS_FLOAT16) oss_attn_bwd_dq_convert_kernel<__half><<<grid, 256, 0, stream>>>(*a);
   else oss_attn_bwd_dq_convert_kernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(*a);
   return oss_check_launch("oss_attn_bwd_dq_convert_kernel");
