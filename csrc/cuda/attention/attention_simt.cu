@@ -39,6 +39,11 @@
  * of the dropped output) and in dS = P (Z dP / (1 - p) - D).
  * No atomics anywhere: the float32/float64 backward is always deterministic.
  * Limits: head dims up to 256; shared memory sized at run time from D and Dv.
+ *
+ * Also here, the 16-bit (tensor-core) backward's row passes, memory-bound
+ * (see the comment above them): oss_attn_bwd_pre_kernel (D = rowsum(dO * O),
+ * lse in log2 units, the float32 dQ accumulator zeroed), the mean K rows of
+ * dQ's centring, and oss_attn_bwd_dq_convert_kernel (the accumulator into dq).
  */
 #include <limits.h>
 #include <math.h>
