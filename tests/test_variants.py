@@ -26,9 +26,10 @@ import zlib
 
 import pytest
 import torch
-from _util import ATTENTION_ATOL, DEVICES, FLOAT_DTYPES, assert_tolerance
+from _util import ATTENTION_ATOL, DEVICES, FLOAT_DTYPES, assert_tolerance, cuda_param
 
 import torch_oss
+from torch_oss._kernels import attention_kernels
 
 CAUSAL = [(False, "top_left"), (False, "bottom_right"), (True, "top_left"), (True, "bottom_right")]
 CAUSAL_IDS = ["none-tl", "none-br", "causal-tl", "causal-br"]
@@ -444,17 +445,23 @@ def test_tiny_window_over_long_keys(device, alignment):
     assert not touched[: max(off - 5, 0)].any() and not touched[off + 70 + 2:].any()
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device_kernel", ["cpu-default", cuda_param("cuda-default"), cuda_param("cuda-mma")])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("others", [True, False], ids=["with_others", "window_alone"])
-def test_window_with_inner_and_edge_tiles(device, dtype, is_causal, others):
+def test_window_with_inner_and_edge_tiles(device_kernel, dtype, is_causal, others):
     """A window of a few hundred keys over ~600 queries and ~700 keys, alone
     (on Hopper the plain forward kernel runs it) or with softcap, ALiBi and
     sinks: the kernels' key tiles fall wholly inside the window (where the
-    tensor-core kernels skip the per-pair visibility test and count ALiBi's
-    distances from one base per tile), across its edges, on the diagonal and
-    past the last key, forward and backward; head dims 64 and 128."""
+    tensor-core kernels skip the per-pair visibility test, fold the scale
+    into the exponent without softcap and ALiBi, and count ALiBi's distances
+    from one base per tile), across its edges, on the diagonal and past the
+    last key, forward and backward; head dims 64 and 128. cuda-mma: the
+    mma.sync kernels with the variants, which GPUs before Hopper run."""
+    device, kernel = device_kernel.split("-")
+    family = "mma" if kernel == "mma" else "best"
+    if kernel == "mma" and dtype not in (torch.float16, torch.bfloat16):
+        pytest.skip("the mma.sync kernels take float16 and bfloat16")
     torch.manual_seed(11 + others)
     for shape, window in (((2, 4, 2, 600, 700, 64, 64), (200, 50)), ((1, 4, 1, 650, 520, 128, 100), (260, 0))):
         q, k, v = make_qkv(shape, dtype, device)
@@ -462,8 +469,10 @@ def test_window_with_inner_and_edge_tiles(device, dtype, is_causal, others):
         if others:
             kw.update(softcap=4.0, alibi_slopes=torch.rand(shape[0], 4, device=device) * 0.05,
                       sinks=torch.randn(4, device=device))
-        check_variant(q, k, v, kw, is_causal=is_causal, alignment="bottom_right",
-                      label=f"inner and edge tiles {dtype} causal={is_causal} shape={shape} {kw.keys()}")
+        with attention_kernels(forward=family, backward=family):
+            check_variant(q, k, v, kw, is_causal=is_causal, alignment="bottom_right",
+                          label=f"inner and edge tiles {dtype} {device_kernel} causal={is_causal} shape={shape} "
+                                f"{sorted(kw)}")
 
 
 # ---------------------------------------------------------------------------
