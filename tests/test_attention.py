@@ -814,14 +814,23 @@ def test_wgmma_kernels_are_not_serialised():
 def test_hopper_forward_does_not_spill():
     """The Hopper forward's consumers hold O, S and P in registers (up to 240
     per thread after setmaxnreg); a spill would put local-memory traffic into
-    every key tile. Every instantiation (head dims 64, 128, 256; with and
-    without a mask tensor) must compile with no stack frame."""
+    every key tile. The instantiations without a window (head dims 64, 128,
+    256; with and without a mask tensor) must compile with no stack frame.
+    The ones for a window alone, instantiated apart so that these need not,
+    hold the block's first key tile in one more register: at head dim 128
+    that spills a few of the block's arguments, stored at its start and
+    reloaded once by its epilogue (the key loop has no local-memory access in
+    the SASS); their frame stays within 32 bytes."""
     import re
 
     frames = re.findall(r"Function properties for (\S*oss_attn_fwd_sm90_kernel\S*)\s+(\d+) bytes stack frame",
                         sm90_ptxas_report())
-    assert len(frames) == 6, f"expected 6 Hopper forward kernels in ptxas's report, found {len(frames)}"
-    spilled = [f"{name}: {size} bytes" for name, size in frames if int(size) != 0]
+    assert len(frames) == 9, f"expected 9 Hopper forward kernels in ptxas's report, found {len(frames)}"
+    # template arguments ..., MASK_TENSOR, VAR, WINDOW: the window kernels end in false, false, true
+    window = [(name, size) for name, size in frames if "Lb0ELb0ELb1EEv" in name]
+    assert len(window) == 3, f"expected 3 window kernels, found {[n for n, _ in frames]}"
+    spilled = [f"{name}: {size} bytes" for name, size in frames if (name, size) not in window and int(size) != 0]
+    spilled += [f"{name}: {size} bytes (window)" for name, size in window if int(size) > 32]
     assert not spilled, "stack frames:\n" + "\n".join(spilled)
 
 

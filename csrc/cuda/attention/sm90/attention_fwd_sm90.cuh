@@ -33,7 +33,10 @@
  *   - a window's key tiles only (producer and consumers both walk jt0 ..
  *     ntiles - 1). The kernel without a mask tensor applies a window as it
  *     applies the causal rule (on the tiles across its edges), so a window
- *     alone runs it; a window's blocks go on the persistent grid by stride.
+ *     alone runs it, instantiated apart (WINDOW: jt0 in a register, which at
+ *     head dim 128 spills a few block arguments outside the key loop; the
+ *     others know jt0 = 0); a window's blocks go on the persistent grid by
+ *     stride.
  *   - VAR (a separate instantiation): the other score variants of oss.h
  *     through oss_attn_fwd_var_scores (as in the mma.sync kernel), a row's
  *     softmax starting at its sink; calls that also carry a mask tensor run
@@ -219,12 +222,16 @@ __device__ __forceinline__ int oss_sm90_next_block(int w, int nqb, int nwork, bo
 }
 
 
-template <typename T, int HD, int BC, int STAGES, bool PINGPONG, bool MASK_TENSOR, bool VAR = false>
+template <typename T, int HD, int BC, int STAGES, bool PINGPONG, bool MASK_TENSOR, bool VAR = false, bool WINDOW = false>
 __global__ void __launch_bounds__(384, 1)
     oss_attn_fwd_sm90_kernel(const __grid_constant__ oss_attn_args args, const __grid_constant__ oss_attn_sm90_maps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BR = 128, NT = BC / 8, NO = HD / 8, NWARPS = 8;
   constexpr bool ONES = oss_attn_fwd_sm90_ones<HD, VAR>();
+  /* a window moves a block's first key tile (jt0) off 0: the kernels for
+   * windows (VAR, or WINDOW: a window alone) keep it in a register, the
+   * others know it is 0 */
+  constexpr bool WIN = VAR || WINDOW;
   constexpr int VC = oss_attn_fwd_sm90_v_cols<HD, VAR>(), NOA = NO + (ONES ? 1 : 0); /* O's n-tiles, ones included */
   static_assert(HD % 64 == 0 && BC % 16 == 0 && BC <= 256, "head dim a multiple of 64, key tile of 16");
 
@@ -288,13 +295,14 @@ __global__ void __launch_bounds__(384, 1)
         if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, w, nqb, &bh, &block)) continue;
         oss_attn_query_block qb;
         oss_attn_query_block_at<BR, BC>(a, bh, block, &qb);
-        if (qb.ntiles <= qb.jt0) continue;
+        const int jt0 = WIN ? qb.jt0 : 0;
+        if (qb.ntiles <= jt0) continue;
         const int tb = a.cu_q != nullptr ? 0 : qb.b; /* the copies' batch */
         if (blocks > 0) oss_mbar_wait(&q_empty, (blocks - 1) & 1);
         oss_sm90_load_tile<HD, BR>(sQ, &maps.q, &q_full, (int)a.seq_q0 + qb.i0, qb.h, tb);
         blocks++;
 #pragma unroll 1
-        for (int j = qb.jt0; j < qb.ntiles; j++, tiles++) {
+        for (int j = jt0; j < qb.ntiles; j++, tiles++) {
           const int st = tiles % STAGES, use = tiles / STAGES, j0 = (int)a.seq_k0 + j * BC;
           if (use > 0) oss_mbar_wait(&k_empty[st], (use - 1) & 1);
           oss_sm90_load_tile<HD, BC>(sK + st * BC * HD, &maps.k, &k_full[st], j0, qb.hk, tb);
@@ -326,7 +334,7 @@ __global__ void __launch_bounds__(384, 1)
       oss_attn_query_block qb;
       oss_attn_query_block_at<BR, BC>(a, bh, block, &qb);
       /* the block's key tiles jt0 .. jt0 + ntiles - 1 (a window's; else all up to the diagonal) */
-      const int i0 = qb.i0, jt0 = qb.jt0, ntiles = qb.ntiles > qb.jt0 ? qb.ntiles - qb.jt0 : 0;
+      const int i0 = qb.i0, jt0 = WIN ? qb.jt0 : 0, ntiles = qb.ntiles > jt0 ? qb.ntiles - jt0 : 0;
       const int64_t mbase = MASK_TENSOR ? oss_attn_mask_base(a, qb.b, qb.h) : 0;
       oss_attn_var_consts vc;
       if constexpr (VAR) vc = oss_attn_var_consts_of(a, qb.b, qb.h);
@@ -489,15 +497,22 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
    * none; the one that reads it has no registers left for ping-pong */
   static const int plain_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>);
   static const int mask_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>);
-  /* a window alone (oss_attn_fwd_sm90_var_launch sends it here) falls back to
-   * the mma.sync kernel with the variants */
-  const oss_attn_launch_fn fallback = a->variants ? mma_var : mma;
   if (a->mask_kind != OSS_MASK_NONE)
     return oss_attn_fwd_sm90_run<T, HD, false>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>,
-                                               mask_regs, fallback, false, a, stream, dev);
+                                               mask_regs, mma, false, a, stream, dev);
   const bool persistent = a->cu_q == NULL && (!a->causal || C::PERSISTENT_CAUSAL);
+  if (a->win_left >= 0 || a->win_right >= 0) {
+    /* a window alone (oss_attn_fwd_sm90_var_launch sends it here): the
+     * instantiation that moves a block's first key tile, falling back to the
+     * mma.sync kernel with the variants */
+    static const int window_regs =
+        oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, false, true>);
+    return oss_attn_fwd_sm90_run<T, HD, false>(
+        oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, false, true>, window_regs, mma_var,
+        persistent, a, stream, dev);
+  }
   return oss_attn_fwd_sm90_run<T, HD, false>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>,
-                                             plain_regs, fallback, persistent, a, stream, dev);
+                                             plain_regs, mma, persistent, a, stream, dev);
 }
 
 /* The score variants on Hopper (oss_attn_fwd_var_scores per tile, a window's
