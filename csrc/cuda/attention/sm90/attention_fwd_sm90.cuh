@@ -75,11 +75,12 @@ template <int HD> struct oss_attn_fwd_sm90_cfg {
   static constexpr int BC = HD <= 128 ? 128 : 64;
   static constexpr int STAGES = 2;
   static constexpr bool PINGPONG = HD <= 128;
-  /* A dense batch without a mask tensor or score variants runs on a
+  /* A dense batch without a mask tensor (score variants included) runs on a
    * persistent grid (a block's epilogue under the next block's loads), which
    * measured faster at every seqlen, most at short ones; causal too, but not
    * at head dim 256, whose causal blocks measured slower on it. */
   static constexpr bool PERSISTENT_CAUSAL = HD <= 128;
+  static bool persistent(const oss_attn_args *a) { return a->cu_q == NULL && (!a->causal || PERSISTENT_CAUSAL); }
 };
 
 /* Kernels without the score variants sum each row's rounded P (lr, which out
@@ -500,7 +501,7 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
   if (a->mask_kind != OSS_MASK_NONE)
     return oss_attn_fwd_sm90_run<T, HD, false>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>,
                                                mask_regs, mma, false, a, stream, dev);
-  const bool persistent = a->cu_q == NULL && (!a->causal || C::PERSISTENT_CAUSAL);
+  const bool persistent = C::persistent(a);
   if (a->win_left >= 0 || a->win_right >= 0) {
     /* a window alone (oss_attn_fwd_sm90_var_launch sends it here): the
      * instantiation that moves a block's first key tile, falling back to the
@@ -531,7 +532,7 @@ oss_status oss_attn_fwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t str
   const bool window_only = a->softcap_l2 == 0.f && a->alibi == NULL && a->sinks == NULL && a->drop_seed == NULL;
   if (window_only && plain != NULL) return plain(a, stream, dev);
   static const int regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>);
-  const bool persistent = a->cu_q == NULL && (!a->causal || C::PERSISTENT_CAUSAL);
+  const bool persistent = C::persistent(a);
   return oss_attn_fwd_sm90_run<T, HD, true>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>,
                                             regs, mma_var, persistent, a, stream, dev);
 }
