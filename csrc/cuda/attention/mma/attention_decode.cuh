@@ -77,37 +77,77 @@ __device__ __forceinline__ void oss_attn_dec_pages(const oss_attn_args &a, int b
   }
 }
 
+/* What a thread's K/V copies keep from tile to tile: its 16-byte chunk's
+ * column and byte counts (zero padding past d and dv), the chunk's address
+ * in kv head hk (k0, v0: key 0 of batch 0) and, for a contiguous cache, in
+ * key 0 of batch b (kb0, vb0: row tid / CPR) with the step of STEP rows. */
+template <typename T> struct oss_attn_dec_src {
+  const T *k0, *v0, *kb0, *vb0;
+  int64_t kstep, vstep;
+  int col, kbytes, vbytes;
+};
+
+template <typename T, int KD>
+__device__ __forceinline__ oss_attn_dec_src<T> oss_attn_dec_src_of(const oss_attn_args &a, int b, int hk, int tid) {
+  typedef oss_attn_dec_rows<KD> R;
+  oss_attn_dec_src<T> s;
+  s.col = tid % R::CPR * 8;
+  const int kb = a.d - s.col, vb = a.dv - s.col;
+  s.kbytes = (kb < 0 ? 0 : (kb > 8 ? 8 : kb)) * 2;
+  s.vbytes = (vb < 0 ? 0 : (vb > 8 ? 8 : vb)) * 2;
+  s.k0 = (const T *)a.k + hk * a.k_s[1] + s.col;
+  s.v0 = (const T *)a.v + hk * a.v_s[1] + s.col;
+  const int r = tid / R::CPR;
+  s.kb0 = s.k0 + (int64_t)b * a.k_s[0] + (int64_t)r * a.k_s[2];
+  s.vb0 = s.v0 + (int64_t)b * a.v_s[0] + (int64_t)r * a.v_s[2];
+  s.kstep = (int64_t)R::STEP * a.k_s[2];
+  s.vstep = (int64_t)R::STEP * a.v_s[2];
+  return s;
+}
+
 /* Issues the cp.async copies of K and V rows j0 .. j0 + 63 of (batch b, kv
  * head hk) into one stage (pages pg from oss_attn_dec_pages); rows at or past
- * n_end and pages out of range are zero-filled. */
+ * n_end and pages out of range are zero-filled. A contiguous cache's tile
+ * below n_end is a pointer step per row: the copies' address arithmetic would
+ * otherwise outnumber the tile's math several times over, in a kernel that
+ * keeps only eight warps per SM. */
 template <typename T, int KD, int LDS>
-__device__ __forceinline__ void oss_attn_dec_load_kv(const oss_attn_args &a, T *sK, T *sV, int b, int hk, int j0,
-                                                     int n_end, int tid, const int (&pg)[oss_attn_dec_rows<KD>::N]) {
+__device__ __forceinline__ void oss_attn_dec_load_kv(const oss_attn_args &a, const oss_attn_dec_src<T> &src, T *sK,
+                                                     T *sV, int j0, int n_end, int tid,
+                                                     const int (&pg)[oss_attn_dec_rows<KD>::N]) {
   typedef oss_attn_dec_rows<KD> R;
-  const int col = tid % R::CPR * 8;
-  int kb = a.d - col, vb = a.dv - col;
-  kb = (kb < 0 ? 0 : (kb > 8 ? 8 : kb)) * 2;
-  vb = (vb < 0 ? 0 : (vb > 8 ? 8 : vb)) * 2;
-  const T *k0 = (const T *)a.k + hk * a.k_s[1] + col, *v0 = (const T *)a.v + hk * a.v_s[1] + col;
+  const int r0 = tid / R::CPR;
+  const uint32_t dk = oss_smem_u32(sK + r0 * LDS + src.col), dv = oss_smem_u32(sV + r0 * LDS + src.col);
+  if (a.block_table == nullptr && j0 + OSS_ATTN_DEC_KEYS <= n_end) {
+    const T *kp = src.kb0 + (int64_t)j0 * a.k_s[2], *vp = src.vb0 + (int64_t)j0 * a.v_s[2];
+#pragma unroll
+    for (int it = 0; it < R::N; it++) {
+      oss_cp_async16(dk + it * R::STEP * LDS * 2, kp, src.kbytes);
+      oss_cp_async16(dv + it * R::STEP * LDS * 2, vp, src.vbytes);
+      kp += src.kstep;
+      vp += src.vstep;
+    }
+    return;
+  }
   const bool paged = a.block_table != nullptr;
 #pragma unroll
   for (int it = 0; it < R::N; it++) {
-    const int r = tid / R::CPR + it * R::STEP, j = j0 + r;
-    int64_t koff = 0, voff = 0;
+    const int j = j0 + r0 + it * R::STEP;
+    const T *kp = src.k0, *vp = src.v0;
     bool ok = j < n_end;
     if (ok) {
       if (paged) {
         const int row = j % a.page_size;
         ok = pg[it] >= 0 && pg[it] < a.num_pages;
-        koff = (int64_t)pg[it] * a.k_s[0] + (int64_t)row * a.k_s[2];
-        voff = (int64_t)pg[it] * a.v_s[0] + (int64_t)row * a.v_s[2];
+        kp = src.k0 + (int64_t)pg[it] * a.k_s[0] + (int64_t)row * a.k_s[2];
+        vp = src.v0 + (int64_t)pg[it] * a.v_s[0] + (int64_t)row * a.v_s[2];
       } else {
-        koff = (int64_t)b * a.k_s[0] + (int64_t)j * a.k_s[2];
-        voff = (int64_t)b * a.v_s[0] + (int64_t)j * a.v_s[2];
+        kp = src.kb0 + (int64_t)(j - r0) * a.k_s[2];
+        vp = src.vb0 + (int64_t)(j - r0) * a.v_s[2];
       }
     }
-    oss_cp_async16(oss_smem_u32(sK + r * LDS + col), ok ? k0 + koff : k0, ok ? kb : 0);
-    oss_cp_async16(oss_smem_u32(sV + r * LDS + col), ok ? v0 + voff : v0, ok ? vb : 0);
+    oss_cp_async16(dk + it * R::STEP * LDS * 2, ok ? kp : src.k0, ok ? src.kbytes : 0);
+    oss_cp_async16(dv + it * R::STEP * LDS * 2, ok ? vp : src.v0, ok ? src.vbytes : 0);
   }
 }
 
@@ -246,11 +286,12 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
     oss_cp_async16(oss_smem_u32(sQ + r * LDS + col), src, nb);
   }
   int pg[oss_attn_dec_rows<KD>::N] = {};
+  const oss_attn_dec_src<T> src = oss_attn_dec_src_of<T, KD>(a, b, hk, tid);
 #pragma unroll
   for (int st = 0; st < STAGES - 1; st++) {
     if (st < ntiles) {
       oss_attn_dec_pages<KD>(a, b, k_begin + st * BK, k_end, tid, pg);
-      oss_attn_dec_load_kv<T, KD, LDS>(a, sK + st * BK * LDS, sV + st * BK * LDS, b, hk, k_begin + st * BK, k_end,
+      oss_attn_dec_load_kv<T, KD, LDS>(a, src, sK + st * BK * LDS, sV + st * BK * LDS, k_begin + st * BK, k_end,
                                         tid, pg);
     }
     oss_cp_async_commit(); /* Q joins the first group */
@@ -319,7 +360,7 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
       __syncthreads();                 /* ... for all; the stage of tile t - 1 is free */
       if (t + STAGES - 1 < ntiles) {
         const int sn = (t + STAGES - 1) % STAGES;
-        oss_attn_dec_load_kv<T, KD, LDS>(a, sK + sn * BK * LDS, sV + sn * BK * LDS, b, hk,
+        oss_attn_dec_load_kv<T, KD, LDS>(a, src, sK + sn * BK * LDS, sV + sn * BK * LDS,
                                           k_begin + (t + STAGES - 1) * BK, k_end, tid, pg);
         if (t + STAGES < ntiles) oss_attn_dec_pages<KD>(a, b, k_begin + (t + STAGES) * BK, k_end, tid, pg);
       }
@@ -420,10 +461,13 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
  * threads: weights w_s = exp(lse_s - max_s lse_s) (thread s), out =
  * sum_s w_s o_s / sum_s w_s, lse = max + log(sum_s w_s); a row no split saw
  * gives 0 and -inf, a NaN lse of any split gives NaN (as the one-split kernel
- * does). Warp w sums splits w, w + 8, ... over 16-byte column groups (lane
- * c4 owns columns 4 c4 .. 4 c4 + 3, +128), so a row's loads are spread over
- * the whole CTA and are in flight together: with few rows this kernel is
- * bound by their latency. The eight warp sums are then added in order. */
+ * does). The warps take the splits in turn over 16-byte column groups (a
+ * lane owns columns 4 c4 .. 4 c4 + 3, +128; where a row has fewer than 32
+ * groups, the warp's lanes form 32 / C groups of C lanes, each taking the
+ * warp's splits in turn), so a row's loads are spread over the whole CTA
+ * and are in flight together: with few rows this kernel is bound by their
+ * latency. The lane groups' and then the eight warps' sums are added in a
+ * fixed order. */
 template <typename T>
 __global__ void __launch_bounds__(256) oss_attn_dec_combine_kernel(const oss_attn_args a) {
   static_assert(OSS_ATTN_DEC_MAX_SPLITS <= 256, "one split per thread for the weights");
@@ -456,18 +500,33 @@ __global__ void __launch_bounds__(256) oss_attn_dec_combine_kernel(const oss_att
 
   const float4 *po = reinterpret_cast<const float4 *>(a.part_o + row * ld);
   const int64_t split_stride4 = nrows * ld / 4;
-  for (int c4 = lane; c4 < ld / 4; c4 += 32) {
+  /* C lanes cover a row's column groups (the power of two >= ld / 4, at most
+   * 32); the warp's 32 / C lane groups take its splits in turn, so narrow rows
+   * keep every lane loading, and their sums are added in a fixed order */
+  const int groups4 = ld / 4;
+  int C = 1;
+  while (C < groups4 && C < 32) C *= 2;
+  const int sub = lane / C, nsub = 32 / C;
+  for (int c4 = lane % C; c4 - lane % C < groups4; c4 += C) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (c4 < groups4) {
 #pragma unroll 8
-    for (int s = warp; s < splits; s += 8) {
-      const float4 v = po[s * split_stride4 + c4];
-      const float w = sw[s];
-      acc.x += w * v.x;
-      acc.y += w * v.y;
-      acc.z += w * v.z;
-      acc.w += w * v.w;
+      for (int s = warp * nsub + sub; s < splits; s += 8 * nsub) {
+        const float4 v = po[s * split_stride4 + c4];
+        const float w = sw[s];
+        acc.x += w * v.x;
+        acc.y += w * v.y;
+        acc.z += w * v.z;
+        acc.w += w * v.w;
+      }
     }
-    reinterpret_cast<float4 *>(sacc[warp])[c4] = acc;
+    for (int k = C; k < 32; k *= 2) {
+      acc.x += __shfl_xor_sync(0xffffffffu, acc.x, k);
+      acc.y += __shfl_xor_sync(0xffffffffu, acc.y, k);
+      acc.z += __shfl_xor_sync(0xffffffffu, acc.z, k);
+      acc.w += __shfl_xor_sync(0xffffffffu, acc.w, k);
+    }
+    if (sub == 0 && c4 < groups4) reinterpret_cast<float4 *>(sacc[warp])[c4] = acc;
   }
   __syncthreads();
   const float inv = nan ? NAN : (mx == -INFINITY ? 0.f : 1.f / sum);
