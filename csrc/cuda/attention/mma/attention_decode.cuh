@@ -36,8 +36,8 @@
  * for sinks.
  * Output: with one split, out, its rounding residual and lse directly; with
  * several, each split writes its normalised partial output (float32) and lse
- * to the workspace and oss_attn_dec_combine_kernel merges them by their lse,
- * always in split order, so a shape gives the same bits on every call. A
+ * to the workspace and oss_attn_dec_combine_kernel merges them by their lse
+ * in a fixed order, so a shape gives the same bits on every call. A
  * split that sees no key (past a shorter sequence or outside the window)
  * writes zeros and lse -inf (split 0 with a sink: the sink), and -inf weighs
  * nothing in the combine.
