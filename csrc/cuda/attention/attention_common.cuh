@@ -179,9 +179,11 @@ __host__ __device__ constexpr int oss_attn_pitch(int cols) { return (cols / 8) %
 /* Floats per partial output row in the workspace: Dv rounded up to 16 bytes. */
 __host__ __device__ constexpr int oss_attn_dec_part_ld(int dv) { return (dv + 3) / 4 * 4; }
 __host__ __device__ constexpr int oss_attn_dec_stages(int hd) { return hd <= 128 ? 3 : 2; }
+/* The Q tile, the K and V stages, and two row tables of 16 bytes per key. */
 __host__ __device__ constexpr size_t oss_attn_dec_smem_bytes(int hd) {
   return (size_t)(OSS_ATTN_DEC_ROWS + 2 * oss_attn_dec_stages(hd) * OSS_ATTN_DEC_KEYS) *
-         oss_attn_pitch(oss_attn_kd(hd)) * 2;
+             oss_attn_pitch(oss_attn_kd(hd)) * 2 +
+         2 * OSS_ATTN_DEC_KEYS * 16;
 }
 
 #ifdef __cplusplus

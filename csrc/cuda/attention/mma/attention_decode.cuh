@@ -44,6 +44,8 @@
  * Paging: key j of batch b is row j % page_size of page
  * block_table[b][j / page_size]; k_s[0] / v_s[0] are then the page strides. A
  * page index outside [0, num_pages) reads as zeros (the host checks them).
+ * Each row's address is worked out once per tile, into a row table in shared
+ * memory that the copying threads read (oss_attn_dec_tabled).
  * Limits: rows of q, k and v 16-byte aligned (the host falls back to the FA2
  * kernel otherwise); head dims up to the compiled HD (zero padded); batch *
  * kv heads and splits below 65536; lengths below 2^31; ALiBi distances exact
@@ -55,27 +57,11 @@
 #include "cuda/attention/mma/attention_fwd.cuh"
 
 /* Thread tid copies 16-byte chunk tid % CPR of key rows tid / CPR + it * STEP
- * (it < N) of each tile, and finds each row's address once for K and V. */
+ * (it < N) of each tile. */
 template <int KD> struct oss_attn_dec_rows {
   static constexpr int CPR = KD / 8, STEP = 128 / CPR, N = OSS_ATTN_DEC_KEYS / STEP;
   static_assert(128 % CPR == 0 && OSS_ATTN_DEC_KEYS % STEP == 0, "chunks tile the threads and the key tile");
 };
-
-/* With a page table, the page of each of this thread's rows of the tile at
- * key j0 (-1 past n_end). Read a tile ahead of its copies, so that the
- * table's latency does not delay them. */
-template <int KD>
-__device__ __forceinline__ void oss_attn_dec_pages(const oss_attn_args &a, int b, int j0, int n_end, int tid,
-                                                   int (&pg)[oss_attn_dec_rows<KD>::N]) {
-  typedef oss_attn_dec_rows<KD> R;
-  if (a.block_table == nullptr) return;
-  const int *bt = a.block_table + b * a.bt_stride;
-#pragma unroll
-  for (int it = 0; it < R::N; it++) {
-    const int j = j0 + tid / R::CPR + it * R::STEP;
-    pg[it] = j < n_end ? __ldg(bt + j / a.page_size) : -1;
-  }
-}
 
 /* What a thread's K/V copies keep from tile to tile: its 16-byte chunk's
  * column and byte counts (zero padding past d and dv), the chunk's address
@@ -105,20 +91,58 @@ __device__ __forceinline__ oss_attn_dec_src<T> oss_attn_dec_src_of(const oss_att
   return s;
 }
 
+/* The row table: the tile at key j0 has its rows a pointer step apart only in
+ * a contiguous cache and below n_end; otherwise (a paged cache, the partial
+ * last tile) its copies read each row's K and V element offsets from k0 / v0
+ * (oss_attn_dec_src) in a table of OSS_ATTN_DEC_KEYS entries in shared
+ * memory, which threads 0 .. 63 fill a tile ahead, one row each, so a row's
+ * page lookup, division and products are done once rather than by each of
+ * its CPR copying threads. An entry {-1, -1} is a row at or past n_end or on
+ * a page outside [0, num_pages): zero-filled. */
+__device__ __forceinline__ bool oss_attn_dec_tabled(const oss_attn_args &a, int j0, int n_end) {
+  return a.block_table != nullptr || j0 + OSS_ATTN_DEC_KEYS > n_end;
+}
+
+/* The page of row tid of the tile at key j0 (-1 past n_end, for threads past
+ * the tile's rows, and without a page table), read ahead of its entry. */
+__device__ __forceinline__ int oss_attn_dec_page(const oss_attn_args &a, int b, int j0, int n_end, int tid) {
+  const int j = j0 + tid;
+  if (a.block_table == nullptr || tid >= OSS_ATTN_DEC_KEYS || j >= n_end) return -1;
+  return __ldg(a.block_table + (int64_t)b * a.bt_stride + j / a.page_size);
+}
+
+/* Thread tid < OSS_ATTN_DEC_KEYS writes row tid's entry of the tile at key j0
+ * into tab (pg: its page from oss_attn_dec_page). */
+__device__ __forceinline__ void oss_attn_dec_fill_row(const oss_attn_args &a, int b, int j0, int n_end, int tid,
+                                                      int pg, longlong2 *tab) {
+  if (tid >= OSS_ATTN_DEC_KEYS) return;
+  const int j = j0 + tid;
+  long long ko = -1, vo = -1;
+  if (j < n_end) {
+    if (a.block_table == nullptr) {
+      ko = (int64_t)b * a.k_s[0] + (int64_t)j * a.k_s[2];
+      vo = (int64_t)b * a.v_s[0] + (int64_t)j * a.v_s[2];
+    } else if (pg >= 0 && pg < a.num_pages) {
+      const int row = j % a.page_size;
+      ko = (int64_t)pg * a.k_s[0] + (int64_t)row * a.k_s[2];
+      vo = (int64_t)pg * a.v_s[0] + (int64_t)row * a.v_s[2];
+    }
+  }
+  tab[tid] = make_longlong2(ko, vo);
+}
+
 /* Issues the cp.async copies of K and V rows j0 .. j0 + 63 of (batch b, kv
- * head hk) into one stage (pages pg from oss_attn_dec_pages); rows at or past
- * n_end and pages out of range are zero-filled. A contiguous cache's tile
- * below n_end is a pointer step per row: the copies' address arithmetic would
- * otherwise outnumber the tile's math several times over, in a kernel that
- * keeps only eight warps per SM. */
+ * head hk) into one stage: by a pointer step per row where the rows are
+ * evenly spaced, else by their row table tab. The copies' address arithmetic
+ * would otherwise outnumber the tile's math several times over, in a kernel
+ * that keeps only eight warps per SM. */
 template <typename T, int KD, int LDS>
 __device__ __forceinline__ void oss_attn_dec_load_kv(const oss_attn_args &a, const oss_attn_dec_src<T> &src, T *sK,
-                                                     T *sV, int j0, int n_end, int tid,
-                                                     const int (&pg)[oss_attn_dec_rows<KD>::N]) {
+                                                     T *sV, int j0, int n_end, int tid, const longlong2 *tab) {
   typedef oss_attn_dec_rows<KD> R;
   const int r0 = tid / R::CPR;
   const uint32_t dk = oss_smem_u32(sK + r0 * LDS + src.col), dv = oss_smem_u32(sV + r0 * LDS + src.col);
-  if (a.block_table == nullptr && j0 + OSS_ATTN_DEC_KEYS <= n_end) {
+  if (!oss_attn_dec_tabled(a, j0, n_end)) {
     const T *kp = src.kb0 + (int64_t)j0 * a.k_s[2], *vp = src.vb0 + (int64_t)j0 * a.v_s[2];
 #pragma unroll
     for (int it = 0; it < R::N; it++) {
@@ -129,25 +153,12 @@ __device__ __forceinline__ void oss_attn_dec_load_kv(const oss_attn_args &a, con
     }
     return;
   }
-  const bool paged = a.block_table != nullptr;
 #pragma unroll
   for (int it = 0; it < R::N; it++) {
-    const int j = j0 + r0 + it * R::STEP;
-    const T *kp = src.k0, *vp = src.v0;
-    bool ok = j < n_end;
-    if (ok) {
-      if (paged) {
-        const int row = j % a.page_size;
-        ok = pg[it] >= 0 && pg[it] < a.num_pages;
-        kp = src.k0 + (int64_t)pg[it] * a.k_s[0] + (int64_t)row * a.k_s[2];
-        vp = src.v0 + (int64_t)pg[it] * a.v_s[0] + (int64_t)row * a.v_s[2];
-      } else {
-        kp = src.kb0 + (int64_t)(j - r0) * a.k_s[2];
-        vp = src.vb0 + (int64_t)(j - r0) * a.v_s[2];
-      }
-    }
-    oss_cp_async16(dk + it * R::STEP * LDS * 2, ok ? kp : src.k0, ok ? src.kbytes : 0);
-    oss_cp_async16(dv + it * R::STEP * LDS * 2, ok ? vp : src.v0, ok ? src.vbytes : 0);
+    const longlong2 e = tab[r0 + it * R::STEP];
+    const bool ok = e.x >= 0;
+    oss_cp_async16(dk + it * R::STEP * LDS * 2, ok ? src.k0 + e.x : src.k0, ok ? src.kbytes : 0);
+    oss_cp_async16(dv + it * R::STEP * LDS * 2, ok ? src.v0 + e.y : src.v0, ok ? src.vbytes : 0);
   }
 }
 
@@ -285,18 +296,29 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
              col;
     oss_cp_async16(oss_smem_u32(sQ + r * LDS + col), src, nb);
   }
-  int pg[oss_attn_dec_rows<KD>::N] = {};
+  /* The row tables (oss_attn_dec_tabled) alternate between two buffers: the
+   * table of tile t is filled before the barrier that precedes its copies, and
+   * its buffer is refilled for tile t + 2 only after the next barrier. */
+  longlong2 *tab = reinterpret_cast<longlong2 *>(sV + STAGES * BK * LDS);
   const oss_attn_dec_src<T> src = oss_attn_dec_src_of<T, KD>(a, b, hk, tid);
+  static_assert(STAGES <= 3, "the prologue's tables fit the two buffers");
 #pragma unroll
   for (int st = 0; st < STAGES - 1; st++) {
-    if (st < ntiles) {
-      oss_attn_dec_pages<KD>(a, b, k_begin + st * BK, k_end, tid, pg);
-      oss_attn_dec_load_kv<T, KD, LDS>(a, src, sK + st * BK * LDS, sV + st * BK * LDS, k_begin + st * BK, k_end,
-                                        tid, pg);
-    }
+    const int j0 = k_begin + st * BK;
+    longlong2 *tb = tab + (st & 1) * BK;
+    if (st < ntiles && oss_attn_dec_tabled(a, j0, k_end))
+      oss_attn_dec_fill_row(a, b, j0, k_end, tid, oss_attn_dec_page(a, b, j0, k_end, tid), tb);
+    __syncthreads();
+    if (st < ntiles) oss_attn_dec_load_kv<T, KD, LDS>(a, src, sK + st * BK * LDS, sV + st * BK * LDS, j0, k_end, tid, tb);
     oss_cp_async_commit(); /* Q joins the first group */
   }
-  if (STAGES - 1 < ntiles) oss_attn_dec_pages<KD>(a, b, k_begin + (STAGES - 1) * BK, k_end, tid, pg);
+  if (STAGES - 1 < ntiles && oss_attn_dec_tabled(a, k_begin + (STAGES - 1) * BK, k_end)) {
+    const int j0 = k_begin + (STAGES - 1) * BK;
+    oss_attn_dec_fill_row(a, b, j0, k_end, tid, oss_attn_dec_page(a, b, j0, k_end, tid),
+                          tab + ((STAGES - 1) & 1) * BK);
+  }
+  /* the page of the next table's row, read a tile ahead of its use */
+  int pg = STAGES < ntiles ? oss_attn_dec_page(a, b, k_begin + STAGES * BK, k_end, tid) : -1;
 
   /* this thread's two fragment rows: last visible key and mask row offset */
   int last[2];
@@ -361,8 +383,13 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
       if (t + STAGES - 1 < ntiles) {
         const int sn = (t + STAGES - 1) % STAGES;
         oss_attn_dec_load_kv<T, KD, LDS>(a, src, sK + sn * BK * LDS, sV + sn * BK * LDS,
-                                          k_begin + (t + STAGES - 1) * BK, k_end, tid, pg);
-        if (t + STAGES < ntiles) oss_attn_dec_pages<KD>(a, b, k_begin + (t + STAGES) * BK, k_end, tid, pg);
+                                          k_begin + (t + STAGES - 1) * BK, k_end, tid,
+                                          tab + ((t + STAGES - 1) & 1) * BK);
+        const int jn = k_begin + (t + STAGES) * BK;
+        if (t + STAGES < ntiles && oss_attn_dec_tabled(a, jn, k_end)) {
+          oss_attn_dec_fill_row(a, b, jn, k_end, tid, pg, tab + ((t + STAGES) & 1) * BK);
+          if (t + STAGES + 1 < ntiles) pg = oss_attn_dec_page(a, b, jn + BK, k_end, tid);
+        }
       }
       oss_cp_async_commit();
 
