@@ -2,8 +2,9 @@
  * common.cuh - small helpers shared by the CUDA kernel files: status
  * conversion for CUDA errors, launch checks, device attributes, the
  * load/convert/store of the element types (computation happens in float, or
- * double for float64 tensors), and the shared-memory addresses, mbarriers and
- * bulk copies of the sm_90 kernels (used only inside sm_90 code).
+ * double for float64 tensors), programmatic dependent launch, and the
+ * shared-memory addresses, mbarriers and bulk copies of the sm_90 kernels
+ * (used only inside sm_90 code).
  */
 #ifndef OSS_CUDA_COMMON_CUH
 #define OSS_CUDA_COMMON_CUH
@@ -13,6 +14,7 @@
 #include <cuda_runtime.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "oss_internal.h"
 
@@ -90,6 +92,49 @@ static inline oss_status oss_get_device_info(oss_device_info *info) {
   oss_device_info_known[device] = 1;
   pthread_mutex_unlock(&oss_device_info_lock);
   return OSS_OK;
+}
+
+/* ---- programmatic dependent launch (sm_90) -------------------------------- */
+
+/* In a kernel (no-ops before sm_90 and in a kernel launched without it):
+ * launch_dependents lets the next kernel on the stream, launched with
+ * oss_launch_dependent, start once every CTA of this one has run it; wait
+ * blocks until the previous kernel has finished and its writes are visible. */
+__device__ __forceinline__ void oss_pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void oss_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+/* Launches kern right behind the previous launch on the stream: on sm_90 with
+ * programmatic dependent launch, so its CTAs may start (and do the work that
+ * does not depend on that launch) while the previous kernel's last CTAs run;
+ * the kernel calls oss_pdl_wait before it reads what the previous one wrote,
+ * and that one calls oss_pdl_launch_dependents. A plain launch elsewhere. */
+template <typename... Params, typename... Args>
+static oss_status oss_launch_dependent(void (*kern)(Params...), dim3 grid, dim3 block, size_t smem,
+                                       cudaStream_t stream, const oss_device_info *info, const char *name,
+                                       Args... args) {
+  cudaLaunchConfig_t cfg;
+  cudaLaunchAttribute attr;
+  memset(&cfg, 0, sizeof cfg);
+  memset(&attr, 0, sizeof attr);
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = info->cc_major >= 9 ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kern, args...);
+  if (err != cudaSuccess) return oss_fail(OSS_ERROR_CUDA, "launch of %s failed: %s", name, cudaGetErrorString(err));
+  return oss_check_launch(name);
 }
 
 /* ---- element conversion ------------------------------------------------- */

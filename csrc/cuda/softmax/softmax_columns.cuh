@@ -309,8 +309,8 @@ __global__ void __launch_bounds__(SM_MERGE_THREADS)
     softmax_merge_partials_kernel(const sm_stat<Acc> *part, sm_stat<Acc> *fin, int64_t items, int64_t inner,
                                   int64_t nchunks, int G) {
   __shared__ sm_stat<Acc> red[SM_MERGE_THREADS / 32 + 1];
-  sm_pdl_launch_dependents(); /* APPLY may start loading its chunks */
-  sm_pdl_wait();              /* the partials of STATS */
+  oss_pdl_launch_dependents(); /* APPLY may start loading its chunks */
+  oss_pdl_wait();              /* the partials of STATS */
   const int g = threadIdx.x & (G - 1);
   const int64_t per_block = blockDim.x / G;
   /* per_block is 1 when G == blockDim.x, so every thread runs the same

@@ -338,21 +338,6 @@ __device__ __forceinline__ float sm_lg2(float x) {
   asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
-/* Programmatic dependent launch (sm_90; no-ops elsewhere and in a kernel
- * launched without it): launch_dependents lets the next kernel on the stream,
- * launched with sm_launch_dependent (softmax_launch.cu), start once every CTA of
- * this one has run it; wait blocks until the previous kernel has finished and
- * its writes are visible. */
-__device__ __forceinline__ void sm_pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void sm_pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
 
 #define SM_LOG2E 1.4426950408889634
 

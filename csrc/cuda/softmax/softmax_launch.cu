@@ -209,31 +209,6 @@ static oss_status sm_launch_clusters(void (*kern)(Args), dim3 grid, dim3 block, 
   return oss_check_launch(name);
 }
 
-/* Launches kern right behind the previous launch on the stream: on sm_90 with
- * programmatic dependent launch, so its CTAs may start (and issue loads that
- * do not depend on that launch) while the previous kernel's last CTAs run;
- * the kernel calls sm_pdl_wait before it reads what the previous one wrote,
- * and that one calls sm_pdl_launch_dependents. A plain launch elsewhere. */
-template <typename... Params, typename... Args>
-static oss_status sm_launch_dependent(void (*kern)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                                      const oss_device_info *info, const char *name, Args... args) {
-  cudaLaunchConfig_t cfg;
-  cudaLaunchAttribute attr;
-  memset(&cfg, 0, sizeof cfg);
-  memset(&attr, 0, sizeof attr);
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = info->cc_major >= 9 ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, kern, args...);
-  if (err != cudaSuccess) return oss_fail(OSS_ERROR_CUDA, "launch of %s failed: %s", name, cudaGetErrorString(err));
-  return oss_check_launch(name);
-}
-
 /* The split tiers' merge of partial statistics, behind their SM_STATS pass. */
 template <bool BWD, typename Acc>
 static oss_status sm_launch_merge(const void *part, void *fin, int64_t items, int64_t inner, int64_t nchunks,
@@ -245,7 +220,7 @@ static oss_status sm_launch_merge(const void *part, void *fin, int64_t items, in
   int64_t blocks = sm_cdiv(items, per_block);
   const int64_t cap = (int64_t)info->sm_count * 8;
   if (blocks > cap) blocks = cap;
-  return sm_launch_dependent(softmax_merge_partials_kernel<BWD, Acc>, dim3((unsigned)blocks), dim3(SM_MERGE_THREADS), 0,
+  return oss_launch_dependent(softmax_merge_partials_kernel<BWD, Acc>, dim3((unsigned)blocks), dim3(SM_MERGE_THREADS), 0,
                              stream, info, "softmax_merge_partials_kernel", (const sm_stat<Acc> *)part,
                              (sm_stat<Acc> *)fin, items, inner, nchunks, G);
 }
@@ -386,7 +361,7 @@ static oss_status sm_launch_rows(const sm_job *J, const sm_plan *P, void *ws, co
   s = sm_launch_merge<BWD, Acc>(A.partials, A.finals, J->outer, 1, P->chunks, info, stream);
   if (s != OSS_OK) return s;
   A.mode = SM_APPLY;
-  return sm_launch_dependent(kern, grid, block, 0, stream, info, "softmax_row_chunks_kernel (apply)", A);
+  return oss_launch_dependent(kern, grid, block, 0, stream, info, "softmax_row_chunks_kernel (apply)", A);
 }
 
 // ---- columns --------------------------------------------------------------------------

@@ -813,8 +813,8 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
 
   /* STATS lets the merge kernel (and through it APPLY) start early: APPLY's
    * CTAs load their chunk while STATS's last CTAs run, then wait for the
-   * merged statistics (sm_pdl_wait below) */
-  if (P.mode == SM_STATS) sm_pdl_launch_dependents();
+   * merged statistics (oss_pdl_wait below) */
+  if (P.mode == SM_STATS) oss_pdl_launch_dependents();
   /* APPLY runs the chunks in the reverse order of STATS, so the chunks read
    * last by STATS (still in L2) are re-read first */
   const bool rev = P.mode == SM_APPLY;
@@ -916,7 +916,7 @@ __global__ void __launch_bounds__(sizeof(Acc) == 8 ? SM_CHUNK_THREADS / 2 : SM_C
       }
 #endif
     } else {
-      sm_pdl_wait(); /* the merge kernel's output; this chunk's loads are on their way */
+      oss_pdl_wait(); /* the merge kernel's output; this chunk's loads are on their way */
       st = ((const sm_stat<Acc> *)P.finals)[row];
     }
 

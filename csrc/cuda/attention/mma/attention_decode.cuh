@@ -36,11 +36,11 @@
  * for sinks.
  * Output: with one split, out, its rounding residual and lse directly; with
  * several, each split writes its normalised partial output (float32) and lse
- * to the workspace and oss_attn_dec_combine_kernel merges them by their lse
- * in a fixed order, so a shape gives the same bits on every call. A
- * split that sees no key (past a shorter sequence or outside the window)
- * writes zeros and lse -inf (split 0 with a sink: the sink), and -inf weighs
- * nothing in the combine.
+ * to the workspace and oss_attn_dec_combine_kernel, launched behind it as a
+ * programmatic dependent (sm_90), merges them by their lse in a fixed order,
+ * so a shape gives the same bits on every call. A split that sees no key
+ * (past a shorter sequence or outside the window) writes zeros and lse -inf
+ * (split 0 with a sink: the sink), and -inf weighs nothing in the combine.
  * Paging: key j of batch b is row j % page_size of page
  * block_table[b][j / page_size]; k_s[0] / v_s[0] are then the page strides. A
  * page index outside [0, num_pages) reads as zeros (the host checks them).
@@ -250,6 +250,10 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
   T *sK = sQ + OSS_ATTN_DEC_ROWS * LDS;
   T *sV = sK + STAGES * BK * LDS;
 
+  /* The combine kernel's CTAs may take free slots from now on: they start
+   * only once every CTA of this grid has run this, so they never hold a slot
+   * that one of this grid's CTAs still waits for. */
+  oss_pdl_launch_dependents();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
   const int b = (int)(blockIdx.z / a.hkv), hk = (int)(blockIdx.z % a.hkv);
   const int split = blockIdx.y, rows_total = a.group * a.lq, r0 = blockIdx.x * OSS_ATTN_DEC_ROWS;
@@ -504,6 +508,7 @@ __global__ void __launch_bounds__(256) oss_attn_dec_combine_kernel(const oss_att
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t nrows = (int64_t)a.batch * a.hq * a.lq, row = blockIdx.x;
   const int splits = a.dec_splits, ld = oss_attn_dec_part_ld(a.dv);
+  oss_pdl_wait(); /* launched behind the split kernel (oss_launch_dependent): its partials */
   const float x = tid < splits ? a.part_lse[(int64_t)tid * nrows + row] : -INFINITY;
   const bool nan = __syncthreads_or(x != x) != 0;
   float mx = x;
@@ -584,8 +589,8 @@ oss_status oss_attn_dec_launch(const oss_attn_args *a, cudaStream_t stream, cons
                                   oss_attn_dec_smem_bytes(HD), grid, 128, a, stream, dev);
   if (st != OSS_OK || a->dec_splits == 1) return st;
   const int64_t nrows = (int64_t)a->batch * a->hq * a->lq;
-  oss_attn_dec_combine_kernel<T><<<(unsigned)nrows, 256, 0, stream>>>(*a);
-  return oss_check_launch("attention decode combine");
+  return oss_launch_dependent(oss_attn_dec_combine_kernel<T>, dim3((unsigned)nrows), dim3(256), 0, stream, dev,
+                              "attention decode combine", *a);
 }
 
 #endif /* OSS_ATTENTION_DECODE_CUH */
