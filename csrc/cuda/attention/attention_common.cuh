@@ -178,10 +178,9 @@ __host__ __device__ constexpr int oss_attn_pitch(int cols) { return (cols / 8) %
 #define OSS_ATTN_DEC_MAX_LQ 16     /* the forward takes the decode kernel up to this len_q */
 /* Floats per partial output row in the workspace: Dv rounded up to 16 bytes. */
 __host__ __device__ constexpr int oss_attn_dec_part_ld(int dv) { return (dv + 3) / 4 * 4; }
-/* K/V tiles in flight per CTA: two above head dim 64, so that three CTAs (12
- * warps) share an SM at head dim 128; at this kernel's few warps per SM more
- * warps hide more latency than a deeper pipeline does. */
-__host__ __device__ constexpr int oss_attn_dec_stages(int hd) { return hd <= 64 ? 3 : 2; }
+/* K/V tiles in flight per CTA: three up to head dim 128 (where two CTAs share
+ * an SM), two above. */
+__host__ __device__ constexpr int oss_attn_dec_stages(int hd) { return hd <= 128 ? 3 : 2; }
 /* The Q tile, the K and V stages, and two row tables of 16 bytes per key. */
 __host__ __device__ constexpr size_t oss_attn_dec_smem_bytes(int hd) {
   return (size_t)(OSS_ATTN_DEC_ROWS + 2 * oss_attn_dec_stages(hd) * OSS_ATTN_DEC_KEYS) *
