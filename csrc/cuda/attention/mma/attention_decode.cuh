@@ -313,7 +313,8 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
     if (st < ntiles && oss_attn_dec_tabled(a, j0, k_end))
       oss_attn_dec_fill_row(a, b, j0, k_end, tid, oss_attn_dec_page(a, b, j0, k_end, tid), tb);
     __syncthreads();
-    if (st < ntiles) oss_attn_dec_load_kv<T, KD, LDS>(a, src, sK + st * BK * LDS, sV + st * BK * LDS, j0, k_end, tid, tb);
+    if (st < ntiles)
+      oss_attn_dec_load_kv<T, KD, LDS>(a, src, sK + st * BK * LDS, sV + st * BK * LDS, j0, k_end, tid, tb);
     oss_cp_async_commit(); /* Q joins the first group */
   }
   if (STAGES - 1 < ntiles && oss_attn_dec_tabled(a, k_begin + (STAGES - 1) * BK, k_end)) {
