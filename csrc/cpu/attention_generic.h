@@ -441,12 +441,16 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
 
 /* ---- backward ------------------------------------------------------------------ */
 
-/* S (scores) and dP = dO V^T for one tile. */
+/* S (scores) and dP = dO V^T for one tile, both in double from dO and the
+ * value tile transposed widened to double (dOd, Vtd): like a score, dP
+ * carries no rounding of its own, so D = sum_j P_ij dP_ij and the sink's
+ * gradient -sum_i P_sink D_i, sums whose terms cancel, are not left with the
+ * K-term rounding of a float GEMM. */
 static void FN(score_and_dp_tile)(const oss_attention_params *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                                  int64_t j0, int64_t cols, const double *Qd, const double *Ktd, const REAL *Vt,
-                                  const REAL *dO, double *S, double *G, REAL *dP) {
+                                  int64_t j0, int64_t cols, const double *Qd, const double *Ktd, const double *Vtd,
+                                  const double *dOd, double *S, double *G, double *dP) {
   FN(score_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, S, G);
-  FN(tile_gemm)(rows, cols, p->head_dim_v, dO, p->head_dim_v, Vt, cols, dP, cols, 0);
+  FN(score_gemm)(rows, cols, p->head_dim_v, dOd, p->head_dim_v, Vtd, cols, dP, cols);
 }
 
 /* acc[r][d] += tile[r][d] for an n x width tile: per-tile products in REAL,
@@ -456,14 +460,16 @@ static void FN(add_tile)(double *acc, const REAL *tile, int64_t n, int64_t width
 }
 
 /* Loads key block [j0, j0 + cols) of kv head hk: K row-major (for dQ), K
- * transposed and widened to double (for S), V transposed (for dP). */
+ * transposed and widened to double (for S), V transposed and widened to
+ * double (for dP). */
 static void FN(load_kv_tile)(const oss_attention_params *p, int64_t b, int64_t hk, int64_t j0, int64_t cols, REAL *K,
-                             REAL *Kt, double *Ktd, REAL *V, REAL *Vt) {
+                             REAL *Kt, double *Ktd, REAL *V, REAL *Vt, double *Vtd) {
   FN(load_rows)(p->k, p->dtype, p->k_stride, b, hk, j0, cols, p->head_dim, K);
   FN(transpose)(K, cols, p->head_dim, Kt);
   FN(widen)(Kt, p->head_dim * cols, Ktd);
   FN(load_rows)(p->v, p->dtype, p->v_stride, b, hk, j0, cols, p->head_dim_v, V);
   FN(transpose)(V, cols, p->head_dim_v, Vt);
+  FN(widen)(Vt, p->head_dim_v * cols, Vtd);
 }
 
 static void FN(store_acc_rows)(void *base, oss_dtype dtype, const int64_t stride[3], int64_t b, int64_t h,
@@ -494,7 +500,8 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
   const size_t tile = (size_t)(OSS_BR * D + OSS_BR * Dv + OSS_BC * D * 2 + OSS_BC * Dv * 2 + OSS_BR * OSS_BC * 3 +
                                OSS_BC * W + W);
   REAL *scratch = (REAL *)malloc(sizeof(REAL) * tile);
-  double *acc = (double *)malloc(sizeof(double) * (size_t)(Lk * (D + Dv) + (2 * OSS_BR + OSS_BC) * D + 4 * OSS_BR));
+  double *acc = (double *)malloc(sizeof(double) * (size_t)(Lk * (D + Dv) + (2 * OSS_BR + OSS_BC) * D +
+                                                             (OSS_BR + OSS_BC) * Dv + 4 * OSS_BR));
   if (!scratch || !acc) {
     free(scratch);
     free(acc);
@@ -505,8 +512,10 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
        *Vt = V + OSS_BC * Dv, *P = Vt + OSS_BC * Dv, *dS = P + OSS_BR * OSS_BC, *Tt = dS + OSS_BR * OSS_BC,
        *prod = Tt + OSS_BR * OSS_BC, *row_tmp = prod + OSS_BC * W;
   double *dK = acc, *dV = dK + Lk * D, *dQ = dV + Lk * Dv, *Drow = dQ + OSS_BR * D, *m = Drow + OSS_BR,
-         *l = m + OSS_BR, *inv_l = l + OSS_BR, *Qd = inv_l + OSS_BR, *Ktd = Qd + OSS_BR * D;
+         *l = m + OSS_BR, *inv_l = l + OSS_BR, *Qd = inv_l + OSS_BR, *Ktd = Qd + OSS_BR * D,
+         *dOd = Ktd + OSS_BC * D, *Vtd = dOd + OSS_BR * Dv;
   double S[OSS_BR * OSS_BC], G[OSS_BR * OSS_BC]; /* scores; softcap's 1 - tanh^2 */
+  double dP[OSS_BR * OSS_BC];                    /* dO V^T */
   double F[OSS_BR * OSS_BC];                     /* dropout factors (1 without dropout) */
   const int dropout = p->dropout_p > 0;
   if (!dropout)
@@ -529,6 +538,7 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
         FN(load_rows)(p->q, p->dtype, p->q_stride, b, h, i0, rows, D, Q);
         FN(widen)(Q, rows * D, Qd);
         FN(load_rows)(bp->dout, p->dtype, bp->dout_stride, b, h, i0, rows, Dv, dO);
+        FN(widen)(dO, rows * Dv, dOd);
 
         /* pass 1: m, l and D per row; with keys_subset, m = the given lse, l = 1 and
          * D = rowsum(dO * out) of the given out (the attention over more keys, of
@@ -548,12 +558,12 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
         }
         for (int64_t j0 = kbegin; j0 < (bp->keys_subset ? kbegin : kend); j0 += OSS_BC) {
           const int64_t cols = kend - j0 < OSS_BC ? kend - j0 : OSS_BC;
-          FN(load_kv_tile)(p, b, hk, j0, cols, K, Kt, Ktd, V, Vt);
-          FN(score_and_dp_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, Vt, dO, S, NULL, dS);
+          FN(load_kv_tile)(p, b, hk, j0, cols, K, Kt, Ktd, V, Vt, Vtd);
+          FN(score_and_dp_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, Vtd, dOd, S, NULL, dP);
           if (dropout) FN(dropout_tile)(p, b, h, i0, rows, j0, cols, F);
           for (int64_t r = 0; r < rows; r++) {
             const double *sr = S + r * cols;
-            const REAL *dpr = dS + r * cols;
+            const double *dpr = dP + r * cols;
             double m_new = m[r];
             for (int64_t c = 0; c < cols; c++) m_new = (sr[c] > m_new || sr[c] != sr[c]) ? sr[c] : m_new;
             if (m_new == -INFINITY) continue; /* nothing visible yet */
@@ -562,7 +572,7 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
             for (int64_t c = 0; c < cols; c++) {
               const double e = exp(sr[c] - m_new);
               ls += e;
-              ds += e * F[r * cols + c] * (double)dpr[c]; /* dP of the dropped weights: F dP~ */
+              ds += e * F[r * cols + c] * dpr[c]; /* dP of the dropped weights: F dP~ */
             }
             l[r] = l[r] * alpha + ls;
             Drow[r] = Drow[r] * alpha + ds;
@@ -579,8 +589,8 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
         for (int64_t x = 0; x < rows * D; x++) dQ[x] = 0;
         for (int64_t j0 = kbegin; j0 < kend; j0 += OSS_BC) {
           const int64_t cols = kend - j0 < OSS_BC ? kend - j0 : OSS_BC;
-          FN(load_kv_tile)(p, b, hk, j0, cols, K, Kt, Ktd, V, Vt);
-          FN(score_and_dp_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, Vt, dO, S, Gp, dS);
+          FN(load_kv_tile)(p, b, hk, j0, cols, K, Kt, Ktd, V, Vt, Vtd);
+          FN(score_and_dp_tile)(p, b, h, i0, rows, j0, cols, Qd, Ktd, Vtd, dOd, S, Gp, dP);
           if (dropout) FN(dropout_tile)(p, b, h, i0, rows, j0, cols, F);
           /* P = exp(S - m) / l, dS = P * (F dP~ - D) * scale (* 1 - tanh^2), and
            * P F (the dropped weights) for dV; F = 1 without dropout */
@@ -588,7 +598,7 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
             for (int64_t c = 0; c < cols; c++) {
               const double pc = inv_l[r] == 0 ? 0.0 : exp(S[r * cols + c] - m[r]) * inv_l[r];
               const double f = F[r * cols + c];
-              const double ds = pc * (f * (double)dS[r * cols + c] - Drow[r]) * scale;
+              const double ds = pc * (f * dP[r * cols + c] - Drow[r]) * scale;
               P[r * cols + c] = (REAL)(pc * f);
               dS[r * cols + c] = (REAL)(Gp != NULL ? ds * Gp[r * cols + c] : ds);
             }
