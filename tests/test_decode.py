@@ -15,8 +15,8 @@ import torch
 import torch_oss
 from torch_oss._kernels import attention_kernels
 
-from _util import (ATTENTION_ATOL, DEVICES, assert_tolerance, attention_reference, cuda_param, lse_peer,
-                   sdpa_peer, seeded)
+from _util import (ATTENTION_ATOL, DEVICES, NVCC_SKIP, assert_tolerance, attention_reference, cuda_param, lse_peer,
+                   ptxas_report, sdpa_peer, seeded)
 from test_variants import draw_variants, variant_reference
 
 CUDA_ONLY = [cuda_param("cuda")]
@@ -441,3 +441,24 @@ def test_decode_variants_few_query_rows(device, case):
                 out, lse = torch_oss.attention_with_lse(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True,
                                                         causal_alignment=alignment, **kw)
             _check_variant_rows(f"{case} {dtype} splits={splits}", out, lse, q, k, v, causal, alignment, kw, mask)
+
+
+@NVCC_SKIP
+def test_decode_kernels_do_not_spill(tmp_path):
+    """The split-KV kernel keeps its warp's o, m, l in registers across the
+    key loop and the combine kernel its column sums: a spill would put
+    local-memory traffic into every key tile of a memory-bound kernel. Both
+    must compile for sm_90a with no stack frame at every decode head dim
+    (needs nvcc, not a GPU)."""
+    import pathlib
+    import re
+
+    source = '#include "cuda/attention/mma/attention_decode.cuh"\n' + "".join(
+        f"template oss_status oss_attn_dec_launch<__nv_bfloat16, {hd}>(const oss_attn_args *, cudaStream_t, "
+        "const oss_device_info *);\n" for hd in (64, 128, 256))
+    report = ptxas_report(source, tmp_path, pathlib.Path(__file__).resolve().parents[1] / "csrc")
+    frames = re.findall(r"Function properties for (\S*oss_attn_dec_\S*)\s+(\d+) bytes stack frame", report)
+    names = [name for name, _ in frames]
+    assert sum("dec_kernel" in n for n in names) == 3 and sum("combine" in n for n in names) == 1, names
+    spilled = [(name, int(size)) for name, size in frames if int(size) != 0]
+    assert not spilled, f"decode kernels with a stack frame (bytes): {spilled}"
