@@ -160,14 +160,14 @@ static void FN(tile_gemm)(int64_t M, int64_t N, int64_t K, const REAL *A, int64_
 
 /* C = A B in double for an M x N tile of scores, A (M x K: the query block)
  * and B (K x N: the key tile transposed) both widened to double once per
- * block: the products of two floats are exact in double and the K-term sums
- * run in double, so a float32 score carries no rounding of its own (PyTorch's
- * float GEMM, the peer, is off by ~K ulps of |q||k|). The same 4-row blocks as
- * tile_gemm, with 8 columns as two vectors of 4 doubles. Contraction into
- * fused multiply-adds is allowed here alone (the C11 build keeps it off):
- * with exact products it changes no bit of a float32/16 score, and it halves
- * the instructions; float64 scores may differ in the last bit between
- * machines with and without FMA. */
+ * block; likewise the backward's dP = dO V^T. The products of two floats are
+ * exact in double and the K-term sums run in double, so a float32 score
+ * carries no rounding of its own (PyTorch's float GEMM, the peer, is off by
+ * ~K ulps of |q||k|). The same 4-row blocks as tile_gemm, with 8 columns as
+ * two vectors of 4 doubles. Contraction into fused multiply-adds is allowed
+ * here alone (the C11 build keeps it off): with exact products it changes no
+ * bit of a float32/16 score, and it halves the instructions; float64 scores
+ * and dP may differ in the last bit between machines with and without FMA. */
 typedef double FN(dvec) __attribute__((vector_size(32)));
 
 OSS_VECTOR_CLONES __attribute__((optimize("fp-contract=fast")))
