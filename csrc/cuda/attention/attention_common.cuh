@@ -181,11 +181,11 @@ __host__ __device__ constexpr int oss_attn_dec_part_ld(int dv) { return (dv + 3)
 /* K/V tiles in flight per CTA: three up to head dim 128 (where two CTAs share
  * an SM), two above. */
 __host__ __device__ constexpr int oss_attn_dec_stages(int hd) { return hd <= 128 ? 3 : 2; }
-/* The Q tile, the K and V stages, and two row tables of 16 bytes per key. */
+/* The K and V stages (unpadded, swizzled rows), the Q tile (padded rows), and
+ * two row tables of 16 bytes per key. */
 __host__ __device__ constexpr size_t oss_attn_dec_smem_bytes(int hd) {
-  return (size_t)(OSS_ATTN_DEC_ROWS + 2 * oss_attn_dec_stages(hd) * OSS_ATTN_DEC_KEYS) *
-             oss_attn_pitch(oss_attn_kd(hd)) * 2 +
-         2 * OSS_ATTN_DEC_KEYS * 16;
+  return (size_t)2 * oss_attn_dec_stages(hd) * OSS_ATTN_DEC_KEYS * oss_attn_kd(hd) * 2 +
+         (size_t)OSS_ATTN_DEC_ROWS * oss_attn_pitch(oss_attn_kd(hd)) * 2 + 2 * OSS_ATTN_DEC_KEYS * 16;
 }
 
 #ifdef __cplusplus

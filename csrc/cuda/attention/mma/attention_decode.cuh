@@ -12,10 +12,15 @@
  * one (batch, kv head) (blockIdx.z).
  * Keys: the split's keys stream through shared memory in tiles of 64 keys
  * (K and V of a tile in one cp.async group, oss_attn_dec_stages tiles in
- * flight, one barrier per tile); warp w takes keys 16w .. 16w+15 of every
- * tile and runs its own online softmax (m, l, lr, o as in attention_fwd.cuh)
- * over them, so the warps never wait for each other inside the key loop; at
- * the end the four warp states are merged through shared memory.
+ * flight, one barrier per tile; rows swizzled, oss_tile_chunk, so that the
+ * 16-byte copies land as whole 128-byte wavefronts); warp w takes keys
+ * 16w .. 16w+15 of every tile and runs its own online softmax (m, l, lr, o as
+ * in attention_fwd.cuh) over them, so the warps never wait for each other
+ * inside the key loop; at the end the four warp states are merged through
+ * shared memory. A tile whose keys every row of the CTA sees, without a mask
+ * tensor, skips the masking: its scale goes into the exponentials' multiply-
+ * add, and the padding rows past the packed query rows (zero queries, never
+ * written out) take its keys too.
  * Variants (a.variants; all of oss.h's but dropout, which the host keeps
  * from this kernel): the key loop is compiled twice behind one runtime
  * branch, so calls without them run the plain loop, which holds nothing of
@@ -57,10 +62,11 @@
 #include "cuda/attention/mma/attention_fwd.cuh"
 
 /* Thread tid copies 16-byte chunk tid % CPR of key rows tid / CPR + it * STEP
- * (it < N) of each tile. */
+ * (it < N) of each tile, into swizzled rows of KD elements (oss_tile_chunk). */
 template <int KD> struct oss_attn_dec_rows {
   static constexpr int CPR = KD / 8, STEP = 128 / CPR, N = OSS_ATTN_DEC_KEYS / STEP;
   static_assert(128 % CPR == 0 && OSS_ATTN_DEC_KEYS % STEP == 0, "chunks tile the threads and the key tile");
+  static_assert(KD % 64 == 0, "swizzled rows are whole 128-byte groups");
 };
 
 /* What a thread's K/V copies keep from tile to tile: its 16-byte chunk's
@@ -136,18 +142,20 @@ __device__ __forceinline__ void oss_attn_dec_fill_row(const oss_attn_args &a, in
  * evenly spaced, else by their row table tab. The copies' address arithmetic
  * would otherwise outnumber the tile's math several times over, in a kernel
  * that keeps only eight warps per SM. */
-template <typename T, int KD, int LDS>
+template <typename T, int KD>
 __device__ __forceinline__ void oss_attn_dec_load_kv(const oss_attn_args &a, const oss_attn_dec_src<T> &src, T *sK,
                                                      T *sV, int j0, int n_end, int tid, const longlong2 *tab) {
   typedef oss_attn_dec_rows<KD> R;
-  const int r0 = tid / R::CPR;
-  const uint32_t dk = oss_smem_u32(sK + r0 * LDS + src.col), dv = oss_smem_u32(sV + r0 * LDS + src.col);
+  const int r0 = tid / R::CPR, y = oss_tile_lane_y<true>(tid % R::CPR, r0);
+  /* row r0 + it * STEP holds this chunk at y ^ ((it * STEP) % 8) */
+  auto at = [&](int it) { return (uint32_t)(((r0 + it * R::STEP) * KD + ((y ^ ((it * R::STEP) & 7)) << 3)) * 2); };
+  const uint32_t dk = oss_smem_u32(sK), dv = oss_smem_u32(sV);
   if (!oss_attn_dec_tabled(a, j0, n_end)) {
     const T *kp = src.kb0 + (int64_t)j0 * a.k_s[2], *vp = src.vb0 + (int64_t)j0 * a.v_s[2];
 #pragma unroll
     for (int it = 0; it < R::N; it++) {
-      oss_cp_async16(dk + it * R::STEP * LDS * 2, kp, src.kbytes);
-      oss_cp_async16(dv + it * R::STEP * LDS * 2, vp, src.vbytes);
+      oss_cp_async16(dk + at(it), kp, src.kbytes);
+      oss_cp_async16(dv + at(it), vp, src.vbytes);
       kp += src.kstep;
       vp += src.vstep;
     }
@@ -157,8 +165,8 @@ __device__ __forceinline__ void oss_attn_dec_load_kv(const oss_attn_args &a, con
   for (int it = 0; it < R::N; it++) {
     const longlong2 e = tab[r0 + it * R::STEP];
     const bool ok = e.x >= 0;
-    oss_cp_async16(dk + it * R::STEP * LDS * 2, ok ? src.k0 + e.x : src.k0, ok ? src.kbytes : 0);
-    oss_cp_async16(dv + it * R::STEP * LDS * 2, ok ? src.v0 + e.y : src.v0, ok ? src.vbytes : 0);
+    oss_cp_async16(dk + at(it), ok ? src.k0 + e.x : src.k0, ok ? src.kbytes : 0);
+    oss_cp_async16(dv + at(it), ok ? src.v0 + e.y : src.v0, ok ? src.vbytes : 0);
   }
 }
 
@@ -242,13 +250,15 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
   constexpr int KD = oss_attn_kd(HD), LDS = oss_attn_pitch(KD), NO = KD / 8, BK = OSS_ATTN_DEC_KEYS;
   constexpr int STAGES = oss_attn_dec_stages(HD), OP = KD + 4; /* OP: merge pitch, rows in other banks */
   static_assert(OSS_ATTN_DEC_ROWS == 16 && BK == 64, "one m-tile of rows, 16 keys per warp");
-  static_assert((size_t)4 * 16 * OP * 4 + 4 * 16 * 3 * 4 <= (size_t)2 * STAGES * BK * LDS * 2,
+  static_assert((size_t)4 * 16 * OP * 4 + 4 * 16 * 3 * 4 <= (size_t)2 * STAGES * BK * KD * 2,
                 "the warps' states fit the K/V stages for the merge");
 
-  extern __shared__ __align__(16) unsigned char oss_smem[];
-  T *sQ = reinterpret_cast<T *>(oss_smem);
-  T *sK = sQ + OSS_ATTN_DEC_ROWS * LDS;
-  T *sV = sK + STAGES * BK * LDS;
+  /* K and V stages first (swizzled rows of KD elements: 128-byte aligned), then
+   * the Q tile (pitch LDS), then the row tables */
+  extern __shared__ __align__(128) unsigned char oss_smem[];
+  T *sK = reinterpret_cast<T *>(oss_smem);
+  T *sV = sK + STAGES * BK * KD;
+  T *sQ = sV + STAGES * BK * KD;
 
   /* The combine kernel's CTAs may take free slots from now on: they start
    * only once every CTA of this grid has run this, so they never hold a slot
@@ -303,7 +313,7 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
   /* The row tables (oss_attn_dec_tabled) alternate between two buffers: the
    * table of tile t is filled before the barrier that precedes its copies, and
    * its buffer is refilled for tile t + 2 only after the next barrier. */
-  longlong2 *tab = reinterpret_cast<longlong2 *>(sV + STAGES * BK * LDS);
+  longlong2 *tab = reinterpret_cast<longlong2 *>(sQ + OSS_ATTN_DEC_ROWS * LDS);
   const oss_attn_dec_src<T> src = oss_attn_dec_src_of<T, KD>(a, b, hk, tid);
   static_assert(STAGES <= 3, "the prologue's tables fit the two buffers");
 #pragma unroll
@@ -314,7 +324,7 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
       oss_attn_dec_fill_row(a, b, j0, k_end, tid, oss_attn_dec_page(a, b, j0, k_end, tid), tb);
     __syncthreads();
     if (st < ntiles)
-      oss_attn_dec_load_kv<T, KD, LDS>(a, src, sK + st * BK * LDS, sV + st * BK * LDS, j0, k_end, tid, tb);
+      oss_attn_dec_load_kv<T, KD>(a, src, sK + st * BK * KD, sV + st * BK * KD, j0, k_end, tid, tb);
     oss_cp_async_commit(); /* Q joins the first group */
   }
   if (STAGES - 1 < ntiles && oss_attn_dec_tabled(a, k_begin + (STAGES - 1) * BK, k_end)) {
@@ -339,6 +349,14 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
                    ? oss_attn_mask_base(a, b, h) + (int64_t)i * a.m_s[2]
                    : 0;
   }
+  /* The last key that every packed row of the CTA sees (-1 with a mask
+   * tensor): the plain loop's tiles up to it skip the masking. A warp's lanes
+   * hold all 16 rows. */
+  int open_last = INT_MAX;
+#pragma unroll
+  for (int hi = 0; hi < 2; hi++)
+    if (r0 + g + hi * 8 < rows_total) open_last = min(open_last, last[hi]);
+  open_last = a.mask_kind != OSS_MASK_NONE ? -1 : __reduce_min_sync(0xffffffffu, open_last);
   /* With the variants, what oss_attn_dec_var_mask reads of each packed row
    * (oss_attn_dec_row_vars; padding rows see no key), in shared memory
    * rather than registers. The first barrier of the key loop publishes it. */
@@ -387,7 +405,7 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
       __syncthreads();                 /* ... for all; the stage of tile t - 1 is free */
       if (t + STAGES - 1 < ntiles) {
         const int sn = (t + STAGES - 1) % STAGES;
-        oss_attn_dec_load_kv<T, KD, LDS>(a, src, sK + sn * BK * LDS, sV + sn * BK * LDS,
+        oss_attn_dec_load_kv<T, KD>(a, src, sK + sn * BK * KD, sV + sn * BK * KD,
                                           k_begin + (t + STAGES - 1) * BK, k_end, tid,
                                           tab + ((t + STAGES - 1) & 1) * BK);
         const int jn = k_begin + (t + STAGES) * BK;
@@ -403,13 +421,19 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
         float s[1][2][4];
 #pragma unroll
         for (int n = 0; n < 2; n++) s[0][n][0] = s[0][n][1] = s[0][n][2] = s[0][n][3] = 0.f;
-        oss_warp_mma_ss<T, 1, 2, KD, LDS, LDS>(s, sQa, oss_smem_u32(sK + (st * BK + warp * 16) * LDS), lane);
-        if constexpr (!decltype(var)::value) oss_attn_dec_mask(s, a, last, mrow, c0, lane);
-        else if (vc.cap > 0.f) oss_attn_dec_var_mask<true, T, KD, LDS>(s, a, sQ, vc, mrow, c0, lane);
-        else oss_attn_dec_var_mask<false, T, KD, LDS>(s, a, sQ, vc, mrow, c0, lane);
+        oss_warp_mma_ss<T, 1, 2, KD, LDS, KD, true>(s, sQa, oss_smem_u32(sK + (st * BK + warp * 16) * KD), lane);
+        float c = 1.f; /* the scale, where the masking has not applied it */
+        if constexpr (!decltype(var)::value) {
+          if (c0 + 15 <= open_last) c = a.scale_log2;
+          else oss_attn_dec_mask(s, a, last, mrow, c0, lane);
+        } else if (vc.cap > 0.f) {
+          oss_attn_dec_var_mask<true, T, KD, LDS>(s, a, sQ, vc, mrow, c0, lane);
+        } else {
+          oss_attn_dec_var_mask<false, T, KD, LDS>(s, a, sQ, vc, mrow, c0, lane);
+        }
         uint32_t pa[1][1][4];
-        oss_attn_online_softmax<T, 1, 2, NO>(s, o, m, l, lr, 1.f, pa);
-        oss_warp_mma_rs<T, 1, NO, 1, LDS>(o, pa, oss_smem_u32(sV + (st * BK + warp * 16) * LDS), lane);
+        oss_attn_online_softmax<T, 1, 2, NO>(s, o, m, l, lr, c, pa);
+        oss_warp_mma_rs<T, 1, NO, 1, KD, true>(o, pa, oss_smem_u32(sV + (st * BK + warp * 16) * KD), lane);
       }
     }
   };

@@ -180,14 +180,33 @@ __device__ __forceinline__ void oss_load_tile(T *s, const T *g, int64_t row_stri
 // Shared addresses are byte addresses of element [0][0] of the operand.
 // ---------------------------------------------------------------------------
 
-/* acc += A * B^T: A stored [m][k] (pitch LDA), B stored [n][k] (pitch LDB), K
- * (multiple of 16) contracted. Used for S = Q K^T, dP = dO V^T and their
- * transposes. */
-template <typename T, int MT, int NT, int K, int LDA, int LDB>
+/* Swizzled tiles (SW): a row of LD elements (a multiple of 64: whole 128-byte
+ * groups) keeps its 16-byte chunk c at chunk c ^ (row % 8), the row counted
+ * from the tile's first row (a multiple of 8 rows from where the copies
+ * started it). ldmatrix's eight rows at one chunk then fall in eight
+ * different banks, as with padded rows (pitch LD with LD / 8 odd), and each
+ * 128-byte group of a row holds the same 128 bytes of its global row: a
+ * warp's 16-byte cp.async copies land as whole 128-byte wavefronts, where
+ * padded rows, shifted 16 bytes a row against the global lines, cost the
+ * copies a shared-memory wavefront and part of a sector fetch per 32 bytes.
+ * oss_tile_chunk gives the chunk where a lane's ldmatrix reads: c0 (even)
+ * plus the lane's chunk y of a padded tile, or c0 ^ y of a swizzled one
+ * (y then also holds the lane's row % 8). */
+template <bool SW> __device__ __forceinline__ int oss_tile_chunk(int c0, int y) { return SW ? (c0 ^ y) : c0 + y; }
+template <bool SW> __device__ __forceinline__ int oss_tile_lane_y(int chunk, int row) {
+  return SW ? chunk ^ (row & 7) : chunk;
+}
+
+/* acc += A * B^T: A stored [m][k] (pitch LDA), B stored [n][k] (pitch LDB;
+ * swizzled with SWB), K (multiple of 16) contracted. Used for S = Q K^T,
+ * dP = dO V^T and their transposes. */
+template <typename T, int MT, int NT, int K, int LDA, int LDB, bool SWB = false>
 __device__ __forceinline__ void oss_warp_mma_ss(float (&acc)[MT][NT][4], uint32_t sA, uint32_t sB, int lane) {
   static_assert(NT % 2 == 0 && K % 16 == 0, "n-tiles come in pairs, k in steps of 16");
+  static_assert(!SWB || LDB % 64 == 0, "swizzled rows are whole 128-byte groups");
   const uint32_t a_lane = sA + ((lane & 15) * LDA + (lane >> 4) * 8) * 2;
-  const uint32_t b_lane = sB + ((((lane >> 4) << 3) + (lane & 7)) * LDB + (((lane >> 3) & 1) << 3)) * 2;
+  const int b_row = ((lane >> 4) << 3) + (lane & 7), b_y = oss_tile_lane_y<SWB>((lane >> 3) & 1, b_row);
+  const uint32_t b_lane = sB + b_row * LDB * 2;
 #pragma unroll
   for (int kk = 0; kk < K / 16; kk++) {
     uint32_t a[MT][4];
@@ -196,7 +215,7 @@ __device__ __forceinline__ void oss_warp_mma_ss(float (&acc)[MT][NT][4], uint32_
 #pragma unroll
     for (int np = 0; np < NT / 2; np++) {
       uint32_t b[4];
-      oss_ldsm_x4(b_lane + (np * 16 * LDB + kk * 16) * 2, b);
+      oss_ldsm_x4(b_lane + np * 16 * LDB * 2 + oss_tile_chunk<SWB>(kk * 2, b_y) * 16, b);
 #pragma unroll
       for (int mt = 0; mt < MT; mt++) {
         oss_mma_op<T>::run(acc[mt][2 * np], a[mt], b[0], b[1]);
@@ -207,19 +226,21 @@ __device__ __forceinline__ void oss_warp_mma_ss(float (&acc)[MT][NT][4], uint32_
 }
 
 /* acc += A * B: A in registers (KS k-steps of fragments), B stored [k][n]
- * (pitch LDB, read with ldmatrix.trans). Used for O += P V, dQ += dS K,
- * dV += P^T dO, dK += dS^T Q. */
-template <typename T, int MT, int NT, int KS, int LDB>
+ * (pitch LDB, swizzled with SWB; read with ldmatrix.trans). Used for O += P V,
+ * dQ += dS K, dV += P^T dO, dK += dS^T Q. */
+template <typename T, int MT, int NT, int KS, int LDB, bool SWB = false>
 __device__ __forceinline__ void oss_warp_mma_rs(float (&acc)[MT][NT][4], const uint32_t (&a)[MT][KS][4],
                                                 uint32_t sB, int lane) {
   static_assert(NT % 2 == 0, "n-tiles come in pairs");
-  const uint32_t b_lane = sB + (((((lane >> 3) & 1) << 3) + (lane & 7)) * LDB + ((lane >> 4) << 3)) * 2;
+  static_assert(!SWB || LDB % 64 == 0, "swizzled rows are whole 128-byte groups");
+  const int b_row = (((lane >> 3) & 1) << 3) + (lane & 7), b_y = oss_tile_lane_y<SWB>(lane >> 4, b_row);
+  const uint32_t b_lane = sB + b_row * LDB * 2;
 #pragma unroll
   for (int kk = 0; kk < KS; kk++) {
 #pragma unroll
     for (int np = 0; np < NT / 2; np++) {
       uint32_t b[4];
-      oss_ldsm_x4_t(b_lane + (kk * 16 * LDB + np * 16) * 2, b);
+      oss_ldsm_x4_t(b_lane + kk * 16 * LDB * 2 + oss_tile_chunk<SWB>(np * 2, b_y) * 16, b);
 #pragma unroll
       for (int mt = 0; mt < MT; mt++) {
         oss_mma_op<T>::run(acc[mt][2 * np], a[mt][kk], b[0], b[1]);
