@@ -395,7 +395,8 @@ static oss_attn_dec_plan oss_attn_dec_make_plan(const oss_attention_params *p, c
     const int64_t row_tiles = (p->heads_q / p->heads_kv * p->len_q + OSS_ATTN_DEC_ROWS - 1) / OSS_ATTN_DEC_ROWS;
     const int64_t base = p->batch * p->heads_kv * row_tiles;
     int64_t per_sm = dev->max_smem_per_sm / (int64_t)(oss_attn_dec_smem_bytes(e->dec_head_dim) + 1024);
-    per_sm = per_sm < 1 ? 1 : (per_sm > 16 ? 16 : per_sm);
+    const int64_t regs_cap = oss_attn_dec_ctas_per_sm(e->dec_head_dim);
+    per_sm = per_sm < 1 ? 1 : (per_sm > regs_cap ? regs_cap : per_sm);
     const int64_t wave = dev->sm_count * per_sm;
     if (base < wave) splits = wave / base; /* at most one wave: a second, partial one would cost a whole CTA time */
     const int64_t most = tiles / OSS_ATTN_DEC_MIN_TILES;

@@ -181,6 +181,11 @@ __host__ __device__ constexpr int oss_attn_dec_part_ld(int dv) { return (dv + 3)
 /* K/V tiles in flight per CTA: three up to head dim 128 (where two CTAs share
  * an SM), two above. */
 __host__ __device__ constexpr int oss_attn_dec_stages(int hd) { return hd <= 128 ? 3 : 2; }
+/* CTAs per SM the decode kernel is compiled for (its launch bounds cap the
+ * registers to fit them): as many as the stages' shared memory allows on an
+ * sm_90 SM. The host's split rule takes the smaller of this and what the
+ * device's shared memory holds. */
+__host__ __device__ constexpr int oss_attn_dec_ctas_per_sm(int hd) { return hd <= 64 ? 4 : (hd <= 128 ? 2 : 1); }
 /* The K and V stages (unpadded, swizzled rows), the Q tile (padded rows), and
  * two row tables of 16 bytes per key. */
 __host__ __device__ constexpr size_t oss_attn_dec_smem_bytes(int hd) {

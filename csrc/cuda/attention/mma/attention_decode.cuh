@@ -246,7 +246,7 @@ __device__ __forceinline__ oss_attn_args oss_attn_dec_batch_view(const oss_attn_
 }
 
 template <typename T, int HD>
-__global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a) {
+__global__ void __launch_bounds__(128, oss_attn_dec_ctas_per_sm(HD)) oss_attn_dec_kernel(const oss_attn_args a) {
   constexpr int KD = oss_attn_kd(HD), LDS = oss_attn_pitch(KD), NO = KD / 8, BK = OSS_ATTN_DEC_KEYS;
   constexpr int STAGES = oss_attn_dec_stages(HD), OP = KD + 4; /* OP: merge pitch, rows in other banks */
   static_assert(OSS_ATTN_DEC_ROWS == 16 && BK == 64, "one m-tile of rows, 16 keys per warp");
@@ -310,6 +310,7 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
              col;
     oss_cp_async16(oss_smem_u32(sQ + r * LDS + col), src, nb);
   }
+  oss_cp_async_commit(); /* Q: a group of its own, waited for before the key loop */
   /* The row tables (oss_attn_dec_tabled) alternate between two buffers: the
    * table of tile t is filled before the barrier that precedes its copies, and
    * its buffer is refilled for tile t + 2 only after the next barrier. */
@@ -325,7 +326,7 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
     __syncthreads();
     if (st < ntiles)
       oss_attn_dec_load_kv<T, KD>(a, src, sK + st * BK * KD, sV + st * BK * KD, j0, k_end, tid, tb);
-    oss_cp_async_commit(); /* Q joins the first group */
+    oss_cp_async_commit();
   }
   if (STAGES - 1 < ntiles && oss_attn_dec_tabled(a, k_begin + (STAGES - 1) * BK, k_end)) {
     const int j0 = k_begin + (STAGES - 1) * BK;
@@ -390,7 +391,16 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
       }
     }
   }
+  /* Up to head dim 128 the warps keep Q's fragments in registers (KD / 4 of
+   * them) rather than reading them from shared memory on every tile. */
+  constexpr bool QREG = KD <= 128;
   const uint32_t sQa = oss_smem_u32(sQ);
+  uint32_t qa[1][QREG ? KD / 16 : 1][4];
+  if constexpr (QREG) {
+    oss_cp_async_wait<STAGES - 1>(); /* Q landed for this thread (the tiles may be in flight) */
+    __syncthreads();
+    oss_warp_load_a<1, KD, LDS>(qa, sQa, lane);
+  }
 
   /* The key loop, compiled twice behind one runtime branch on a.variants:
    * the plain loop's code holds nothing of the variants, so calls without
@@ -421,7 +431,9 @@ __global__ void __launch_bounds__(128) oss_attn_dec_kernel(const oss_attn_args a
         float s[1][2][4];
 #pragma unroll
         for (int n = 0; n < 2; n++) s[0][n][0] = s[0][n][1] = s[0][n][2] = s[0][n][3] = 0.f;
-        oss_warp_mma_ss<T, 1, 2, KD, LDS, KD, true>(s, sQa, oss_smem_u32(sK + (st * BK + warp * 16) * KD), lane);
+        const uint32_t sKw = oss_smem_u32(sK + (st * BK + warp * 16) * KD);
+        if constexpr (QREG) oss_warp_mma_rs_bt<T, 1, 2, KD, KD, true>(s, qa, sKw, lane);
+        else oss_warp_mma_ss<T, 1, 2, KD, LDS, KD, true>(s, sQa, sKw, lane);
         float c = 1.f; /* the scale, where the masking has not applied it */
         if constexpr (!decltype(var)::value) {
           if (c0 + 15 <= open_last) c = a.scale_log2;

@@ -197,31 +197,77 @@ template <bool SW> __device__ __forceinline__ int oss_tile_lane_y(int chunk, int
   return SW ? chunk ^ (row & 7) : chunk;
 }
 
+/* Lane address and chunk (oss_tile_chunk) of a B operand stored [n][k]
+ * (pitch LDB, swizzled with SWB) for ldmatrix x4: n rows 0..15, k chunks 0, 1. */
+template <int LDB, bool SWB> __device__ __forceinline__ uint32_t oss_bt_lane(uint32_t sB, int lane, int *y) {
+  static_assert(!SWB || LDB % 64 == 0, "swizzled rows are whole 128-byte groups");
+  const int row = ((lane >> 4) << 3) + (lane & 7);
+  *y = oss_tile_lane_y<SWB>((lane >> 3) & 1, row);
+  return sB + row * LDB * 2;
+}
+
+/* One k-step kk of acc += A * B^T: A's fragments a for it, B stored [n][k]
+ * (from oss_bt_lane). */
+template <typename T, int MT, int NT, int LDB, bool SWB>
+__device__ __forceinline__ void oss_warp_mma_kstep_bt(float (&acc)[MT][NT][4], const uint32_t (&a)[MT][4],
+                                                      uint32_t b_lane, int b_y, int kk) {
+  static_assert(NT % 2 == 0, "n-tiles come in pairs");
+#pragma unroll
+  for (int np = 0; np < NT / 2; np++) {
+    uint32_t b[4];
+    oss_ldsm_x4(b_lane + np * 16 * LDB * 2 + oss_tile_chunk<SWB>(kk * 2, b_y) * 16, b);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+      oss_mma_op<T>::run(acc[mt][2 * np], a[mt], b[0], b[1]);
+      oss_mma_op<T>::run(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+    }
+  }
+}
+
 /* acc += A * B^T: A stored [m][k] (pitch LDA), B stored [n][k] (pitch LDB;
  * swizzled with SWB), K (multiple of 16) contracted. Used for S = Q K^T,
  * dP = dO V^T and their transposes. */
 template <typename T, int MT, int NT, int K, int LDA, int LDB, bool SWB = false>
 __device__ __forceinline__ void oss_warp_mma_ss(float (&acc)[MT][NT][4], uint32_t sA, uint32_t sB, int lane) {
-  static_assert(NT % 2 == 0 && K % 16 == 0, "n-tiles come in pairs, k in steps of 16");
-  static_assert(!SWB || LDB % 64 == 0, "swizzled rows are whole 128-byte groups");
+  static_assert(K % 16 == 0, "k in steps of 16");
   const uint32_t a_lane = sA + ((lane & 15) * LDA + (lane >> 4) * 8) * 2;
-  const int b_row = ((lane >> 4) << 3) + (lane & 7), b_y = oss_tile_lane_y<SWB>((lane >> 3) & 1, b_row);
-  const uint32_t b_lane = sB + b_row * LDB * 2;
+  int b_y;
+  const uint32_t b_lane = oss_bt_lane<LDB, SWB>(sB, lane, &b_y);
 #pragma unroll
   for (int kk = 0; kk < K / 16; kk++) {
     uint32_t a[MT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) oss_ldsm_x4(a_lane + (mt * 16 * LDA + kk * 16) * 2, a[mt]);
+    oss_warp_mma_kstep_bt<T, MT, NT, LDB, SWB>(acc, a, b_lane, b_y, kk);
+  }
+}
+
+/* A's fragments for every k-step of oss_warp_mma_rs_bt: A stored [m][k]
+ * (pitch LDA), MT m-tiles, K columns. */
+template <int MT, int K, int LDA>
+__device__ __forceinline__ void oss_warp_load_a(uint32_t (&a)[MT][K / 16][4], uint32_t sA, int lane) {
+  const uint32_t a_lane = sA + ((lane & 15) * LDA + (lane >> 4) * 8) * 2;
 #pragma unroll
-    for (int np = 0; np < NT / 2; np++) {
-      uint32_t b[4];
-      oss_ldsm_x4(b_lane + np * 16 * LDB * 2 + oss_tile_chunk<SWB>(kk * 2, b_y) * 16, b);
+  for (int kk = 0; kk < K / 16; kk++)
 #pragma unroll
-      for (int mt = 0; mt < MT; mt++) {
-        oss_mma_op<T>::run(acc[mt][2 * np], a[mt], b[0], b[1]);
-        oss_mma_op<T>::run(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
-      }
-    }
+    for (int mt = 0; mt < MT; mt++) oss_ldsm_x4(a_lane + (mt * 16 * LDA + kk * 16) * 2, a[mt][kk]);
+}
+
+/* acc += A * B^T with A in registers (oss_warp_load_a) and B stored [n][k]
+ * (pitch LDB, swizzled with SWB): oss_warp_mma_ss for an A that stays. */
+template <typename T, int MT, int NT, int K, int LDB, bool SWB = false>
+__device__ __forceinline__ void oss_warp_mma_rs_bt(float (&acc)[MT][NT][4], const uint32_t (&a)[MT][K / 16][4],
+                                                   uint32_t sB, int lane) {
+  int b_y;
+  const uint32_t b_lane = oss_bt_lane<LDB, SWB>(sB, lane, &b_y);
+#pragma unroll
+  for (int kk = 0; kk < K / 16; kk++) {
+    uint32_t ak[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) ak[mt][e] = a[mt][kk][e];
+    oss_warp_mma_kstep_bt<T, MT, NT, LDB, SWB>(acc, ak, b_lane, b_y, kk);
   }
 }
 
