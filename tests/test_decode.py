@@ -1,6 +1,7 @@
 """Decode and the KV cache: the split-KV forward behind torch_oss.attention for
 few query rows per head (every split count forced, GQA packing, masks, both
-causal alignments, key counts around the tile size), and
+causal alignments, key counts around the tile sizes: 128 keys at head dim 64,
+64 above), and
 torch_oss.attention_with_kvcache (contiguous and paged caches, appends,
 per-sequence lengths, its errors, torch.compile and CUDA-graph capture), each
 against float64 references by the tolerance rule. The score variants in the
@@ -37,6 +38,7 @@ DECODE_CASES = [
     (2, 4, 4, 1, 16, 128, 128),
     (1, 32, 8, 1, 17, 128, 128),
     (3, 12, 1, 1, 1000, 64, 64),
+    (2, 16, 4, 2, 257, 64, 64),
     (1, 16, 2, 4, 4173, 128, 128),
     (2, 8, 8, 16, 777, 80, 80),
     (1, 6, 2, 7, 300, 192, 128),

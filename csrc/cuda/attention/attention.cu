@@ -387,7 +387,8 @@ static oss_attn_dec_plan oss_attn_dec_make_plan(const oss_attention_params *p, c
   const oss_attn_kernel_entry *e = oss_attn_find(p->dtype, need, 0);
   if (e == NULL || e->dec == NULL) return plan;
   plan.entry = e;
-  const int64_t tiles = (oss_attn_dec_span(p, a) + OSS_ATTN_DEC_KEYS - 1) / OSS_ATTN_DEC_KEYS;
+  const int64_t keys = oss_attn_dec_keys(e->dec_head_dim);
+  const int64_t tiles = (oss_attn_dec_span(p, a) + keys - 1) / keys;
   int64_t splits = 1;
   if (forced > 0) {
     splits = forced;

@@ -173,11 +173,14 @@ __host__ __device__ constexpr int oss_attn_kd(int hd) { return (hd + 15) / 16 * 
 __host__ __device__ constexpr int oss_attn_pitch(int cols) { return (cols / 8) % 2 == 0 ? cols + 8 : cols; }
 
 #define OSS_ATTN_DEC_ROWS 16       /* packed query rows per CTA */
-#define OSS_ATTN_DEC_KEYS 64       /* keys per tile (16 per warp, 4 warps) */
 #define OSS_ATTN_DEC_MAX_SPLITS 256
 #define OSS_ATTN_DEC_MAX_LQ 16     /* the forward takes the decode kernel up to this len_q */
 /* Floats per partial output row in the workspace: Dv rounded up to 16 bytes. */
 __host__ __device__ constexpr int oss_attn_dec_part_ld(int dv) { return (dv + 3) / 4 * 4; }
+/* Keys per tile (a quarter per warp): 128 at head dim 64, where a tile of 64
+ * keys gives a warp too few bytes per row reduction and rescale of o; 64
+ * above, where 128 would leave one CTA per SM. */
+__host__ __device__ constexpr int oss_attn_dec_keys(int hd) { return hd <= 64 ? 128 : 64; }
 /* K/V tiles in flight per CTA: three up to head dim 128 (where two CTAs share
  * an SM), two above. */
 __host__ __device__ constexpr int oss_attn_dec_stages(int hd) { return hd <= 128 ? 3 : 2; }
@@ -185,12 +188,12 @@ __host__ __device__ constexpr int oss_attn_dec_stages(int hd) { return hd <= 128
  * registers to fit them): as many as the stages' shared memory allows on an
  * sm_90 SM. The host's split rule takes the smaller of this and what the
  * device's shared memory holds. */
-__host__ __device__ constexpr int oss_attn_dec_ctas_per_sm(int hd) { return hd <= 64 ? 4 : (hd <= 128 ? 2 : 1); }
+__host__ __device__ constexpr int oss_attn_dec_ctas_per_sm(int hd) { return hd <= 128 ? 2 : 1; }
 /* The K and V stages (unpadded, swizzled rows), the Q tile (padded rows), and
  * two row tables of 16 bytes per key. */
 __host__ __device__ constexpr size_t oss_attn_dec_smem_bytes(int hd) {
-  return (size_t)2 * oss_attn_dec_stages(hd) * OSS_ATTN_DEC_KEYS * oss_attn_kd(hd) * 2 +
-         (size_t)OSS_ATTN_DEC_ROWS * oss_attn_pitch(oss_attn_kd(hd)) * 2 + 2 * OSS_ATTN_DEC_KEYS * 16;
+  return (size_t)2 * oss_attn_dec_stages(hd) * oss_attn_dec_keys(hd) * oss_attn_kd(hd) * 2 +
+         (size_t)OSS_ATTN_DEC_ROWS * oss_attn_pitch(oss_attn_kd(hd)) * 2 + 2 * oss_attn_dec_keys(hd) * 16;
 }
 
 #ifdef __cplusplus

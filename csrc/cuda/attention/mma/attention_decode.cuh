@@ -10,11 +10,12 @@
  * hk * group + g, so each K/V byte is read once for the whole group. A CTA
  * owns 16 packed rows (blockIdx.x), one split of the keys (blockIdx.y) and
  * one (batch, kv head) (blockIdx.z).
- * Keys: the split's keys stream through shared memory in tiles of 64 keys
- * (K and V of a tile in one cp.async group, oss_attn_dec_stages tiles in
- * flight, one barrier per tile; rows swizzled, oss_tile_chunk, so that the
- * 16-byte copies land as whole 128-byte wavefronts); warp w takes keys
- * 16w .. 16w+15 of every tile and runs its own online softmax (m, l, lr, o as
+ * Keys: the split's keys stream through shared memory in tiles of BK =
+ * oss_attn_dec_keys keys (K and V of a tile in one cp.async group,
+ * oss_attn_dec_stages tiles in flight, one barrier per tile; rows swizzled,
+ * oss_tile_chunk, so that the 16-byte copies land as whole 128-byte
+ * wavefronts); warp w takes keys w BK / 4 .. (w + 1) BK / 4 - 1 of every tile
+ * and runs its own online softmax (m, l, lr, o as
  * in attention_fwd.cuh) over them, so the warps never wait for each other
  * inside the key loop; at the end the four warp states are merged through
  * shared memory. A tile whose keys every row of the CTA sees, without a mask
@@ -62,10 +63,11 @@
 #include "cuda/attention/mma/attention_fwd.cuh"
 
 /* Thread tid copies 16-byte chunk tid % CPR of key rows tid / CPR + it * STEP
- * (it < N) of each tile, into swizzled rows of KD elements (oss_tile_chunk). */
-template <int KD> struct oss_attn_dec_rows {
-  static constexpr int CPR = KD / 8, STEP = 128 / CPR, N = OSS_ATTN_DEC_KEYS / STEP;
-  static_assert(128 % CPR == 0 && OSS_ATTN_DEC_KEYS % STEP == 0, "chunks tile the threads and the key tile");
+ * (it < N) of each tile of BK keys, into swizzled rows of KD elements
+ * (oss_tile_chunk). */
+template <int KD, int BK> struct oss_attn_dec_rows {
+  static constexpr int CPR = KD / 8, STEP = 128 / CPR, N = BK / STEP;
+  static_assert(128 % CPR == 0 && BK % STEP == 0, "chunks tile the threads and the key tile");
   static_assert(KD % 64 == 0, "swizzled rows are whole 128-byte groups");
 };
 
@@ -79,9 +81,9 @@ template <typename T> struct oss_attn_dec_src {
   int col, kbytes, vbytes;
 };
 
-template <typename T, int KD>
+template <typename T, int KD, int BK>
 __device__ __forceinline__ oss_attn_dec_src<T> oss_attn_dec_src_of(const oss_attn_args &a, int b, int hk, int tid) {
-  typedef oss_attn_dec_rows<KD> R;
+  typedef oss_attn_dec_rows<KD, BK> R;
   oss_attn_dec_src<T> s;
   s.col = tid % R::CPR * 8;
   const int kb = a.d - s.col, vb = a.dv - s.col;
@@ -100,28 +102,30 @@ __device__ __forceinline__ oss_attn_dec_src<T> oss_attn_dec_src_of(const oss_att
 /* The row table: the tile at key j0 has its rows a pointer step apart only in
  * a contiguous cache and below n_end; otherwise (a paged cache, the partial
  * last tile) its copies read each row's K and V element offsets from k0 / v0
- * (oss_attn_dec_src) in a table of OSS_ATTN_DEC_KEYS entries in shared
- * memory, which threads 0 .. 63 fill a tile ahead, one row each, so a row's
+ * (oss_attn_dec_src) in a table of BK entries in shared memory, which
+ * threads 0 .. BK - 1 fill a tile ahead, one row each, so a row's
  * page lookup, division and products are done once rather than by each of
  * its CPR copying threads. An entry {-1, -1} is a row at or past n_end or on
  * a page outside [0, num_pages): zero-filled. */
-__device__ __forceinline__ bool oss_attn_dec_tabled(const oss_attn_args &a, int j0, int n_end) {
-  return a.block_table != nullptr || j0 + OSS_ATTN_DEC_KEYS > n_end;
+template <int BK> __device__ __forceinline__ bool oss_attn_dec_tabled(const oss_attn_args &a, int j0, int n_end) {
+  return a.block_table != nullptr || j0 + BK > n_end;
 }
 
 /* The page of row tid of the tile at key j0 (-1 past n_end, for threads past
  * the tile's rows, and without a page table), read ahead of its entry. */
+template <int BK>
 __device__ __forceinline__ int oss_attn_dec_page(const oss_attn_args &a, int b, int j0, int n_end, int tid) {
   const int j = j0 + tid;
-  if (a.block_table == nullptr || tid >= OSS_ATTN_DEC_KEYS || j >= n_end) return -1;
+  if (a.block_table == nullptr || tid >= BK || j >= n_end) return -1;
   return __ldg(a.block_table + (int64_t)b * a.bt_stride + j / a.page_size);
 }
 
-/* Thread tid < OSS_ATTN_DEC_KEYS writes row tid's entry of the tile at key j0
- * into tab (pg: its page from oss_attn_dec_page). */
+/* Thread tid < BK writes row tid's entry of the tile at key j0 into tab (pg:
+ * its page from oss_attn_dec_page). */
+template <int BK>
 __device__ __forceinline__ void oss_attn_dec_fill_row(const oss_attn_args &a, int b, int j0, int n_end, int tid,
                                                       int pg, longlong2 *tab) {
-  if (tid >= OSS_ATTN_DEC_KEYS) return;
+  if (tid >= BK) return;
   const int j = j0 + tid;
   long long ko = -1, vo = -1;
   if (j < n_end) {
@@ -142,15 +146,15 @@ __device__ __forceinline__ void oss_attn_dec_fill_row(const oss_attn_args &a, in
  * evenly spaced, else by their row table tab. The copies' address arithmetic
  * would otherwise outnumber the tile's math several times over, in a kernel
  * that keeps only eight warps per SM. */
-template <typename T, int KD>
+template <typename T, int KD, int BK>
 __device__ __forceinline__ void oss_attn_dec_load_kv(const oss_attn_args &a, const oss_attn_dec_src<T> &src, T *sK,
                                                      T *sV, int j0, int n_end, int tid, const longlong2 *tab) {
-  typedef oss_attn_dec_rows<KD> R;
+  typedef oss_attn_dec_rows<KD, BK> R;
   const int r0 = tid / R::CPR, y = oss_tile_lane_y<true>(tid % R::CPR, r0);
   /* row r0 + it * STEP holds this chunk at y ^ ((it * STEP) % 8) */
   auto at = [&](int it) { return (uint32_t)(((r0 + it * R::STEP) * KD + ((y ^ ((it * R::STEP) & 7)) << 3)) * 2); };
   const uint32_t dk = oss_smem_u32(sK), dv = oss_smem_u32(sV);
-  if (!oss_attn_dec_tabled(a, j0, n_end)) {
+  if (!oss_attn_dec_tabled<BK>(a, j0, n_end)) {
     const T *kp = src.kb0 + (int64_t)j0 * a.k_s[2], *vp = src.vb0 + (int64_t)j0 * a.v_s[2];
 #pragma unroll
     for (int it = 0; it < R::N; it++) {
@@ -170,17 +174,18 @@ __device__ __forceinline__ void oss_attn_dec_load_kv(const oss_attn_args &a, con
   }
 }
 
-/* Scales a warp's 16 scores per row to log2 units and hides the invisible
+/* Scales a warp's 8 NT scores per row to log2 units and hides the invisible
  * ones: keys after the row's last visible key last[hi] (its causal diagonal
  * and the batch's key count; -1 for padding rows) and, with a mask tensor,
  * its entries (row offsets mrow[hi]). */
-__device__ __forceinline__ void oss_attn_dec_mask(float (&s)[1][2][4], const oss_attn_args &a, const int (&last)[2],
+template <int NT>
+__device__ __forceinline__ void oss_attn_dec_mask(float (&s)[1][NT][4], const oss_attn_args &a, const int (&last)[2],
                                                   const int64_t (&mrow)[2], int c0, int lane) {
   const int t2 = (lane & 3) * 2;
 #pragma unroll
   for (int hi = 0; hi < 2; hi++)
 #pragma unroll
-    for (int n = 0; n < 2; n++)
+    for (int n = 0; n < NT; n++)
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const int C = c0 + n * 8 + t2 + e;
@@ -208,8 +213,8 @@ template <typename T, int KD, int LDS> __device__ __forceinline__ int4 *oss_attn
  * the row's visible keys, plus the mask tensor's value inside them. CAP: the
  * softcap is on. ALiBi's two operations always run (slope 0 leaves a score
  * unchanged). */
-template <bool CAP, typename T, int KD, int LDS>
-__device__ __forceinline__ void oss_attn_dec_var_mask(float (&s)[1][2][4], const oss_attn_args &a, T *sQ,
+template <bool CAP, typename T, int KD, int LDS, int NT>
+__device__ __forceinline__ void oss_attn_dec_var_mask(float (&s)[1][NT][4], const oss_attn_args &a, T *sQ,
                                                       oss_attn_var_consts v, const int64_t (&mrow)[2], int c0,
                                                       int lane) {
   const int g = lane >> 2, t2 = (lane & 3) * 2;
@@ -219,7 +224,7 @@ __device__ __forceinline__ void oss_attn_dec_var_mask(float (&s)[1][2][4], const
     v.slope = __int_as_float(row.w);
     const float d0 = (float)((int64_t)row.z - c0 - t2); /* the distance at column c0 + t2 */
 #pragma unroll
-    for (int n = 0; n < 2; n++)
+    for (int n = 0; n < NT; n++)
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const int C = c0 + n * 8 + t2 + e;
@@ -247,9 +252,11 @@ __device__ __forceinline__ oss_attn_args oss_attn_dec_batch_view(const oss_attn_
 
 template <typename T, int HD>
 __global__ void __launch_bounds__(128, oss_attn_dec_ctas_per_sm(HD)) oss_attn_dec_kernel(const oss_attn_args a) {
-  constexpr int KD = oss_attn_kd(HD), LDS = oss_attn_pitch(KD), NO = KD / 8, BK = OSS_ATTN_DEC_KEYS;
+  constexpr int KD = oss_attn_kd(HD), LDS = oss_attn_pitch(KD), NO = KD / 8, BK = oss_attn_dec_keys(HD);
+  constexpr int KW = BK / 4, NK = KW / 8; /* a warp's keys of a tile, and their 8-column n-tiles */
   constexpr int STAGES = oss_attn_dec_stages(HD), OP = KD + 4; /* OP: merge pitch, rows in other banks */
-  static_assert(OSS_ATTN_DEC_ROWS == 16 && BK == 64, "one m-tile of rows, 16 keys per warp");
+  static_assert(OSS_ATTN_DEC_ROWS == 16 && KW % 16 == 0 && BK <= 128, "one m-tile of rows, k-steps of keys per "
+                "warp, a row table entry per thread");
   static_assert((size_t)4 * 16 * OP * 4 + 4 * 16 * 3 * 4 <= (size_t)2 * STAGES * BK * KD * 2,
                 "the warps' states fit the K/V stages for the merge");
 
@@ -315,26 +322,26 @@ __global__ void __launch_bounds__(128, oss_attn_dec_ctas_per_sm(HD)) oss_attn_de
    * table of tile t is filled before the barrier that precedes its copies, and
    * its buffer is refilled for tile t + 2 only after the next barrier. */
   longlong2 *tab = reinterpret_cast<longlong2 *>(sQ + OSS_ATTN_DEC_ROWS * LDS);
-  const oss_attn_dec_src<T> src = oss_attn_dec_src_of<T, KD>(a, b, hk, tid);
+  const oss_attn_dec_src<T> src = oss_attn_dec_src_of<T, KD, BK>(a, b, hk, tid);
   static_assert(STAGES <= 3, "the prologue's tables fit the two buffers");
 #pragma unroll
   for (int st = 0; st < STAGES - 1; st++) {
     const int j0 = k_begin + st * BK;
     longlong2 *tb = tab + (st & 1) * BK;
-    if (st < ntiles && oss_attn_dec_tabled(a, j0, k_end))
-      oss_attn_dec_fill_row(a, b, j0, k_end, tid, oss_attn_dec_page(a, b, j0, k_end, tid), tb);
+    if (st < ntiles && oss_attn_dec_tabled<BK>(a, j0, k_end))
+      oss_attn_dec_fill_row<BK>(a, b, j0, k_end, tid, oss_attn_dec_page<BK>(a, b, j0, k_end, tid), tb);
     __syncthreads();
     if (st < ntiles)
-      oss_attn_dec_load_kv<T, KD>(a, src, sK + st * BK * KD, sV + st * BK * KD, j0, k_end, tid, tb);
+      oss_attn_dec_load_kv<T, KD, BK>(a, src, sK + st * BK * KD, sV + st * BK * KD, j0, k_end, tid, tb);
     oss_cp_async_commit();
   }
-  if (STAGES - 1 < ntiles && oss_attn_dec_tabled(a, k_begin + (STAGES - 1) * BK, k_end)) {
+  if (STAGES - 1 < ntiles && oss_attn_dec_tabled<BK>(a, k_begin + (STAGES - 1) * BK, k_end)) {
     const int j0 = k_begin + (STAGES - 1) * BK;
-    oss_attn_dec_fill_row(a, b, j0, k_end, tid, oss_attn_dec_page(a, b, j0, k_end, tid),
+    oss_attn_dec_fill_row<BK>(a, b, j0, k_end, tid, oss_attn_dec_page<BK>(a, b, j0, k_end, tid),
                           tab + ((STAGES - 1) & 1) * BK);
   }
   /* the page of the next table's row, read a tile ahead of its use */
-  int pg = STAGES < ntiles ? oss_attn_dec_page(a, b, k_begin + STAGES * BK, k_end, tid) : -1;
+  int pg = STAGES < ntiles ? oss_attn_dec_page<BK>(a, b, k_begin + STAGES * BK, k_end, tid) : -1;
 
   /* this thread's two fragment rows: last visible key and mask row offset */
   int last[2];
@@ -415,37 +422,37 @@ __global__ void __launch_bounds__(128, oss_attn_dec_ctas_per_sm(HD)) oss_attn_de
       __syncthreads();                 /* ... for all; the stage of tile t - 1 is free */
       if (t + STAGES - 1 < ntiles) {
         const int sn = (t + STAGES - 1) % STAGES;
-        oss_attn_dec_load_kv<T, KD>(a, src, sK + sn * BK * KD, sV + sn * BK * KD,
+        oss_attn_dec_load_kv<T, KD, BK>(a, src, sK + sn * BK * KD, sV + sn * BK * KD,
                                           k_begin + (t + STAGES - 1) * BK, k_end, tid,
                                           tab + ((t + STAGES - 1) & 1) * BK);
         const int jn = k_begin + (t + STAGES) * BK;
-        if (t + STAGES < ntiles && oss_attn_dec_tabled(a, jn, k_end)) {
-          oss_attn_dec_fill_row(a, b, jn, k_end, tid, pg, tab + ((t + STAGES) & 1) * BK);
-          if (t + STAGES + 1 < ntiles) pg = oss_attn_dec_page(a, b, jn + BK, k_end, tid);
+        if (t + STAGES < ntiles && oss_attn_dec_tabled<BK>(a, jn, k_end)) {
+          oss_attn_dec_fill_row<BK>(a, b, jn, k_end, tid, pg, tab + ((t + STAGES) & 1) * BK);
+          if (t + STAGES + 1 < ntiles) pg = oss_attn_dec_page<BK>(a, b, jn + BK, k_end, tid);
         }
       }
       oss_cp_async_commit();
 
-      const int c0 = k_begin + t * BK + warp * 16;
+      const int c0 = k_begin + t * BK + warp * KW;
       if (c0 < k_end) {
-        float s[1][2][4];
+        float s[1][NK][4];
 #pragma unroll
-        for (int n = 0; n < 2; n++) s[0][n][0] = s[0][n][1] = s[0][n][2] = s[0][n][3] = 0.f;
-        const uint32_t sKw = oss_smem_u32(sK + (st * BK + warp * 16) * KD);
-        if constexpr (QREG) oss_warp_mma_rs_bt<T, 1, 2, KD, KD, true>(s, qa, sKw, lane);
-        else oss_warp_mma_ss<T, 1, 2, KD, LDS, KD, true>(s, sQa, sKw, lane);
+        for (int n = 0; n < NK; n++) s[0][n][0] = s[0][n][1] = s[0][n][2] = s[0][n][3] = 0.f;
+        const uint32_t sKw = oss_smem_u32(sK + (st * BK + warp * KW) * KD);
+        if constexpr (QREG) oss_warp_mma_rs_bt<T, 1, NK, KD, KD, true>(s, qa, sKw, lane);
+        else oss_warp_mma_ss<T, 1, NK, KD, LDS, KD, true>(s, sQa, sKw, lane);
         float c = 1.f; /* the scale, where the masking has not applied it */
         if constexpr (!decltype(var)::value) {
-          if (c0 + 15 <= open_last) c = a.scale_log2;
+          if (c0 + KW - 1 <= open_last) c = a.scale_log2;
           else oss_attn_dec_mask(s, a, last, mrow, c0, lane);
         } else if (vc.cap > 0.f) {
           oss_attn_dec_var_mask<true, T, KD, LDS>(s, a, sQ, vc, mrow, c0, lane);
         } else {
           oss_attn_dec_var_mask<false, T, KD, LDS>(s, a, sQ, vc, mrow, c0, lane);
         }
-        uint32_t pa[1][1][4];
-        oss_attn_online_softmax<T, 1, 2, NO>(s, o, m, l, lr, c, pa);
-        oss_warp_mma_rs<T, 1, NO, 1, KD, true>(o, pa, oss_smem_u32(sV + (st * BK + warp * 16) * KD), lane);
+        uint32_t pa[1][NK / 2][4];
+        oss_attn_online_softmax<T, 1, NK, NO>(s, o, m, l, lr, c, pa);
+        oss_warp_mma_rs<T, 1, NO, NK / 2, KD, true>(o, pa, oss_smem_u32(sV + (st * BK + warp * KW) * KD), lane);
       }
     }
   };
