@@ -141,7 +141,7 @@ __device__ __forceinline__ void oss_attn_dec_fill_row(const oss_attn_args &a, in
   tab[tid] = make_longlong2(ko, vo);
 }
 
-/* Issues the cp.async copies of K and V rows j0 .. j0 + 63 of (batch b, kv
+/* Issues the cp.async copies of K and V rows j0 .. j0 + BK - 1 of (batch b, kv
  * head hk) into one stage: by a pointer step per row where the rows are
  * evenly spaced, else by their row table tab. The copies' address arithmetic
  * would otherwise outnumber the tile's math several times over, in a kernel
