@@ -235,10 +235,20 @@ def test_which_losses_form_the_gradient_in_the_forward():
     def node(**kwargs):
         return type(torch_oss.cross_entropy(x, t, **kwargs).grad_fn).__name__
 
-    assert node() == node(label_smoothing=0.1, z_loss=1e-3) == "_MeanLossBackward"
-    assert node(reduction="sum") != "_MeanLossBackward"
-    assert node(weight=torch.rand(40)) != "_MeanLossBackward"
-    assert node(reduction="none") != "_MeanLossBackward"
+    assert node() == node(label_smoothing=0.1, z_loss=1e-3) == "_FusedLossBackward"
+    assert node(reduction="sum") != "_FusedLossBackward"
+    assert node(weight=torch.rand(40)) != "_FusedLossBackward"
+    assert node(reduction="none") != "_FusedLossBackward"
+    # in place: sums too, nothing else
+    keep = x.detach().clone()
+    for kwargs in (dict(reduction="none"), dict(weight=torch.rand(40))):
+        xc = keep.clone().requires_grad_()
+        assert type(torch_oss.cross_entropy(xc, t, inplace_backward=True, **kwargs).grad_fn).__name__ \
+            != "_FusedLossBackward"
+        assert torch.equal(xc.detach(), keep)  # not overwritten
+    xc = keep.clone().requires_grad_()
+    assert type(torch_oss.cross_entropy(xc, t, reduction="sum", inplace_backward=True).grad_fn).__name__ \
+        == "_FusedLossBackward"
     with torch.no_grad():
         assert torch_oss.cross_entropy(x, t).grad_fn is None
     assert torch_oss.cross_entropy(x.detach(), t).grad_fn is None
@@ -278,6 +288,93 @@ def test_loss_gradient_formed_in_the_forward(device, dtype, reduction, upstream,
         # (a mean's two ops scale by upstream / n, this by (1 / n) * upstream)
         if device == "cpu" and (upstream == 1.0 or reduction == "sum"):
             assert torch.equal(loss, two) and torch.equal(grad, two_grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("upstream", [1.0, 0.37])
+def test_loss_gradient_written_over_the_input(device, dtype, reduction, upstream):
+    """inplace_backward=True: the forward writes the gradient of the loss for
+    an upstream gradient of 1 over the input (a non-leaf here, as logits out of
+    a model are), the backward scales that buffer and hands it on. Its values
+    equal the out-of-place fused form's (bitwise for an upstream gradient of
+    1), the loss too, and the gradient that reaches the leaf is the
+    overwritten buffer's, against float64 by the rule."""
+    N, C = 37, 5003
+    x = awkward_randn((N, C), dtype, device)
+    t = random_target((N,), C, device, ignored_every=4)
+    for label_smoothing, z_loss in SMOOTHING_Z[::3]:
+        kw = dict(reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss)
+        xa = x.detach().requires_grad_()
+        loss = torch_oss.cross_entropy(xa, t, **kw)
+        up = torch.tensor(upstream, dtype=loss.dtype, device=device)
+        (grad,) = torch.autograd.grad(loss, xa, up)
+        leaf = x.detach().requires_grad_()
+        logits = leaf * 1  # a non-leaf whose buffer the loss may overwrite (MulBackward saves no output)
+        i_loss = torch_oss.cross_entropy(logits, t, inplace_backward=True, **kw)
+        assert torch.equal(i_loss, loss)
+        assert not torch.equal(logits.detach(), x)  # overwritten by the forward
+        (i_grad,) = torch.autograd.grad(i_loss, leaf, up)
+        assert i_grad.dtype == dtype
+        if upstream == 1.0:
+            assert torch.equal(i_grad, grad) and torch.equal(logits.detach(), grad)
+        x64 = x.double().requires_grad_()
+        ref = full_reference(x64, t, **kw)
+        (ref_grad,) = torch.autograd.grad(ref, x64, up.double())
+        xq = x.detach().to(peer_dtype(dtype)).requires_grad_()
+        peer = full_reference(xq, t, **kw)
+        (peer_grad,) = torch.autograd.grad(peer, xq, up.to(peer.dtype))
+        assert_tolerance("in-place grad", i_grad, ref_grad, peer_grad.to(dtype), SOFTMAX_ATOL[dtype],
+                         per_element_eps=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_loss_gradient_written_over_the_input_layouts_and_limits(device):
+    """inplace_backward=True on rows the op cannot overwrite (classes not
+    unit-stride: a new buffer instead) and on (N, C, d) input (the rows' copy),
+    both equal to the out-of-place form; a second backward and create_graph
+    raise; the flag must be a bool; without a gradient to form it leaves the
+    input alone."""
+    x = awkward_randn((7, 301), torch.float32, device)
+    t = random_target((7,), 301, device)
+    ref_loss = torch_oss.cross_entropy(x.detach().requires_grad_(), t)
+    xa = x.detach().requires_grad_()
+    (ref_grad,) = torch.autograd.grad(torch_oss.cross_entropy(xa, t), xa)
+
+    xt = x.t().contiguous().detach().requires_grad_()  # (301, 7): its transpose has class stride 7
+    loss = torch_oss.cross_entropy(xt.t(), t, inplace_backward=True)
+    loss.backward()
+    assert torch.equal(loss, ref_loss) and torch.equal(xt.grad.t(), ref_grad)
+
+    x3 = x.detach().clone().reshape(7, 301, 1).requires_grad_()  # (N, C, 1): its rows are a view of it
+    loss = torch_oss.cross_entropy(x3, t.reshape(7, 1), inplace_backward=True)
+    loss.backward()
+    assert torch.equal(loss, ref_loss) and torch.equal(x3.grad.reshape(7, 301), ref_grad)
+    y = awkward_randn((3, 301, 4), torch.float32, device)  # (N, C, d): its rows are a copy
+    ty = random_target((3, 4), 301, device)
+    ya = y.detach().requires_grad_()
+    y_loss = torch_oss.cross_entropy(ya, ty)
+    y_loss.backward()
+    yb = y.detach().requires_grad_()
+    loss = torch_oss.cross_entropy(yb, ty, inplace_backward=True)
+    loss.backward()
+    assert torch.equal(loss, y_loss) and torch.equal(yb.grad, ya.grad) and torch.equal(yb.detach(), y)
+
+    logits = x.detach().requires_grad_() * 1
+    loss = torch_oss.cross_entropy(logits, t, inplace_backward=True)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward"):
+        loss.backward()
+    logits = x.detach().requires_grad_() * 1
+    loss = torch_oss.cross_entropy(logits, t, inplace_backward=True)
+    with pytest.raises(RuntimeError, match="create_graph"):
+        torch.autograd.grad(loss, logits, create_graph=True)
+    with pytest.raises(TypeError, match="inplace_backward must be a bool"):
+        torch_oss.cross_entropy(x, t, inplace_backward=1)
+    xn = x.clone()
+    torch_oss.cross_entropy(xn, t, inplace_backward=True)  # no gradient wanted: the two ops' forward
+    assert torch.equal(xn, x)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -82,36 +82,65 @@ def _rows(input, target):
     return rows, target.reshape(-1), expected
 
 
-class _MeanLoss(torch.autograd.Function):
-    """The mean of the rows' losses of 2-D logits, with the logits' gradient
-    formed in the forward's own pass over them: the forward + backward op runs
-    for the gradient of this loss under an upstream gradient of 1 (row_grad:
-    1 / counted rows, 0 on ignored rows) and keeps it. The backward hands that
-    tensor on, rewritten by cross_entropy_backward_scaled_ only when the
-    upstream gradient is not exactly 1 (decided on the device), so
-    loss.backward() reads the logits once in all. A second backward through a
-    retained graph recomputes the gradient from the saved logits, and a
-    backward that builds a graph (create_graph) takes the two ops'
-    differentiable path, so second derivatives are those of the two-op form."""
+class _FusedLoss(torch.autograd.Function):
+    """The mean (or, in place, the sum) of the rows' losses of 2-D logits, with
+    the logits' gradient formed in the forward's own pass over them: the
+    forward + backward op runs for the gradient of this loss under an
+    upstream gradient of 1 (row_grad: 1 / counted rows for the mean, 1 for the
+    sum, 0 on ignored rows) and keeps it.
+
+    Out of place, the backward hands that tensor on, rewritten by
+    cross_entropy_backward_scaled_ only when the upstream gradient is not
+    exactly 1 (decided on the device), so loss.backward() reads the logits
+    once in all. A second backward through a retained graph recomputes the
+    gradient from the saved logits, and a backward that builds a graph
+    (create_graph) takes the two ops' differentiable path, so second
+    derivatives are those of the two-op form.
+
+    In place (inplace=True), the gradient is written over the logits
+    (cross_entropy_forward_backward_), so no logits-sized buffer is allocated;
+    the backward multiplies it by the upstream gradient (exact for 1 and for
+    powers of two, else one more rounding in the logits' dtype) and hands it
+    on. The logits are gone then: a second backward and create_graph raise."""
 
     @staticmethod
-    def forward(ctx, logits, target, ignore_index, label_smoothing, z_loss):
+    def forward(ctx, logits, target, ignore_index, label_smoothing, z_loss, mean, inplace):
         counted = target != ignore_index
         denominator = counted.sum()
-        row_grad = counted.to(_stat_dtype(logits.dtype)) / denominator
+        row_grad = counted.to(_stat_dtype(logits.dtype))
+        if mean:
+            row_grad = row_grad / denominator
         args = (ignore_index, label_smoothing, z_loss)
-        loss, lse, grad = torch.ops.oss.cross_entropy_forward_backward(row_grad, logits, target, *args)
-        total = loss.sum(dtype=torch.float64).to(loss.dtype) / denominator  # the sum rounded once
-        ctx.save_for_backward(logits, target, row_grad, lse)
+        if inplace:
+            loss, lse = torch.ops.oss.cross_entropy_forward_backward_(row_grad, logits, target, *args)
+            grad = logits
+            ctx.save_for_backward(target, row_grad, lse)
+        else:
+            loss, lse, grad = torch.ops.oss.cross_entropy_forward_backward(row_grad, logits, target, *args)
+            ctx.save_for_backward(logits, target, row_grad, lse)
+        total = loss.sum(dtype=torch.float64).to(loss.dtype)  # the sum rounded once
+        if mean:
+            total = total / denominator
         ctx.args = args
+        ctx.inplace = inplace
         ctx.grad = grad  # handed on by the first backward
         return total
 
     @staticmethod
     def backward(ctx, grad_total):
-        logits, target, row_grad, lse = ctx.saved_tensors
         grad, ctx.grad = ctx.grad, None
-        nones = (None,) * 4
+        nones = (None,) * 6
+        if ctx.inplace:
+            if grad is None:
+                raise RuntimeError("cross_entropy(inplace_backward=True): the logits were overwritten with their "
+                                   "gradient, which the first backward handed on; a second backward through the "
+                                   "graph cannot recompute it (use inplace_backward=False)")
+            if torch.is_grad_enabled():
+                raise RuntimeError("cross_entropy(inplace_backward=True): create_graph=True needs the logits, which "
+                                   "were overwritten with their gradient (use inplace_backward=False for second "
+                                   "derivatives)")
+            return (grad.mul_(grad_total), *nones)
+        logits, target, row_grad, lse = ctx.saved_tensors
         if torch.is_grad_enabled() or grad is None:
             if torch.is_grad_enabled():
                 # the two ops' graph: lse recomputed by the differentiable forward
@@ -122,19 +151,27 @@ class _MeanLoss(torch.autograd.Function):
         return (grad, *nones)
 
 
-def _fuses_backward(logits, weight, reduction):
-    """Whether the forward writes the gradient too: a mean loss without class
+def _fuses_backward(logits, weight, reduction, inplace):
+    """Whether the forward writes the gradient too: a loss without class
     weights whose logits autograd will differentiate, in eager mode (a
-    compiled graph keeps the two ops, whose formulas it traces). Not a sum:
-    sums are most often divided afterwards (Hugging Face divides a summed
-    loss by the tokens of the whole accumulation step), and an upstream
-    gradient other than 1 costs the fused form a second pass, which makes it
-    slower than the two ops."""
-    return (weight is None and reduction == "mean" and logits.requires_grad and torch.is_grad_enabled()
-            and not torch.compiler.is_compiling())
+    compiled graph keeps the two ops, whose formulas it traces); a mean, or a
+    sum written in place. Not a sum out of place: sums are most often divided
+    afterwards (Hugging Face divides a summed loss by the tokens of the whole
+    accumulation step), and an upstream gradient other than 1 costs the
+    out-of-place form a second pass over the logits, which makes it slower
+    than the two ops."""
+    return (weight is None and (reduction == "mean" or (inplace and reduction == "sum")) and logits.requires_grad
+            and torch.is_grad_enabled() and not torch.compiler.is_compiling())
 
 
-def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, z_loss=0.0):
+def _overwritable(logits):
+    """Rows the in-place op can write the gradient over: unit stride along
+    the classes (any row stride)."""
+    return logits.shape[1] <= 1 or logits.stride(1) == 1
+
+
+def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, z_loss=0.0,
+                  inplace_backward=False):
     """Drop-in for torch.nn.functional.cross_entropy with class-index targets
     (int64), plus z_loss: each counted row adds z_loss * logsumexp(row)**2.
 
@@ -153,6 +190,16 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     anyway); the backward then passes over the logits again only when its
     upstream gradient is not exactly 1 (a loss divided for gradient
     accumulation or scaled by a GradScaler).
+
+    inplace_backward=True lets a "mean" or "sum" loss without weights write
+    that gradient over the input itself (2-D or 1-D input with unit stride
+    along the classes; other layouts write it into the rows' copy), so no
+    buffer of the input's size is allocated for it: the input's values are
+    gone after the call, the backward scales the gradient by its upstream
+    gradient (one more rounding in the input's dtype unless that is a power of
+    two), and a second backward or create_graph=True raises. As for the fused
+    form above, it applies in eager mode only; elsewhere the flag changes
+    nothing.
     """
     name = "cross_entropy"
     if not isinstance(input, torch.Tensor):
@@ -166,8 +213,12 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
             raise ValueError(f"{name}: weight must be a tensor of shape ({classes},), got {got}")
         if not weight.is_floating_point():
             raise TypeError(f"{name}: weight has dtype {weight.dtype} but must be floating point")
-    if _fuses_backward(logits, weight, reduction):
-        return _MeanLoss.apply(logits, flat_target, ignore_index, float(label_smoothing), float(z_loss))
+    if not isinstance(inplace_backward, bool):
+        raise TypeError(f"{name}: inplace_backward must be a bool, got {type(inplace_backward).__name__}")
+    inplace = inplace_backward and _overwritable(logits)
+    if _fuses_backward(logits, weight, reduction, inplace):
+        return _FusedLoss.apply(logits, flat_target, ignore_index, float(label_smoothing), float(z_loss),
+                                reduction == "mean", inplace)
     counted = flat_target != ignore_index
 
     if weight is None:
