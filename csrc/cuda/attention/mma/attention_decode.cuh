@@ -15,13 +15,13 @@
  * oss_attn_dec_stages tiles in flight, one barrier per tile; rows swizzled,
  * oss_tile_chunk, so that the 16-byte copies land as whole 128-byte
  * wavefronts); warp w takes keys w BK / 4 .. (w + 1) BK / 4 - 1 of every tile
- * and runs its own online softmax (m, l, lr, o as
- * in attention_fwd.cuh) over them, so the warps never wait for each other
- * inside the key loop; at the end the four warp states are merged through
- * shared memory. A tile whose keys every row of the CTA sees, without a mask
- * tensor, skips the masking: its scale goes into the exponentials' multiply-
- * add, and the padding rows past the packed query rows (zero queries, never
- * written out) take its keys too.
+ * and runs its own online softmax (m, l, lr, o as in attention_fwd.cuh) over
+ * them, so the warps never wait for each other inside the key loop; at the
+ * end the four warp states are merged through shared memory. Up to head dim
+ * 128 the warps keep Q's fragments in registers. A tile whose keys every row
+ * of the CTA sees, without a mask tensor, skips the masking: its scale goes
+ * into the exponentials' multiply-add, and the padding rows past the packed
+ * query rows (zero queries, never written out) take its keys too.
  * Variants (a.variants; all of oss.h's but dropout, which the host keeps
  * from this kernel): the key loop is compiled twice behind one runtime
  * branch, so calls without them run the plain loop, which holds nothing of
