@@ -112,9 +112,8 @@ class _FusedLoss(torch.autograd.Function):
             row_grad = row_grad / denominator
         args = (ignore_index, label_smoothing, z_loss)
         if inplace:
-            loss, lse = torch.ops.oss.cross_entropy_forward_backward_(row_grad, logits, target, *args)
-            grad = logits
-            ctx.save_for_backward(target, row_grad, lse)
+            loss, _ = torch.ops.oss.cross_entropy_forward_backward_(row_grad, logits, target, *args)
+            grad = logits  # the backward needs nothing else
         else:
             loss, lse, grad = torch.ops.oss.cross_entropy_forward_backward(row_grad, logits, target, *args)
             ctx.save_for_backward(logits, target, row_grad, lse)
