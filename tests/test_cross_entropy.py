@@ -218,6 +218,42 @@ def test_forward_backward_op_wide_rows(device, dtype, shape, offset):
     assert_tolerance("wide grad", grad, ref_grad, peer_grad, SOFTMAX_ATOL[dtype])
 
 
+@pytest.mark.parametrize("device", [cuda_param("cuda")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("classes", [40001, 128256, 262144])
+def test_forward_backward_op_many_rows(device, dtype, classes):
+    """More wide rows than the GPU holds at once (several waves of CTAs or
+    clusters): each row of the batch equals the same row computed alone, bit
+    for bit (its reduction has the same shape), with ignored rows among them,
+    rows 3 elements off the 16-byte boundaries, and in place too; some rows
+    against the float64 references."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    N = 3 * sms + 5
+    base = awkward_randn((N, classes + 3), dtype, device)
+    x = base[:, 3:]
+    t = random_target((N,), classes, device, ignored_every=7)
+    g = (torch.rand(N, dtype=torch.float64, device=device) + 0.5).to(peer_dtype(dtype))
+    args = (IGNORE, 0.1, 1e-3)
+    loss, lse, grad = torch.ops.oss.cross_entropy_forward_backward(g, x, t, *args)
+    xi = base.clone()
+    i_loss, i_lse = torch.ops.oss.cross_entropy_forward_backward_(g, xi[:, 3:], t, *args)
+    assert torch.equal(i_loss, loss) and torch.equal(i_lse, lse) and torch.equal(xi[:, 3:], grad)
+    for i in [0, 1, 7, sms - 1, sms, 2 * sms + 1, N - 2, N - 1]:
+        r_loss, r_lse, r_grad = torch.ops.oss.cross_entropy_forward_backward(g[i:i + 1], x[i:i + 1], t[i:i + 1], *args)
+        assert torch.equal(r_loss, loss[i:i + 1]) and torch.equal(r_lse, lse[i:i + 1]), f"row {i}"
+        assert torch.equal(r_grad, grad[i:i + 1]), f"row {i}"
+    rows = torch.tensor([0, 1, sms + 2, N - 1], device=device)
+    xr, tr = x[rows], t[rows]
+    ref_loss, _ = rows_reference(xr.double(), tr, 0.1, 1e-3)
+    peer_loss, _ = rows_reference(xr.to(peer_dtype(dtype)), tr, 0.1, 1e-3)
+    assert_tolerance("many-rows loss", loss[rows], ref_loss, peer_loss, SOFTMAX_ATOL[peer_dtype(dtype)])
+    ref_grad = grad_reference(xr.double(), tr, g[rows].double(), 0.1, 1e-3)
+    xq = xr.detach().requires_grad_()
+    peer_rows, _ = rows_reference(xq, tr, 0.1, 1e-3)
+    (peer_grad,) = torch.autograd.grad(peer_rows, xq, g[rows].to(peer_rows.dtype))
+    assert_tolerance("many-rows grad", grad[rows], ref_grad, peer_grad, SOFTMAX_ATOL[dtype])
+
+
 def two_ops_loss(x, t, reduction, label_smoothing, z_loss):
     """torch_oss.cross_entropy's sum / mean composed from the forward op (whose
     autograd formula runs the backward op), as a compiled graph runs it."""
