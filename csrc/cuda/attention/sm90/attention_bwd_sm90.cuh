@@ -430,19 +430,19 @@ __global__ void __launch_bounds__(384, 1)
     oss_wgmma_fence_operand<NO>(dK);
   }
 
-  /* dK and dV (times dropout's k) for rows < Lk, columns < D / Dv */
-  T *gdK = (T *)a.dk + b * a.dk_s[0] + hk * a.dk_s[1];
-  T *gdV = (T *)a.dv_ptr + b * a.dv_s[0] + hk * a.dv_s[1];
+  /* dK and dV (times dropout's k) for rows < Lk, columns < D / Dv, staged in
+   * K's and V's shared memory (this warpgroup's rows of them) once both
+   * warpgroups' last products have read it */
+  const int r0 = j0 + wg * 64; /* this warpgroup's first key */
+  T *gdK = (T *)a.dk + b * a.dk_s[0] + hk * a.dk_s[1] + (int64_t)r0 * a.dk_s[2];
+  T *gdV = (T *)a.dv_ptr + b * a.dv_s[0] + hk * a.dv_s[1] + (int64_t)r0 * a.dv_s[2];
   const bool vdk = a.vec & OSS_ATTN_VEC_DK, vdv = a.vec & OSS_ATTN_VEC_DV;
   const float dv_scale = VAR && a.drop_seed != nullptr ? a.drop_scale : 1.f;
-#pragma unroll
-  for (int hi = 0; hi < 2; hi++) {
-    const int r = kw0 + g + hi * 8;
-    if (r < a.lk) {
-      oss_store_frag_row<T, NO>(gdK + (int64_t)r * a.dk_s[2], t2, a.d, vdk, dK, hi, 1.f);
-      oss_store_frag_row<T, NO>(gdV + (int64_t)r * a.dv_s[2], t2, a.dv, vdv, dV, hi, dv_scale);
-    }
-  }
+  const int nrows = min(64, a.lk - r0);
+  oss_named_sync(BAR_CONSUMERS, NCONS);
+  oss_sm90_store_rows<T, NO>(gdK, a.dk_s[2], nrows, a.d, vdk, dK, 1.f, sK + wg * 64 * HD, BAR_ZERO + wg, tid & 127);
+  oss_sm90_store_rows<T, NO>(gdV, a.dv_s[2], nrows, a.dv, vdv, dV, dv_scale, sV + wg * 64 * HD, BAR_ZERO + wg,
+                             tid & 127);
 #else
   __trap(); /* not built for sm_90a: never in the dispatch table */
 #endif

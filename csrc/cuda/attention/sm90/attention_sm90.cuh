@@ -206,6 +206,55 @@ __device__ __forceinline__ void oss_sm90_zero_rows(T *tile, int first, int t, in
   oss_named_sync(bar, 128);
 }
 
+/* Writes a warpgroup's 64 rows of a wgmma accumulator (NO n-tiles of 8
+ * columns; warp k of the warpgroup holds rows 16k .. 16k + 15, lane (g, t)
+ * rows g and g + 8, columns 8n + 2t and 8n + 2t + 1), times `scale` and
+ * rounded to T, to global rows dst + r * ld for r < nrows, columns < ncols,
+ * through `stage` (64 x 8 NO elements of shared memory, 16-byte aligned, free
+ * for the warpgroup): each thread stores its pairs there (16-byte chunk c of
+ * row r at chunk c ^ (r % 8), so a warp's pairs fall in 32 banks), the
+ * warpgroup meets at named barrier `bar` (t: the thread's index in it), and
+ * each thread then copies whole 16-byte chunks to global memory (element by
+ * element where `vec`, rows of 16-byte aligned vectors, does not hold, and
+ * for a last chunk that ncols cuts). *Reason:* the fragments' own 4-byte
+ * stores put 8 rows in a warp's every store, a partial sector each; under
+ * ncu they held the load/store queue (lg_throttle) for 8 % of the Hopper
+ * backward's samples at seqlen 1k, where each CTA stores its dK and dV once
+ * after 16 query blocks. */
+template <typename T, int NO>
+__device__ __forceinline__ void oss_sm90_store_rows(T *dst, int64_t ld, int nrows, int ncols, bool vec,
+                                                    const float (&acc)[NO][4], float scale, T *stage, int bar,
+                                                    int t) {
+  constexpr int PITCH = NO * 16; /* bytes a staged row */
+  const int warp = t >> 5, g = (t & 31) >> 2, t2 = (t & 3) * 2;
+  unsigned char *s = reinterpret_cast<unsigned char *>(stage);
+#pragma unroll
+  for (int hi = 0; hi < 2; hi++) {
+    const int r = warp * 16 + g + hi * 8;
+#pragma unroll
+    for (int n = 0; n < NO; n++)
+      *reinterpret_cast<uint32_t *>(s + r * PITCH + ((n ^ (r & 7)) << 4) + t2 * 2) =
+          oss_mma_op<T>::pack(acc[n][2 * hi] * scale, acc[n][2 * hi + 1] * scale);
+  }
+  oss_named_sync(bar, 128);
+#pragma unroll 4
+  for (int idx = t; idx < 64 * NO; idx += 128) {
+    const int r = idx / NO, c = idx % NO;
+    if (r < nrows && c * 8 < ncols) {
+      const uint4 v = *reinterpret_cast<const uint4 *>(s + r * PITCH + ((c ^ (r & 7)) << 4));
+      T *out = dst + (int64_t)r * ld + c * 8;
+      if (vec && c * 8 + 8 <= ncols) {
+        *reinterpret_cast<uint4 *>(out) = v;
+      } else {
+        const T *e = reinterpret_cast<const T *>(&v);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+          if (c * 8 + k < ncols) out[k] = e[k];
+      }
+    }
+  }
+}
+
 /* ---- host: tensor maps ----------------------------------------------------- */
 
 typedef CUresult (*oss_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
