@@ -23,8 +23,9 @@
  *   - two consumer warpgroups load K and V once (cp.async, zero past the
  *     keys) and keep them in shared memory. Warpgroup w owns keys
  *     [64w, 64w + 64) of the block, warp k of it keys 16k .. 16k + 15 (the
- *     wgmma accumulator rows), and accumulates their dK and dV in registers.
- *     Per query block:
+ *     wgmma accumulator rows), and accumulates their dK and dV in registers
+ *     (stored at the end through its half of K's and V's shared memory, in
+ *     16-byte rows: oss_sm90_store_rows). Per query block:
  *   S^T = K_w Q^T and dP^T = V_w dO^T (wgmma, both operands in shared memory,
  *   K-major); P^T and dS'^T in registers, key-major, so they are directly the
  *   A operands of dV += P^T dO and dK += dS'^T Q (B = dO, Q read MN-major).

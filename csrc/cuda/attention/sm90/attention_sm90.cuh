@@ -6,8 +6,9 @@
  * fences, commits and waits, proxy fences, mbarriers, bulk tensor copies,
  * named barriers, setmaxnreg and the warp-specialised kernels' register
  * budgets, the two tile products every kernel issues (S = A B^T from shared
- * memory, O += P V with P in registers), zeroing a landed tile's rows, and on
- * the host the tensor maps of the bulk tensor copies. Device code is compiled
+ * memory, O += P V with P in registers), zeroing a landed tile's rows,
+ * storing a warpgroup's accumulator rows through shared memory, and on the
+ * host the tensor maps of the bulk tensor copies. Device code is compiled
  * only for sm_90a (uses sit inside __CUDA_ARCH_FEAT_SM90_ALL).
  */
 #ifndef OSS_ATTENTION_SM90_CUH
