@@ -531,11 +531,12 @@ static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params
    * batches); elsewhere the query-major dQ kernel writes dq. */
   const int sm90 = oss_attn_has_variants(p) ? e->bwd_var[OSS_ATTN_SM90] != NULL : e->bwd[OSS_ATTN_SM90] != NULL;
   if (!bp->deterministic || (sm90 && L.ws_rows == 0)) {
-    /* rows padded by 16 bytes: the Hopper kernel stages a dQ block in shared
-     * memory with that pitch (against bank conflicts) and adds it to the
-     * accumulator with one bulk reduction; the first two padding columns
-     * take the row sums of dQ's centring */
-    L.dq_ld = kd + 4;
+    /* rows padded by 16 bytes, 32 for the Hopper kernel: it stages a dQ
+     * block in shared memory with that pitch (oss_attn_bwd_sm90_dq_pitch,
+     * against bank conflicts) and adds it to the accumulator with one bulk
+     * reduction; columns dq_ld - 4 and dq_ld - 3 take the row sums of dQ's
+     * centring */
+    L.dq_ld = kd + (sm90 ? 8 : 4);
     L.off_dq = L.total;
     L.total += oss_attn_round256(rows * (size_t)L.dq_ld * 4);
   }

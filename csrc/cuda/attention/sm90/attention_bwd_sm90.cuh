@@ -78,8 +78,11 @@ typedef struct oss_attn_bwd_sm90_maps {
   CUtensorMap q, dout;
 } oss_attn_bwd_sm90_maps;
 
-/* float pitch of the dQ staging rows: 16 bytes of padding against bank conflicts */
-template <int HD> __host__ __device__ constexpr int oss_attn_bwd_sm90_dq_pitch() { return HD + 4; }
+/* float pitch of the dQ staging rows: 32 bytes of padding, so that rows start
+ * 8 banks apart and the 8-byte stores of a half warp (4 rows of 8 columns) hit
+ * 32 distinct banks; padding columns pitch - 4 and pitch - 3 take dQ's
+ * centring row sums */
+template <int HD> __host__ __device__ constexpr int oss_attn_bwd_sm90_dq_pitch() { return HD + 8; }
 
 template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size_t oss_attn_bwd_sm90_tiles_bytes() {
   return (size_t)(2 * BC + 2 * STAGES * BR) * HD * 2        /* K, V, STAGES x (Q, dO) */
@@ -261,8 +264,10 @@ __global__ void __launch_bounds__(384, 1)
         a.vec & OSS_ATTN_VEC_V, tid);
   }
   reinterpret_cast<uint32_t *>(sOnes)[tid] = oss_mma_op<T>::pack(1.f, 1.f); /* 256 x 4 bytes */
-  if (tid < BR) /* the staging rows' padding, added to the accumulator's */
-    *reinterpret_cast<float4 *>(sdQ + tid * oss_attn_bwd_sm90_dq_pitch<HD>() + HD) = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (tid < BR) { /* the staging rows' padding, added to the accumulator's */
+    float4 *pad = reinterpret_cast<float4 *>(sdQ + tid * oss_attn_bwd_sm90_dq_pitch<HD>() + HD);
+    pad[0] = pad[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   oss_cp_async_commit();
   oss_cp_async_wait<0>();
   oss_fence_proxy_async(); /* for the tensor cores' reads */
@@ -410,8 +415,9 @@ __global__ void __launch_bounds__(384, 1)
       oss_mbar_arrive(&empty[st]); /* the stage's Q, dO, lse and D are read */
       /* stage the piece in sdQ once the dQ warp has read the previous block;
        * then the dQ warp adds it to the accumulator. The row sums R go into
-       * the padding column HD (BR = 64: HD + wg, a half per warpgroup, which
-       * the dq conversion adds), so they reach the accumulator with dQ */
+       * the padding column pitch - 4 (BR = 64: pitch - 4 + wg, a half per
+       * warpgroup, which the dq conversion adds), so they reach the
+       * accumulator with dQ */
       oss_named_sync(BAR_DQ_EMPTY, DQ_BAR_THREADS);
 #pragma unroll
       for (int hi = 0; hi < 2; hi++) {
@@ -419,7 +425,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
         for (int n = 0; n < 8; n++)
           *reinterpret_cast<float2 *>(row + no + t2 + n * 8) = make_float2(dq[n][2 * hi], dq[n][2 * hi + 1]);
-        if ((lane & 3) == 0) row[HD + (BR == 128 ? 0 : wg)] = rs[0][2 * hi];
+        if ((lane & 3) == 0) row[oss_attn_bwd_sm90_dq_pitch<HD>() - 4 + (BR == 128 ? 0 : wg)] = rs[0][2 * hi];
       }
       oss_fence_proxy_async();
       oss_named_arrive(BAR_DQ_FULL, DQ_BAR_THREADS);
