@@ -703,9 +703,8 @@ template <typename T> __device__ __forceinline__ void oss_attn_unpack8(const uin
  * thread's PRE_ROWS rows loaded before any is summed and stored, so that each
  * thread has all its loads in flight at once (the pass is bound by the bytes
  * in flight). *Reason for 2 rows:* with 4 a thread held 98 registers, two
- * CTAs fitted an SM, and their loads stopped while both summed; with 2 the
- * pass ran 22 % faster on an H200 (116-118 -> 90-93 us for 16k tokens of
- * width 2048 at head dims 64 and 128; 63 registers).
+ * CTAs filled an SM, and their loads stopped while both summed; 2 rows (63
+ * registers) run the pass faster (docs/performance.md).
  * oss_attn_pre_rows<LANES>() rows a CTA; a dense CTA's rows are of one
  * (batch, head) (they divide lq_pad), a packed CTA's of at most two heads
  * (they are fewer than ws_rows). */
