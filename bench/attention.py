@@ -11,6 +11,8 @@ torch_oss against every SDPA backend in the same run. TFLOP/s: forward
     python bench/attention.py --with-uncentred  # also torch_oss without the backward's dQ centring
                                                 # (what it costs)
     python bench/attention.py --with-deterministic  # also torch_oss with deterministic=True
+    python bench/attention.py --kernels     # also each backward's kernels (us per call): torch_oss's
+                                            # and cuDNN's (GPU)
 """
 
 import argparse
@@ -70,8 +72,13 @@ def main():
                     help="also time torch_oss with the Hopper forward on a persistent grid of one CTA per SM "
                          "and on a grid of one CTA per block of query rows (columns torch_oss-persistent, "
                          "torch_oss-per-block)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also the GPU time of each kernel of torch_oss's and SDPA cuDNN's backward "
+                         "(torch.profiler, us per call)")
     args = ap.parse_args()
     device = args.device
+    if args.kernels and device != "cuda":
+        ap.error("--kernels times CUDA kernels: it needs --device cuda")
     gpu = device == "cuda"
     dtypes = (args.dtypes or ("bfloat16,float16" if gpu else "float32")).split(",")
     hdims = [int(x) for x in (args.hdims or ("64,128,256" if gpu else "64")).split(",")]
@@ -96,7 +103,7 @@ def main():
     if args.with_deterministic:  # the same kernel choices; fwd() passes deterministic=True
         impls["torch_oss-deterministic"] = impls["torch_oss"]
     impls.update(sdpa_backends(device))
-    records = []
+    records, breakdowns = [], []
     for dname in dtypes:
         dtype = DTYPES[dname]
         for D in hdims:
@@ -146,6 +153,13 @@ def main():
                                 tflops = flops(B, H, N, D, causal, mode) / (ms * 1e-3) / 1e12
                                 records.append(dict(dtype=dname, hdim=D, heads=H, batch=B, seqlen=N, causal=causal,
                                                     mode=mode, impl=name, ms=ms, tflops=tflops, peak_extra_mib=peak))
+                            if args.kernels and name in ("torch_oss", "sdpa-cudnn"):
+                                out = fwd()
+                                kernels = common.kernel_breakdown_us(
+                                    lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+                                breakdowns.append(dict(dtype=dname, hdim=D, seqlen=N, causal=causal, impl=name,
+                                                       kernels=kernels))
+                                del out
                 del q, k, v, dout, expected
 
     names = list(dict.fromkeys(r["impl"] for r in records))
@@ -163,7 +177,12 @@ def main():
             line.append(f"{ours['tflops'] / by[peer]['tflops']:.2f}x" if ours and peer in by else "-")
         rows.append(line)
     common.print_table("attention TFLOP/s ('vs X' = torch_oss speed / X's speed)", header, rows)
-    common.write_json(f"attention_{device}", dict(env=env, records=records))
+    for b in breakdowns:
+        rows = [[name, f"{us:.1f}"] for name, us in sorted(b["kernels"].items(), key=lambda kv: -kv[1])]
+        rows.append(["total", f"{sum(b['kernels'].values()):.1f}"])
+        common.print_table(f"{b['impl']} backward kernels, {b['dtype']} hd{b['hdim']} N{b['seqlen']} "
+                           f"{'causal' if b['causal'] else 'full'} (us per call)", ["kernel", "us"], rows)
+    common.write_json(f"attention_{device}", dict(env=env, records=records, backward_kernels=breakdowns))
     panels = {}
     for r in records:
         panel = f"{r['dtype']} hd{r['hdim']} {'causal' if r['causal'] else 'full'} {r['mode']}"

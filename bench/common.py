@@ -131,28 +131,25 @@ def cuda_event_times_ms(fn, flush, warmup_ms=25, rep_ms=100):
     return [a.elapsed_time(b) for a, b in zip(starts, ends)]
 
 
-def kernel_times_us(fn, flush, calls):
-    """The GPU's own duration in us of the kernels each of `calls` calls of fn()
-    launched (summed per call), from torch.profiler's CUPTI records (nanosecond
-    timestamps; CUDA events resolve ~0.5 us), with flush() enqueued before each
-    call and its kernels left out (it must launch only fill or memset kernels,
-    as a tensor's zero_() does). Returns (durations, kernel names)."""
+def kernel_breakdown_us(fn, calls=10):
+    """The GPU's own time of each kernel that fn() launches, in us per call
+    (a kernel's launches in one call summed, averaged over `calls` calls after
+    one warm-up call), from torch.profiler's CUPTI records: {kernel name cut
+    at its template arguments or parameters: us}."""
     from torch.profiler import ProfilerActivity, profile
 
+    fn()
+    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
-            flush()
             fn()
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-               and "fill" not in e.name.lower() and "memset" not in e.name.lower()]
-    kernels.sort(key=lambda e: e.time_range.start)
-    per_call = len(kernels) // calls
-    if per_call == 0 or len(kernels) % calls:
-        raise RuntimeError(f"{len(kernels)} kernels for {calls} calls: {sorted({e.name for e in kernels})}")
-    durations = [sum(e.time_range.elapsed_us() for e in kernels[i * per_call:(i + 1) * per_call])
-                 for i in range(calls)]
-    return durations, sorted({e.name for e in kernels})
+    out = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            name = e.name.replace("void ", "").split("<")[0].split("(")[0].strip()[:60]
+            out[name] = out.get(name, 0.0) + e.device_time / calls
+    return out
 
 
 def copy_bandwidth_gbs(device, nbytes=None):
