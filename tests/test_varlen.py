@@ -25,6 +25,7 @@ from test_variants import draw_variants, fa_style_peer, variant_reference
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_oss
+from torch_oss._kernels import attention_kernels
 
 HALF = (torch.float16, torch.bfloat16)
 CAUSAL = [(False, "bottom_right"), (True, "top_left"), (True, "bottom_right")]
@@ -307,6 +308,34 @@ def test_non_finite_neighbour_leaves_a_sequence_alone(device, dtype, head_dim, c
         assert torch.isfinite(got).all(), f"{name}: non-finite values from the neighbour"
         torch.testing.assert_close(got, want, rtol=0, atol=4 * torch.finfo(dtype).eps * want.abs().max().item(),
                                    msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("device", [cuda_param("cuda")])
+@pytest.mark.parametrize("dtype", HALF, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("family", ["best", "mma"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_backward_dq_is_zero_for_equal_keys_per_sequence(device, dtype, head_dim, family, causal):
+    """Each sequence's keys all equal (its own row): its dq is 0, since dS's
+    rows sum to 0. The 16-bit kernels compute dq as rounded dS (K - kbar),
+    kbar the (sequence, kv head)'s mean K row, which must then be exactly that
+    row, for sequences of several key chunks, of one partial chunk and of
+    fewer keys than queries; without the centring the error is at least 100x
+    larger (test_attention.py's test for one batch)."""
+    torch.manual_seed(head_dim + causal)
+    q, k, v, cu_q, cu_k, mq, mk = make_packed([200, 37, 90], [300, 20, 130], 4, 2, head_dim, head_dim, dtype, device)
+    for _, keys in sequences(cu_q, cu_k):
+        k[keys] = k[keys][:1].clone()
+    dout = torch.randn_like(q)
+    errors = {}
+    for centring in (True, False):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        with attention_kernels(backward=family, dq_centring=centring):
+            torch_oss.attention_varlen(*leaves, cu_q, cu_k, mq, mk, causal=causal).backward(dout)
+        errors[centring] = leaves[0].grad.double().abs().max().item()
+    label = f"dq {dtype} hd {head_dim} {family} causal={causal}: max error with/without centring {errors}"
+    assert errors[False] > 0, label  # the case must have roundings to remove
+    assert errors[True] <= 0.01 * errors[False], label
 
 
 @pytest.mark.parametrize("device", [cuda_param("cuda")])

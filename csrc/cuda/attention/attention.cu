@@ -664,8 +664,7 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   }
   if (a.dq_sem != NULL && cudaMemsetAsync(a.dq_sem, 0, L.sem_bytes, stream) != cudaSuccess)
     return oss_fail(OSS_ERROR_CUDA, "attention_backward: clearing the dQ counters failed");
-  st = oss_attn_bwd_means(&a, p->dtype, stream);
-  if (st != OSS_OK) return st;
+  /* the kernel family's launcher fills a.kmean (oss_attn_bwd_means) */
   if (a.variants && e->bwd_var[OSS_ATTN_MMA] == NULL)
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
                     "attention_backward: no backward kernel with the score variants for head dim %d", e->head_dim);

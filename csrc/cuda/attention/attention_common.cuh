@@ -218,8 +218,12 @@ oss_status oss_attn_bwd_dq_convert(const oss_attn_args *a, oss_dtype dtype, cuda
 oss_status oss_attn_bwd_dsinks(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream);
 /* Rows of K summed per chunk of kmean_part (the chunks are added in order). */
 #define OSS_ATTN_MEAN_CHUNK 128
-/* Fills a->kmean (nothing when it is NULL). */
+/* Fills a->kmean (nothing when it is NULL): oss_attn_bwd_means from K, run
+ * by the mma.sync backward before its kernels; oss_attn_bwd_means_reduce from
+ * kmean_part, which the Hopper backward's kernel wrote (its dQ conversion
+ * needs kmean only after it). */
 oss_status oss_attn_bwd_means(const oss_attn_args *a, oss_dtype dtype, cudaStream_t stream);
+oss_status oss_attn_bwd_means_reduce(const oss_attn_args *a, cudaStream_t stream);
 
 /* attention.cu: the public entry points with the tensor-core kernel replaced
  * by override_fn when it is not NULL (same head dim; used by the self-test to

@@ -859,9 +859,10 @@ template <typename T> __global__ void __launch_bounds__(256) oss_attn_bwd_dq_con
  * head); its threads take the chunk's rows by groups (a row per group, 8
  * columns a lane, as the passes above), each summing its columns over every
  * `rows`-th row in float64, and the groups' sums are added in order into
- * kmean_part. Pass 2: one thread per (kv head, column) adds the chunks in
- * order and divides (n equal rows average exactly to that row). Columns >= D
- * and non-finite means give 0. */
+ * kmean_part (the Hopper backward writes the same sums from its K tiles
+ * instead). Pass 2: one thread per (kv head, column) adds the chunks of its
+ * keys in order and divides (n equal rows average exactly to that row).
+ * Columns >= D and non-finite means give 0. */
 template <typename T> __global__ void __launch_bounds__(256) oss_attn_kmean_part_kernel(const oss_attn_args args) {
   __shared__ double part[256 * 8];
   const int64_t bh = blockIdx.y + (int64_t)gridDim.y * blockIdx.z;
@@ -903,8 +904,9 @@ __global__ void __launch_bounds__(256) oss_attn_kmean_kernel(const oss_attn_args
     int64_t k0;
     oss_attn_seq_bounds(a, (int)(bh / a.hkv), &k0);
   }
-  double sum = 0;
-  for (int k = 0; k < chunks; k++) sum += a.kmean_part[(bh * chunks + k) * a.mean_ld + c];
+  double sum = 0; /* a sequence's chunks: those past its keys are not written by the Hopper backward */
+  const int own = (a.lk + OSS_ATTN_MEAN_CHUNK - 1) / OSS_ATTN_MEAN_CHUNK;
+  for (int k = 0; k < own; k++) sum += a.kmean_part[(bh * chunks + k) * a.mean_ld + c];
   const float mean = (float)(sum / a.lk);
   a.kmean[i] = isfinite(mean) ? mean : 0.f;
 }
@@ -923,6 +925,12 @@ oss_status oss_attn_bwd_means(const oss_attn_args *a, oss_dtype dtype, cudaStrea
   else oss_attn_kmean_part_kernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(*a);
   oss_status st = oss_check_launch("oss_attn_kmean_part_kernel");
   if (st != OSS_OK) return st;
+  return oss_attn_bwd_means_reduce(a, stream);
+}
+
+oss_status oss_attn_bwd_means_reduce(const oss_attn_args *a, cudaStream_t stream) {
+  const int64_t bh = (int64_t)a->batch * a->hkv;
+  if (a->kmean == nullptr || a->lk == 0 || bh == 0) return OSS_OK;
   oss_attn_kmean_kernel<<<(unsigned)((bh * a->mean_ld + 255) / 256), 256, 0, stream>>>(*a);
   return oss_check_launch("oss_attn_kmean_kernel");
 }

@@ -569,6 +569,9 @@ oss_status oss_attn_bwd_dq_det_run(const oss_attn_args *a, cudaStream_t stream, 
 
 template <typename T, int HD, int BR, int NKW, int NCS, int MINB, int DQ_BR, int DQ_BC, int DQ_NW, bool VAR = false>
 oss_status oss_attn_bwd_mma_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+  /* kbar first: the query-major dQ kernel reads it */
+  oss_status ms = oss_attn_bwd_means(a, std::is_same<T, __half>::value ? OSS_FLOAT16 : OSS_BFLOAT16, stream);
+  if (ms != OSS_OK) return ms;
   if (a->lk > 0) {
     const oss_status st = oss_attn_launch(
         oss_attn_bwd_dkdv_mma_kernel<T, HD, BR, NKW, NCS, MINB, VAR>,

@@ -53,7 +53,10 @@
  *   dQ's centring (attention_bwd.cuh): m64n8k16 wgmmas of dS' by a tile of
  *   ones give the row sums R of the piece's 64 query rows (BR = 64: each
  *   warpgroup over its half of the keys), staged in a padding column of the
- *   dQ block, so they reach the accumulator with it.
+ *   dQ block, so they reach the accumulator with it; and before its first
+ *   query block the CTA sums its K tile's columns into its chunk of the mean
+ *   K row's partial sums (oss_attn_bwd_sm90_ksum), so that no pass reads K
+ *   again for them.
  * Limits: D and Dv up to HD, zero padded; HD in {64, 128} with BR * HD = 8192
  * (the dQ split); a mask tensor only in the MASK_TENSOR instantiation (which
  * spills) and not with VAR; q and dout with 16-byte aligned base and strides (the
@@ -93,6 +96,40 @@ template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size
 template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size_t oss_attn_bwd_sm90_smem_bytes() {
   return oss_attn_bwd_sm90_tiles_bytes<HD, BR, BC, STAGES>() + 1024 /* a tile of ones (dQ's centring) */
          + 1024;                                                    /* room to align the tiles to 1024 bytes */
+}
+
+/* dQ's centring: this CTA's chunk of kmean_part (oss_attn_bwd_means' pass 1
+ * for its BC = OSS_ATTN_MEAN_CHUNK keys, from K's tile in shared memory; rows
+ * past the keys are zero there): thread t sums column t % HD over the rows
+ * t / HD, t / HD + G, ... (G = 256 / HD groups; four float32 partial sums in a
+ * fixed order), the groups' sums meet in float64 in `scratch` (the dS'^T
+ * buffers, free before the first query block) and are added in group order.
+ * The consumers meet twice at `bar`, so the scratch is free again after. */
+template <typename T, int HD, int BC, int BR>
+__device__ __forceinline__ void oss_attn_bwd_sm90_ksum(const oss_attn_args &a, const T *sK, T *scratch, int b, int hk,
+                                                       int block, int chunks, int tid, int bar) {
+  static_assert(BC == OSS_ATTN_MEAN_CHUNK && 256 % HD == 0 && BC % (4 * (256 / HD)) == 0, "a CTA's keys are one chunk");
+  static_assert((size_t)(256 / HD) * HD * 8 <= (size_t)2 * BC * BR * 2, "the groups' sums fit the dS'^T buffers");
+  constexpr int G = 256 / HD;
+  const int col = tid % HD, grp = tid / HD;
+  const T *base = sK + (col >> 6) * BC * 64 + (col & 7); /* column col of row r: + r * 64 + chunk swizzle */
+  auto at = [&](int r) { return oss_to_float(base[r * 64 + ((((col & 63) >> 3) ^ (r & 7)) << 3)]); };
+  float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 2
+  for (int r = grp; r < BC; r += 4 * G)
+#pragma unroll
+    for (int k = 0; k < 4; k++) s[k] += at(r + k * G);
+  double *part = reinterpret_cast<double *>(scratch);
+  part[grp * HD + col] = ((double)s[0] + (double)s[1]) + ((double)s[2] + (double)s[3]);
+  oss_named_sync(bar, 256);
+  for (int c = tid; c < a.mean_ld; c += 256) {
+    double t = 0;
+    if (c < HD)
+#pragma unroll
+      for (int g = 0; g < G; g++) t += part[g * HD + c];
+    a.kmean_part[(((int64_t)b * a.hkv + hk) * chunks + block) * a.mean_ld + c] = t;
+  }
+  oss_named_sync(bar, 256);
 }
 
 /* Deterministic mode: the key blocks of a head add into a dQ block in
@@ -254,15 +291,17 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
     for (int e = 0; e < 4; e++) dV[n][e] = dK[n][e] = 0.f;
 
-  if (niter > 0) { /* K and V, zero past the keys: once per CTA, by the consumers */
-    const int krows = min(BC, a.lk - j0);
+  /* K and V, zero past the keys: once per CTA, by the consumers (K also for
+   * dQ's centring alone) */
+  const int krows = min(BC, a.lk - j0);
+  if (niter > 0 || a.kmean_part != nullptr)
     oss_load_tile<T, BC, HD, 64, NCONS, true>(
         sK, (const T *)a.k + b * a.k_s[0] + hk * a.k_s[1] + (int64_t)j0 * a.k_s[2], a.k_s[2], krows, a.d,
         a.vec & OSS_ATTN_VEC_K, tid);
+  if (niter > 0)
     oss_load_tile<T, BC, HD, 64, NCONS, true>(
         sV, (const T *)a.v + b * a.v_s[0] + hk * a.v_s[1] + (int64_t)j0 * a.v_s[2], a.v_s[2], krows, a.dv,
         a.vec & OSS_ATTN_VEC_V, tid);
-  }
   reinterpret_cast<uint32_t *>(sOnes)[tid] = oss_mma_op<T>::pack(1.f, 1.f); /* 256 x 4 bytes */
   if (tid < BR) { /* the staging rows' padding, added to the accumulator's */
     float4 *pad = reinterpret_cast<float4 *>(sdQ + tid * oss_attn_bwd_sm90_dq_pitch<HD>() + HD);
@@ -272,6 +311,8 @@ __global__ void __launch_bounds__(384, 1)
   oss_cp_async_wait<0>();
   oss_fence_proxy_async(); /* for the tensor cores' reads */
   oss_named_sync(BAR_CONSUMERS, NCONS);
+  if (a.kmean_part != nullptr) /* chunks: the kmean_part stride of the batch's longest keys */
+    oss_attn_bwd_sm90_ksum<T, HD, BC, BR>(a, sK, sdS, b, hk, block, (args.lk + BC - 1) / BC, tid, BAR_CONSUMERS);
 
   const uint32_t sKw = oss_smem_u32(sK) + wg * 64 * 128, sVw = oss_smem_u32(sV) + wg * 64 * 128;
   /* this warpgroup's 64 x 64 piece of dQ_blk: query rows mo.., head-dim columns no.. */
@@ -484,8 +525,10 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
       return fallback(a, stream, dev);
     OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     kernel<<<oss_attn_key_grid(a, C::BC), 384, smem, stream>>>(*a, maps);
-    const oss_status st =
+    oss_status st =
         oss_check_launch(VAR ? "attention backward with score variants (wgmma)" : "attention backward (wgmma)");
+    if (st != OSS_OK) return st;
+    st = oss_attn_bwd_means_reduce(a, stream); /* kbar from the sums the kernel wrote, for the dQ passes below */
     if (st != OSS_OK) return st;
   }
   if (a->dq_sem != NULL)
