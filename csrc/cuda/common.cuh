@@ -169,6 +169,20 @@ __device__ __forceinline__ void oss_mbar_wait(uint64_t *bar, int parity) {
                "r"(parity)
                : "memory");
 }
+/* The same wait for a thread that has nothing else to do and is not on the
+ * critical path (a producer waiting for a free stage): it sleeps ~64 ns
+ * between polls. A failed poll returns within a few cycles, so a polling warp
+ * would otherwise take a large share of the issue slots of the scheduler it
+ * shares with the consumer warps (a producer is mostly ahead, so it waits for
+ * most of a kernel). */
+__device__ __forceinline__ void oss_mbar_wait_backoff(uint64_t *bar, int parity) {
+  asm volatile("{\n.reg .pred done;\nwait_%=:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+               "@!done nanosleep.u32 64;\n"
+               "@!done bra wait_%=;\n}\n" ::"r"(oss_smem_u32(bar)),
+               "r"(parity)
+               : "memory");
+}
 /* Arrives on bar and adds `bytes` to the transaction count its phase waits
  * for (the bytes the copy engine will deliver to it). */
 __device__ __forceinline__ void oss_mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {

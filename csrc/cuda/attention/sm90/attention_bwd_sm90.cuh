@@ -188,7 +188,9 @@ __global__ void __launch_bounds__(384, 1)
    * order from its reads of lse and D to the next copy into the stage) */
   __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
 
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  /* wg known uniform (oss_warpgroup) except in the kernels that read a mask
+   * tensor, where the uniform registers it takes make the kernel spill */
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = MASK_TENSOR ? warp >> 2 : oss_warpgroup();
   int b, hk, block;
   if (!oss_attn_key_block_of(args, BC, &b, &hk, &block)) return;
   oss_attn_args a = args; /* a sequence's view in a variable-length batch */
@@ -228,7 +230,7 @@ __global__ void __launch_bounds__(384, 1)
       for (int it = 0; it < niter; it++) {
         const int st = it % STAGES, use = it / STAGES;
         const int h = hk * a.group + it / nqe, i0 = (qb0 + it % nqe) * BR;
-        if (use > 0) oss_mbar_wait(&empty[st], (use - 1) & 1);
+        if (use > 0) oss_mbar_wait_backoff(&empty[st], (use - 1) & 1);
         oss_mbar_arrive_expect_tx(&full[st], 2u * BR * HD * (uint32_t)sizeof(T) + 2u * BR * 4u);
 #pragma unroll
         for (int cb = 0; cb < HD / 64; cb++) {

@@ -247,7 +247,9 @@ __global__ void __launch_bounds__(384, 1)
    * warp is done reading it. Phases count on across work blocks. */
   __shared__ __align__(8) uint64_t q_full, q_empty, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
 
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  /* wg known uniform (oss_warpgroup) except in the kernels that read a mask
+   * tensor, where the uniform registers it takes make the kernel spill */
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = MASK_TENSOR ? warp >> 2 : oss_warpgroup();
   /* the work blocks of this CTA: oss_sm90_first_block */
   const int nqb = (int)oss_sm90_row_blocks(args, BR);
   const int nwork = nqb * (int)oss_sm90_work_rows(args); /* the launcher checks that it fits */
@@ -299,15 +301,15 @@ __global__ void __launch_bounds__(384, 1)
         const int jt0 = WIN ? qb.jt0 : 0;
         if (qb.ntiles <= jt0) continue;
         const int tb = a.cu_q != nullptr ? 0 : qb.b; /* the copies' batch */
-        if (blocks > 0) oss_mbar_wait(&q_empty, (blocks - 1) & 1);
+        if (blocks > 0) oss_mbar_wait_backoff(&q_empty, (blocks - 1) & 1);
         oss_sm90_load_tile<HD, BR>(sQ, &maps.q, &q_full, (int)a.seq_q0 + qb.i0, qb.h, tb);
         blocks++;
 #pragma unroll 1
         for (int j = jt0; j < qb.ntiles; j++, tiles++) {
           const int st = tiles % STAGES, use = tiles / STAGES, j0 = (int)a.seq_k0 + j * BC;
-          if (use > 0) oss_mbar_wait(&k_empty[st], (use - 1) & 1);
+          if (use > 0) oss_mbar_wait_backoff(&k_empty[st], (use - 1) & 1);
           oss_sm90_load_tile<HD, BC>(sK + st * BC * HD, &maps.k, &k_full[st], j0, qb.hk, tb);
-          if (use > 0) oss_mbar_wait(&v_empty[st], (use - 1) & 1);
+          if (use > 0) oss_mbar_wait_backoff(&v_empty[st], (use - 1) & 1);
           oss_sm90_load_tile<HD, BC>(sV + st * BC * VC, &maps.v, &v_full[st], j0, qb.hk, tb);
         }
       }

@@ -27,15 +27,32 @@ __device__ __forceinline__ uint64_t oss_wgmma_desc(uint32_t addr, uint32_t lead_
          ((uint64_t)((stride_bytes & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
 
-/* The same descriptor, formed where it is used: the compiler may not hoist it
- * (or the per-k-step descriptors derived from it by adding offsets, which
- * stay inside the 14-bit address field) out of a loop, where each would hold
- * two registers for the whole loop. */
-__device__ __forceinline__ uint64_t oss_wgmma_desc_here(uint32_t addr, uint32_t lead_bytes, uint32_t stride_bytes) {
+/* A descriptor's two 32-bit words. The k-steps of a product move only the
+ * start address, which stays inside its 14-bit field of the low word, so they
+ * add to that word alone (a 64-bit add costs a carry and a move per operand
+ * and k-step); the high word (stride, swizzle) is a constant. */
+__device__ __forceinline__ uint32_t oss_wgmma_desc_lo(uint32_t addr, uint32_t lead_bytes) {
+  return ((addr & 0x3FFFF) >> 4) | (((lead_bytes & 0x3FFFF) >> 4) << 16);
+}
+__host__ __device__ constexpr uint32_t oss_wgmma_desc_hi(uint32_t stride_bytes) {
+  return ((stride_bytes & 0x3FFFF) >> 4) | (1u << 30);
+}
+__device__ __forceinline__ uint64_t oss_wgmma_desc_join(uint32_t lo, uint32_t hi) { return (uint64_t)hi << 32 | lo; }
+
+/* The low word, formed where it is used: the compiler may not hoist it (or the
+ * per-k-step words derived from it) out of a loop, where each would hold a
+ * register for the whole loop. */
+__device__ __forceinline__ uint32_t oss_wgmma_desc_lo_here(uint32_t addr, uint32_t lead_bytes) {
   uint32_t here;
   asm volatile("mov.b32 %0, %1;\n" : "=r"(here) : "r"(addr));
-  return oss_wgmma_desc(here, lead_bytes, stride_bytes);
+  return oss_wgmma_desc_lo(here, lead_bytes);
 }
+
+/* The thread's warpgroup, broadcast from lane 0 so that the compiler knows it
+ * is the same across the warp: what derives from it (the shared-memory
+ * descriptors) is then formed in uniform registers, which wgmma reads, instead
+ * of in per-thread registers converted at every k-step. */
+__device__ __forceinline__ int oss_warpgroup() { return __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0); }
 
 __device__ __forceinline__ void oss_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void oss_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -149,11 +166,13 @@ template <int N> __device__ __forceinline__ void oss_wgmma_fence_operand(uint32_
  * dP^T = V dO^T. */
 template <typename T, int HD, int MA, int NB>
 __device__ __forceinline__ void oss_attn_sm90_qk(float (&s)[NB / 8][4], uint32_t sAa, uint32_t sBa) {
-  const uint64_t da = oss_wgmma_desc_here(sAa, 16, 1024), db = oss_wgmma_desc_here(sBa, 16, 1024);
+  const uint32_t la = oss_wgmma_desc_lo_here(sAa, 16), lb = oss_wgmma_desc_lo_here(sBa, 16);
+  constexpr uint32_t hi = oss_wgmma_desc_hi(1024);
 #pragma unroll
   for (int kk = 0; kk < HD / 16; kk++)
-    oss_wgmma<T, NB>::template ss<0, 0>(s, da + (((kk >> 2) * (MA * 128) + (kk & 3) * 32) >> 4),
-                                        db + (((kk >> 2) * (NB * 128) + (kk & 3) * 32) >> 4), kk > 0);
+    oss_wgmma<T, NB>::template ss<0, 0>(s, oss_wgmma_desc_join(la + (((kk >> 2) * (MA * 128) + (kk & 3) * 32) >> 4), hi),
+                                        oss_wgmma_desc_join(lb + (((kk >> 2) * (NB * 128) + (kk & 3) * 32) >> 4), hi),
+                                        kk > 0);
 }
 
 /* Issues O += P V for one warpgroup (no commit): A = P from registers (one
@@ -164,9 +183,11 @@ __device__ __forceinline__ void oss_attn_sm90_qk(float (&s)[NB / 8][4], uint32_t
 template <typename T, int HD, int KR>
 __device__ __forceinline__ void oss_attn_sm90_pv(float (&o)[HD / 8][4], const uint32_t (&pa)[KR / 16][4],
                                                  uint32_t sVa) {
-  const uint64_t dv = oss_wgmma_desc_here(sVa, KR * 128, 1024);
+  const uint32_t lv = oss_wgmma_desc_lo_here(sVa, KR * 128);
+  constexpr uint32_t hi = oss_wgmma_desc_hi(1024);
 #pragma unroll
-  for (int kk = 0; kk < KR / 16; kk++) oss_wgmma<T, HD>::template rs<1>(o, pa[kk], dv + ((kk * 16 * 128) >> 4), 1);
+  for (int kk = 0; kk < KR / 16; kk++)
+    oss_wgmma<T, HD>::template rs<1>(o, pa[kk], oss_wgmma_desc_join(lv + ((kk * 16 * 128) >> 4), hi), 1);
 }
 
 /* Registers per thread after setmaxnreg. A CTA keeps the registers it was
