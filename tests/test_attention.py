@@ -819,10 +819,10 @@ def test_hopper_forward_does_not_spill():
     every key tile. The instantiations without a window (head dims 64, 128,
     256; with and without a mask tensor) must compile with no stack frame.
     The ones for a window alone, instantiated apart so that these need not,
-    hold the block's first key tile in one more register: at head dim 128
-    that spills a few of the block's arguments, stored at its start and
-    reloaded once by its epilogue (the key loop has no local-memory access in
-    the SASS); their frame stays within 32 bytes."""
+    hold the block's first key tile in one more register, which may spill a
+    few of the block's arguments, stored at its start and reloaded once by
+    its epilogue (the key loop then has no local-memory access in the SASS);
+    their frame stays within 32 bytes."""
     import re
 
     frames = re.findall(r"Function properties for (\S*oss_attn_fwd_sm90_kernel\S*)\s+(\d+) bytes stack frame",
