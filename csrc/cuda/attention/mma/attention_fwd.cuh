@@ -48,29 +48,34 @@
  * row r0 + 16mt + g (+8 for e >= 2), column 8n + 2t + (e & 1) of the tile. */
 
 /* Prepares the raw scores of key tile j0 for rows r0 .. r0 + 16 MT - 1 and
- * returns c, the factor the softmax applies to them: unmasked tiles keep raw
- * scores and c = scale log2(e) (folded into the row max and exp2's FFMA);
- * tiles that need the element mask (mask tensor, key bound, causal diagonal,
- * or a negative scale, where max and scaling do not commute) are scaled and
- * masked here, and c = 1. MASK_TENSOR = false: a kernel built for calls
- * without a mask tensor (a.mask_kind is none), which then needs no registers
- * for reading one, and which applies a window (the tiles across its edges). */
-template <typename T, int MT, int NT, bool MASK_TENSOR = true>
+ * returns c, the factor the softmax applies to them (folded into the row max
+ * and exp2's FFMA). Tiles that need no element mask keep raw scores and
+ * c = scale log2(e); so do tiles across the key bound, the causal diagonal or
+ * a window's edge, with their invisible scores set to -inf, which c leaves
+ * -inf while it is positive. With a mask tensor (added to the scaled scores)
+ * or a scale that is not positive (where max and scaling do not commute, and
+ * 0 times -inf would be NaN) a masked tile is scaled here and c = 1.
+ * MASK_TENSOR = false: a kernel built for calls without a mask tensor
+ * (a.mask_kind is none), which then needs no registers for reading one.
+ * WINDOWS = false: a kernel never run with a window (oss_attn_mask_frag). */
+template <typename T, int MT, int NT, bool MASK_TENSOR = true, bool WINDOWS = true>
 __device__ __forceinline__ float oss_attn_fwd_mask_scores(float (&s)[MT][NT][4], const oss_attn_args &a,
                                                           int64_t mbase, int r0, int j0, int lane) {
   const bool need_mask = (MASK_TENSOR && a.mask_kind != OSS_MASK_NONE) || a.scale_log2 < 0.f || j0 + NT * 8 > a.lk ||
                          (a.causal && (int64_t)(j0 + NT * 8 - 1) > (int64_t)r0 + a.causal_off) ||
-                         (!MASK_TENSOR && !oss_attn_window_holds(a, r0, MT * 16, j0, NT * 8));
+                         (WINDOWS && !MASK_TENSOR && !oss_attn_window_holds(a, r0, MT * 16, j0, NT * 8));
   if (!need_mask) return a.scale_log2;
+  const bool scaled = MASK_TENSOR || !(a.scale_log2 > 0.f);
+  if (scaled)
 #pragma unroll
-  for (int mt = 0; mt < MT; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-    for (int n = 0; n < NT; n++)
+      for (int n = 0; n < NT; n++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) s[mt][n][e] *= a.scale_log2;
+        for (int e = 0; e < 4; e++) s[mt][n][e] *= a.scale_log2;
   if (MASK_TENSOR) oss_attn_mask_tile<T, false, MT, NT>(s, a, mbase, r0, j0, lane);
-  else oss_attn_mask_frag<void, false, MT, NT>(s, a, mbase, r0, j0, lane);
-  return 1.f;
+  else oss_attn_mask_frag<void, false, MT, NT, WINDOWS>(s, a, mbase, r0, j0, lane);
+  return scaled ? 1.f : a.scale_log2;
 }
 
 /* oss_attn_fwd_mask_scores under the score variants: each score of

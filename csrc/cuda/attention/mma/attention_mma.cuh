@@ -378,8 +378,10 @@ __device__ __forceinline__ bool oss_attn_window_holds(const oss_attn_args &a, in
  * R = r0 + mt*16 + g (+8), column C = c0 + n*8 + 2t (+1). KEY_MAJOR = false:
  * R is the query and C the key (forward, dQ); true: the transpose (dK/dV).
  * Without a mask tensor, the window too (a window with a mask tensor runs the
- * kernels with the score variants). Invisible scores become -inf. */
-template <typename M, bool KEY_MAJOR, int MT, int NT>
+ * kernels with the score variants), unless WINDOWS is false (a kernel that
+ * never runs with one: a query row's visible keys then start at 0, and one
+ * comparison an element decides). Invisible scores become -inf. */
+template <typename M, bool KEY_MAJOR, int MT, int NT, bool WINDOWS = true>
 __device__ __forceinline__ void oss_attn_mask_frag(float (&s)[MT][NT][4], const oss_attn_args &a, int64_t mbase,
                                                    int r0, int c0, int lane) {
   const int g = lane >> 2, t2 = (lane & 3) * 2;
@@ -407,7 +409,7 @@ __device__ __forceinline__ void oss_attn_mask_frag(float (&s)[MT][NT][4], const 
         cmax = (int)(hiv < (int64_t)a.lk - 1 ? (hiv < -1 ? -1 : hiv) : (int64_t)a.lk - 1);
         row_in = R < a.lq;
       }
-      if constexpr (std::is_same<M, void>::value) {
+      if constexpr (std::is_same<M, void>::value && WINDOWS) {
         if (a.win_left >= 0 || a.win_right >= 0) {
           int64_t lo = cmin, hi = cmax;
           oss_attn_window_clamp<KEY_MAJOR>(a, R, &lo, &hi);
@@ -421,7 +423,7 @@ __device__ __forceinline__ void oss_attn_mask_frag(float (&s)[MT][NT][4], const 
 #pragma unroll
         for (int e = 0; e < 2; e++) {
           const int C = c0 + n * 8 + t2 + e;
-          const bool vis = C >= cmin && C <= cmax;
+          const bool vis = (!WINDOWS && !KEY_MAJOR ? true : C >= cmin) && C <= cmax; /* C >= 0 = cmin there */
           float x = s[mt][n][2 * hi + e];
           if constexpr (!std::is_same<M, void>::value) {
             if (vis && row_in) x += oss_attn_mask_ld<M>(a.mask, mrow + (int64_t)C * ms_c);

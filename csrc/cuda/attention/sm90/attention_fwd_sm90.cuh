@@ -371,7 +371,7 @@ __global__ void __launch_bounds__(384, 1)
           if (ntiles == 1) oss_mbar_arrive(&q_empty);
         }
         float c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, jt0 * BC, lane)
-                      : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, jt0 * BC, lane);
+                      : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR, WINDOW>(s, a, mbase, i0 + wrow, jt0 * BC, lane);
         oss_sm90_softmax_exp<NT>(s[0], m[0], l[0], alpha, c);
         oss_sm90_softmax_pack<T, NT, NOA, !ONES>(s[0], o[0], lr[0], alpha, pa);
         if (drop) {
@@ -403,7 +403,7 @@ __global__ void __launch_bounds__(384, 1)
             if (j == ntiles - 1) oss_mbar_arrive(&q_empty);
           }
           c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, j0, lane)
-                  : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR>(s, a, mbase, i0 + wrow, j0, lane);
+                  : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR, WINDOW>(s, a, mbase, i0 + wrow, j0, lane);
           oss_sm90_softmax_exp<NT>(s[0], m[0], l[0], alpha, c);
           if (drop) oss_attn_dropout_keep<false, 1, NT>(keep, a, seed, qb.bh, i0 + wrow, j0, lane);
           oss_wgmma_wait<0>();
