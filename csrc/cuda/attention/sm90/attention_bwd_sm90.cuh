@@ -376,15 +376,20 @@ __global__ void __launch_bounds__(384, 1)
                                                pT[n][e] = (p * sc * dcap) * (pT[n][e] - cD[c]);
                                              });
     } else {
-      /* P^T (element (key r, query c)); scaled scores masked first (the
-       * causal rule and the end of the keys; a mask tensor in the kernel built
-       * for it), as in the forward, then exp2 against the query's lse */
+      /* P^T (element (key r, query c)) = exp2(c s - lse) with one fused
+       * multiply-add, c = scale log2(e); masked scores (the causal rule and
+       * the end of the keys) set to -inf, which c leaves -inf while it is
+       * positive. With a mask tensor (added to scaled scores) or a scale that
+       * is not positive, the scores are scaled first and c = 1. */
       const bool need_mask = MASK_TENSOR || j0 + BC > a.lk ||
                              (a.causal && (int64_t)(j0 + wg * 64 + 63) > (int64_t)i0 + a.causal_off);
+      const bool scaled = MASK_TENSOR || !(a.scale_log2 > 0.f);
+      if (scaled)
 #pragma unroll
-      for (int n = 0; n < NTQ; n++)
+        for (int n = 0; n < NTQ; n++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) sT[n][e] *= a.scale_log2;
+          for (int e = 0; e < 4; e++) sT[n][e] *= a.scale_log2;
+      const float c = scaled ? 1.f : a.scale_log2;
       if (MASK_TENSOR)
         oss_attn_mask_tile<T, true, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a,
                                             oss_attn_mask_base(a, b, h), kw0, i0, lane);
@@ -394,7 +399,7 @@ __global__ void __launch_bounds__(384, 1)
       for (int n = 0; n < NTQ; n++) {
         const float2 lv = *reinterpret_cast<const float2 *>(cL + n * 8 + t2);
 #pragma unroll
-        for (int e = 0; e < 4; e++) sT[n][e] = oss_ex2(sT[n][e] - ((e & 1) ? lv.y : lv.x));
+        for (int e = 0; e < 4; e++) sT[n][e] = oss_ex2(fmaf(sT[n][e], c, -((e & 1) ? lv.y : lv.x)));
       }
       oss_wgmma_wait<0>(); /* dP^T done */
       oss_wgmma_fence_operand<NTQ>(pT);
