@@ -445,17 +445,21 @@ __global__ void __launch_bounds__(384, 1)
       for (int n = 0; n < 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
       oss_wgmma_fence_operand<8>(dq);
       oss_wgmma_fence();
+      /* descriptors' low words (oss_wgmma_desc_lo): a k-step of 16 rows
+       * moves the MN-major operands by 16 * 128 bytes, the ones by 32 */
+      const uint32_t dS_lo = oss_wgmma_desc_lo(oss_smem_u32(tdS) + (mo >> 6) * BC * 128, BC * 128);
+      const uint32_t k_lo = oss_wgmma_desc_lo(oss_smem_u32(sK) + (no >> 6) * BC * 128, BC * 128);
+      const uint32_t ones_lo = oss_wgmma_desc_lo(oss_smem_u32(sOnes), 16);
+      constexpr uint32_t hi = oss_wgmma_desc_hi(1024);
 #pragma unroll
       for (int kk = 0; kk < BC / 16; kk++)
-        oss_wgmma<T, 64>::template ss<1, 1>(
-            dq, oss_wgmma_desc(oss_smem_u32(tdS) + (mo >> 6) * BC * 128 + kk * 16 * 128, BC * 128, 1024),
-            oss_wgmma_desc(oss_smem_u32(sK) + (no >> 6) * BC * 128 + kk * 16 * 128, BC * 128, 1024), kk > 0);
+        oss_wgmma<T, 64>::template ss<1, 1>(dq, oss_wgmma_desc_join(dS_lo + kk * 128, hi),
+                                            oss_wgmma_desc_join(k_lo + kk * 128, hi), kk > 0);
       /* R = dS' times ones (K-major B; every k-step reads the same ones) */
 #pragma unroll
       for (int k = 0; k < RS_STEPS; k++)
-        oss_wgmma<T, 8>::template ss<1, 0>(
-            rs, oss_wgmma_desc(oss_smem_u32(tdS) + (mo >> 6) * BC * 128 + (rs_k0 + k) * 16 * 128, BC * 128, 1024),
-            oss_wgmma_desc(oss_smem_u32(sOnes) + (k & 3) * 32, 16, 1024), k > 0);
+        oss_wgmma<T, 8>::template ss<1, 0>(rs, oss_wgmma_desc_join(dS_lo + (rs_k0 + k) * 128, hi),
+                                           oss_wgmma_desc_join(ones_lo + (k & 3) * 2, hi), k > 0);
       oss_wgmma_commit();
       oss_wgmma_wait<0>();
       oss_wgmma_fence_operand<8>(dq);
