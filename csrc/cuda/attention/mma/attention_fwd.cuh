@@ -79,15 +79,22 @@ __device__ __forceinline__ float oss_attn_fwd_mask_scores(float (&s)[MT][NT][4],
 }
 
 /* oss_attn_fwd_mask_scores under the score variants: each score of
- * oss_attn_var_each in place, c = 1; or, on a tile of visible pairs without
- * softcap or ALiBi (which then only scale), the raw scores and c = scale
- * log2(e), as in the plain kernels. */
+ * oss_attn_var_each in place, c = 1; or, without softcap or ALiBi (which
+ * then only scale), as in the plain kernels: the raw scores and c = scale
+ * log2(e), the hidden ones -inf where the tile needs it and no mask tensor
+ * is read (so that where the variants change nothing, dropout say, the
+ * weights and lse are the plain kernels' to the bit). */
 template <int MT, int NT, bool MASKS = true>
 __device__ __forceinline__ float oss_attn_fwd_var_scores(float (&s)[MT][NT][4], const oss_attn_args &a,
                                                          const oss_attn_var_consts &v, int64_t mbase, int r0, int j0,
                                                          int lane) {
-  if (v.cap == 0.f && v.slope == 0.f && v.scale_l2 >= 0.f && oss_attn_var_interior(a, r0, MT * 16, j0, NT * 8))
-    return v.scale_l2;
+  if (v.cap == 0.f && v.slope == 0.f && v.scale_l2 >= 0.f) {
+    if (oss_attn_var_interior(a, r0, MT * 16, j0, NT * 8)) return v.scale_l2;
+    if (v.scale_l2 > 0.f && (!MASKS || a.mask_kind == OSS_MASK_NONE)) {
+      oss_attn_mask_frag<void, false, MT, NT>(s, a, mbase, r0, j0, lane);
+      return v.scale_l2;
+    }
+  }
   oss_attn_var_each<false, MT, NT, MASKS>(s, a, v, mbase, r0, j0, lane,
                            [&](int mt, int n, int e, float x, float) { s[mt][n][e] = x; });
   return 1.f;
