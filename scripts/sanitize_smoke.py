@@ -90,6 +90,7 @@ def attention_cases(forward_only=False, kernels="all"):
     shapes = ((1, 2, 2, 17, 17, 64, 64), (2, 4, 2, 129, 127, 128, 128),
               (1, 8, 1, 1, 300, 40, 40), (1, 2, 2, 70, 45, 100, 72),
               (1, 2, 1, 200, 300, 64, 48),  # several key tiles and query blocks
+              (1, 2, 1, 150, 230, 192, 128),
               (1, 2, 1, 65, 190, max(dims), max(dims)))
     if kernels == "simt_small":
         shapes = (shapes[4],)

@@ -100,9 +100,9 @@ def test_forward_and_backward(device, dtype, is_causal, alignment, case):
     check_backward(q, k, v, is_causal=is_causal, alignment=alignment, label=label)
 
 
-# On an H100 head dims 64 and 128 run the Hopper wgmma forward and backward, 256
-# its forward; the other head dims run the kernels of the next of them,
-# zero-padded (32 -> 64, 96 -> 128, 192 -> 256; above 128 the mma.sync backward);
+# On an H100 head dims 64 and 128 run the Hopper wgmma forward and backward, 192
+# and 256 its forward; the other head dims run the kernels of the next of them,
+# zero-padded (32 -> 64, 96 -> 128, 160 -> 192; above 128 the mma.sync backward);
 # attention_kernels(forward="mma", backward="mma") forces mma.sync. Both families are checked
 # on the same cases: lengths across several tiles and off the tile size,
 # Dv != D, GQA, padded head dims, one query, a mask, unaligned rows
@@ -119,6 +119,7 @@ KERNEL_CASES = [
     (1, 2, 2, 100, 140, 32, 32),
     (1, 2, 1, 200, 300, 96, 96),
     (1, 2, 2, 150, 260, 192, 192),
+    (2, 4, 2, 300, 520, 192, 128),
 ]
 
 
@@ -143,7 +144,7 @@ def test_attention_kernels_checks_its_choices():
 
 
 @pytest.mark.parametrize("device", [cuda_param("cuda")])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 def test_persistent_forward_gives_the_same_bits(device, head_dim):
     """The Hopper forward on a persistent grid (one CTA per SM looping over
     the blocks of query rows, its barriers' phases running on from block to
@@ -776,7 +777,7 @@ def test_generated_wgmma_wrappers_are_current():
     assert (root / "wgmma_ops.cuh").read_text() == gen.render(), "run python csrc/cuda/attention/sm90/generate_wgmma.py"
 
 
-SM90_KERNELS = [("fwd", 64), ("fwd", 128), ("fwd", 256), ("bwd", 64), ("bwd", 128)]
+SM90_KERNELS = [("fwd", 64), ("fwd", 128), ("fwd", 192), ("fwd", 256), ("bwd", 64), ("bwd", 128)]
 # the launchers' further arguments: the mma.sync launchers they fall back to
 # (the forward's: without and with the score variants; the backward's: dQ pass, fallback)
 FALLBACKS = {"fwd": "oss_attn_launch_fn, oss_attn_launch_fn", "bwd": "oss_attn_launch_fn, oss_attn_launch_fn"}
@@ -817,7 +818,7 @@ def test_hopper_forward_does_not_spill():
     """The Hopper forward's consumers hold O, S and P in registers (up to 240
     per thread after setmaxnreg); a spill would put local-memory traffic into
     every key tile. The instantiations without a window (head dims 64, 128,
-    256; with and without a mask tensor) must compile with no stack frame.
+    192, 256; with and without a mask tensor) must compile with no stack frame.
     The ones for a window alone, instantiated apart so that these need not,
     hold the block's first key tile in one more register, which may spill a
     few of the block's arguments, stored at its start and reloaded once by
@@ -827,10 +828,10 @@ def test_hopper_forward_does_not_spill():
 
     frames = re.findall(r"Function properties for (\S*oss_attn_fwd_sm90_kernel\S*)\s+(\d+) bytes stack frame",
                         sm90_ptxas_report())
-    assert len(frames) == 9, f"expected 9 Hopper forward kernels in ptxas's report, found {len(frames)}"
+    assert len(frames) == 12, f"expected 12 Hopper forward kernels in ptxas's report, found {len(frames)}"
     # template arguments ..., MASK_TENSOR, VAR, WINDOW: the window kernels end in false, false, true
     window = [(name, size) for name, size in frames if "Lb0ELb0ELb1EEv" in name]
-    assert len(window) == 3, f"expected 3 window kernels, found {[n for n, _ in frames]}"
+    assert len(window) == 4, f"expected 4 window kernels, found {[n for n, _ in frames]}"
     spilled = [f"{name}: {size} bytes" for name, size in frames if (name, size) not in window and int(size) != 0]
     spilled += [f"{name}: {size} bytes (window)" for name, size in window if int(size) > 32]
     assert not spilled, "stack frames:\n" + "\n".join(spilled)

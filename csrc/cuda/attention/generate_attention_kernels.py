@@ -29,7 +29,7 @@ BACKWARD_HEAD_DIMS = None
 # runs the smallest of them that covers it (zero padding, as for the decode
 # and variant kernels) where that one is compiled; a backward above 128 runs
 # the mma.sync kernel of its own head dim.
-SM90_FORWARD_HEAD_DIMS = [64, 128, 256]
+SM90_FORWARD_HEAD_DIMS = [64, 128, 192, 256]
 SM90_BACKWARD_HEAD_DIMS = [64, 128]
 
 # Head dims of the split-KV decode forward (mma.sync, every arch): each compiled

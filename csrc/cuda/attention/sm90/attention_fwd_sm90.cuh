@@ -1,6 +1,6 @@
 /*
  * attention_fwd_sm90.cuh - the attention forward on Hopper's warpgroup tensor
- * cores (wgmma, sm_90a; float16 and bfloat16, head dims 64, 128 and 256): the
+ * cores (wgmma, sm_90a; float16 and bfloat16, head dims 64, 128, 192 and 256): the
  * same result as attention_fwd.cuh (out = softmax(scale Q K^T + mask) V, lse
  * per query row), computed with m64nNk16 wgmma and bulk tensor copies.
  *
@@ -68,18 +68,23 @@
 
 /* Tiles per head dim. Registers bound them: a consumer thread holds O (HD / 2
  * floats), S (BC / 2 floats) and P (BC / 4 words); shared memory holds Q and
- * STAGES stages of K and V. Head dim 256 takes 64-key tiles so that O, S and P
- * fit in the consumers' 240 registers. */
+ * STAGES stages of K and V (and the ones box, oss_attn_fwd_sm90_ones).
+ * Head dim 192 takes 96-key tiles: two stages of 128 keys would not fit in
+ * shared memory; head dim 256 takes 64-key tiles so that O, S and P fit in
+ * the consumers' 240 registers. */
 template <int HD> struct oss_attn_fwd_sm90_cfg {
   static constexpr int BR = 128; /* query rows per CTA: two consumer warpgroups */
-  static constexpr int BC = HD <= 128 ? 128 : 64;
+  static constexpr int BC = HD <= 128 ? 128 : HD <= 192 ? 96 : 64;
+  /* the kernel that reads a mask tensor holds the more registers: at head
+   * dim 192 it spills with 96-key tiles, so it takes 64 */
+  static constexpr int BC_MASK = HD == 192 ? 64 : BC;
   static constexpr int STAGES = 2;
-  static constexpr bool PINGPONG = HD <= 128;
+  static constexpr bool PINGPONG = HD <= 192;
   /* A dense batch without a mask tensor (score variants included) runs on a
    * persistent grid (a block's epilogue under the next block's loads), which
    * measured faster at every seqlen, most at short ones; causal too, but not
    * at head dim 256, whose causal blocks measured slower on it. */
-  static constexpr bool PERSISTENT_CAUSAL = HD <= 128;
+  static constexpr bool PERSISTENT_CAUSAL = HD <= 192;
   static bool persistent(const oss_attn_args *a) { return a->cu_q == NULL && (!a->causal || PERSISTENT_CAUSAL); }
 };
 
@@ -90,7 +95,7 @@ template <int HD> struct oss_attn_fwd_sm90_cfg {
  * O. The softmax then spends no instructions on unpacking and adding the
  * rounded P. Not at head dim 256 (N would pass 256), and not with the
  * variants: with dropout lr sums P before the dropped weights are zeroed. */
-template <int HD, bool VAR> __host__ __device__ constexpr bool oss_attn_fwd_sm90_ones() { return !VAR && HD <= 128; }
+template <int HD, bool VAR> __host__ __device__ constexpr bool oss_attn_fwd_sm90_ones() { return !VAR && HD + 8 <= 256; }
 /* Elements of a V stage: HD / 64 boxes of BC rows, plus the ones box. */
 template <int HD, bool VAR> __host__ __device__ constexpr int oss_attn_fwd_sm90_v_cols() {
   return HD + (oss_attn_fwd_sm90_ones<HD, VAR>() ? 64 : 0);
@@ -457,7 +462,7 @@ __global__ void __launch_bounds__(384, 1)
  * persistent grid where `persistent`), or, where
  * the copy engine cannot address the inputs or the kernel's register budget
  * does not hold, `fallback` (the mma.sync kernel of the same result). */
-template <typename T, int HD, bool VAR>
+template <typename T, int HD, int BC, bool VAR>
 oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_attn_sm90_maps), int regs,
                                  oss_attn_launch_fn fallback, bool persistent, const oss_attn_args *a,
                                  cudaStream_t stream, const oss_device_info *dev) {
@@ -472,10 +477,10 @@ oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_a
   const int64_t mb = packed ? 1 : a->batch, mq = packed ? a->total_q : a->lq, mk = packed ? a->total_k : a->lk;
   if (regs < OSS_SM90_LAUNCH_REGS || a->lk == 0 || nwork > INT_MAX || mq > INT_MAX || mk > INT_MAX ||
       !oss_attn_sm90_map<T>(&maps.q, a->q, mb, a->hq, mq, a->d, a->q_s, C::BR) ||
-      !oss_attn_sm90_map<T>(&maps.k, a->k, mb, a->hkv, mk, a->d, a->k_s, C::BC) ||
-      !oss_attn_sm90_map<T>(&maps.v, a->v, mb, a->hkv, mk, a->dv, a->v_s, C::BC))
+      !oss_attn_sm90_map<T>(&maps.k, a->k, mb, a->hkv, mk, a->d, a->k_s, BC) ||
+      !oss_attn_sm90_map<T>(&maps.v, a->v, mb, a->hkv, mk, a->dv, a->v_s, BC))
     return fallback(a, stream, dev);
-  const size_t smem = oss_attn_fwd_sm90_smem_bytes<HD, C::BR, C::BC, C::STAGES, VAR>();
+  const size_t smem = oss_attn_fwd_sm90_smem_bytes<HD, C::BR, BC, C::STAGES, VAR>();
   if (smem > (size_t)dev->max_smem_per_block_optin) return fallback(a, stream, dev);
   OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   /* The grid: one CTA per work block, or, where the caller's `persistent`
@@ -499,10 +504,10 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
   /* a kernel without the registers for reading a mask tensor where there is
    * none; the one that reads it has no registers left for ping-pong */
   static const int plain_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>);
-  static const int mask_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>);
+  static const int mask_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC_MASK, C::STAGES, false, true>);
   if (a->mask_kind != OSS_MASK_NONE)
-    return oss_attn_fwd_sm90_run<T, HD, false>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, false, true>,
-                                               mask_regs, mma, false, a, stream, dev);
+    return oss_attn_fwd_sm90_run<T, HD, C::BC_MASK, false>(
+        oss_attn_fwd_sm90_kernel<T, HD, C::BC_MASK, C::STAGES, false, true>, mask_regs, mma, false, a, stream, dev);
   const bool persistent = C::persistent(a);
   if (a->win_left >= 0 || a->win_right >= 0) {
     /* a window alone (oss_attn_fwd_sm90_var_launch sends it here): the
@@ -510,11 +515,11 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
      * mma.sync kernel with the variants */
     static const int window_regs =
         oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, false, true>);
-    return oss_attn_fwd_sm90_run<T, HD, false>(
+    return oss_attn_fwd_sm90_run<T, HD, C::BC, false>(
         oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, false, true>, window_regs, mma_var,
         persistent, a, stream, dev);
   }
-  return oss_attn_fwd_sm90_run<T, HD, false>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>,
+  return oss_attn_fwd_sm90_run<T, HD, C::BC, false>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>,
                                              plain_regs, mma, persistent, a, stream, dev);
 }
 
@@ -535,7 +540,7 @@ oss_status oss_attn_fwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t str
   if (window_only && plain != NULL) return plain(a, stream, dev);
   static const int regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>);
   const bool persistent = C::persistent(a);
-  return oss_attn_fwd_sm90_run<T, HD, true>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>,
+  return oss_attn_fwd_sm90_run<T, HD, C::BC, true>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>,
                                             regs, mma_var, persistent, a, stream, dev);
 }
 
