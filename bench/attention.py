@@ -81,7 +81,7 @@ def main():
         ap.error("--kernels times CUDA kernels: it needs --device cuda")
     gpu = device == "cuda"
     dtypes = (args.dtypes or ("bfloat16,float16" if gpu else "float32")).split(",")
-    hdims = [int(x) for x in (args.hdims or ("64,128,256" if gpu else "64")).split(",")]
+    hdims = [int(x) for x in (args.hdims or ("64,128,192,256" if gpu else "64")).split(",")]
     seqlens = [int(x) for x in (args.seqlens or ("512,1024,2048,4096,8192,16384" if gpu else "256,512,1024")).split(",")]
     tokens = args.tokens or (16384 if gpu else 2048)
     width = args.width or (2048 if gpu else 256)
