@@ -21,13 +21,9 @@
 
 /* Shared-memory matrix descriptor of a 128-byte-swizzled operand (PTX ISA,
  * "matrix descriptor"): start address, leading and stride byte offsets, all in
- * 16-byte units; layout type 1 = 128-byte swizzle. */
-__device__ __forceinline__ uint64_t oss_wgmma_desc(uint32_t addr, uint32_t lead_bytes, uint32_t stride_bytes) {
-  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lead_bytes & 0x3FFFF) >> 4) << 16) |
-         ((uint64_t)((stride_bytes & 0x3FFFF) >> 4) << 32) | (1ull << 62);
-}
-
-/* A descriptor's two 32-bit words. The k-steps of a product move only the
+ * 16-byte units; layout type 1 = 128-byte swizzle. Built as its two 32-bit
+ * words: the low one (start, leading offset), the high one (stride, layout),
+ * joined where wgmma takes it. The k-steps of a product move only the
  * start address, which stays inside its 14-bit field of the low word, so they
  * add to that word alone (a 64-bit add costs a carry and a move per operand
  * and k-step); the high word (stride, swizzle) is a constant. */
