@@ -180,6 +180,8 @@ def test_persistent_forward_gives_the_same_bits(device, head_dim):
         "dropout": lambda: torch_oss.attention_with_lse(q, k, v, is_causal=True, enable_gqa=True, dropout_p=0.2),
         "varlen": lambda: torch_oss.attention_varlen(qp, kp, vp, cu, cu, max(lens), max(lens), causal=True,
                                                      return_lse=True),
+        # a narrower v (head dims (192, 128): its own Hopper kernel)
+        "narrow v": lambda: torch_oss.attention_with_lse(q, k, v[..., :128], is_causal=True, enable_gqa=True),
     }
     for name, call in calls.items():
         with attention_kernels(forward_ctas_per_sm=-1):
@@ -818,7 +820,8 @@ def test_hopper_forward_does_not_spill():
     """The Hopper forward's consumers hold O, S and P in registers (up to 240
     per thread after setmaxnreg); a spill would put local-memory traffic into
     every key tile. The instantiations without a window (head dims 64, 128,
-    192, 256; with and without a mask tensor) must compile with no stack frame.
+    192, 256; with and without a mask tensor; (192, 128) for a narrower v)
+    must compile with no stack frame.
     The ones for a window alone, instantiated apart so that these need not,
     hold the block's first key tile in one more register, which may spill a
     few of the block's arguments, stored at its start and reloaded once by
@@ -828,7 +831,7 @@ def test_hopper_forward_does_not_spill():
 
     frames = re.findall(r"Function properties for (\S*oss_attn_fwd_sm90_kernel\S*)\s+(\d+) bytes stack frame",
                         sm90_ptxas_report())
-    assert len(frames) == 12, f"expected 12 Hopper forward kernels in ptxas's report, found {len(frames)}"
+    assert len(frames) == 13, f"expected 13 Hopper forward kernels in ptxas's report, found {len(frames)}"
     # template arguments ..., MASK_TENSOR, VAR, WINDOW: the window kernels end in false, false, true
     window = [(name, size) for name, size in frames if "Lb0ELb0ELb1EEv" in name]
     assert len(window) == 4, f"expected 4 window kernels, found {[n for n, _ in frames]}"

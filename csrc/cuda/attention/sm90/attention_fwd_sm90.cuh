@@ -54,8 +54,8 @@
  *   - every tile up to the causal diagonal is computed by both warpgroups
  *     (a tile a warpgroup cannot see is masked to zero weight): a wgmma under
  *     a branch would make ptxas serialise them all.
- * Limits: head dims (D and Dv) up to HD, zero padded by the copy engine; HD a
- * multiple of 64; q, k and v with 16-byte aligned base and strides (the
+ * Limits: D up to HD and Dv up to DV (HD, or a narrower DV where the table
+ * has one), zero padded by the copy engine; both multiples of 64; q, k and v with 16-byte aligned base and strides (the
  * tensor maps' rule; the launcher sends other inputs to the mma.sync kernel);
  * built only for sm_90a (the launcher is in the dispatch table only when the
  * build includes that target; elsewhere the kernel body traps).
@@ -78,6 +78,12 @@ template <int HD> struct oss_attn_fwd_sm90_cfg {
   /* the kernel that reads a mask tensor holds the more registers: at head
    * dim 192 it spills with 96-key tiles, so it takes 64 */
   static constexpr int BC_MASK = HD == 192 ? 64 : BC;
+  /* A kernel for calls whose v is narrower (DV_NARROW, 0: none; head dims
+   * (192, 128) as in multi-head latent attention): O, P V and V's stages
+   * shrink, so its key tiles grow to BC_NARROW (Q and two stages of 112
+   * keys with the ones box fill 217 KB of shared memory) */
+  static constexpr int DV_NARROW = HD == 192 ? 128 : 0;
+  static constexpr int BC_NARROW = 112;
   static constexpr int STAGES = 2;
   static constexpr bool PINGPONG = HD <= 192;
   /* A dense batch without a mask tensor (score variants included) runs on a
@@ -95,10 +101,10 @@ template <int HD> struct oss_attn_fwd_sm90_cfg {
  * O. The softmax then spends no instructions on unpacking and adding the
  * rounded P. Not at head dim 256 (N would pass 256), and not with the
  * variants: with dropout lr sums P before the dropped weights are zeroed. */
-template <int HD, bool VAR> __host__ __device__ constexpr bool oss_attn_fwd_sm90_ones() { return !VAR && HD + 8 <= 256; }
-/* Elements of a V stage: HD / 64 boxes of BC rows, plus the ones box. */
-template <int HD, bool VAR> __host__ __device__ constexpr int oss_attn_fwd_sm90_v_cols() {
-  return HD + (oss_attn_fwd_sm90_ones<HD, VAR>() ? 64 : 0);
+template <int DV, bool VAR> __host__ __device__ constexpr bool oss_attn_fwd_sm90_ones() { return !VAR && DV + 8 <= 256; }
+/* Elements of a V stage: DV / 64 boxes of BC rows, plus the ones box. */
+template <int DV, bool VAR> __host__ __device__ constexpr int oss_attn_fwd_sm90_v_cols() {
+  return DV + (oss_attn_fwd_sm90_ones<DV, VAR>() ? 64 : 0);
 }
 
 
@@ -108,9 +114,10 @@ typedef struct oss_attn_sm90_maps {
   CUtensorMap q, k, v;
 } oss_attn_sm90_maps;
 
-template <int HD, int BR, int BC, int STAGES, bool VAR> __host__ __device__ constexpr size_t oss_attn_fwd_sm90_smem_bytes() {
+template <int HD, int DV, int BR, int BC, int STAGES, bool VAR>
+__host__ __device__ constexpr size_t oss_attn_fwd_sm90_smem_bytes() {
   /* Q, K and V stages; + room to align the tiles to 1024 bytes */
-  return (size_t)(BR * HD + STAGES * BC * (HD + oss_attn_fwd_sm90_v_cols<HD, VAR>())) * 2 + 1024;
+  return (size_t)(BR * HD + STAGES * BC * (HD + oss_attn_fwd_sm90_v_cols<DV, VAR>())) * 2 + 1024;
 }
 
 /* Softmax of one tile, first half (S landed, the previous P V may still run):
@@ -228,18 +235,20 @@ __device__ __forceinline__ int oss_sm90_next_block(int w, int nqb, int nwork, bo
 }
 
 
-template <typename T, int HD, int BC, int STAGES, bool PINGPONG, bool MASK_TENSOR, bool VAR = false, bool WINDOW = false>
+template <typename T, int HD, int DV, int BC, int STAGES, bool PINGPONG, bool MASK_TENSOR, bool VAR = false,
+          bool WINDOW = false>
 __global__ void __launch_bounds__(384, 1)
     oss_attn_fwd_sm90_kernel(const __grid_constant__ oss_attn_args args, const __grid_constant__ oss_attn_sm90_maps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BR = 128, NT = BC / 8, NO = HD / 8, NWARPS = 8;
-  constexpr bool ONES = oss_attn_fwd_sm90_ones<HD, VAR>();
+  constexpr int BR = 128, NT = BC / 8, NO = DV / 8, NWARPS = 8;
+  constexpr bool ONES = oss_attn_fwd_sm90_ones<DV, VAR>();
   /* a window moves a block's first key tile (jt0) off 0: the kernels for
    * windows (VAR, or WINDOW: a window alone) keep it in a register, the
    * others know it is 0 */
   constexpr bool WIN = VAR || WINDOW;
-  constexpr int VC = oss_attn_fwd_sm90_v_cols<HD, VAR>(), NOA = NO + (ONES ? 1 : 0); /* O's n-tiles, ones included */
-  static_assert(HD % 64 == 0 && BC % 16 == 0 && BC <= 256, "head dim a multiple of 64, key tile of 16");
+  constexpr int VC = oss_attn_fwd_sm90_v_cols<DV, VAR>(), NOA = NO + (ONES ? 1 : 0); /* O's n-tiles, ones included */
+  static_assert(HD % 64 == 0 && DV % 64 == 0 && DV <= HD && BC % 16 == 0 && BC <= 256,
+                "head dims multiples of 64, key tile of 16");
 
   extern __shared__ __align__(1024) unsigned char oss_sm90_smem[];
   T *sQ = reinterpret_cast<T *>(oss_sm90_smem + ((1024u - (oss_smem_u32(oss_sm90_smem) & 1023u)) & 1023u));
@@ -271,7 +280,7 @@ __global__ void __launch_bounds__(384, 1)
     const uint32_t one2 = oss_mma_op<T>::pack(1.f, 1.f);
     for (int c = tid; c < STAGES * BC * 64 / 8; c += 384) {
       const int st = c / (BC * 8), e = c % (BC * 8);
-      reinterpret_cast<uint4 *>(sV + st * BC * VC + HD * BC)[e] = make_uint4(one2, one2, one2, one2);
+      reinterpret_cast<uint4 *>(sV + st * BC * VC + DV * BC)[e] = make_uint4(one2, one2, one2, one2);
     }
     oss_fence_proxy_async(); /* the tensor cores read them */
   }
@@ -315,7 +324,7 @@ __global__ void __launch_bounds__(384, 1)
           if (use > 0) oss_mbar_wait_backoff(&k_empty[st], (use - 1) & 1);
           oss_sm90_load_tile<HD, BC>(sK + st * BC * HD, &maps.k, &k_full[st], j0, qb.hk, tb);
           if (use > 0) oss_mbar_wait_backoff(&v_empty[st], (use - 1) & 1);
-          oss_sm90_load_tile<HD, BC>(sV + st * BC * VC, &maps.v, &v_full[st], j0, qb.hk, tb);
+          oss_sm90_load_tile<DV, BC>(sV + st * BC * VC, &maps.v, &v_full[st], j0, qb.hk, tb);
         }
       }
     }
@@ -423,7 +432,7 @@ __global__ void __launch_bounds__(384, 1)
         /* the last tile's P V */
         oss_mbar_wait(&v_full[st], ((tiles + ntiles - 1) / STAGES) & 1);
         if (!MASK_TENSOR && a.cu_q != nullptr && (jt0 + ntiles) * BC > a.lk)
-          oss_sm90_zero_rows<T, HD, BC>(sV + st * BC * VC, a.lk - (jt0 + ntiles - 1) * BC, tid & 127, 3 + wg);
+          oss_sm90_zero_rows<T, DV, BC>(sV + st * BC * VC, a.lk - (jt0 + ntiles - 1) * BC, tid & 127, 3 + wg);
         if (PINGPONG) oss_named_sync(my_bar, 256);
         oss_wgmma_fence_operand<NOA>(o[0]);
         oss_wgmma_fence();
@@ -444,7 +453,7 @@ __global__ void __launch_bounds__(384, 1)
       if (ONES)
         for (int hi = 0; hi < 2; hi++) lr[0][hi] = (lane & 3) == 0 ? o[0][NO][2 * hi] : 0.f;
       /* the mask kernel at head dim 256 has no register to spare for the run of stores */
-      constexpr bool RUN = !(MASK_TENSOR && HD > 128);
+      constexpr bool RUN = !(MASK_TENSOR && DV > 128);
       oss_attn_fwd_write<T, 1, NO, RUN>(a, reinterpret_cast<const float(&)[1][NO][4]>(o), m, l, lr, qb.b, qb.h,
                                         qb.bh, i0 + wrow, lane, drop ? a.drop_scale : 1.f);
     }
@@ -462,7 +471,7 @@ __global__ void __launch_bounds__(384, 1)
  * persistent grid where `persistent`), or, where
  * the copy engine cannot address the inputs or the kernel's register budget
  * does not hold, `fallback` (the mma.sync kernel of the same result). */
-template <typename T, int HD, int BC, bool VAR>
+template <typename T, int HD, int DV, int BC, bool VAR>
 oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_attn_sm90_maps), int regs,
                                  oss_attn_launch_fn fallback, bool persistent, const oss_attn_args *a,
                                  cudaStream_t stream, const oss_device_info *dev) {
@@ -480,7 +489,7 @@ oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_a
       !oss_attn_sm90_map<T>(&maps.k, a->k, mb, a->hkv, mk, a->d, a->k_s, BC) ||
       !oss_attn_sm90_map<T>(&maps.v, a->v, mb, a->hkv, mk, a->dv, a->v_s, BC))
     return fallback(a, stream, dev);
-  const size_t smem = oss_attn_fwd_sm90_smem_bytes<HD, C::BR, BC, C::STAGES, VAR>();
+  const size_t smem = oss_attn_fwd_sm90_smem_bytes<HD, DV, C::BR, BC, C::STAGES, VAR>();
   if (smem > (size_t)dev->max_smem_per_block_optin) return fallback(a, stream, dev);
   OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   /* The grid: one CTA per work block, or, where the caller's `persistent`
@@ -503,23 +512,32 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
   typedef oss_attn_fwd_sm90_cfg<HD> C;
   /* a kernel without the registers for reading a mask tensor where there is
    * none; the one that reads it has no registers left for ping-pong */
-  static const int plain_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>);
-  static const int mask_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC_MASK, C::STAGES, false, true>);
+  static const int plain_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false>);
+  static const int mask_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC_MASK, C::STAGES, false, true>);
   if (a->mask_kind != OSS_MASK_NONE)
-    return oss_attn_fwd_sm90_run<T, HD, C::BC_MASK, false>(
-        oss_attn_fwd_sm90_kernel<T, HD, C::BC_MASK, C::STAGES, false, true>, mask_regs, mma, false, a, stream, dev);
+    return oss_attn_fwd_sm90_run<T, HD, HD, C::BC_MASK, false>(
+        oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC_MASK, C::STAGES, false, true>, mask_regs, mma, false, a, stream, dev);
   const bool persistent = C::persistent(a);
   if (a->win_left >= 0 || a->win_right >= 0) {
     /* a window alone (oss_attn_fwd_sm90_var_launch sends it here): the
      * instantiation that moves a block's first key tile, falling back to the
      * mma.sync kernel with the variants */
     static const int window_regs =
-        oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, false, true>);
-    return oss_attn_fwd_sm90_run<T, HD, C::BC, false>(
-        oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, false, true>, window_regs, mma_var,
+        oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, false, true>);
+    return oss_attn_fwd_sm90_run<T, HD, HD, C::BC, false>(
+        oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, false, true>, window_regs, mma_var,
         persistent, a, stream, dev);
   }
-  return oss_attn_fwd_sm90_run<T, HD, C::BC, false>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false>,
+  if constexpr (C::DV_NARROW > 0) {
+    if (a->dv <= C::DV_NARROW) {
+      static const int narrow_regs = oss_kernel_regs(
+          oss_attn_fwd_sm90_kernel<T, HD, C::DV_NARROW, C::BC_NARROW, C::STAGES, C::PINGPONG, false>);
+      return oss_attn_fwd_sm90_run<T, HD, C::DV_NARROW, C::BC_NARROW, false>(
+          oss_attn_fwd_sm90_kernel<T, HD, C::DV_NARROW, C::BC_NARROW, C::STAGES, C::PINGPONG, false>, narrow_regs, mma,
+          persistent, a, stream, dev);
+    }
+  }
+  return oss_attn_fwd_sm90_run<T, HD, HD, C::BC, false>(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false>,
                                              plain_regs, mma, persistent, a, stream, dev);
 }
 
@@ -538,9 +556,9 @@ oss_status oss_attn_fwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t str
   if (a->mask_kind != OSS_MASK_NONE) return mma_var(a, stream, dev);
   const bool window_only = a->softcap_l2 == 0.f && a->alibi == NULL && a->sinks == NULL && a->drop_seed == NULL;
   if (window_only && plain != NULL) return plain(a, stream, dev);
-  static const int regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>);
+  static const int regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, true>);
   const bool persistent = C::persistent(a);
-  return oss_attn_fwd_sm90_run<T, HD, C::BC, true>(oss_attn_fwd_sm90_kernel<T, HD, C::BC, C::STAGES, C::PINGPONG, false, true>,
+  return oss_attn_fwd_sm90_run<T, HD, HD, C::BC, true>(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, true>,
                                             regs, mma_var, persistent, a, stream, dev);
 }
 
