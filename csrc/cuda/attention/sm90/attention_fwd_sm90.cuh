@@ -70,14 +70,14 @@
  * floats), S (BC / 2 floats) and P (BC / 4 words); shared memory holds Q and
  * STAGES stages of K and V (and the ones box, oss_attn_fwd_sm90_ones).
  * Head dim 192 takes 96-key tiles: two stages of 128 keys would not fit in
- * shared memory; head dim 256 takes 64-key tiles so that O, S and P fit in
- * the consumers' 240 registers. */
+ * shared memory; head dim 256 takes 80 (Q and two stages of 80 keys fill
+ * 225 KB of it). */
 template <int HD> struct oss_attn_fwd_sm90_cfg {
   static constexpr int BR = 128; /* query rows per CTA: two consumer warpgroups */
-  static constexpr int BC = HD <= 128 ? 128 : HD <= 192 ? 96 : 64;
-  /* the kernel that reads a mask tensor holds the more registers: at head
-   * dim 192 it spills with 96-key tiles, so it takes 64 */
-  static constexpr int BC_MASK = HD == 192 ? 64 : BC;
+  static constexpr int BC = HD <= 128 ? 128 : HD <= 192 ? 96 : 80;
+  /* the kernel that reads a mask tensor holds the more registers: above head
+   * dim 128 it takes 64-key tiles (at 96 it spilled) */
+  static constexpr int BC_MASK = HD <= 128 ? BC : 64;
   /* A kernel for calls whose v is narrower (DV_NARROW, 0: none; head dims
    * (192, 128) as in multi-head latent attention): O, P V and V's stages
    * shrink, so its key tiles grow to BC_NARROW (Q and two stages of 112
@@ -86,12 +86,11 @@ template <int HD> struct oss_attn_fwd_sm90_cfg {
   static constexpr int BC_NARROW = 112;
   static constexpr int STAGES = 2;
   static constexpr bool PINGPONG = HD <= 192;
-  /* A dense batch without a mask tensor (score variants included) runs on a
-   * persistent grid (a block's epilogue under the next block's loads), which
-   * measured faster at every seqlen, most at short ones; causal too, but not
-   * at head dim 256, whose causal blocks measured slower on it. */
-  static constexpr bool PERSISTENT_CAUSAL = HD <= 192;
-  static bool persistent(const oss_attn_args *a) { return a->cu_q == NULL && (!a->causal || PERSISTENT_CAUSAL); }
+  /* A dense batch without a mask tensor (score variants included, causal or
+   * not) runs on a persistent grid (a block's epilogue under the next block's
+   * loads), which measured faster at every seqlen and head dim, most at short
+   * seqlens. */
+  static bool persistent(const oss_attn_args *a) { return a->cu_q == NULL; }
 };
 
 /* Kernels without the score variants sum each row's rounded P (lr, which out
