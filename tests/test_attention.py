@@ -118,6 +118,7 @@ KERNEL_CASES = [
     (1, 1, 1, 640, 640, 60, 64),
     (1, 2, 2, 100, 140, 32, 32),
     (1, 2, 1, 200, 300, 96, 96),
+    (2, 2, 1, 300, 400, 80, 80),
     (1, 2, 2, 150, 260, 192, 192),
     (2, 4, 2, 300, 520, 192, 128),
 ]
@@ -144,7 +145,7 @@ def test_attention_kernels_checks_its_choices():
 
 
 @pytest.mark.parametrize("device", [cuda_param("cuda")])
-@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 def test_persistent_forward_gives_the_same_bits(device, head_dim):
     """The Hopper forward on a persistent grid (one CTA per SM looping over
     the blocks of query rows, its barriers' phases running on from block to
@@ -202,7 +203,7 @@ def check_kernel_family(device, dtype, is_causal, alignment, case, name):
     check_forward(q, k, v, is_causal=is_causal, alignment=alignment, label=label)
     check_backward(q, k, v, is_causal=is_causal, alignment=alignment, label=label)
     if case[3] == 300:  # with a mask tensor, and through unaligned rows (element loads)
-        mask = mask_variants(2, 4, 300, 520, dtype, device)["bool_full"]
+        mask = mask_variants(case[0], case[1], case[3], case[4], dtype, device)["bool_full"]
         check_forward(q, k, v, mask=mask, is_causal=is_causal, alignment=alignment, label=label + " bool mask")
         check_backward(q, k, v, mask=mask, is_causal=is_causal, alignment=alignment, label=label + " bool mask")
         buf = torch.randn(1 + q.numel(), dtype=dtype, device=device)
@@ -779,7 +780,7 @@ def test_generated_wgmma_wrappers_are_current():
     assert (root / "wgmma_ops.cuh").read_text() == gen.render(), "run python csrc/cuda/attention/sm90/generate_wgmma.py"
 
 
-SM90_KERNELS = [("fwd", 64), ("fwd", 128), ("fwd", 192), ("fwd", 256), ("bwd", 64), ("bwd", 128)]
+SM90_KERNELS = [("fwd", 64), ("fwd", 96), ("fwd", 128), ("fwd", 192), ("fwd", 256), ("bwd", 64), ("bwd", 128)]
 # the launchers' further arguments: the mma.sync launchers they fall back to
 # (the forward's: without and with the score variants; the backward's: dQ pass, fallback)
 FALLBACKS = {"fwd": "oss_attn_launch_fn, oss_attn_launch_fn", "bwd": "oss_attn_launch_fn, oss_attn_launch_fn"}
@@ -819,9 +820,9 @@ def test_wgmma_kernels_are_not_serialised():
 def test_hopper_forward_does_not_spill():
     """The Hopper forward's consumers hold O, S and P in registers (up to 240
     per thread after setmaxnreg); a spill would put local-memory traffic into
-    every key tile. The instantiations without a window (head dims 64, 128,
-    192, 256; with and without a mask tensor; (192, 128) for a narrower v)
-    must compile with no stack frame.
+    every key tile. The instantiations without a window (head dims 64, 96,
+    128, 192, 256; with and without a mask tensor; (192, 128) for a narrower
+    v) must compile with no stack frame.
     The ones for a window alone, instantiated apart so that these need not,
     hold the block's first key tile in one more register, which may spill a
     few of the block's arguments, stored at its start and reloaded once by
@@ -831,7 +832,7 @@ def test_hopper_forward_does_not_spill():
 
     frames = re.findall(r"Function properties for (\S*oss_attn_fwd_sm90_kernel\S*)\s+(\d+) bytes stack frame",
                         sm90_ptxas_report())
-    assert len(frames) == 13, f"expected 13 Hopper forward kernels in ptxas's report, found {len(frames)}"
+    assert len(frames) == 15, f"expected 15 Hopper forward kernels in ptxas's report, found {len(frames)}"
     # template arguments ..., MASK_TENSOR, VAR, WINDOW: the window kernels end in false, false, true
     window = [(name, size) for name, size in frames if "Lb0ELb0ELb1EEv" in name]
     assert len(window) == 4, f"expected 4 window kernels, found {[n for n, _ in frames]}"

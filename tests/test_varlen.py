@@ -273,7 +273,7 @@ def test_forward_and_backward(device, dtype, causal, alignment, case):
 @pytest.mark.parametrize("device", [cuda_param("cuda")])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("causal,alignment", CAUSAL, ids=CAUSAL_IDS)
-@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 def test_long_sequences_cuda(device, dtype, causal, alignment, head_dim):
     torch.manual_seed(zlib.crc32(f"long {dtype} {causal} {alignment} {head_dim}".encode()))
     q, k, v, cu_q, cu_k, _, _ = make_packed([300, 1, 513, 0, 129, 64], [257, 700, 513, 3, 129, 0], 8, 2, head_dim,

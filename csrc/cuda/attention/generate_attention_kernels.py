@@ -26,10 +26,10 @@ BACKWARD_HEAD_DIMS = None
 
 # Head dims of the Hopper (wgmma, sm_90a) forward and backward (the backward's
 # register plan is written for 64 and 128). On Hopper every other head dim
-# runs the smallest of them that covers it (zero padding, as for the decode
-# and variant kernels) where that one is compiled; a backward above 128 runs
-# the mma.sync kernel of its own head dim.
-SM90_FORWARD_HEAD_DIMS = [64, 128, 192, 256]
+# runs the smallest compiled one that covers it (zero padding, as for the
+# decode and variant kernels); a backward above 128 runs the mma.sync kernel
+# of its own head dim.
+SM90_FORWARD_HEAD_DIMS = [64, 96, 128, 192, 256]
 SM90_BACKWARD_HEAD_DIMS = [64, 128]
 
 # Head dims of the split-KV decode forward (mma.sync, every arch): each compiled
@@ -94,8 +94,8 @@ def _variant_dim(hd):
     return min(d for d in VARIANT_HEAD_DIMS if d >= hd)
 
 
-def _sm90_forward_dim(hd):
-    return min(d for d in SM90_FORWARD_HEAD_DIMS if d >= hd)
+def _sm90_forward_dim(hd, compiled):
+    return min((d for d in compiled if d >= hd), default=None)
 
 
 def _sm90_backward_dim(hd):
@@ -252,8 +252,8 @@ def generate(head_dims, out_dir, sm90=False):
     for hd in dims:
         for tag, _, enum in DTYPES:
             bwd = _bwd_name(hd, tag) if hd in bwd_dims else "NULL"
-            hd90 = _sm90_forward_dim(hd)
-            hopper = _sm90_name(hd90, tag) if hd90 in sm90_dims else "NULL"
+            hd90 = _sm90_forward_dim(hd, sm90_dims)
+            hopper = _sm90_name(hd90, tag) if hd90 is not None else "NULL"
             bd90 = _sm90_backward_dim(hd) if hd in bwd_dims else None
             bwd_hopper = _bwd_sm90_name(bd90, tag) if bd90 in sm90_bwd_dims else "NULL"
             bwd90_dim = bd90 if bd90 in sm90_bwd_dims else 0

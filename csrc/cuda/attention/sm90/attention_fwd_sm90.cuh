@@ -1,6 +1,6 @@
 /*
  * attention_fwd_sm90.cuh - the attention forward on Hopper's warpgroup tensor
- * cores (wgmma, sm_90a; float16 and bfloat16, head dims 64, 128, 192 and 256): the
+ * cores (wgmma, sm_90a; float16 and bfloat16, head dims 64, 96, 128, 192 and 256): the
  * same result as attention_fwd.cuh (out = softmax(scale Q K^T + mask) V, lse
  * per query row), computed with m64nNk16 wgmma and bulk tensor copies.
  *
@@ -55,7 +55,11 @@
  *     (a tile a warpgroup cannot see is masked to zero weight): a wgmma under
  *     a branch would make ptxas serialise them all.
  * Limits: D up to HD and Dv up to DV (HD, or a narrower DV where the table
- * has one), zero padded by the copy engine; both multiples of 64; q, k and v with 16-byte aligned base and strides (the
+ * has one), zero padded by the copy engine; both multiples of 16, tiles in
+ * shared memory of whole 64-column boxes (head dim 96: two, the copy engine
+ * zero-filling columns 96 .. 127, which the products skip; no ones column
+ * there, as it would have to follow V's columns inside the zero-filled box:
+ * the softmax sums the rounded P); q, k and v with 16-byte aligned base and strides (the
  * tensor maps' rule; the launcher sends other inputs to the mma.sync kernel);
  * built only for sm_90a (the launcher is in the dispatch table only when the
  * build includes that target; elsewhere the kernel body traps).
@@ -91,6 +95,9 @@ template <int HD> struct oss_attn_fwd_sm90_cfg {
    * loads), which measured faster at every seqlen and head dim, most at short
    * seqlens. */
   static bool persistent(const oss_attn_args *a) { return a->cu_q == NULL; }
+  /* Head dim 96 is no variant head dim: a window call reaches the head-dim-128
+   * kernels (its variant launcher's plain kernel), so 96 has no window kernel */
+  static constexpr bool WINDOW_KERNEL = HD % 64 == 0;
 };
 
 /* Kernels without the score variants sum each row's rounded P (lr, which out
@@ -100,10 +107,12 @@ template <int HD> struct oss_attn_fwd_sm90_cfg {
  * O. The softmax then spends no instructions on unpacking and adding the
  * rounded P. Not at head dim 256 (N would pass 256), and not with the
  * variants: with dropout lr sums P before the dropped weights are zeroed. */
-template <int DV, bool VAR> __host__ __device__ constexpr bool oss_attn_fwd_sm90_ones() { return !VAR && DV + 8 <= 256; }
-/* Elements of a V stage: DV / 64 boxes of BC rows, plus the ones box. */
+template <int DV, bool VAR> __host__ __device__ constexpr bool oss_attn_fwd_sm90_ones() {
+  return !VAR && DV % 64 == 0 && DV + 8 <= 256;
+}
+/* Elements of a V stage: oss_sm90_cols(DV) / 64 boxes of BC rows, plus the ones box. */
 template <int DV, bool VAR> __host__ __device__ constexpr int oss_attn_fwd_sm90_v_cols() {
-  return DV + (oss_attn_fwd_sm90_ones<DV, VAR>() ? 64 : 0);
+  return oss_sm90_cols(DV) + (oss_attn_fwd_sm90_ones<DV, VAR>() ? 64 : 0);
 }
 
 
@@ -116,7 +125,8 @@ typedef struct oss_attn_sm90_maps {
 template <int HD, int DV, int BR, int BC, int STAGES, bool VAR>
 __host__ __device__ constexpr size_t oss_attn_fwd_sm90_smem_bytes() {
   /* Q, K and V stages; + room to align the tiles to 1024 bytes */
-  return (size_t)(BR * HD + STAGES * BC * (HD + oss_attn_fwd_sm90_v_cols<DV, VAR>())) * 2 + 1024;
+  return (size_t)(BR * oss_sm90_cols(HD) + STAGES * BC * (oss_sm90_cols(HD) + oss_attn_fwd_sm90_v_cols<DV, VAR>())) * 2 +
+         1024;
 }
 
 /* Softmax of one tile, first half (S landed, the previous P V may still run):
@@ -246,13 +256,16 @@ __global__ void __launch_bounds__(384, 1)
    * others know it is 0 */
   constexpr bool WIN = VAR || WINDOW;
   constexpr int VC = oss_attn_fwd_sm90_v_cols<DV, VAR>(), NOA = NO + (ONES ? 1 : 0); /* O's n-tiles, ones included */
-  static_assert(HD % 64 == 0 && DV % 64 == 0 && DV <= HD && BC % 16 == 0 && BC <= 256,
-                "head dims multiples of 64, key tile of 16");
+  /* KD: the columns of Q's and K's tiles in shared memory (whole boxes); the
+   * products read HD of them, P V writes DV columns of O */
+  constexpr int KD = oss_sm90_cols(HD);
+  static_assert(HD % 16 == 0 && DV % 16 == 0 && DV <= HD && BC % 16 == 0 && BC <= 256,
+                "head dims and key tile multiples of 16");
 
   extern __shared__ __align__(1024) unsigned char oss_sm90_smem[];
   T *sQ = reinterpret_cast<T *>(oss_sm90_smem + ((1024u - (oss_smem_u32(oss_sm90_smem) & 1023u)) & 1023u));
-  T *sK = sQ + BR * HD;
-  T *sV = sK + STAGES * BC * HD; /* stage st at sV + st * BC * VC */
+  T *sK = sQ + BR * KD;
+  T *sV = sK + STAGES * BC * KD; /* stage st at sV + st * BC * VC */
 
   /* q_full: Q landed; q_empty: every consumer warp issued its last Q K^T of
    * the block; k_full / v_full[stage]: that stage's tile landed (one producer
@@ -315,15 +328,15 @@ __global__ void __launch_bounds__(384, 1)
         if (qb.ntiles <= jt0) continue;
         const int tb = a.cu_q != nullptr ? 0 : qb.b; /* the copies' batch */
         if (blocks > 0) oss_mbar_wait_backoff(&q_empty, (blocks - 1) & 1);
-        oss_sm90_load_tile<HD, BR>(sQ, &maps.q, &q_full, (int)a.seq_q0 + qb.i0, qb.h, tb);
+        oss_sm90_load_tile<KD, BR>(sQ, &maps.q, &q_full, (int)a.seq_q0 + qb.i0, qb.h, tb);
         blocks++;
 #pragma unroll 1
         for (int j = jt0; j < qb.ntiles; j++, tiles++) {
           const int st = tiles % STAGES, use = tiles / STAGES, j0 = (int)a.seq_k0 + j * BC;
           if (use > 0) oss_mbar_wait_backoff(&k_empty[st], (use - 1) & 1);
-          oss_sm90_load_tile<HD, BC>(sK + st * BC * HD, &maps.k, &k_full[st], j0, qb.hk, tb);
+          oss_sm90_load_tile<KD, BC>(sK + st * BC * KD, &maps.k, &k_full[st], j0, qb.hk, tb);
           if (use > 0) oss_mbar_wait_backoff(&v_empty[st], (use - 1) & 1);
-          oss_sm90_load_tile<DV, BC>(sV + st * BC * VC, &maps.v, &v_full[st], j0, qb.hk, tb);
+          oss_sm90_load_tile<oss_sm90_cols(DV), BC>(sV + st * BC * VC, &maps.v, &v_full[st], j0, qb.hk, tb);
         }
       }
     }
@@ -373,7 +386,7 @@ __global__ void __launch_bounds__(384, 1)
         if (PINGPONG) oss_named_sync(my_bar, 256);
         oss_wgmma_fence_operand<NT>(s[0]);
         oss_wgmma_fence();
-        oss_attn_sm90_qk<T, HD, BR, BC>(s[0], sQa, oss_smem_u32(sK + st * BC * HD));
+        oss_attn_sm90_qk<T, HD, BR, BC>(s[0], sQa, oss_smem_u32(sK + st * BC * KD));
         oss_wgmma_commit();
         if (PINGPONG) oss_named_arrive(other_bar, 256);
         oss_wgmma_wait<0>();
@@ -400,7 +413,7 @@ __global__ void __launch_bounds__(384, 1)
           if (PINGPONG) oss_named_sync(my_bar, 256);
           oss_wgmma_fence_operand<NT>(s[0]);
           oss_wgmma_fence();
-          oss_attn_sm90_qk<T, HD, BR, BC>(s[0], sQa, oss_smem_u32(sK + st * BC * HD));
+          oss_attn_sm90_qk<T, HD, BR, BC>(s[0], sQa, oss_smem_u32(sK + st * BC * KD));
           oss_wgmma_commit();
           oss_mbar_wait(&v_full[pst], pphase);
           oss_wgmma_fence_operand<NOA>(o[0]);
@@ -431,7 +444,7 @@ __global__ void __launch_bounds__(384, 1)
         /* the last tile's P V */
         oss_mbar_wait(&v_full[st], ((tiles + ntiles - 1) / STAGES) & 1);
         if (!MASK_TENSOR && a.cu_q != nullptr && (jt0 + ntiles) * BC > a.lk)
-          oss_sm90_zero_rows<T, DV, BC>(sV + st * BC * VC, a.lk - (jt0 + ntiles - 1) * BC, tid & 127, 3 + wg);
+          oss_sm90_zero_rows<T, oss_sm90_cols(DV), BC>(sV + st * BC * VC, a.lk - (jt0 + ntiles - 1) * BC, tid & 127, 3 + wg);
         if (PINGPONG) oss_named_sync(my_bar, 256);
         oss_wgmma_fence_operand<NOA>(o[0]);
         oss_wgmma_fence();
@@ -521,11 +534,15 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
     /* a window alone (oss_attn_fwd_sm90_var_launch sends it here): the
      * instantiation that moves a block's first key tile, falling back to the
      * mma.sync kernel with the variants */
-    static const int window_regs =
-        oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, false, true>);
-    return oss_attn_fwd_sm90_run<T, HD, HD, C::BC, false>(
-        oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, false, true>, window_regs, mma_var,
-        persistent, a, stream, dev);
+    if constexpr (C::WINDOW_KERNEL) {
+      static const int window_regs =
+          oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, false, true>);
+      return oss_attn_fwd_sm90_run<T, HD, HD, C::BC, false>(
+          oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, false, true>, window_regs, mma_var,
+          persistent, a, stream, dev);
+    } else {
+      return mma_var(a, stream, dev);
+    }
   }
   if constexpr (C::DV_NARROW > 0) {
     if (a->dv <= C::DV_NARROW) {

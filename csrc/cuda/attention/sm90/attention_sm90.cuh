@@ -194,6 +194,10 @@ enum { OSS_SM90_PRODUCER_REGS = 24, OSS_SM90_CONSUMER_REGS = 240, OSS_SM90_LAUNC
 static_assert(128 * OSS_SM90_PRODUCER_REGS + 256 * OSS_SM90_CONSUMER_REGS <= 384 * OSS_SM90_LAUNCH_REGS,
               "register budgets exceed the CTA's launch allocation");
 
+/* Columns a tile of `cols` occupies in shared memory: whole 64-column boxes
+ * (the copy engine zero-fills the columns past the tensor's). */
+__host__ __device__ constexpr int oss_sm90_cols(int cols) { return (cols + 63) / 64 * 64; }
+
 /* Copies the ROWS x HD tile at row `row` of (batch, head) into `dst` as HD / 64
  * boxes of 64 columns (each ROWS x 128 bytes), completing on `full`, which
  * expects the tile's bytes. */
