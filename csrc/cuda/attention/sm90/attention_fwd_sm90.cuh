@@ -105,8 +105,10 @@ template <int HD> struct oss_attn_fwd_sm90_cfg {
  * columns of V all ones (a 64-column box per stage that the copies never
  * touch), so the accumulator's column HD holds the row's sum, rescaled with
  * O. The softmax then spends no instructions on unpacking and adding the
- * rounded P. Not at head dim 256 (N would pass 256), and not with the
- * variants: with dropout lr sums P before the dropped weights are zeroed. */
+ * rounded P. Not at head dim 256 (N would pass 256), not where V's columns
+ * end inside a box (head dim 96: the ones would sit in the box the copy
+ * engine zero-fills), and not with the variants: with dropout lr sums P
+ * before the dropped weights are zeroed. */
 template <int DV, bool VAR> __host__ __device__ constexpr bool oss_attn_fwd_sm90_ones() {
   return !VAR && DV % 64 == 0 && DV + 8 <= 256;
 }
