@@ -91,6 +91,7 @@ def attention_cases(forward_only=False, kernels="all"):
               (1, 8, 1, 1, 300, 40, 40), (1, 2, 2, 70, 45, 100, 72),
               (1, 2, 1, 200, 300, 64, 48),  # several key tiles and query blocks
               (1, 2, 1, 150, 230, 192, 128),
+              (1, 2, 1, 130, 200, 96, 80),
               (1, 2, 1, 65, 190, max(dims), max(dims)))
     if kernels == "simt_small":
         shapes = (shapes[4],)

@@ -25,12 +25,12 @@ DEFAULT_HEAD_DIMS = [32, 40, 64, 80, 96, 112, 128, 160, 192, 256]
 BACKWARD_HEAD_DIMS = None
 
 # Head dims of the Hopper (wgmma, sm_90a) forward and backward (the backward's
-# register plan is written for 64 and 128). On Hopper every other head dim
+# register plan is written for head dims up to 128). On Hopper every other head dim
 # runs the smallest compiled one that covers it (zero padding, as for the
 # decode and variant kernels); a backward above 128 runs the mma.sync kernel
 # of its own head dim.
 SM90_FORWARD_HEAD_DIMS = [64, 96, 128, 192, 256]
-SM90_BACKWARD_HEAD_DIMS = [64, 128]
+SM90_BACKWARD_HEAD_DIMS = [64, 96, 128]
 
 # Head dims of the split-KV decode forward (mma.sync, every arch): each compiled
 # head dim runs the smallest of them that covers it (its extra columns are
@@ -98,8 +98,8 @@ def _sm90_forward_dim(hd, compiled):
     return min((d for d in compiled if d >= hd), default=None)
 
 
-def _sm90_backward_dim(hd):
-    return min((d for d in SM90_BACKWARD_HEAD_DIMS if d >= hd), default=None)
+def _sm90_backward_dim(hd, compiled):
+    return min((d for d in compiled if d >= hd), default=None)
 
 
 def _write(path, text):
@@ -254,7 +254,7 @@ def generate(head_dims, out_dir, sm90=False):
             bwd = _bwd_name(hd, tag) if hd in bwd_dims else "NULL"
             hd90 = _sm90_forward_dim(hd, sm90_dims)
             hopper = _sm90_name(hd90, tag) if hd90 is not None else "NULL"
-            bd90 = _sm90_backward_dim(hd) if hd in bwd_dims else None
+            bd90 = _sm90_backward_dim(hd, sm90_bwd_dims) if hd in bwd_dims else None
             bwd_hopper = _bwd_sm90_name(bd90, tag) if bd90 in sm90_bwd_dims else "NULL"
             bwd90_dim = bd90 if bd90 in sm90_bwd_dims else 0
             dd = _decode_dim(hd)

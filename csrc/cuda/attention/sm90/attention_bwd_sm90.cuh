@@ -1,6 +1,6 @@
 /*
  * attention_bwd_sm90.cuh - the attention backward on Hopper's warpgroup tensor
- * cores (wgmma, sm_90a; float16 and bfloat16, head dims 64 and 128): the same
+ * cores (wgmma, sm_90a; float16 and bfloat16, head dims 64, 96 and 128): the same
  * gradients as attention_bwd.cuh's dK/dV kernel, with m64nNk16 wgmma in place
  * of warp-level mma.sync.
  *
@@ -57,8 +57,12 @@
  *   query block the CTA sums its K tile's columns into its chunk of the mean
  *   K row's partial sums (oss_attn_bwd_sm90_ksum), so that no pass reads K
  *   again for them.
- * Limits: D and Dv up to HD, zero padded; HD in {64, 128} with BR * HD = 8192
- * (the dQ split); a mask tensor only in the MASK_TENSOR instantiation (which
+ * Limits: D and Dv up to HD, zero padded; HD 64 with BR = 128, HD 96 or 128
+ * with BR = 64 (the dQ split: each warpgroup's piece is 64 x 64; at head dim
+ * 96 the tiles are stored as 128 columns, the copy engine and the K/V loads
+ * zero-filling columns 96 .. 127, which the products over HD skip, and the
+ * second warpgroup's dQ piece computes columns 64 .. 127 and stages those
+ * below 96); a mask tensor only in the MASK_TENSOR instantiation (which
  * spills) and not with VAR; q and dout with 16-byte aligned base and strides (the
  * tensor maps' rule; else the mma.sync backward runs); built only for sm_90a
  * (elsewhere the body traps and the launcher is not in the dispatch table).
@@ -71,7 +75,7 @@
 
 template <int HD> struct oss_attn_bwd_sm90_cfg {
   static constexpr int BC = 128;       /* keys per CTA (two consumer warpgroups of 64) */
-  static constexpr int BR = 8192 / HD; /* query rows per iteration: 128 (hd 64), 64 (hd 128) */
+  static constexpr int BR = HD <= 64 ? 128 : 64; /* query rows per iteration (see the dQ split) */
   static constexpr int STAGES = 2;     /* query blocks in flight */
 };
 
@@ -88,7 +92,7 @@ typedef struct oss_attn_bwd_sm90_maps {
 template <int HD> __host__ __device__ constexpr int oss_attn_bwd_sm90_dq_pitch() { return HD + 8; }
 
 template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size_t oss_attn_bwd_sm90_tiles_bytes() {
-  return (size_t)(2 * BC + 2 * STAGES * BR) * HD * 2        /* K, V, STAGES x (Q, dO) */
+  return (size_t)(2 * BC + 2 * STAGES * BR) * oss_sm90_cols(HD) * 2 /* K, V, STAGES x (Q, dO): whole boxes */
          + (size_t)2 * BC * BR * 2                           /* 2 x dS'^T */
          + (size_t)BR * oss_attn_bwd_sm90_dq_pitch<HD>() * 4 /* dQ block (float) */
          + (size_t)2 * STAGES * BR * 4;                      /* STAGES x (lse, D) */
@@ -108,19 +112,21 @@ template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size
 template <typename T, int HD, int BC, int BR>
 __device__ __forceinline__ void oss_attn_bwd_sm90_ksum(const oss_attn_args &a, const T *sK, T *scratch, int b, int hk,
                                                        int block, int chunks, int tid, int bar) {
-  static_assert(BC == OSS_ATTN_MEAN_CHUNK && 256 % HD == 0 && BC % (4 * (256 / HD)) == 0, "a CTA's keys are one chunk");
+  static_assert(BC == OSS_ATTN_MEAN_CHUNK && HD <= 256 && BC % (4 * (256 / HD)) == 0, "a CTA's keys are one chunk");
   static_assert((size_t)(256 / HD) * HD * 8 <= (size_t)2 * BC * BR * 2, "the groups' sums fit the dS'^T buffers");
-  constexpr int G = 256 / HD;
+  constexpr int G = 256 / HD; /* threads G HD .. 255 (head dim 96: 64 of them) sit out */
   const int col = tid % HD, grp = tid / HD;
   const T *base = sK + (col >> 6) * BC * 64 + (col & 7); /* column col of row r: + r * 64 + chunk swizzle */
   auto at = [&](int r) { return oss_to_float(base[r * 64 + ((((col & 63) >> 3) ^ (r & 7)) << 3)]); };
-  float s[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 2
-  for (int r = grp; r < BC; r += 4 * G)
-#pragma unroll
-    for (int k = 0; k < 4; k++) s[k] += at(r + k * G);
   double *part = reinterpret_cast<double *>(scratch);
-  part[grp * HD + col] = ((double)s[0] + (double)s[1]) + ((double)s[2] + (double)s[3]);
+  if (grp < G) {
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 2
+    for (int r = grp; r < BC; r += 4 * G)
+#pragma unroll
+      for (int k = 0; k < 4; k++) s[k] += at(r + k * G);
+    part[grp * HD + col] = ((double)s[0] + (double)s[1]) + ((double)s[2] + (double)s[3]);
+  }
   oss_named_sync(bar, 256);
   for (int c = tid; c < a.mean_ld; c += 256) {
     double t = 0;
@@ -160,8 +166,12 @@ __global__ void __launch_bounds__(384, 1)
                              const __grid_constant__ oss_attn_bwd_sm90_maps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int NCONS = 256, NTQ = BR / 8, NO = HD / 8;
-  static_assert(HD % 64 == 0 && BR % 64 == 0 && BC == 128, "64-multiples, two warpgroups of 64 keys");
-  static_assert(BR * HD == 8192, "the dQ block splits into one 64 x 64 piece per warpgroup");
+  /* KD: the columns of the K, V, Q and dO tiles in shared memory (whole
+   * boxes); the products read HD of them */
+  constexpr int KD = oss_sm90_cols(HD);
+  static_assert(HD % 16 == 0 && BR % 64 == 0 && BC == 128, "16-multiples, two warpgroups of 64 keys");
+  static_assert(BR == 128 ? HD == 64 : HD > 64 && HD <= 128,
+                "the dQ block splits into one 64 x 64 piece per warpgroup (rows by BR = 128, columns by 64)");
   static_assert(oss_attn_bwd_sm90_tiles_bytes<HD, BR, BC, STAGES>() % 1024 == 0,
                 "the tile of ones is 1024-byte aligned, as its 128-byte swizzle needs");
   /* named barriers: the consumers (dS'^T stored, K and V landed); the dQ
@@ -173,10 +183,10 @@ __global__ void __launch_bounds__(384, 1)
 
   extern __shared__ __align__(1024) unsigned char oss_sm90_smem[];
   T *sK = reinterpret_cast<T *>(oss_sm90_smem + ((1024u - (oss_smem_u32(oss_sm90_smem) & 1023u)) & 1023u));
-  T *sV = sK + BC * HD;
-  T *sQ = sV + BC * HD;            /* [STAGES][BR x HD] */
-  T *sdO = sQ + STAGES * BR * HD;  /* [STAGES][BR x HD] */
-  T *sdS = sdO + STAGES * BR * HD; /* [2][dS'^T: BC rows (keys) x BR columns (queries)] */
+  T *sV = sK + BC * KD;
+  T *sQ = sV + BC * KD;            /* [STAGES][BR x KD] */
+  T *sdO = sQ + STAGES * BR * KD;  /* [STAGES][BR x KD] */
+  T *sdS = sdO + STAGES * BR * KD; /* [2][dS'^T: BC rows (keys) x BR columns (queries)] */
   float *sdQ = reinterpret_cast<float *>(sdS + 2 * BC * BR); /* [BR][dq pitch] */
   float *sL = sdQ + BR * oss_attn_bwd_sm90_dq_pitch<HD>();   /* [STAGES][BR] */
   float *sD = sL + STAGES * BR;                             /* [STAGES][BR] */
@@ -231,12 +241,12 @@ __global__ void __launch_bounds__(384, 1)
         const int st = it % STAGES, use = it / STAGES;
         const int h = hk * a.group + it / nqe, i0 = (qb0 + it % nqe) * BR;
         if (use > 0) oss_mbar_wait_backoff(&empty[st], (use - 1) & 1);
-        oss_mbar_arrive_expect_tx(&full[st], 2u * BR * HD * (uint32_t)sizeof(T) + 2u * BR * 4u);
+        oss_mbar_arrive_expect_tx(&full[st], 2u * BR * KD * (uint32_t)sizeof(T) + 2u * BR * 4u);
 #pragma unroll
-        for (int cb = 0; cb < HD / 64; cb++) {
-          oss_tma_load_4d(oss_smem_u32(sQ + st * BR * HD + cb * BR * 64), &maps.q, &full[st], cb * 64,
+        for (int cb = 0; cb < KD / 64; cb++) {
+          oss_tma_load_4d(oss_smem_u32(sQ + st * BR * KD + cb * BR * 64), &maps.q, &full[st], cb * 64,
                           (int)a.seq_q0 + i0, h, tb);
-          oss_tma_load_4d(oss_smem_u32(sdO + st * BR * HD + cb * BR * 64), &maps.dout, &full[st], cb * 64,
+          oss_tma_load_4d(oss_smem_u32(sdO + st * BR * KD + cb * BR * 64), &maps.dout, &full[st], cb * 64,
                           (int)a.seq_q0 + i0, h, tb);
         }
         /* lse_adj and D: padded workspace rows, so BR of them are always there */
@@ -297,11 +307,11 @@ __global__ void __launch_bounds__(384, 1)
    * dQ's centring alone) */
   const int krows = min(BC, a.lk - j0);
   if (niter > 0 || a.kmean_part != nullptr)
-    oss_load_tile<T, BC, HD, 64, NCONS, true>(
+    oss_load_tile<T, BC, KD, 64, NCONS, true>(
         sK, (const T *)a.k + b * a.k_s[0] + hk * a.k_s[1] + (int64_t)j0 * a.k_s[2], a.k_s[2], krows, a.d,
         a.vec & OSS_ATTN_VEC_K, tid);
   if (niter > 0)
-    oss_load_tile<T, BC, HD, 64, NCONS, true>(
+    oss_load_tile<T, BC, KD, 64, NCONS, true>(
         sV, (const T *)a.v + b * a.v_s[0] + hk * a.v_s[1] + (int64_t)j0 * a.v_s[2], a.v_s[2], krows, a.dv,
         a.vec & OSS_ATTN_VEC_V, tid);
   reinterpret_cast<uint32_t *>(sOnes)[tid] = oss_mma_op<T>::pack(1.f, 1.f); /* 256 x 4 bytes */
@@ -332,13 +342,13 @@ __global__ void __launch_bounds__(384, 1)
     const int st = it % STAGES;
     const int h = hk * a.group + it / nqe;
     const int i0 = (qb0 + it % nqe) * BR;
-    T *tQ = sQ + st * BR * HD, *tdO = sdO + st * BR * HD;
+    T *tQ = sQ + st * BR * KD, *tdO = sdO + st * BR * KD;
     oss_mbar_wait(&full[st], (it / STAGES) & 1);
     /* a sequence's last block in a variable-length batch: the rows past it
      * are the next sequence's */
     if (a.cu_q != nullptr && i0 + BR > a.lq) {
-      oss_sm90_zero_rows<T, HD, BR>(tQ, a.lq - i0, tid & 127, BAR_ZERO + wg);
-      oss_sm90_zero_rows<T, HD, BR>(tdO, a.lq - i0, tid & 127, BAR_ZERO + wg);
+      oss_sm90_zero_rows<T, KD, BR>(tQ, a.lq - i0, tid & 127, BAR_ZERO + wg);
+      oss_sm90_zero_rows<T, KD, BR>(tdO, a.lq - i0, tid & 127, BAR_ZERO + wg);
     }
     const uint32_t cQ = oss_smem_u32(tQ), cdO = oss_smem_u32(tdO);
     const float *cL = sL + st * BR, *cD = sD + st * BR;
@@ -476,7 +486,8 @@ __global__ void __launch_bounds__(384, 1)
         float *row = sdQ + (mo + (warp & 3) * 16 + g + hi * 8) * oss_attn_bwd_sm90_dq_pitch<HD>();
 #pragma unroll
         for (int n = 0; n < 8; n++)
-          *reinterpret_cast<float2 *>(row + no + t2 + n * 8) = make_float2(dq[n][2 * hi], dq[n][2 * hi + 1]);
+          if (HD % 64 == 0 || no + n * 8 < HD) /* head dim 96: the second piece's columns past HD are zero */
+            *reinterpret_cast<float2 *>(row + no + t2 + n * 8) = make_float2(dq[n][2 * hi], dq[n][2 * hi + 1]);
         if ((lane & 3) == 0) row[oss_attn_bwd_sm90_dq_pitch<HD>() - 4 + (BR == 128 ? 0 : wg)] = rs[0][2 * hi];
       }
       oss_fence_proxy_async();
@@ -499,8 +510,8 @@ __global__ void __launch_bounds__(384, 1)
   const float dv_scale = VAR && a.drop_seed != nullptr ? a.drop_scale : 1.f;
   const int nrows = min(64, a.lk - r0);
   oss_named_sync(BAR_CONSUMERS, NCONS);
-  oss_sm90_store_rows<T, NO>(gdK, a.dk_s[2], nrows, a.d, vdk, dK, 1.f, sK + wg * 64 * HD, BAR_ZERO + wg, tid & 127);
-  oss_sm90_store_rows<T, NO>(gdV, a.dv_s[2], nrows, a.dv, vdv, dV, dv_scale, sV + wg * 64 * HD, BAR_ZERO + wg,
+  oss_sm90_store_rows<T, NO>(gdK, a.dk_s[2], nrows, a.d, vdk, dK, 1.f, sK + wg * 64 * KD, BAR_ZERO + wg, tid & 127);
+  oss_sm90_store_rows<T, NO>(gdV, a.dv_s[2], nrows, a.dv, vdv, dV, dv_scale, sV + wg * 64 * KD, BAR_ZERO + wg,
                              tid & 127);
 #else
   __trap(); /* not built for sm_90a: never in the dispatch table */
