@@ -232,7 +232,7 @@ __device__ __forceinline__ void oss_sm90_zero_rows(T *tile, int first, int t, in
  * columns; warp k of the warpgroup holds rows 16k .. 16k + 15, lane (g, t)
  * rows g and g + 8, columns 8n + 2t and 8n + 2t + 1), times `scale` and
  * rounded to T, to global rows dst + r * ld for r < nrows, columns < ncols,
- * through `stage` (64 x 8 NO elements of shared memory, 16-byte aligned, free
+ * through `stage` (64 rows of 8 NO elements rounded up to 64, shared memory, 16-byte aligned, free
  * for the warpgroup): each thread stores its pairs there (16-byte chunk c of
  * row r at chunk c ^ (r % 8), so a warp's pairs fall in 32 banks), the
  * warpgroup meets at named barrier `bar` (t: the thread's index in it), and
@@ -247,7 +247,9 @@ template <typename T, int NO>
 __device__ __forceinline__ void oss_sm90_store_rows(T *dst, int64_t ld, int nrows, int ncols, bool vec,
                                                     const float (&acc)[NO][4], float scale, T *stage, int bar,
                                                     int t) {
-  constexpr int PITCH = NO * 16; /* bytes a staged row */
+  /* a staged row: NO 16-byte chunks, room for a multiple of 8 so that the
+   * swizzle (chunk c at c ^ (r % 8)) stays inside the row */
+  constexpr int PITCH = (NO + 7) / 8 * 8 * 16;
   const int warp = t >> 5, g = (t & 31) >> 2, t2 = (t & 3) * 2;
   unsigned char *s = reinterpret_cast<unsigned char *>(stage);
 #pragma unroll
