@@ -30,6 +30,7 @@ CASES = [
     (1, 2, 1, 65, 65, 160, 160),
     (1, 1, 1, 48, 80, 192, 192),
     (1, 2, 2, 40, 72, 256, 256),
+    (1, 4, 2, 200, 333, 256, 256),  # several query and key blocks of the Hopper backward, GQA
 ]
 CASE_IDS = ["b{}_h{}-{}_l{}-{}_d{}-{}".format(*c) for c in CASES]
 
@@ -780,7 +781,8 @@ def test_generated_wgmma_wrappers_are_current():
     assert (root / "wgmma_ops.cuh").read_text() == gen.render(), "run python csrc/cuda/attention/sm90/generate_wgmma.py"
 
 
-SM90_KERNELS = [("fwd", 64), ("fwd", 96), ("fwd", 128), ("fwd", 192), ("fwd", 256), ("bwd", 64), ("bwd", 96), ("bwd", 128)]
+SM90_KERNELS = [("fwd", 64), ("fwd", 96), ("fwd", 128), ("fwd", 192), ("fwd", 256), ("bwd", 64), ("bwd", 96), ("bwd", 128),
+                ("bwd", 256)]
 # the launchers' further arguments: the mma.sync launchers they fall back to
 # (the forward's: without and with the score variants; the backward's: dQ pass, fallback)
 FALLBACKS = {"fwd": "oss_attn_launch_fn, oss_attn_launch_fn", "bwd": "oss_attn_launch_fn, oss_attn_launch_fn"}
@@ -846,17 +848,21 @@ def test_hopper_backward_does_not_spill():
     """The Hopper backward's consumers hold dK and dV, S^T and dP^T (then P^T
     and dS'^T) and a dQ piece in registers (240 per thread after setmaxnreg);
     a spill would put local-memory traffic into every query block. Every head
-    dim (64, 96, 128) must compile with no stack frame (the kernels that read a mask tensor
-    may spill: they are instantiated apart so that these need not)."""
+    dim (64, 96, 128; 256 in the column-split kernel) must compile with no stack
+    frame (the kernels that read a mask tensor may spill: they are instantiated
+    apart so that these need not)."""
     import re
 
-    frames = re.findall(r"Function properties for (\S*oss_attn_bwd_sm90_kernel\S*)\s+(\d+) bytes stack frame",
-                        sm90_ptxas_report())
+    report = sm90_ptxas_report()
+    frames = re.findall(r"Function properties for (\S*oss_attn_bwd_sm90_kernel\S*)\s+(\d+) bytes stack frame", report)
     assert len(frames) == 6, f"expected 6 Hopper backward kernels in ptxas's report, found {len(frames)}"
     # template arguments ..., VAR, MASK_TENSOR: the plain kernels end in false, false
     plain = [(name, size) for name, size in frames if "Lb0ELb0EE" in name]
     assert len(plain) == 3, f"expected 3 plain Hopper backward kernels, found {[n for n, _ in frames]}"
-    spilled = [f"{name}: {size} bytes" for name, size in plain if int(size) != 0]
+    wide = re.findall(r"Function properties for (\S*oss_attn_bwd_sm90_wide_kernel\S*)\s+(\d+) bytes stack frame",
+                      report)
+    assert len(wide) == 1, f"expected 1 column-split Hopper backward kernel, found {[n for n, _ in wide]}"
+    spilled = [f"{name}: {size} bytes" for name, size in plain + wide if int(size) != 0]
     assert not spilled, "stack frames:\n" + "\n".join(spilled)
 
 

@@ -24,13 +24,16 @@ DEFAULT_HEAD_DIMS = [32, 40, 64, 80, 96, 112, 128, 160, 192, 256]
 # compiled backward head dim): set BACKWARD_HEAD_DIMS to such a list.
 BACKWARD_HEAD_DIMS = None
 
-# Head dims of the Hopper (wgmma, sm_90a) forward and backward (the backward's
-# register plan is written for head dims up to 128). On Hopper every other head dim
-# runs the smallest compiled one that covers it (zero padding, as for the
-# decode and variant kernels); a backward above 128 runs the mma.sync kernel
-# of its own head dim.
+# Head dims of the Hopper (wgmma, sm_90a) forward and backward (the backward
+# splits a CTA's keys between its warpgroups up to 128 and the head-dim columns
+# above, which needs a multiple of 128). On Hopper every other head dim runs
+# the smallest compiled one that covers it (zero padding, as for the decode and
+# variant kernels).
 SM90_FORWARD_HEAD_DIMS = [64, 96, 128, 192, 256]
-SM90_BACKWARD_HEAD_DIMS = [64, 96, 128]
+SM90_BACKWARD_HEAD_DIMS = [64, 96, 128, 256]
+# The Hopper backward with the score variants (the column-split kernel above
+# 128 has none: variants there run the mma.sync backward).
+SM90_BACKWARD_VARIANT_HEAD_DIMS = [64, 96, 128]
 
 # Head dims of the split-KV decode forward (mma.sync, every arch): each compiled
 # head dim runs the smallest of them that covers it (its extra columns are
@@ -197,7 +200,7 @@ def generate(head_dims, out_dir, sm90=False):
 
     var_dims = sorted({_variant_dim(d) for d in dims})
     sm90_var_dims = [d for d in var_dims if d in SM90_FORWARD_HEAD_DIMS] if sm90 else []
-    sm90_bwd_var_dims = [d for d in var_dims if d in SM90_BACKWARD_HEAD_DIMS] if sm90 else []
+    sm90_bwd_var_dims = [d for d in var_dims if d in SM90_BACKWARD_VARIANT_HEAD_DIMS] if sm90 else []
     for hd in var_dims:
         for tag, ctype, _ in DTYPES:
             paths.append(_launcher(os.path.join(out_dir, f"attention_fwd_var_hd{hd}_{tag}.cu"),

@@ -74,7 +74,9 @@
 #include "cuda/attention/sm90/attention_sm90.cuh"
 
 template <int HD> struct oss_attn_bwd_sm90_cfg {
-  static constexpr int BC = 128;       /* keys per CTA (two consumer warpgroups of 64) */
+  /* above 128 the column-split kernel (oss_attn_bwd_sm90_wide_kernel) */
+  static constexpr bool WIDE = HD > 128;
+  static constexpr int BC = WIDE ? 64 : 128; /* keys per CTA (key split: two consumer warpgroups of 64) */
   static constexpr int BR = HD <= 64 ? 128 : 64; /* query rows per iteration (see the dQ split) */
   static constexpr int STAGES = 2;     /* query blocks in flight */
 };
@@ -100,6 +102,11 @@ template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size
 template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size_t oss_attn_bwd_sm90_smem_bytes() {
   return oss_attn_bwd_sm90_tiles_bytes<HD, BR, BC, STAGES>() + 1024 /* a tile of ones (dQ's centring) */
          + 1024;                                                    /* room to align the tiles to 1024 bytes */
+}
+/* The column-split kernel's: K, V, STAGES x (Q, dO), 2 x (P^T, dS'^T), STAGES x
+ * (lse, D), room to align; no dQ staging (its dQ goes out by atomics). */
+template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size_t oss_attn_bwd_sm90_wide_smem_bytes() {
+  return (size_t)(2 * BC + 2 * STAGES * BR) * HD * 2 + (size_t)4 * BC * BR * 2 + (size_t)2 * STAGES * BR * 4 + 1024;
 }
 
 /* dQ's centring: this CTA's chunk of kmean_part (oss_attn_bwd_means' pass 1
@@ -158,6 +165,39 @@ __device__ __forceinline__ int oss_attn_bwd_sm90_rank(const oss_attn_args &a, in
       hi = mid - 1;
   }
   return lo - kb;
+}
+
+/* The producer's copies (one thread): query block it = 0 .. niter - 1 (query
+ * head hk * group + it / nqe, block qb0 + it % nqe) into stage it % STAGES:
+ * Q and dO by bulk tensor copies (KD / 64 boxes of 64 columns by BR rows,
+ * 128-byte swizzled, rows past the queries zero), lse and D by bulk copies,
+ * all completing on full[stage]; a stage is refilled once every consumer
+ * thread arrived on its empty mbarrier. */
+template <typename T, int KD, int BR, int STAGES>
+__device__ __forceinline__ void oss_attn_bwd_sm90_produce(const oss_attn_args &a, const oss_attn_bwd_sm90_maps &maps,
+                                                          uint64_t *full, uint64_t *empty, T *sQ, T *sdO, float *sL,
+                                                          float *sD, int b, int hk, int qb0, int nqe, int niter) {
+  oss_tma_prefetch_map(&maps.q);
+  oss_tma_prefetch_map(&maps.dout);
+  const int tb = a.cu_q != nullptr ? 0 : b; /* the copies' batch: packed rows are one */
+#pragma unroll 1
+  for (int it = 0; it < niter; it++) {
+    const int st = it % STAGES, use = it / STAGES;
+    const int h = hk * a.group + it / nqe, i0 = (qb0 + it % nqe) * BR;
+    if (use > 0) oss_mbar_wait_backoff(&empty[st], (use - 1) & 1);
+    oss_mbar_arrive_expect_tx(&full[st], 2u * BR * KD * (uint32_t)sizeof(T) + 2u * BR * 4u);
+#pragma unroll
+    for (int cb = 0; cb < KD / 64; cb++) {
+      oss_tma_load_4d(oss_smem_u32(sQ + st * BR * KD + cb * BR * 64), &maps.q, &full[st], cb * 64,
+                      (int)a.seq_q0 + i0, h, tb);
+      oss_tma_load_4d(oss_smem_u32(sdO + st * BR * KD + cb * BR * 64), &maps.dout, &full[st], cb * 64,
+                      (int)a.seq_q0 + i0, h, tb);
+    }
+    /* lse_adj and D: padded workspace rows, so BR of them are always there */
+    const int64_t ro = oss_attn_ws_row(a, b, h) + i0;
+    oss_bulk_load(oss_smem_u32(sL + st * BR), (const float *)a.lse_adj + ro, BR * 4, &full[st]);
+    oss_bulk_load(oss_smem_u32(sD + st * BR), (const float *)a.dsum + ro, BR * 4, &full[st]);
+  }
 }
 
 template <typename T, int HD, int BR, int BC, int STAGES, bool VAR = false, bool MASK_TENSOR = false>
@@ -233,27 +273,7 @@ __global__ void __launch_bounds__(384, 1)
      * 9 adds the staged dQ blocks to the accumulator */
     oss_setmaxnreg_dec<OSS_SM90_PRODUCER_REGS>();
     if (warp == 8 && lane == 0 && niter > 0) {
-      oss_tma_prefetch_map(&maps.q);
-      oss_tma_prefetch_map(&maps.dout);
-      const int tb = a.cu_q != nullptr ? 0 : b; /* the copies' batch: packed rows are one */
-#pragma unroll 1
-      for (int it = 0; it < niter; it++) {
-        const int st = it % STAGES, use = it / STAGES;
-        const int h = hk * a.group + it / nqe, i0 = (qb0 + it % nqe) * BR;
-        if (use > 0) oss_mbar_wait_backoff(&empty[st], (use - 1) & 1);
-        oss_mbar_arrive_expect_tx(&full[st], 2u * BR * KD * (uint32_t)sizeof(T) + 2u * BR * 4u);
-#pragma unroll
-        for (int cb = 0; cb < KD / 64; cb++) {
-          oss_tma_load_4d(oss_smem_u32(sQ + st * BR * KD + cb * BR * 64), &maps.q, &full[st], cb * 64,
-                          (int)a.seq_q0 + i0, h, tb);
-          oss_tma_load_4d(oss_smem_u32(sdO + st * BR * KD + cb * BR * 64), &maps.dout, &full[st], cb * 64,
-                          (int)a.seq_q0 + i0, h, tb);
-        }
-        /* lse_adj and D: padded workspace rows, so BR of them are always there */
-        const int64_t ro = oss_attn_ws_row(a, b, h) + i0;
-        oss_bulk_load(oss_smem_u32(sL + st * BR), (const float *)a.lse_adj + ro, BR * 4, &full[st]);
-        oss_bulk_load(oss_smem_u32(sD + st * BR), (const float *)a.dsum + ro, BR * 4, &full[st]);
-      }
+      oss_attn_bwd_sm90_produce<T, KD, BR, STAGES>(a, maps, full, empty, sQ, sdO, sL, sD, b, hk, qb0, nqe, niter);
     } else if (warp == 9 && atomic_dq && niter > 0) {
       oss_named_arrive(BAR_DQ_EMPTY, DQ_BAR_THREADS); /* sdQ starts free */
 #pragma unroll 1
@@ -518,6 +538,257 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
+/* The column-split kernel for head dims above 128 (HD a multiple of 128),
+ * where a warpgroup's dK and dV for 64 keys over every column would not fit
+ * its registers. One CTA owns BC = 64 keys of one (batch, kv head) and loops
+ * over the query heads of its GQA group and the BR = 64 query blocks that see
+ * the keys, with the producer of the key-split kernel (no dQ warp):
+ *   S^T = K Q^T and dP^T = V dO^T (wgmma, shared-memory operands): warpgroup w
+ *   computes queries [32w, 32w + 32) for all 64 keys (warp k: keys 16k ..
+ *   16k + 15), P^T and dS'^T in registers as in the key-split kernel; both go
+ *   to shared memory (two buffers each, so one consumer barrier per block
+ *   suffices: a warpgroup writes buffer i & 1 only after both passed the
+ *   barrier of block i - 1, by when each had waited for its products of block
+ *   i - 2).
+ *   dV += P^T dO, dK += dS'^T Q and dQ_blk = dS' K, all three over head-dim
+ *   columns [HD/2 w, HD/2 w + HD/2) (A from shared memory: P^T, dS'^T K-major,
+ *   dS' MN-major; B MN-major), so a thread keeps HD / 2 floats of dK and of dV.
+ *   dQ_blk is added to the float32 accumulator by atomics (red.global.add of
+ *   float pairs, rows < Lq, column blocks < D) straight from the registers: the
+ *   shared memory has no room for a staged block next to two stages of Q and
+ *   dO at head dim 256. dQ's centring: each warp sums its 16 keys' rounded
+ *   dS' per query with shuffles and adds the sums to the accumulator's column
+ *   dq_ld - 4; the mean K rows come from their own pass (oss_attn_bwd_means).
+ * Limits: as the key-split kernel's, and no deterministic mode (atomics), no
+ * score variants, no mask tensor (the launcher runs the mma.sync backward for
+ * those). */
+template <typename T, int HD, int BR, int BC, int STAGES>
+__global__ void __launch_bounds__(384, 1)
+    oss_attn_bwd_sm90_wide_kernel(const __grid_constant__ oss_attn_args args,
+                                  const __grid_constant__ oss_attn_bwd_sm90_maps maps) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int NCONS = 256, QW = BR / 2 /* a warpgroup's queries of S^T */, NTQ = QW / 8;
+  constexpr int HW = HD / 2 /* a warpgroup's columns of dK, dV, dQ */, NO = HW / 8;
+  static_assert(HD % 128 == 0 && BR == 64 && BC == 64, "64 x 64 blocks, whole 64-column boxes per warpgroup");
+  enum { BAR_CONSUMERS = 1, BAR_ZERO = 4 };
+
+  extern __shared__ __align__(1024) unsigned char oss_sm90_smem[];
+  T *sK = reinterpret_cast<T *>(oss_sm90_smem + ((1024u - (oss_smem_u32(oss_sm90_smem) & 1023u)) & 1023u));
+  T *sV = sK + BC * HD;
+  T *sQ = sV + BC * HD;           /* [STAGES][BR x HD] */
+  T *sdO = sQ + STAGES * BR * HD; /* [STAGES][BR x HD] */
+  T *sP = sdO + STAGES * BR * HD; /* [2][P^T: BC rows (keys) x BR columns (queries), one 64-column box] */
+  T *sdS = sP + 2 * BC * BR;      /* [2][dS'^T, the same] */
+  float *sL = reinterpret_cast<float *>(sdS + 2 * BC * BR); /* [STAGES][BR] */
+  float *sD = sL + STAGES * BR;                             /* [STAGES][BR] */
+  __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = oss_warpgroup();
+  int b, hk, block;
+  if (!oss_attn_key_block_of(args, BC, &b, &hk, &block)) return;
+  oss_attn_args a = args;
+  oss_attn_seq_view<T>(a, b);
+  const int j0 = block * BC;
+  if (j0 >= a.lk) return; /* past a shorter sequence's keys */
+  int qb0, nqe;
+  oss_attn_bwd_query_blocks<BR>(a, j0, &qb0, &nqe, BC);
+  const int niter = a.group * nqe;
+
+  if (tid == 0) {
+    for (int i = 0; i < STAGES; i++) {
+      oss_mbar_init(&full[i], 1);
+      oss_mbar_init(&empty[i], NCONS);
+    }
+    oss_fence_mbar_init();
+  }
+  __syncthreads(); /* the only CTA-wide barrier */
+
+  if (wg == 2) {
+    oss_setmaxnreg_dec<OSS_SM90_PRODUCER_REGS>();
+    if (warp == 8 && lane == 0 && niter > 0)
+      oss_attn_bwd_sm90_produce<T, HD, BR, STAGES>(a, maps, full, empty, sQ, sdO, sL, sD, b, hk, qb0, nqe, niter);
+    return;
+  }
+
+  oss_setmaxnreg_inc<OSS_SM90_CONSUMER_REGS>();
+  const int g = lane >> 2, t2 = (lane & 3) * 2;
+  const int kr = (warp & 3) * 16, kw0 = j0 + kr; /* this warp's first key (its rows of S^T) */
+  const int q0 = wg * QW, c0 = wg * HW;         /* this warpgroup's queries of S^T, columns of dK, dV, dQ */
+  const float sc = (float)a.scale;
+
+  float dV[NO][4], dK[NO][4];
+#pragma unroll
+  for (int n = 0; n < NO; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dV[n][e] = dK[n][e] = 0.f;
+
+  const int krows = min(BC, a.lk - j0);
+  if (niter > 0) {
+    oss_load_tile<T, BC, HD, 64, NCONS, true>(sK, (const T *)a.k + b * a.k_s[0] + hk * a.k_s[1] + (int64_t)j0 * a.k_s[2],
+                                             a.k_s[2], krows, a.d, a.vec & OSS_ATTN_VEC_K, tid);
+    oss_load_tile<T, BC, HD, 64, NCONS, true>(sV, (const T *)a.v + b * a.v_s[0] + hk * a.v_s[1] + (int64_t)j0 * a.v_s[2],
+                                             a.v_s[2], krows, a.dv, a.vec & OSS_ATTN_VEC_V, tid);
+  }
+  oss_cp_async_commit();
+  oss_cp_async_wait<0>();
+  oss_fence_proxy_async(); /* for the tensor cores' reads */
+  oss_named_sync(BAR_CONSUMERS, NCONS);
+
+  constexpr uint32_t hi = oss_wgmma_desc_hi(1024);
+#pragma unroll 1
+  for (int it = 0; it < niter; it++) {
+    const int st = it % STAGES;
+    const int h = hk * a.group + it / nqe;
+    const int i0 = (qb0 + it % nqe) * BR;
+    T *tQ = sQ + st * BR * HD, *tdO = sdO + st * BR * HD;
+    oss_mbar_wait(&full[st], (it / STAGES) & 1);
+    if (a.cu_q != nullptr && i0 + BR > a.lq) {
+      oss_sm90_zero_rows<T, HD, BR>(tQ, a.lq - i0, tid & 127, BAR_ZERO + wg);
+      oss_sm90_zero_rows<T, HD, BR>(tdO, a.lq - i0, tid & 127, BAR_ZERO + wg);
+    }
+    const float *cL = sL + st * BR + q0, *cD = sD + st * BR + q0;
+
+    /* S^T and dP^T for keys 0 .. 63, queries q0 .. q0 + 31 (rows 32 wg of Q's
+     * and dO's boxes: 4096 bytes, a whole number of swizzle periods) */
+    float sT[NTQ][4], pT[NTQ][4];
+    oss_wgmma_fence();
+    oss_attn_sm90_qk<T, HD, BC, QW, BR>(sT, oss_smem_u32(sK), oss_smem_u32(tQ) + q0 * 128);
+    oss_wgmma_commit();
+    oss_attn_sm90_qk<T, HD, BC, QW, BR>(pT, oss_smem_u32(sV), oss_smem_u32(tdO) + q0 * 128);
+    oss_wgmma_commit();
+    oss_wgmma_wait<1>();
+    oss_wgmma_fence_operand<NTQ>(sT);
+
+    /* P^T = exp2(c s - lse), masked scores -inf (as in the key-split kernel) */
+    const bool need_mask =
+        j0 + BC > a.lk || (a.causal && (int64_t)(j0 + BC - 1) > (int64_t)(i0 + q0) + a.causal_off);
+    const bool scaled = !(a.scale_log2 > 0.f);
+    if (scaled)
+#pragma unroll
+      for (int n = 0; n < NTQ; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) sT[n][e] *= a.scale_log2;
+    const float c = scaled ? 1.f : a.scale_log2;
+    if (need_mask)
+      oss_attn_mask_frag<void, true, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a, 0, kw0, i0 + q0, lane);
+#pragma unroll
+    for (int n = 0; n < NTQ; n++) {
+      const float2 lv = *reinterpret_cast<const float2 *>(cL + n * 8 + t2);
+#pragma unroll
+      for (int e = 0; e < 4; e++) sT[n][e] = oss_ex2(fmaf(sT[n][e], c, -((e & 1) ? lv.y : lv.x)));
+    }
+    oss_wgmma_wait<0>();
+    oss_wgmma_fence_operand<NTQ>(pT);
+    /* dS'^T, and the sums over this warp's keys of its values rounded to T
+     * (dQ's centring: dQ_blk is computed from the rounded values) */
+    float rsum[NTQ][2];
+#pragma unroll
+    for (int n = 0; n < NTQ; n++) {
+      const float2 dd = *reinterpret_cast<const float2 *>(cD + n * 8 + t2);
+#pragma unroll
+      for (int e = 0; e < 4; e++) pT[n][e] = (sT[n][e] * sc) * (pT[n][e] - ((e & 1) ? dd.y : dd.x));
+#pragma unroll
+      for (int e = 0; e < 2; e++)
+        rsum[n][e] = oss_to_float(oss_from_float<T>(pT[n][e])) + oss_to_float(oss_from_float<T>(pT[n][e + 2]));
+    }
+    uint32_t pa[1][NTQ / 2][4], dsa[1][NTQ / 2][4];
+    oss_acc_to_a<T, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), pa);
+    oss_acc_to_a<T, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(pT), dsa);
+    T *tP = sP + (it & 1) * BC * BR, *tdS = sdS + (it & 1) * BC * BR;
+    /* rows (keys) kr + g (+8), columns (queries) q0 + 16kk + t2 (+1, +8, +9), swizzled */
+#pragma unroll
+    for (int kk = 0; kk < NTQ / 2; kk++)
+#pragma unroll
+      for (int f = 0; f < 4; f++) {
+        const int r = kr + g + (f & 1) * 8, col = q0 + kk * 16 + (f >> 1) * 8 + t2;
+        const int off = r * 64 + (((col >> 3) ^ (r & 7)) << 3) + (col & 7);
+        *reinterpret_cast<uint32_t *>(tP + off) = pa[0][kk][f];
+        *reinterpret_cast<uint32_t *>(tdS + off) = dsa[0][kk][f];
+      }
+    oss_fence_proxy_async();
+    oss_named_sync(BAR_CONSUMERS, NCONS); /* P^T and dS'^T of both warpgroups stored */
+
+    /* dV += P^T dO and dK += dS'^T Q over columns c0 .. c0 + HW (B's column
+     * blocks BR * 128 bytes apart, 16 rows per k-step), then dQ_blk = dS' K
+     * (A = dS'^T read MN-major, B = K's column blocks BC * 128 bytes apart) */
+    const uint32_t p_lo = oss_wgmma_desc_lo(oss_smem_u32(tP), 16), ds_lo = oss_wgmma_desc_lo(oss_smem_u32(tdS), 16);
+    const uint32_t do_lo = oss_wgmma_desc_lo(oss_smem_u32(tdO + (c0 >> 6) * BR * 64), BR * 128);
+    const uint32_t q_lo = oss_wgmma_desc_lo(oss_smem_u32(tQ + (c0 >> 6) * BR * 64), BR * 128);
+    oss_wgmma_fence_operand<NO>(dV);
+    oss_wgmma_fence_operand<NO>(dK);
+    oss_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; kk++)
+      oss_wgmma<T, HW>::template ss<0, 1>(dV, oss_wgmma_desc_join(p_lo + kk * 2, hi),
+                                          oss_wgmma_desc_join(do_lo + kk * 128, hi), 1);
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; kk++)
+      oss_wgmma<T, HW>::template ss<0, 1>(dK, oss_wgmma_desc_join(ds_lo + kk * 2, hi),
+                                          oss_wgmma_desc_join(q_lo + kk * 128, hi), 1);
+    oss_wgmma_commit();
+
+    float dq[NO][4];
+#pragma unroll
+    for (int n = 0; n < NO; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+    oss_wgmma_fence_operand<NO>(dq);
+    const uint32_t dsm_lo = oss_wgmma_desc_lo(oss_smem_u32(tdS), BC * 128);
+    const uint32_t k_lo = oss_wgmma_desc_lo(oss_smem_u32(sK + (c0 >> 6) * BC * 64), BC * 128);
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; kk++)
+      oss_wgmma<T, HW>::template ss<1, 1>(dq, oss_wgmma_desc_join(dsm_lo + kk * 128, hi),
+                                          oss_wgmma_desc_join(k_lo + kk * 128, hi), kk > 0);
+    oss_wgmma_commit();
+
+    /* the centring's sums over the warp's 16 keys, while the products run */
+#pragma unroll
+    for (int m = 4; m < 32; m <<= 1)
+#pragma unroll
+      for (int n = 0; n < NTQ; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) rsum[n][e] += __shfl_xor_sync(0xffffffffu, rsum[n][e], m);
+    const int64_t row0 = oss_attn_ws_row(a, b, h) + i0;
+    if (g == 0 && a.kmean != nullptr)
+#pragma unroll
+      for (int n = 0; n < NTQ; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int q = q0 + n * 8 + t2 + e;
+          if (i0 + q < a.lq) atomicAdd(a.dq_acc + (row0 + q) * a.dq_ld + (a.dq_ld - 4), rsum[n][e]);
+        }
+
+    oss_wgmma_wait<0>();
+    oss_wgmma_fence_operand<NO>(dq);
+    oss_wgmma_fence_operand<NO>(dV);
+    oss_wgmma_fence_operand<NO>(dK);
+    oss_mbar_arrive(&empty[st]); /* the stage's Q, dO, lse and D are read */
+    /* dQ_blk's rows kr + g (+8) of the block, columns c0 + 8n + t2 (+1) */
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int q = kr + g + hh * 8;
+      if (i0 + q < a.lq) {
+        float *row = a.dq_acc + (row0 + q) * a.dq_ld + c0 + t2;
+#pragma unroll
+        for (int n = 0; n < NO; n++)
+          if (c0 + n * 8 < a.d) atomicAdd(reinterpret_cast<float2 *>(row + n * 8), make_float2(dq[n][2 * hh], dq[n][2 * hh + 1]));
+      }
+    }
+  }
+
+  /* dK and dV: all 64 keys, this warpgroup's columns, staged in its own
+   * column blocks of K and V (which only its dQ products read) */
+  T *gdK = (T *)a.dk + b * a.dk_s[0] + hk * a.dk_s[1] + (int64_t)j0 * a.dk_s[2] + c0;
+  T *gdV = (T *)a.dv_ptr + b * a.dv_s[0] + hk * a.dv_s[1] + (int64_t)j0 * a.dv_s[2] + c0;
+  const bool vdk = a.vec & OSS_ATTN_VEC_DK, vdv = a.vec & OSS_ATTN_VEC_DV;
+  oss_named_sync(BAR_CONSUMERS, NCONS);
+  oss_sm90_store_rows<T, NO>(gdK, a.dk_s[2], krows, a.d - c0, vdk, dK, 1.f, sK + (c0 >> 6) * BC * 64, BAR_ZERO + wg,
+                             tid & 127);
+  oss_sm90_store_rows<T, NO>(gdV, a.dv_s[2], krows, a.dv - c0, vdv, dV, 1.f, sV + (c0 >> 6) * BC * 64, BAR_ZERO + wg,
+                             tid & 127);
+#else
+  __trap(); /* not built for sm_90a: never in the dispatch table */
+#endif
+}
+
 /* Launches the kernel over the call's key blocks. In the default mode dq_det
  * (the mma.sync query-major dQ pass, from its own generated file) then does
  * nothing and the caller converts the accumulator; in deterministic mode
@@ -530,8 +801,16 @@ template <typename T, int HD, bool VAR, bool MASK_TENSOR = false>
 oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
                                  oss_attn_launch_fn dq_det, oss_attn_launch_fn fallback) {
   typedef oss_attn_bwd_sm90_cfg<HD> C;
-  void (*kernel)(const oss_attn_args, const oss_attn_bwd_sm90_maps) =
-      oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR, MASK_TENSOR>;
+  static_assert(!C::WIDE || (!VAR && !MASK_TENSOR), "the column-split kernel has no variants, no mask tensor");
+  void (*kernel)(const oss_attn_args, const oss_attn_bwd_sm90_maps);
+  size_t smem;
+  if constexpr (C::WIDE) {
+    kernel = oss_attn_bwd_sm90_wide_kernel<T, HD, C::BR, C::BC, C::STAGES>;
+    smem = oss_attn_bwd_sm90_wide_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
+  } else {
+    kernel = oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR, MASK_TENSOR>;
+    smem = oss_attn_bwd_sm90_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
+  }
   /* the setmaxnreg budgets hold only if the kernel launches with the
    * registers they assume (see OSS_SM90_LAUNCH_REGS) */
   static const int regs = oss_kernel_regs(kernel);
@@ -539,19 +818,27 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
     oss_attn_bwd_sm90_maps maps;
     const bool packed = a->cu_q != NULL; /* a variable-length batch: one batch of the packed rows */
     const int64_t mb = packed ? 1 : a->batch, mq = packed ? a->total_q : a->lq;
-    const size_t smem = oss_attn_bwd_sm90_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
-    if (regs < OSS_SM90_LAUNCH_REGS || mq > INT_MAX || smem > (size_t)dev->max_smem_per_block_optin ||
-        (a->dq_acc != NULL && a->dq_ld != oss_attn_bwd_sm90_dq_pitch<HD>()) || (a->dq_sem != NULL && packed) ||
+    /* the column-split kernel adds dQ by atomics: not in deterministic mode */
+    const bool unsupported = C::WIDE ? a->dq_acc == NULL || a->dq_sem != NULL
+                                     : (a->dq_acc != NULL && a->dq_ld != oss_attn_bwd_sm90_dq_pitch<HD>()) ||
+                                           (a->dq_sem != NULL && packed);
+    if (regs < OSS_SM90_LAUNCH_REGS || mq > INT_MAX || smem > (size_t)dev->max_smem_per_block_optin || unsupported ||
         !oss_attn_sm90_map<T>(&maps.q, a->q, mb, a->hq, mq, a->d, a->q_s, C::BR) ||
         !oss_attn_sm90_map<T>(&maps.dout, a->dout, mb, a->hq, mq, a->dv, a->do_s, C::BR))
       return fallback(a, stream, dev);
+    oss_status st;
+    if (C::WIDE) { /* kbar from K, before the kernel (it does not sum K's columns) */
+      st = oss_attn_bwd_means(a, std::is_same<T, __half>::value ? OSS_FLOAT16 : OSS_BFLOAT16, stream);
+      if (st != OSS_OK) return st;
+    }
     OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     kernel<<<oss_attn_key_grid(a, C::BC), 384, smem, stream>>>(*a, maps);
-    oss_status st =
-        oss_check_launch(VAR ? "attention backward with score variants (wgmma)" : "attention backward (wgmma)");
+    st = oss_check_launch(VAR ? "attention backward with score variants (wgmma)" : "attention backward (wgmma)");
     if (st != OSS_OK) return st;
-    st = oss_attn_bwd_means_reduce(a, stream); /* kbar from the sums the kernel wrote, for the dQ passes below */
-    if (st != OSS_OK) return st;
+    if (!C::WIDE) {
+      st = oss_attn_bwd_means_reduce(a, stream); /* kbar from the sums the kernel wrote, for the dQ passes below */
+      if (st != OSS_OK) return st;
+    }
   }
   if (a->dq_sem != NULL)
     return a->lq > 0 ? oss_attn_bwd_dq_convert(a, std::is_same<T, __half>::value ? OSS_FLOAT16 : OSS_BFLOAT16, stream)
@@ -569,12 +856,16 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
 template <typename T, int HD>
 oss_status oss_attn_bwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
                                     oss_attn_launch_fn dq_det, oss_attn_launch_fn mma) {
-  if (a->mask_kind != OSS_MASK_NONE) return oss_attn_bwd_sm90_run<T, HD, false, true>(a, stream, dev, dq_det, mma);
+  if (a->mask_kind != OSS_MASK_NONE) {
+    if constexpr (oss_attn_bwd_sm90_cfg<HD>::WIDE) return mma(a, stream, dev);
+    else return oss_attn_bwd_sm90_run<T, HD, false, true>(a, stream, dev, dq_det, mma);
+  }
   return oss_attn_bwd_sm90_run<T, HD, false>(a, stream, dev, dq_det, mma);
 }
 template <typename T, int HD>
 oss_status oss_attn_bwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
                                         oss_attn_launch_fn dq_det_var, oss_attn_launch_fn mma_var) {
+  static_assert(!oss_attn_bwd_sm90_cfg<HD>::WIDE, "the column-split kernel has no variants");
   if (a->mask_kind != OSS_MASK_NONE) return mma_var(a, stream, dev);
   return oss_attn_bwd_sm90_run<T, HD, true>(a, stream, dev, dq_det_var, mma_var);
 }

@@ -158,16 +158,18 @@ template <int N> __device__ __forceinline__ void oss_wgmma_fence_operand(uint32_
  * HD columns; no commit), both operands K-major 128-byte-swizzled tiles of HD
  * columns stored as 64-column blocks (of MA and NB rows): k-step kk reads
  * column block kk / 4 at 32 bytes per step inside it. sAa points at the
- * warpgroup's first row of A. Forward: S = Q K^T; backward: S^T = K Q^T and
- * dP^T = V dO^T. */
-template <typename T, int HD, int MA, int NB>
+ * warpgroup's first row of A; sBa at the first of the NB rows of B it reads,
+ * whose column blocks hold NB_BOX rows (B's rows may be part of a larger tile,
+ * starting at a multiple of 8 rows). Forward: S = Q K^T; backward: S^T = K Q^T
+ * and dP^T = V dO^T. */
+template <typename T, int HD, int MA, int NB, int NB_BOX = NB>
 __device__ __forceinline__ void oss_attn_sm90_qk(float (&s)[NB / 8][4], uint32_t sAa, uint32_t sBa) {
   const uint32_t la = oss_wgmma_desc_lo_here(sAa, 16), lb = oss_wgmma_desc_lo_here(sBa, 16);
   constexpr uint32_t hi = oss_wgmma_desc_hi(1024);
 #pragma unroll
   for (int kk = 0; kk < HD / 16; kk++)
     oss_wgmma<T, NB>::template ss<0, 0>(s, oss_wgmma_desc_join(la + (((kk >> 2) * (MA * 128) + (kk & 3) * 32) >> 4), hi),
-                                        oss_wgmma_desc_join(lb + (((kk >> 2) * (NB * 128) + (kk & 3) * 32) >> 4), hi),
+                                        oss_wgmma_desc_join(lb + (((kk >> 2) * (NB_BOX * 128) + (kk & 3) * 32) >> 4), hi),
                                         kk > 0);
 }
 

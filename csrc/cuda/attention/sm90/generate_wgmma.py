@@ -13,7 +13,7 @@ import os
 
 # N of m64nNk16 for each operand source: "ss" = A and B in shared memory,
 # "rs" = A in registers, B in shared memory.
-SHAPES = {"ss": [8, 64, 80, 96, 112, 128], "rs": [64, 72, 96, 128, 136, 200, 256]}
+SHAPES = {"ss": [8, 32, 64, 80, 96, 112, 128], "rs": [64, 72, 96, 128, 136, 200, 256]}
 TYPES = [("__half", "f16"), ("__nv_bfloat16", "bf16")]
 
 HEAD = """/*
