@@ -554,7 +554,7 @@ __global__ void __launch_bounds__(384, 1)
  *   columns [HD/2 w, HD/2 w + HD/2) (A from shared memory: P^T, dS'^T K-major,
  *   dS' MN-major; B MN-major), so a thread keeps HD / 2 floats of dK and of dV.
  *   dQ_blk is added to the float32 accumulator by atomics (red.global.add of
- *   four floats, rows < Lq, column blocks < D) straight from the registers: the
+ *   float pairs, rows < Lq, column blocks < D) straight from the registers: the
  *   shared memory has no room for a staged block next to two stages of Q and
  *   dO at head dim 256. dQ's centring: each warp sums its 16 keys' rounded
  *   dS' per query with shuffles and adds the sums to the accumulator's column
@@ -761,19 +761,16 @@ __global__ void __launch_bounds__(384, 1)
     oss_wgmma_fence_operand<NO>(dV);
     oss_wgmma_fence_operand<NO>(dK);
     oss_mbar_arrive(&empty[st]); /* the stage's Q, dO, lse and D are read */
-    /* dQ_blk into the accumulator, four columns per atomic: lanes 2p and
-     * 2p + 1 (columns 4p' .. 4p' + 3 of each n-tile between them, p' = p % 2)
-     * swap halves, the even lane adding row kr + g, the odd one row kr + g + 8
-     * (16-byte aligned: dq_ld is a multiple of 4) */
-    const bool odd = lane & 1;
-    const int q = kr + g + (odd ? 8 : 0);
-    float *row = a.dq_acc + (row0 + q) * a.dq_ld + c0 + (t2 & 4);
+    /* dQ_blk's rows kr + g (+8) of the block, columns c0 + 8n + t2 (+1) */
 #pragma unroll
-    for (int n = 0; n < NO; n++) {
-      const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[n][0] : dq[n][2], 1);
-      const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[n][1] : dq[n][3], 1);
-      const float4 v = odd ? make_float4(r0, r1, dq[n][2], dq[n][3]) : make_float4(dq[n][0], dq[n][1], r0, r1);
-      if (i0 + q < a.lq && c0 + n * 8 < a.d) atomicAdd(reinterpret_cast<float4 *>(row + n * 8), v);
+    for (int hh = 0; hh < 2; hh++) {
+      const int q = kr + g + hh * 8;
+      if (i0 + q < a.lq) {
+        float *row = a.dq_acc + (row0 + q) * a.dq_ld + c0 + t2;
+#pragma unroll
+        for (int n = 0; n < NO; n++)
+          if (c0 + n * 8 < a.d) atomicAdd(reinterpret_cast<float2 *>(row + n * 8), make_float2(dq[n][2 * hh], dq[n][2 * hh + 1]));
+      }
     }
   }
 
