@@ -1,8 +1,10 @@
 /*
  * attention_bwd_sm90.cuh - the attention backward on Hopper's warpgroup tensor
- * cores (wgmma, sm_90a; float16 and bfloat16, head dims 64, 96 and 128): the same
- * gradients as attention_bwd.cuh's dK/dV kernel, with m64nNk16 wgmma in place
- * of warp-level mma.sync.
+ * cores (wgmma, sm_90a; float16 and bfloat16): the same gradients as
+ * attention_bwd.cuh's dK/dV kernel, with m64nNk16 wgmma in place of warp-level
+ * mma.sync. Two kernels: the key-split one (head dims 64, 96 and 128),
+ * described here, and the column-split one for head dim 256
+ * (oss_attn_bwd_sm90_wide_kernel, described at it).
  *
  * With P = exp(scale Q K^T + mask - lse) recomputed from the forward's lse,
  * dP = dO V^T, D = rowsum(dO * O) (oss_attn_bwd_pre_kernel, run before) and
