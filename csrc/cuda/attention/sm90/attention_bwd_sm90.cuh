@@ -561,9 +561,11 @@ __global__ void __launch_bounds__(384, 1)
  *   dO at head dim 256. dQ's centring: each warp sums its 16 keys' rounded
  *   dS' per query with shuffles and adds the sums to the accumulator's column
  *   dq_ld - 4; the mean K rows come from their own pass (oss_attn_bwd_means).
- * Limits: as the key-split kernel's, and no deterministic mode (atomics), no
- * score variants, no mask tensor (the launcher runs the mma.sync backward for
- * those). */
+ *   Deterministic mode: no atomics (dK and dV are summed in registers in one
+ *   order); the mma.sync query-major dQ kernel computes dQ after it, as in
+ *   the mma.sync backward.
+ * Limits: as the key-split kernel's, and no score variants, no mask tensor
+ * (the launcher runs the mma.sync backward for those). */
 template <typename T, int HD, int BR, int BC, int STAGES>
 __global__ void __launch_bounds__(384, 1)
     oss_attn_bwd_sm90_wide_kernel(const __grid_constant__ oss_attn_args args,
@@ -595,6 +597,10 @@ __global__ void __launch_bounds__(384, 1)
   int qb0, nqe;
   oss_attn_bwd_query_blocks<BR>(a, j0, &qb0, &nqe, BC);
   const int niter = a.group * nqe;
+  /* else (deterministic mode, or no accumulator) the query-major dQ kernel
+   * computes dQ after this one; the dQ product still runs (a condition around
+   * a wgmma makes ptxas serialise every wgmma of the kernel) */
+  const bool atomic_dq = a.dq_acc != nullptr && a.dq_sem == nullptr;
 
   if (tid == 0) {
     for (int i = 0; i < STAGES; i++) {
@@ -749,7 +755,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
         for (int e = 0; e < 2; e++) rsum[n][e] += __shfl_xor_sync(0xffffffffu, rsum[n][e], m);
     const int64_t row0 = oss_attn_ws_row(a, b, h) + i0;
-    if (g == 0 && a.kmean != nullptr)
+    if (g == 0 && atomic_dq && a.kmean != nullptr)
 #pragma unroll
       for (int n = 0; n < NTQ; n++)
 #pragma unroll
@@ -767,7 +773,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
       const int q = kr + g + hh * 8;
-      if (i0 + q < a.lq) {
+      if (atomic_dq && i0 + q < a.lq) {
         float *row = a.dq_acc + (row0 + q) * a.dq_ld + c0 + t2;
 #pragma unroll
         for (int n = 0; n < NO; n++)
@@ -794,9 +800,11 @@ __global__ void __launch_bounds__(384, 1)
 /* Launches the kernel over the call's key blocks. In the default mode dq_det
  * (the mma.sync query-major dQ pass, from its own generated file) then does
  * nothing and the caller converts the accumulator; in deterministic mode
- * (a->dq_sem) the kernel's ordered additions fill it and this converts it.
- * Where the copy engine cannot address q or dout, or the kernel's register
- * budget does not hold, or a deterministic call has a variable-length batch,
+ * (a->dq_sem) the key-split kernel's ordered additions fill it and this
+ * converts it, while after the column-split kernel dq_det computes dq (as it
+ * does for either without an accumulator). Where the copy engine cannot
+ * address q or dout, or the kernel's register budget does not hold, or a
+ * deterministic call has a variable-length batch (key-split kernel),
  * `fallback` (the mma.sync backward of the same gradients, whose dQ pass
  * then computes dq) runs instead. */
 template <typename T, int HD, bool VAR, bool MASK_TENSOR = false>
@@ -820,10 +828,8 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
     oss_attn_bwd_sm90_maps maps;
     const bool packed = a->cu_q != NULL; /* a variable-length batch: one batch of the packed rows */
     const int64_t mb = packed ? 1 : a->batch, mq = packed ? a->total_q : a->lq;
-    /* the column-split kernel adds dQ by atomics: not in deterministic mode */
-    const bool unsupported = C::WIDE ? a->dq_acc == NULL || a->dq_sem != NULL
-                                     : (a->dq_acc != NULL && a->dq_ld != oss_attn_bwd_sm90_dq_pitch<HD>()) ||
-                                           (a->dq_sem != NULL && packed);
+    const bool unsupported = !C::WIDE && ((a->dq_acc != NULL && a->dq_ld != oss_attn_bwd_sm90_dq_pitch<HD>()) ||
+                                          (a->dq_sem != NULL && packed));
     if (regs < OSS_SM90_LAUNCH_REGS || mq > INT_MAX || smem > (size_t)dev->max_smem_per_block_optin || unsupported ||
         !oss_attn_sm90_map<T>(&maps.q, a->q, mb, a->hq, mq, a->d, a->q_s, C::BR) ||
         !oss_attn_sm90_map<T>(&maps.dout, a->dout, mb, a->hq, mq, a->dv, a->do_s, C::BR))
@@ -842,7 +848,9 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
       if (st != OSS_OK) return st;
     }
   }
-  if (a->dq_sem != NULL)
+  /* the key-split kernel's ordered additions filled the accumulator; the
+   * column-split kernel leaves deterministic mode's dQ to dq_det */
+  if (a->dq_sem != NULL && !C::WIDE)
     return a->lq > 0 ? oss_attn_bwd_dq_convert(a, std::is_same<T, __half>::value ? OSS_FLOAT16 : OSS_BFLOAT16, stream)
                      : OSS_OK;
   return dq_det(a, stream, dev);
