@@ -169,6 +169,52 @@ __device__ __forceinline__ int oss_attn_bwd_sm90_rank(const oss_attn_args &a, in
   return lo - kb;
 }
 
+/* Thread 0 initialises the stages' mbarriers (full: one producer arrival plus
+ * the copies' bytes; empty: one arrival per consumer thread), then the CTA
+ * meets once. */
+template <int STAGES>
+__device__ __forceinline__ void oss_attn_bwd_sm90_init_stages(uint64_t *full, uint64_t *empty, int consumers) {
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < STAGES; i++) {
+      oss_mbar_init(&full[i], 1);
+      oss_mbar_init(&empty[i], consumers);
+    }
+    oss_fence_mbar_init();
+  }
+  __syncthreads();
+}
+
+/* P^T in place of the scores S^T of a warpgroup's 64 keys (warp k: keys kw0
+ * .. kw0 + 15, kw0 its first) and NTQ * 8 queries from q0 (cL: their lse):
+ * element (key r, query c) = exp2(c s - lse) with one fused multiply-add,
+ * c = scale log2(e); where need_mask, masked scores (the causal rule and the
+ * end of the keys) set to -inf, which c leaves -inf while it is positive.
+ * With a mask tensor (added to scaled scores) or a scale that is not
+ * positive, the scores are scaled first and c = 1. */
+template <typename T, int NTQ, bool MASK_TENSOR>
+__device__ __forceinline__ void oss_attn_bwd_sm90_probs(float (&sT)[NTQ][4], const oss_attn_args &a, bool need_mask,
+                                                        int b, int h, int kw0, int q0, const float *cL, int lane) {
+  const int t2 = (lane & 3) * 2;
+  const bool scaled = MASK_TENSOR || !(a.scale_log2 > 0.f);
+  if (scaled)
+#pragma unroll
+    for (int n = 0; n < NTQ; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) sT[n][e] *= a.scale_log2;
+  const float c = scaled ? 1.f : a.scale_log2;
+  if (MASK_TENSOR)
+    oss_attn_mask_tile<T, true, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a, oss_attn_mask_base(a, b, h), kw0,
+                                        q0, lane);
+  else if (need_mask)
+    oss_attn_mask_frag<void, true, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a, 0, kw0, q0, lane);
+#pragma unroll
+  for (int n = 0; n < NTQ; n++) {
+    const float2 lv = *reinterpret_cast<const float2 *>(cL + n * 8 + t2);
+#pragma unroll
+    for (int e = 0; e < 4; e++) sT[n][e] = oss_ex2(fmaf(sT[n][e], c, -((e & 1) ? lv.y : lv.x)));
+  }
+}
+
 /* The producer's copies (one thread): query block it = 0 .. niter - 1 (query
  * head hk * group + it / nqe, block qb0 + it % nqe) into stage it % STAGES:
  * Q and dO by bulk tensor copies (KD / 64 boxes of 64 columns by BR rows,
@@ -261,14 +307,7 @@ __global__ void __launch_bounds__(384, 1)
   const int niter = a.group * nqe;
   const bool atomic_dq = a.dq_acc != nullptr;
 
-  if (tid == 0) {
-    for (int i = 0; i < STAGES; i++) {
-      oss_mbar_init(&full[i], 1);
-      oss_mbar_init(&empty[i], NCONS);
-    }
-    oss_fence_mbar_init();
-  }
-  __syncthreads(); /* the only CTA-wide barrier */
+  oss_attn_bwd_sm90_init_stages<STAGES>(full, empty, NCONS); /* the only CTA-wide barrier */
 
   if (wg == 2) {
     /* producer warpgroup: warp 8 issues the copies of the query blocks, warp
@@ -408,31 +447,10 @@ __global__ void __launch_bounds__(384, 1)
                                                pT[n][e] = (p * sc * dcap) * (pT[n][e] - cD[c]);
                                              });
     } else {
-      /* P^T (element (key r, query c)) = exp2(c s - lse) with one fused
-       * multiply-add, c = scale log2(e); masked scores (the causal rule and
-       * the end of the keys) set to -inf, which c leaves -inf while it is
-       * positive. With a mask tensor (added to scaled scores) or a scale that
-       * is not positive, the scores are scaled first and c = 1. */
+      /* P^T; the scores to mask: the causal rule and the end of the keys */
       const bool need_mask = MASK_TENSOR || j0 + BC > a.lk ||
                              (a.causal && (int64_t)(j0 + wg * 64 + 63) > (int64_t)i0 + a.causal_off);
-      const bool scaled = MASK_TENSOR || !(a.scale_log2 > 0.f);
-      if (scaled)
-#pragma unroll
-        for (int n = 0; n < NTQ; n++)
-#pragma unroll
-          for (int e = 0; e < 4; e++) sT[n][e] *= a.scale_log2;
-      const float c = scaled ? 1.f : a.scale_log2;
-      if (MASK_TENSOR)
-        oss_attn_mask_tile<T, true, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a,
-                                            oss_attn_mask_base(a, b, h), kw0, i0, lane);
-      else if (need_mask)
-        oss_attn_mask_frag<void, true, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a, 0, kw0, i0, lane);
-#pragma unroll
-      for (int n = 0; n < NTQ; n++) {
-        const float2 lv = *reinterpret_cast<const float2 *>(cL + n * 8 + t2);
-#pragma unroll
-        for (int e = 0; e < 4; e++) sT[n][e] = oss_ex2(fmaf(sT[n][e], c, -((e & 1) ? lv.y : lv.x)));
-      }
+      oss_attn_bwd_sm90_probs<T, NTQ, MASK_TENSOR>(sT, a, need_mask, b, h, kw0, i0, cL, lane);
       oss_wgmma_wait<0>(); /* dP^T done */
       oss_wgmma_fence_operand<NTQ>(pT);
 #pragma unroll
@@ -602,14 +620,7 @@ __global__ void __launch_bounds__(384, 1)
    * a wgmma makes ptxas serialise every wgmma of the kernel) */
   const bool atomic_dq = a.dq_acc != nullptr && a.dq_sem == nullptr;
 
-  if (tid == 0) {
-    for (int i = 0; i < STAGES; i++) {
-      oss_mbar_init(&full[i], 1);
-      oss_mbar_init(&empty[i], NCONS);
-    }
-    oss_fence_mbar_init();
-  }
-  __syncthreads(); /* the only CTA-wide barrier */
+  oss_attn_bwd_sm90_init_stages<STAGES>(full, empty, NCONS); /* the only CTA-wide barrier */
 
   if (wg == 2) {
     oss_setmaxnreg_dec<OSS_SM90_PRODUCER_REGS>();
@@ -667,24 +678,10 @@ __global__ void __launch_bounds__(384, 1)
     oss_wgmma_wait<1>();
     oss_wgmma_fence_operand<NTQ>(sT);
 
-    /* P^T = exp2(c s - lse), masked scores -inf (as in the key-split kernel) */
+    /* P^T; the scores to mask: the causal rule and the end of the keys */
     const bool need_mask =
         j0 + BC > a.lk || (a.causal && (int64_t)(j0 + BC - 1) > (int64_t)(i0 + q0) + a.causal_off);
-    const bool scaled = !(a.scale_log2 > 0.f);
-    if (scaled)
-#pragma unroll
-      for (int n = 0; n < NTQ; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) sT[n][e] *= a.scale_log2;
-    const float c = scaled ? 1.f : a.scale_log2;
-    if (need_mask)
-      oss_attn_mask_frag<void, true, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a, 0, kw0, i0 + q0, lane);
-#pragma unroll
-    for (int n = 0; n < NTQ; n++) {
-      const float2 lv = *reinterpret_cast<const float2 *>(cL + n * 8 + t2);
-#pragma unroll
-      for (int e = 0; e < 4; e++) sT[n][e] = oss_ex2(fmaf(sT[n][e], c, -((e & 1) ? lv.y : lv.x)));
-    }
+    oss_attn_bwd_sm90_probs<T, NTQ, false>(sT, a, need_mask, b, h, kw0, i0 + q0, cL, lane);
     oss_wgmma_wait<0>();
     oss_wgmma_fence_operand<NTQ>(pT);
     /* dS'^T, and the sums over this warp's keys of its values rounded to T
