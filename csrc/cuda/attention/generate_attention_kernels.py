@@ -97,11 +97,8 @@ def _variant_dim(hd):
     return min(d for d in VARIANT_HEAD_DIMS if d >= hd)
 
 
-def _sm90_forward_dim(hd, compiled):
-    return min((d for d in compiled if d >= hd), default=None)
-
-
-def _sm90_backward_dim(hd, compiled):
+def _smallest_covering(hd, compiled):
+    """The Hopper kernel a head dim runs: the smallest compiled one that covers it, or None."""
     return min((d for d in compiled if d >= hd), default=None)
 
 
@@ -255,9 +252,9 @@ def generate(head_dims, out_dir, sm90=False):
     for hd in dims:
         for tag, _, enum in DTYPES:
             bwd = _bwd_name(hd, tag) if hd in bwd_dims else "NULL"
-            hd90 = _sm90_forward_dim(hd, sm90_dims)
+            hd90 = _smallest_covering(hd, sm90_dims)
             hopper = _sm90_name(hd90, tag) if hd90 is not None else "NULL"
-            bd90 = _sm90_backward_dim(hd, sm90_bwd_dims) if hd in bwd_dims else None
+            bd90 = _smallest_covering(hd, sm90_bwd_dims) if hd in bwd_dims else None
             bwd_hopper = _bwd_sm90_name(bd90, tag) if bd90 in sm90_bwd_dims else "NULL"
             bwd90_dim = bd90 if bd90 in sm90_bwd_dims else 0
             dd = _decode_dim(hd)
