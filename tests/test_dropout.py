@@ -93,6 +93,7 @@ SHAPES = [  # (batch, heads_q, heads_kv, len_q, len_k, head_dim, head_dim_v)
     (2, 4, 2, 17, 67, 32, 32),
     (1, 2, 2, 130, 130, 64, 48),
     (1, 3, 1, 67, 150, 128, 128),
+    (1, 2, 1, 130, 200, 256, 256),  # the Hopper backward's column-split kernel
 ]
 VARIANTS = {
     "plain": {},

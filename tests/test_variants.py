@@ -40,6 +40,7 @@ SHAPES = [
     (1, 2, 2, 130, 130, 64, 48),
     (1, 3, 1, 67, 17, 16, 24),
     (1, 1, 1, 1, 1, 8, 8),
+    (1, 4, 2, 150, 200, 256, 200),  # the Hopper backward's column-split kernel, GQA, Dv < D
 ]
 
 # name -> keyword arguments; "alibi" / "alibi_batch" / "sinks" are drawn per shape

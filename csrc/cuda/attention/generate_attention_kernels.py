@@ -31,9 +31,8 @@ BACKWARD_HEAD_DIMS = None
 # variant kernels).
 SM90_FORWARD_HEAD_DIMS = [64, 96, 128, 192, 256]
 SM90_BACKWARD_HEAD_DIMS = [64, 96, 128, 256]
-# The Hopper backward with the score variants (the column-split kernel above
-# 128 has none: variants there run the mma.sync backward).
-SM90_BACKWARD_VARIANT_HEAD_DIMS = [64, 96, 128]
+# The Hopper backward with the score variants.
+SM90_BACKWARD_VARIANT_HEAD_DIMS = [64, 96, 128, 256]
 
 # Head dims of the split-KV decode forward (mma.sync, every arch): each compiled
 # head dim runs the smallest of them that covers it (its extra columns are

@@ -570,21 +570,23 @@ __global__ void __launch_bounds__(384, 1)
  *   suffices: a warpgroup writes buffer i & 1 only after both passed the
  *   barrier of block i - 1, by when each had waited for its products of block
  *   i - 2).
- *   dV += P^T dO, dK += dS'^T Q and dQ_blk = dS' K, all three over head-dim
- *   columns [HD/2 w, HD/2 w + HD/2) (A from shared memory: P^T, dS'^T K-major,
- *   dS' MN-major; B MN-major), so a thread keeps HD / 2 floats of dK and of dV.
- *   dQ_blk is added to the float32 accumulator by atomics (red.global.add of
- *   float pairs, rows < Lq, column blocks < D) straight from the registers: the
- *   shared memory has no room for a staged block next to two stages of Q and
- *   dO at head dim 256. dQ's centring: each warp sums its 16 keys' rounded
+ *   dQ_blk = dS' K, then dV += P^T dO and dK += dS'^T Q, all three over
+ *   head-dim columns [HD/2 w, HD/2 w + HD/2) (A from shared memory: P^T,
+ *   dS'^T K-major, dS' MN-major; B MN-major), so a thread keeps HD / 2 floats
+ *   of dK and of dV. dQ_blk is added to the float32 accumulator by atomics
+ *   (red.global.add of float pairs, rows < Lq, column blocks < D) straight
+ *   from the registers, while dV's and dK's products run: the shared memory
+ *   has no room for a staged block next to two stages of Q and dO at head dim
+ *   256, and the additions' issue is what bounds the kernel. dQ's centring: each warp sums its 16 keys' rounded
  *   dS' per query with shuffles and adds the sums to the accumulator's column
  *   dq_ld - 4; the mean K rows come from their own pass (oss_attn_bwd_means).
  *   Deterministic mode: no atomics (dK and dV are summed in registers in one
  *   order); the mma.sync query-major dQ kernel computes dQ after it, as in
  *   the mma.sync backward.
- * Limits: as the key-split kernel's, and no score variants, no mask tensor
- * (the launcher runs the mma.sync backward for those). */
-template <typename T, int HD, int BR, int BC, int STAGES>
+ *   VAR: the score variants and dropout as in the key-split kernel.
+ * Limits: as the key-split kernel's, and no mask tensor (the launcher runs the
+ * mma.sync backward for it). */
+template <typename T, int HD, int BR, int BC, int STAGES, bool VAR = false>
 __global__ void __launch_bounds__(384, 1)
     oss_attn_bwd_sm90_wide_kernel(const __grid_constant__ oss_attn_args args,
                                   const __grid_constant__ oss_attn_bwd_sm90_maps maps) {
@@ -634,6 +636,7 @@ __global__ void __launch_bounds__(384, 1)
   const int kr = (warp & 3) * 16, kw0 = j0 + kr; /* this warp's first key (its rows of S^T) */
   const int q0 = wg * QW, c0 = wg * HW;         /* this warpgroup's queries of S^T, columns of dK, dV, dQ */
   const float sc = (float)a.scale;
+  const uint64_t seed = VAR ? oss_attn_drop_seed(a) : 0; /* dropout's */
 
   float dV[NO][4], dK[NO][4];
 #pragma unroll
@@ -678,27 +681,54 @@ __global__ void __launch_bounds__(384, 1)
     oss_wgmma_wait<1>();
     oss_wgmma_fence_operand<NTQ>(sT);
 
-    /* P^T; the scores to mask: the causal rule and the end of the keys */
-    const bool need_mask =
-        j0 + BC > a.lk || (a.causal && (int64_t)(j0 + BC - 1) > (int64_t)(i0 + q0) + a.causal_off);
-    oss_attn_bwd_sm90_probs<T, NTQ, false>(sT, a, need_mask, b, h, kw0, i0 + q0, cL, lane);
-    oss_wgmma_wait<0>();
-    oss_wgmma_fence_operand<NTQ>(pT);
     /* dS'^T, and the sums over this warp's keys of its values rounded to T
      * (dQ's centring: dQ_blk is computed from the rounded values) */
     float rsum[NTQ][2];
+    oss_attn_keep<1, NTQ> keep; /* dropout's kept weights (VAR) */
+    if constexpr (VAR) {
+      /* as in the key-split kernel: dropout's kept weights drawn while dP^T
+       * is computed, dP^T times Z k, then P^T and dS'^T in one pass per
+       * element through the variants (dS' takes the softcap's derivative) */
+      if (a.drop_seed != nullptr)
+        oss_attn_dropout_keep<true, 1, NTQ>(keep, a, seed, (int64_t)b * a.hq + h, kw0, i0 + q0, lane);
+      oss_wgmma_wait<0>();
+      oss_wgmma_fence_operand<NTQ>(pT);
+      if (a.drop_seed != nullptr)
+        oss_attn_dropout_apply<1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(pT), keep, a.drop_scale);
+      const oss_attn_var_consts vc = oss_attn_var_consts_of(a, b, h);
+      oss_attn_var_each<true, 1, NTQ, false>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a, vc, 0, kw0, i0 + q0, lane,
+                                             [&](int, int n, int e, float x, float dcap) {
+                                               const int c = n * 8 + t2 + (e & 1); /* the query's column */
+                                               const float p = oss_ex2(x - cL[c]);
+                                               sT[n][e] = p;
+                                               pT[n][e] = (p * sc * dcap) * (pT[n][e] - cD[c]);
+                                             });
 #pragma unroll
-    for (int n = 0; n < NTQ; n++) {
-      const float2 dd = *reinterpret_cast<const float2 *>(cD + n * 8 + t2);
+      for (int n = 0; n < NTQ; n++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) pT[n][e] = (sT[n][e] * sc) * (pT[n][e] - ((e & 1) ? dd.y : dd.x));
+        for (int e = 0; e < 2; e++)
+          rsum[n][e] = oss_to_float(oss_from_float<T>(pT[n][e])) + oss_to_float(oss_from_float<T>(pT[n][e + 2]));
+    } else {
+      /* P^T; the scores to mask: the causal rule and the end of the keys */
+      const bool need_mask =
+          j0 + BC > a.lk || (a.causal && (int64_t)(j0 + BC - 1) > (int64_t)(i0 + q0) + a.causal_off);
+      oss_attn_bwd_sm90_probs<T, NTQ, false>(sT, a, need_mask, b, h, kw0, i0 + q0, cL, lane);
+      oss_wgmma_wait<0>();
+      oss_wgmma_fence_operand<NTQ>(pT);
 #pragma unroll
-      for (int e = 0; e < 2; e++)
-        rsum[n][e] = oss_to_float(oss_from_float<T>(pT[n][e])) + oss_to_float(oss_from_float<T>(pT[n][e + 2]));
+      for (int n = 0; n < NTQ; n++) {
+        const float2 dd = *reinterpret_cast<const float2 *>(cD + n * 8 + t2);
+#pragma unroll
+        for (int e = 0; e < 4; e++) pT[n][e] = (sT[n][e] * sc) * (pT[n][e] - ((e & 1) ? dd.y : dd.x));
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+          rsum[n][e] = oss_to_float(oss_from_float<T>(pT[n][e])) + oss_to_float(oss_from_float<T>(pT[n][e + 2]));
+      }
     }
     uint32_t pa[1][NTQ / 2][4], dsa[1][NTQ / 2][4];
     oss_acc_to_a<T, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), pa);
     oss_acc_to_a<T, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(pT), dsa);
+    if (VAR && a.drop_seed != nullptr) oss_attn_dropout_apply_a<1, NTQ>(pa, keep); /* P Z, for dV (k at the end) */
     T *tP = sP + (it & 1) * BC * BR, *tdS = sdS + (it & 1) * BC * BR;
     /* rows (keys) kr + g (+8), columns (queries) q0 + 16kk + t2 (+1, +8, +9), swizzled */
 #pragma unroll
@@ -713,15 +743,28 @@ __global__ void __launch_bounds__(384, 1)
     oss_fence_proxy_async();
     oss_named_sync(BAR_CONSUMERS, NCONS); /* P^T and dS'^T of both warpgroups stored */
 
-    /* dV += P^T dO and dK += dS'^T Q over columns c0 .. c0 + HW (B's column
-     * blocks BR * 128 bytes apart, 16 rows per k-step), then dQ_blk = dS' K
-     * (A = dS'^T read MN-major, B = K's column blocks BC * 128 bytes apart) */
-    const uint32_t p_lo = oss_wgmma_desc_lo(oss_smem_u32(tP), 16), ds_lo = oss_wgmma_desc_lo(oss_smem_u32(tdS), 16);
-    const uint32_t do_lo = oss_wgmma_desc_lo(oss_smem_u32(tdO + (c0 >> 6) * BR * 64), BR * 128);
-    const uint32_t q_lo = oss_wgmma_desc_lo(oss_smem_u32(tQ + (c0 >> 6) * BR * 64), BR * 128);
+    /* dQ_blk = dS' K first (A = dS'^T read MN-major, B = K's column blocks
+     * BC * 128 bytes apart), then dV += P^T dO and dK += dS'^T Q (B's column
+     * blocks BR * 128 bytes apart, 16 rows per k-step), all over columns
+     * c0 .. c0 + HW: dQ_blk's additions to the accumulator run under dV's and
+     * dK's products */
+    float dq[NO][4];
+#pragma unroll
+    for (int n = 0; n < NO; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+    oss_wgmma_fence_operand<NO>(dq);
     oss_wgmma_fence_operand<NO>(dV);
     oss_wgmma_fence_operand<NO>(dK);
     oss_wgmma_fence();
+    const uint32_t dsm_lo = oss_wgmma_desc_lo(oss_smem_u32(tdS), BC * 128);
+    const uint32_t k_lo = oss_wgmma_desc_lo(oss_smem_u32(sK + (c0 >> 6) * BC * 64), BC * 128);
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; kk++)
+      oss_wgmma<T, HW>::template ss<1, 1>(dq, oss_wgmma_desc_join(dsm_lo + kk * 128, hi),
+                                          oss_wgmma_desc_join(k_lo + kk * 128, hi), kk > 0);
+    oss_wgmma_commit();
+    const uint32_t p_lo = oss_wgmma_desc_lo(oss_smem_u32(tP), 16), ds_lo = oss_wgmma_desc_lo(oss_smem_u32(tdS), 16);
+    const uint32_t do_lo = oss_wgmma_desc_lo(oss_smem_u32(tdO + (c0 >> 6) * BR * 64), BR * 128);
+    const uint32_t q_lo = oss_wgmma_desc_lo(oss_smem_u32(tQ + (c0 >> 6) * BR * 64), BR * 128);
 #pragma unroll
     for (int kk = 0; kk < BR / 16; kk++)
       oss_wgmma<T, HW>::template ss<0, 1>(dV, oss_wgmma_desc_join(p_lo + kk * 2, hi),
@@ -730,18 +773,6 @@ __global__ void __launch_bounds__(384, 1)
     for (int kk = 0; kk < BR / 16; kk++)
       oss_wgmma<T, HW>::template ss<0, 1>(dK, oss_wgmma_desc_join(ds_lo + kk * 2, hi),
                                           oss_wgmma_desc_join(q_lo + kk * 128, hi), 1);
-    oss_wgmma_commit();
-
-    float dq[NO][4];
-#pragma unroll
-    for (int n = 0; n < NO; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
-    oss_wgmma_fence_operand<NO>(dq);
-    const uint32_t dsm_lo = oss_wgmma_desc_lo(oss_smem_u32(tdS), BC * 128);
-    const uint32_t k_lo = oss_wgmma_desc_lo(oss_smem_u32(sK + (c0 >> 6) * BC * 64), BC * 128);
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; kk++)
-      oss_wgmma<T, HW>::template ss<1, 1>(dq, oss_wgmma_desc_join(dsm_lo + kk * 128, hi),
-                                          oss_wgmma_desc_join(k_lo + kk * 128, hi), kk > 0);
     oss_wgmma_commit();
 
     /* the centring's sums over the warp's 16 keys, while the products run */
@@ -761,22 +792,19 @@ __global__ void __launch_bounds__(384, 1)
           if (i0 + q < a.lq) atomicAdd(a.dq_acc + (row0 + q) * a.dq_ld + (a.dq_ld - 4), rsum[n][e]);
         }
 
-    oss_wgmma_wait<0>();
+    /* dQ_blk's rows kr + g (+8) of the block, columns c0 + 8n + t2 (+1) < D */
+    oss_wgmma_wait<1>();
     oss_wgmma_fence_operand<NO>(dq);
+    if (atomic_dq) {
+      float *row = a.dq_acc + (row0 + kr + g) * a.dq_ld + c0 + t2;
+      const int ncols = a.d - c0;
+      oss_red_add_rows_f32x2<NO>(row, row + 8 * a.dq_ld, dq, i0 + kr + g < a.lq ? ncols : 0,
+                                 i0 + kr + g + 8 < a.lq ? ncols : 0);
+    }
+    oss_wgmma_wait<0>();
     oss_wgmma_fence_operand<NO>(dV);
     oss_wgmma_fence_operand<NO>(dK);
     oss_mbar_arrive(&empty[st]); /* the stage's Q, dO, lse and D are read */
-    /* dQ_blk's rows kr + g (+8) of the block, columns c0 + 8n + t2 (+1) */
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const int q = kr + g + hh * 8;
-      if (atomic_dq && i0 + q < a.lq) {
-        float *row = a.dq_acc + (row0 + q) * a.dq_ld + c0 + t2;
-#pragma unroll
-        for (int n = 0; n < NO; n++)
-          if (c0 + n * 8 < a.d) atomicAdd(reinterpret_cast<float2 *>(row + n * 8), make_float2(dq[n][2 * hh], dq[n][2 * hh + 1]));
-      }
-    }
   }
 
   /* dK and dV: all 64 keys, this warpgroup's columns, staged in its own
@@ -787,8 +815,9 @@ __global__ void __launch_bounds__(384, 1)
   oss_named_sync(BAR_CONSUMERS, NCONS);
   oss_sm90_store_rows<T, NO>(gdK, a.dk_s[2], krows, a.d - c0, vdk, dK, 1.f, sK + (c0 >> 6) * BC * 64, BAR_ZERO + wg,
                              tid & 127);
-  oss_sm90_store_rows<T, NO>(gdV, a.dv_s[2], krows, a.dv - c0, vdv, dV, 1.f, sV + (c0 >> 6) * BC * 64, BAR_ZERO + wg,
-                             tid & 127);
+  const float dv_scale = VAR && a.drop_seed != nullptr ? a.drop_scale : 1.f; /* dropout's k */
+  oss_sm90_store_rows<T, NO>(gdV, a.dv_s[2], krows, a.dv - c0, vdv, dV, dv_scale, sV + (c0 >> 6) * BC * 64,
+                             BAR_ZERO + wg, tid & 127);
 #else
   __trap(); /* not built for sm_90a: never in the dispatch table */
 #endif
@@ -808,11 +837,11 @@ template <typename T, int HD, bool VAR, bool MASK_TENSOR = false>
 oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
                                  oss_attn_launch_fn dq_det, oss_attn_launch_fn fallback) {
   typedef oss_attn_bwd_sm90_cfg<HD> C;
-  static_assert(!C::WIDE || (!VAR && !MASK_TENSOR), "the column-split kernel has no variants, no mask tensor");
+  static_assert(!C::WIDE || !MASK_TENSOR, "the column-split kernel reads no mask tensor");
   void (*kernel)(const oss_attn_args, const oss_attn_bwd_sm90_maps);
   size_t smem;
   if constexpr (C::WIDE) {
-    kernel = oss_attn_bwd_sm90_wide_kernel<T, HD, C::BR, C::BC, C::STAGES>;
+    kernel = oss_attn_bwd_sm90_wide_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR>;
     smem = oss_attn_bwd_sm90_wide_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
   } else {
     kernel = oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR, MASK_TENSOR>;
@@ -872,7 +901,6 @@ oss_status oss_attn_bwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
 template <typename T, int HD>
 oss_status oss_attn_bwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
                                         oss_attn_launch_fn dq_det_var, oss_attn_launch_fn mma_var) {
-  static_assert(!oss_attn_bwd_sm90_cfg<HD>::WIDE, "the column-split kernel has no variants");
   if (a->mask_kind != OSS_MASK_NONE) return mma_var(a, stream, dev);
   return oss_attn_bwd_sm90_run<T, HD, true>(a, stream, dev, dq_det_var, mma_var);
 }
