@@ -76,7 +76,7 @@ def test_each_head_dim_runs_the_smallest_compiled_kernel_that_covers_it(dims, sm
         assert bvar == f"oss_attn_bwd_var_hd{want}_{tag}"
         hop = sm90 and want in gen.SM90_FORWARD_HEAD_DIMS
         assert fvar90 == (f"oss_attn_fwd_var_sm90_hd{want}_{tag}" if hop else "NULL"), f"hd {hd} Hopper variants"
-        hop = sm90 and want in gen.SM90_BACKWARD_VARIANT_HEAD_DIMS
+        hop = sm90 and want in gen.SM90_BACKWARD_HEAD_DIMS
         assert bvar90 == (f"oss_attn_bwd_var_sm90_hd{want}_{tag}" if hop else "NULL")
         named = [n for n in (fwd, fwd90, bwd, bwd90, dec, fvar, fvar90, bvar, bvar90) if n != "NULL"]
         missing = [n for n in named if n not in defined]

@@ -31,8 +31,6 @@ BACKWARD_HEAD_DIMS = None
 # variant kernels).
 SM90_FORWARD_HEAD_DIMS = [64, 96, 128, 192, 256]
 SM90_BACKWARD_HEAD_DIMS = [64, 96, 128, 256]
-# The Hopper backward with the score variants.
-SM90_BACKWARD_VARIANT_HEAD_DIMS = [64, 96, 128, 256]
 
 # Head dims of the split-KV decode forward (mma.sync, every arch): each compiled
 # head dim runs the smallest of them that covers it (its extra columns are
@@ -196,7 +194,7 @@ def generate(head_dims, out_dir, sm90=False):
 
     var_dims = sorted({_variant_dim(d) for d in dims})
     sm90_var_dims = [d for d in var_dims if d in SM90_FORWARD_HEAD_DIMS] if sm90 else []
-    sm90_bwd_var_dims = [d for d in var_dims if d in SM90_BACKWARD_VARIANT_HEAD_DIMS] if sm90 else []
+    sm90_bwd_var_dims = [d for d in var_dims if d in SM90_BACKWARD_HEAD_DIMS] if sm90 else []
     for hd in var_dims:
         for tag, ctype, _ in DTYPES:
             paths.append(_launcher(os.path.join(out_dir, f"attention_fwd_var_hd{hd}_{tag}.cu"),
