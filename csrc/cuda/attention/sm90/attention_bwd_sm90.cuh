@@ -577,9 +577,10 @@ __global__ void __launch_bounds__(384, 1)
  *   (red.global.add of float pairs, rows < Lq, column blocks < D) straight
  *   from the registers, while dV's and dK's products run: the shared memory
  *   has no room for a staged block next to two stages of Q and dO at head dim
- *   256, and the additions' issue is what bounds the kernel. dQ's centring: each warp sums its 16 keys' rounded
- *   dS' per query with shuffles and adds the sums to the accumulator's column
- *   dq_ld - 4; the mean K rows come from their own pass (oss_attn_bwd_means).
+ *   256, and the additions' issue is what bounds the kernel. dQ's centring:
+ *   each warp sums its 16 keys' rounded dS' per query with shuffles and adds
+ *   the sums to the accumulator's column dq_ld - 4; the mean K rows come from
+ *   their own pass (oss_attn_bwd_means).
  *   Deterministic mode: no atomics (dK and dV are summed in registers in one
  *   order); the mma.sync query-major dQ kernel computes dQ after it, as in
  *   the mma.sync backward.
