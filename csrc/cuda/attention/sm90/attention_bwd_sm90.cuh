@@ -215,6 +215,35 @@ __device__ __forceinline__ void oss_attn_bwd_sm90_probs(float (&sT)[NTQ][4], con
   }
 }
 
+/* The score variants and dropout (VAR kernels) for a warp's fragments of S^T
+ * and dP^T (keys kw0 .., queries i0 + q0 ..; dP^T the last wgmma group in
+ * flight): dropout's kept weights drawn while dP^T is computed, dP^T times
+ * Z k (so that dS = P (Z k dP - D)), then one pass per element as in the
+ * mma.sync kernel: the variants' score, P^T into sT, and dS'^T into pT through
+ * the softcap's derivative (sc: the softmax scale). cL, cD: the block's lse
+ * and D from query q0 on. */
+template <int NTQ>
+__device__ __forceinline__ void oss_attn_bwd_sm90_var_probs(float (&sT)[NTQ][4], float (&pT)[NTQ][4],
+                                                            oss_attn_keep<1, NTQ> &keep, const oss_attn_args &a,
+                                                            uint64_t seed, int b, int h, int kw0, int i0, int q0,
+                                                            const float *cL, const float *cD, float sc, int lane) {
+  const int t2 = (lane & 3) * 2;
+  if (a.drop_seed != nullptr)
+    oss_attn_dropout_keep<true, 1, NTQ>(keep, a, seed, (int64_t)b * a.hq + h, kw0, i0 + q0, lane);
+  oss_wgmma_wait<0>();
+  oss_wgmma_fence_operand<NTQ>(pT);
+  if (a.drop_seed != nullptr)
+    oss_attn_dropout_apply<1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(pT), keep, a.drop_scale);
+  const oss_attn_var_consts vc = oss_attn_var_consts_of(a, b, h);
+  oss_attn_var_each<true, 1, NTQ, false>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a, vc, 0, kw0, i0 + q0, lane,
+                                         [&](int, int n, int e, float x, float dcap) {
+                                           const int c = n * 8 + t2 + (e & 1); /* the query's index */
+                                           const float p = oss_ex2(x - cL[c]);
+                                           sT[n][e] = p;
+                                           pT[n][e] = (p * sc * dcap) * (pT[n][e] - cD[c]);
+                                         });
+}
+
 /* The producer's copies (one thread): query block it = 0 .. niter - 1 (query
  * head hk * group + it / nqe, block qb0 + it % nqe) into stage it % STAGES:
  * Q and dO by bulk tensor copies (KD / 64 boxes of 64 columns by BR rows,
@@ -428,24 +457,7 @@ __global__ void __launch_bounds__(384, 1)
 
     oss_attn_keep<1, NTQ> keep; /* dropout's kept weights (VAR) */
     if constexpr (VAR) {
-      /* dropout: the kept weights drawn while dP^T is computed, then dP^T
-       * times Z k, so that dS = P (Z k dP - D) */
-      if (a.drop_seed != nullptr)
-        oss_attn_dropout_keep<true, 1, NTQ>(keep, a, seed, (int64_t)b * a.hq + h, kw0, i0, lane);
-      /* one pass per element, as in the mma.sync kernel: the variants' score,
-       * P^T, and dS'^T through the softcap's derivative (so dP^T first) */
-      oss_wgmma_wait<0>();
-      oss_wgmma_fence_operand<NTQ>(pT);
-      if (a.drop_seed != nullptr)
-        oss_attn_dropout_apply<1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(pT), keep, a.drop_scale);
-      const oss_attn_var_consts vc = oss_attn_var_consts_of(a, b, h);
-      oss_attn_var_each<true, 1, NTQ, false>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a, vc, 0, kw0, i0, lane,
-                                             [&](int, int n, int e, float x, float dcap) {
-                                               const int c = n * 8 + t2 + (e & 1); /* the query's row */
-                                               const float p = oss_ex2(x - cL[c]);
-                                               sT[n][e] = p;
-                                               pT[n][e] = (p * sc * dcap) * (pT[n][e] - cD[c]);
-                                             });
+      oss_attn_bwd_sm90_var_probs<NTQ>(sT, pT, keep, a, seed, b, h, kw0, i0, 0, cL, cD, sc, lane);
     } else {
       /* P^T; the scores to mask: the causal rule and the end of the keys */
       const bool need_mask = MASK_TENSOR || j0 + BC > a.lk ||
@@ -687,23 +699,7 @@ __global__ void __launch_bounds__(384, 1)
     float rsum[NTQ][2];
     oss_attn_keep<1, NTQ> keep; /* dropout's kept weights (VAR) */
     if constexpr (VAR) {
-      /* as in the key-split kernel: dropout's kept weights drawn while dP^T
-       * is computed, dP^T times Z k, then P^T and dS'^T in one pass per
-       * element through the variants (dS' takes the softcap's derivative) */
-      if (a.drop_seed != nullptr)
-        oss_attn_dropout_keep<true, 1, NTQ>(keep, a, seed, (int64_t)b * a.hq + h, kw0, i0 + q0, lane);
-      oss_wgmma_wait<0>();
-      oss_wgmma_fence_operand<NTQ>(pT);
-      if (a.drop_seed != nullptr)
-        oss_attn_dropout_apply<1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(pT), keep, a.drop_scale);
-      const oss_attn_var_consts vc = oss_attn_var_consts_of(a, b, h);
-      oss_attn_var_each<true, 1, NTQ, false>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a, vc, 0, kw0, i0 + q0, lane,
-                                             [&](int, int n, int e, float x, float dcap) {
-                                               const int c = n * 8 + t2 + (e & 1); /* the query's column */
-                                               const float p = oss_ex2(x - cL[c]);
-                                               sT[n][e] = p;
-                                               pT[n][e] = (p * sc * dcap) * (pT[n][e] - cD[c]);
-                                             });
+      oss_attn_bwd_sm90_var_probs<NTQ>(sT, pT, keep, a, seed, b, h, kw0, i0, q0, cL, cD, sc, lane);
 #pragma unroll
       for (int n = 0; n < NTQ; n++)
 #pragma unroll
