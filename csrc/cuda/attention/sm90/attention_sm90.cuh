@@ -250,8 +250,9 @@ __device__ __forceinline__ void oss_sm90_zero_rows(T *tile, int first, int t, in
  * rows g and g + 8, columns 8n + 2t and 8n + 2t + 1), times `scale` and
  * rounded to T, to global rows dst + r * ld for r < nrows, columns < ncols,
  * through `stage` (shared memory, 16-byte aligned, free for the warpgroup:
- * 64 rows of 8 NO elements, NO rounded up to a multiple of 8): each thread stores its pairs there (16-byte chunk c of
- * row r at chunk c ^ (r % 8), so a warp's pairs fall in 32 banks), the
+ * 64 rows of 8 NO elements, NO rounded up to a multiple of 8): each thread
+ * stores its pairs there (16-byte chunk c of row r at chunk c ^ (r % 8), so a
+ * warp's pairs fall in 32 banks), the
  * warpgroup meets at named barrier `bar` (t: the thread's index in it), and
  * each thread then copies whole 16-byte chunks to global memory (element by
  * element where `vec`, rows of 16-byte aligned vectors, does not hold, and
