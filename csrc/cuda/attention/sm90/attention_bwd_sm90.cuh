@@ -586,10 +586,13 @@ __global__ void __launch_bounds__(384, 1)
  *   head-dim columns [HD/2 w, HD/2 w + HD/2) (A from shared memory: P^T,
  *   dS'^T K-major, dS' MN-major; B MN-major), so a thread keeps HD / 2 floats
  *   of dK and of dV. dQ_blk is added to the float32 accumulator by atomics
- *   (red.global.add of float pairs, rows < Lq, column blocks < D) straight
- *   from the registers, while dV's and dK's products run: the shared memory
- *   has no room for a staged block next to two stages of Q and dO at head dim
- *   256, and the additions' issue is what bounds the kernel. dQ's centring:
+ *   (red.global.add of float pairs, unguarded: rows past Lq are the
+ *   workspace's padding rows, of weight 0, and its pitch covers all HD
+ *   columns) straight from the registers, half of them while dV's and dK's
+ *   products run and half under the next block's dP^T product (VAR: all
+ *   under dV and dK): the shared memory has no room for a staged block next
+ *   to two stages of Q and dO at head dim 256, and the additions' issue is
+ *   what bounds the kernel. dQ's centring:
  *   each warp sums its 16 keys' rounded dS' per query with shuffles and adds
  *   the sums to the accumulator's column dq_ld - 4; the mean K rows come from
  *   their own pass (oss_attn_bwd_means).
@@ -670,6 +673,13 @@ __global__ void __launch_bounds__(384, 1)
   oss_named_sync(BAR_CONSUMERS, NCONS);
 
   constexpr uint32_t hi = oss_wgmma_desc_hi(1024);
+  /* dQ_blk's last NL column blocks are added under the next block's dP^T
+   * product (kept in registers till then, with their rows' addresses), the
+   * first NE under this block's dV and dK products; the variants' kernel
+   * adds all at once (its registers are fuller) */
+  constexpr int NL = VAR ? 0 : NO / 2, NE = NO - NL;
+  float dq_next[NL > 0 ? NL : 1][4];
+  float *next_r0 = nullptr, *next_r1 = nullptr;
 #pragma unroll 1
   for (int it = 0; it < niter; it++) {
     const int st = it % STAGES;
@@ -693,6 +703,8 @@ __global__ void __launch_bounds__(384, 1)
     oss_wgmma_commit();
     oss_wgmma_wait<1>();
     oss_wgmma_fence_operand<NTQ>(sT);
+    if constexpr (NL > 0)
+      if (atomic_dq && it > 0) oss_red_add_rows_f32x2<NL>(next_r0, next_r1, dq_next);
 
     /* dS'^T, and the sums over this warp's keys of its values rounded to T
      * (dQ's centring: dQ_blk is computed from the rounded values) */
@@ -789,20 +801,31 @@ __global__ void __launch_bounds__(384, 1)
           if (i0 + q < a.lq) atomicAdd(a.dq_acc + (row0 + q) * a.dq_ld + (a.dq_ld - 4), rsum[n][e]);
         }
 
-    /* dQ_blk's rows kr + g (+8) of the block, columns c0 + 8n + t2 (+1) < D */
+    /* dQ_blk's rows kr + g (+8) of the block, columns c0 + 8n + t2 (+1) */
     oss_wgmma_wait<1>();
     oss_wgmma_fence_operand<NO>(dq);
+    /* No guards: the accumulator's rows past the queries are padding
+     * (weight 0: they receive zeros) and its pitch covers the kernel's HD
+     * columns (those past D receive dS' times K's zero columns); none of
+     * them is read */
     if (atomic_dq) {
       float *row = a.dq_acc + (row0 + kr + g) * a.dq_ld + c0 + t2;
-      const int ncols = a.d - c0;
-      oss_red_add_rows_f32x2<NO>(row, row + 8 * a.dq_ld, dq, i0 + kr + g < a.lq ? ncols : 0,
-                                 i0 + kr + g + 8 < a.lq ? ncols : 0);
+      oss_red_add_rows_f32x2<NE>(row, row + 8 * a.dq_ld, reinterpret_cast<const float(&)[NE][4]>(dq));
+      next_r0 = row + NE * 8;
+      next_r1 = row + 8 * a.dq_ld + NE * 8;
     }
+    if constexpr (NL > 0)
+#pragma unroll
+      for (int n = 0; n < NL; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dq_next[n][e] = dq[NE + n][e];
     oss_wgmma_wait<0>();
     oss_wgmma_fence_operand<NO>(dV);
     oss_wgmma_fence_operand<NO>(dK);
     oss_mbar_arrive(&empty[st]); /* the stage's Q, dO, lse and D are read */
   }
+  if constexpr (NL > 0)
+    if (atomic_dq && niter > 0) oss_red_add_rows_f32x2<NL>(next_r0, next_r1, dq_next);
 
   /* dK and dV: all 64 keys, this warpgroup's columns, staged in its own
    * column blocks of K and V (which only its dQ products read) */
