@@ -158,12 +158,14 @@ def test_cpu_attention_backward_bitwise_and_independent_of_thread_count(cpu_thre
 # and keys in more blocks than an H100 has SMs, bottom-right causal (the
 # first key blocks all reach query block 0 at once); head dim 256, whose
 # Hopper backward leaves dQ to the query-major kernel in deterministic mode
+# (causal with GQA, and a full square)
 CUDA_ONLY_CASES = [
     (1, 4, 4, 2048, 2048, 64, False, "top_left", None),
     (1, 2, 1, 300, 20000, 128, True, "bottom_right", None),
     (1, 4, 2, 300, 700, 256, True, "top_left", None),
+    (1, 4, 4, 2048, 2048, 256, False, "top_left", None),
 ]
-CUDA_ONLY_IDS = ["square_2k", "keys_20k_causal_br", "d256_gqa2_causal"]
+CUDA_ONLY_IDS = ["square_2k", "keys_20k_causal_br", "d256_gqa2_causal", "d256_square_2k"]
 
 CUDA_MARKS = cuda_param(None).marks
 # the CPU backward is deterministic in any mode: there, float32 and the two cheaper cases
