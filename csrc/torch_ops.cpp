@@ -1837,7 +1837,9 @@ TORCH_LIBRARY(oss, m) {
       "Tensor target, Tensor lse, int ignore_index, float label_smoothing, float z_loss) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(oss, CPU, m) {
+// The same entry points serve CPU and CUDA tensors: each op picks the C API
+// call (CPU or CUDA) for its inputs' device.
+static void impl_device_kernels(torch::Library &m) {
   m.impl("softmax", &softmax_op);
   m.impl("softmax_backward", &softmax_backward_op);
   m.impl("log_softmax", &log_softmax_op);
@@ -1855,6 +1857,8 @@ TORCH_LIBRARY_IMPL(oss, CPU, m) {
   m.impl("cross_entropy_forward_backward_", &cross_entropy_forward_backward_inplace_op);
   m.impl("cross_entropy_backward_scaled_", &cross_entropy_backward_scaled_op);
 }
+
+TORCH_LIBRARY_IMPL(oss, CPU, m) { impl_device_kernels(m); }
 
 TORCH_LIBRARY_IMPL(oss, Autograd, m) {
   m.impl("softmax", &softmax_autograd<false>);
@@ -1872,24 +1876,7 @@ TORCH_LIBRARY_IMPL(oss, Autograd, m) {
 }
 
 #ifdef OSS_WITH_CUDA
-TORCH_LIBRARY_IMPL(oss, CUDA, m) {
-  m.impl("softmax", &softmax_op);
-  m.impl("softmax_backward", &softmax_backward_op);
-  m.impl("log_softmax", &log_softmax_op);
-  m.impl("log_softmax_backward", &log_softmax_backward_op);
-  m.impl("attention", &attention_op);
-  m.impl("attention_with_residual", &attention_with_residual_op);
-  m.impl("attention_backward", &attention_backward_op);
-  m.impl("attention_backward_with_sinks", &attention_backward_with_sinks_op);
-  m.impl("attention_with_kvcache", &attention_with_kvcache_op);
-  m.impl("attention_varlen", &attention_varlen_op);
-  m.impl("attention_varlen_backward", &attention_varlen_backward_op);
-  m.impl("cross_entropy", &cross_entropy_op);
-  m.impl("cross_entropy_backward", &cross_entropy_backward_op);
-  m.impl("cross_entropy_forward_backward", &cross_entropy_forward_backward_op);
-  m.impl("cross_entropy_forward_backward_", &cross_entropy_forward_backward_inplace_op);
-  m.impl("cross_entropy_backward_scaled_", &cross_entropy_backward_scaled_op);
-}
+TORCH_LIBRARY_IMPL(oss, CUDA, m) { impl_device_kernels(m); }
 #endif
 
 // ---------------------------------------------------------------------------
