@@ -598,11 +598,13 @@ __global__ void __launch_bounds__(384, 1)
  *   their own pass (oss_attn_bwd_means).
  *   Deterministic mode: no atomics (dK and dV are summed in registers in one
  *   order); the mma.sync query-major dQ kernel computes dQ after it, as in
- *   the mma.sync backward.
+ *   the mma.sync backward, and this kernel runs without the dQ product (DQ =
+ *   false: four products a block instead of five; the VAR instantiation
+ *   computes it and drops it).
  *   VAR: the score variants and dropout as in the key-split kernel.
  * Limits: as the key-split kernel's, and no mask tensor (the launcher runs the
  * mma.sync backward for it). */
-template <typename T, int HD, int BR, int BC, int STAGES, bool VAR = false>
+template <typename T, int HD, int BR, int BC, int STAGES, bool VAR = false, bool DQ = true>
 __global__ void __launch_bounds__(384, 1)
     oss_attn_bwd_sm90_wide_kernel(const __grid_constant__ oss_attn_args args,
                                   const __grid_constant__ oss_attn_bwd_sm90_maps maps) {
@@ -634,9 +636,11 @@ __global__ void __launch_bounds__(384, 1)
   oss_attn_bwd_query_blocks<BR>(a, j0, &qb0, &nqe, BC);
   const int niter = a.group * nqe;
   /* else (deterministic mode, or no accumulator) the query-major dQ kernel
-   * computes dQ after this one; the dQ product still runs (a condition around
-   * a wgmma makes ptxas serialise every wgmma of the kernel) */
-  const bool atomic_dq = a.dq_acc != nullptr && a.dq_sem == nullptr;
+   * computes dQ after this one: the launcher then runs the instantiation
+   * without the dQ product (DQ = false; the VAR one computes it and drops it:
+   * a condition around a wgmma would make ptxas serialise every wgmma of the
+   * kernel) */
+  const bool atomic_dq = DQ && a.dq_acc != nullptr && a.dq_sem == nullptr;
 
   oss_attn_bwd_sm90_init_stages<STAGES>(full, empty, NCONS); /* the only CTA-wide barrier */
 
@@ -677,7 +681,7 @@ __global__ void __launch_bounds__(384, 1)
    * product (kept in registers till then, with their rows' addresses), the
    * first NE under this block's dV and dK products; the variants' kernel
    * adds all at once (its registers are fuller) */
-  constexpr int NL = VAR ? 0 : NO / 2, NE = NO - NL;
+  constexpr int NL = VAR || !DQ ? 0 : NO / 2, NE = NO - NL;
   float dq_next[NL > 0 ? NL : 1][4];
   float *next_r0 = nullptr, *next_r1 = nullptr;
 #pragma unroll 1
@@ -712,11 +716,12 @@ __global__ void __launch_bounds__(384, 1)
     oss_attn_keep<1, NTQ> keep; /* dropout's kept weights (VAR) */
     if constexpr (VAR) {
       oss_attn_bwd_sm90_var_probs<NTQ>(sT, pT, keep, a, seed, b, h, kw0, i0, q0, cL, cD, sc, lane);
+      if constexpr (DQ)
 #pragma unroll
-      for (int n = 0; n < NTQ; n++)
+        for (int n = 0; n < NTQ; n++)
 #pragma unroll
-        for (int e = 0; e < 2; e++)
-          rsum[n][e] = oss_to_float(oss_from_float<T>(pT[n][e])) + oss_to_float(oss_from_float<T>(pT[n][e + 2]));
+          for (int e = 0; e < 2; e++)
+            rsum[n][e] = oss_to_float(oss_from_float<T>(pT[n][e])) + oss_to_float(oss_from_float<T>(pT[n][e + 2]));
     } else {
       /* P^T; the scores to mask: the causal rule and the end of the keys */
       const bool need_mask =
@@ -729,9 +734,10 @@ __global__ void __launch_bounds__(384, 1)
         const float2 dd = *reinterpret_cast<const float2 *>(cD + n * 8 + t2);
 #pragma unroll
         for (int e = 0; e < 4; e++) pT[n][e] = (sT[n][e] * sc) * (pT[n][e] - ((e & 1) ? dd.y : dd.x));
+        if constexpr (DQ)
 #pragma unroll
-        for (int e = 0; e < 2; e++)
-          rsum[n][e] = oss_to_float(oss_from_float<T>(pT[n][e])) + oss_to_float(oss_from_float<T>(pT[n][e + 2]));
+          for (int e = 0; e < 2; e++)
+            rsum[n][e] = oss_to_float(oss_from_float<T>(pT[n][e])) + oss_to_float(oss_from_float<T>(pT[n][e + 2]));
       }
     }
     uint32_t pa[1][NTQ / 2][4], dsa[1][NTQ / 2][4];
@@ -757,20 +763,24 @@ __global__ void __launch_bounds__(384, 1)
      * blocks BR * 128 bytes apart, 16 rows per k-step), all over columns
      * c0 .. c0 + HW: dQ_blk's additions to the accumulator run under dV's and
      * dK's products */
-    float dq[NO][4];
+    float dq[DQ ? NO : 1][4];
+    if constexpr (DQ) {
 #pragma unroll
-    for (int n = 0; n < NO; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
-    oss_wgmma_fence_operand<NO>(dq);
+      for (int n = 0; n < NO; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+      oss_wgmma_fence_operand<NO>(dq);
+    }
     oss_wgmma_fence_operand<NO>(dV);
     oss_wgmma_fence_operand<NO>(dK);
     oss_wgmma_fence();
-    const uint32_t dsm_lo = oss_wgmma_desc_lo(oss_smem_u32(tdS), BC * 128);
-    const uint32_t k_lo = oss_wgmma_desc_lo(oss_smem_u32(sK + (c0 >> 6) * BC * 64), BC * 128);
+    if constexpr (DQ) {
+      const uint32_t dsm_lo = oss_wgmma_desc_lo(oss_smem_u32(tdS), BC * 128);
+      const uint32_t k_lo = oss_wgmma_desc_lo(oss_smem_u32(sK + (c0 >> 6) * BC * 64), BC * 128);
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; kk++)
-      oss_wgmma<T, HW>::template ss<1, 1>(dq, oss_wgmma_desc_join(dsm_lo + kk * 128, hi),
-                                          oss_wgmma_desc_join(k_lo + kk * 128, hi), kk > 0);
-    oss_wgmma_commit();
+      for (int kk = 0; kk < BC / 16; kk++)
+        oss_wgmma<T, HW>::template ss<1, 1>(dq, oss_wgmma_desc_join(dsm_lo + kk * 128, hi),
+                                            oss_wgmma_desc_join(k_lo + kk * 128, hi), kk > 0);
+      oss_wgmma_commit();
+    }
     const uint32_t p_lo = oss_wgmma_desc_lo(oss_smem_u32(tP), 16), ds_lo = oss_wgmma_desc_lo(oss_smem_u32(tdS), 16);
     const uint32_t do_lo = oss_wgmma_desc_lo(oss_smem_u32(tdO + (c0 >> 6) * BR * 64), BR * 128);
     const uint32_t q_lo = oss_wgmma_desc_lo(oss_smem_u32(tQ + (c0 >> 6) * BR * 64), BR * 128);
@@ -784,41 +794,43 @@ __global__ void __launch_bounds__(384, 1)
                                           oss_wgmma_desc_join(q_lo + kk * 128, hi), 1);
     oss_wgmma_commit();
 
-    /* the centring's sums over the warp's 16 keys, while the products run */
+    if constexpr (DQ) {
+      /* the centring's sums over the warp's 16 keys, while the products run */
 #pragma unroll
-    for (int m = 4; m < 32; m <<= 1)
+      for (int m = 4; m < 32; m <<= 1)
 #pragma unroll
-      for (int n = 0; n < NTQ; n++)
+        for (int n = 0; n < NTQ; n++)
 #pragma unroll
-        for (int e = 0; e < 2; e++) rsum[n][e] += __shfl_xor_sync(0xffffffffu, rsum[n][e], m);
-    const int64_t row0 = oss_attn_ws_row(a, b, h) + i0;
-    if (g == 0 && atomic_dq && a.kmean != nullptr)
+          for (int e = 0; e < 2; e++) rsum[n][e] += __shfl_xor_sync(0xffffffffu, rsum[n][e], m);
+      const int64_t row0 = oss_attn_ws_row(a, b, h) + i0;
+      if (g == 0 && atomic_dq && a.kmean != nullptr)
 #pragma unroll
-      for (int n = 0; n < NTQ; n++)
+        for (int n = 0; n < NTQ; n++)
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
-          const int q = q0 + n * 8 + t2 + e;
-          if (i0 + q < a.lq) atomicAdd(a.dq_acc + (row0 + q) * a.dq_ld + (a.dq_ld - 4), rsum[n][e]);
-        }
+          for (int e = 0; e < 2; e++) {
+            const int q = q0 + n * 8 + t2 + e;
+            if (i0 + q < a.lq) atomicAdd(a.dq_acc + (row0 + q) * a.dq_ld + (a.dq_ld - 4), rsum[n][e]);
+          }
 
-    /* dQ_blk's rows kr + g (+8) of the block, columns c0 + 8n + t2 (+1) */
-    oss_wgmma_wait<1>();
-    oss_wgmma_fence_operand<NO>(dq);
-    /* No guards: the accumulator's rows past the queries are padding
-     * (weight 0: they receive zeros) and its pitch covers the kernel's HD
-     * columns (those past D receive dS' times K's zero columns); none of
-     * them is read */
-    if (atomic_dq) {
-      float *row = a.dq_acc + (row0 + kr + g) * a.dq_ld + c0 + t2;
-      oss_red_add_rows_f32x2<NE>(row, row + 8 * a.dq_ld, reinterpret_cast<const float(&)[NE][4]>(dq));
-      next_r0 = row + NE * 8;
-      next_r1 = row + 8 * a.dq_ld + NE * 8;
+      /* dQ_blk's rows kr + g (+8) of the block, columns c0 + 8n + t2 (+1) */
+      oss_wgmma_wait<1>();
+      oss_wgmma_fence_operand<NO>(dq);
+      /* No guards: the accumulator's rows past the queries are padding
+       * (weight 0: they receive zeros) and its pitch covers the kernel's HD
+       * columns (those past D receive dS' times K's zero columns); none of
+       * them is read */
+      if (atomic_dq) {
+        float *row = a.dq_acc + (row0 + kr + g) * a.dq_ld + c0 + t2;
+        oss_red_add_rows_f32x2<NE>(row, row + 8 * a.dq_ld, reinterpret_cast<const float(&)[NE][4]>(dq));
+        next_r0 = row + NE * 8;
+        next_r1 = row + 8 * a.dq_ld + NE * 8;
+      }
+      if constexpr (NL > 0)
+#pragma unroll
+        for (int n = 0; n < NL; n++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) dq_next[n][e] = dq[NE + n][e];
     }
-    if constexpr (NL > 0)
-#pragma unroll
-      for (int n = 0; n < NL; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) dq_next[n][e] = dq[NE + n][e];
     oss_wgmma_wait<0>();
     oss_wgmma_fence_operand<NO>(dV);
     oss_wgmma_fence_operand<NO>(dK);
@@ -858,18 +870,30 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
                                  oss_attn_launch_fn dq_det, oss_attn_launch_fn fallback) {
   typedef oss_attn_bwd_sm90_cfg<HD> C;
   static_assert(!C::WIDE || !MASK_TENSOR, "the column-split kernel reads no mask tensor");
-  void (*kernel)(const oss_attn_args, const oss_attn_bwd_sm90_maps);
+  typedef void (*kernel_fn)(const oss_attn_args, const oss_attn_bwd_sm90_maps);
+  kernel_fn kernel;
   size_t smem;
+  int regs;
+  /* the setmaxnreg budgets hold only if the kernel launches with the
+   * registers they assume (see OSS_SM90_LAUNCH_REGS) */
   if constexpr (C::WIDE) {
-    kernel = oss_attn_bwd_sm90_wide_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR>;
+    /* without atomic additions to dq_acc the query-major kernel computes dQ:
+     * the plain instantiation without the dQ product then; the variants' is
+     * built once, with it */
+    constexpr bool DQ_ALWAYS = VAR;
+    constexpr kernel_fn with_dq = oss_attn_bwd_sm90_wide_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR, true>;
+    constexpr kernel_fn without_dq = oss_attn_bwd_sm90_wide_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR, DQ_ALWAYS>;
+    static const int regs_with = oss_kernel_regs(with_dq), regs_without = oss_kernel_regs(without_dq);
+    const bool atomic_dq = a->dq_acc != NULL && a->dq_sem == NULL;
+    kernel = atomic_dq ? with_dq : without_dq;
+    regs = atomic_dq ? regs_with : regs_without;
     smem = oss_attn_bwd_sm90_wide_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
   } else {
     kernel = oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR, MASK_TENSOR>;
     smem = oss_attn_bwd_sm90_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
+    static const int regs_once = oss_kernel_regs(kernel);
+    regs = regs_once;
   }
-  /* the setmaxnreg budgets hold only if the kernel launches with the
-   * registers they assume (see OSS_SM90_LAUNCH_REGS) */
-  static const int regs = oss_kernel_regs(kernel);
   if (a->lk > 0) {
     oss_attn_bwd_sm90_maps maps;
     const bool packed = a->cu_q != NULL; /* a variable-length batch: one batch of the packed rows */
