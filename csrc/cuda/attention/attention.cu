@@ -530,7 +530,8 @@ static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params
    * 64 rows, the smaller of its query blocks; not for variable-length
    * batches); elsewhere the query-major dQ kernel writes dq. */
   const int sm90 = oss_attn_has_variants(p) ? e->bwd_var[OSS_ATTN_SM90] != NULL : e->bwd[OSS_ATTN_SM90] != NULL;
-  if (!bp->deterministic || (sm90 && L.ws_rows == 0)) {
+  const int dq_wgmma = getenv("OSS_DQ_WGMMA") != NULL && hd > 128 && !oss_attn_has_variants(p) && L.ws_rows == 0;
+  if ((!bp->deterministic || (sm90 && L.ws_rows == 0)) && !dq_wgmma) {
     /* rows padded by 16 bytes, 32 for the Hopper kernel: it stages a dQ
      * block in shared memory with that pitch (oss_attn_bwd_sm90_dq_pitch,
      * against bank conflicts) and adds it to the accumulator with one bulk

@@ -73,6 +73,7 @@
 #define OSS_ATTENTION_BWD_SM90_CUH
 
 #include "cuda/attention/mma/attention_bwd.cuh"
+#include "cuda/attention/sm90/attention_bwd_dq_sm90.cuh"
 #include "cuda/attention/sm90/attention_sm90.cuh"
 
 template <int HD> struct oss_attn_bwd_sm90_cfg {
@@ -923,6 +924,7 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
   if (a->dq_sem != NULL && !C::WIDE)
     return a->lq > 0 ? oss_attn_bwd_dq_convert(a, std::is_same<T, __half>::value ? OSS_FLOAT16 : OSS_BFLOAT16, stream)
                      : OSS_OK;
+  if constexpr (C::WIDE && !VAR) return oss_attn_bwd_dq_sm90_run<T, HD>(a, stream, dev, dq_det);
   return dq_det(a, stream, dev);
 }
 
