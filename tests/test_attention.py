@@ -101,10 +101,11 @@ def test_forward_and_backward(device, dtype, is_causal, alignment, case):
     check_backward(q, k, v, is_causal=is_causal, alignment=alignment, label=label)
 
 
-# On an H100 head dims 64 and 128 run the Hopper wgmma forward and backward, 192
-# and 256 its forward; the other head dims run the kernels of the next of them,
-# zero-padded (32 -> 64, 96 -> 128, 160 -> 192; above 128 the mma.sync backward);
-# attention_kernels(forward="mma", backward="mma") forces mma.sync. Both families are checked
+# On an H100 head dims 64, 96, 128 and 256 run the Hopper wgmma forward and
+# backward (256: the column-split backward, then the query-major dQ kernel), 192
+# its forward and 256's backward; the other head dims run the kernels of the next
+# of them, zero-padded (32 -> 64, 160 -> 192, 200 -> 256; Lq > Lk bottom-right
+# leaves whole query blocks seeing no key); attention_kernels(forward="mma", backward="mma") forces mma.sync. Both families are checked
 # on the same cases: lengths across several tiles and off the tile size,
 # Dv != D, GQA, padded head dims, one query, a mask, unaligned rows
 # (test_determinism.py runs the deterministic backward of the default family).
@@ -122,6 +123,7 @@ KERNEL_CASES = [
     (2, 2, 1, 300, 400, 80, 80),
     (1, 2, 2, 150, 260, 192, 192),
     (2, 4, 2, 300, 520, 192, 128),
+    (1, 3, 1, 260, 130, 256, 256),
 ]
 
 

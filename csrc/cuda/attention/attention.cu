@@ -496,6 +496,20 @@ typedef struct oss_attn_bwd_layout {
   size_t sem_bytes; /* deterministic mode's dQ counters (0: none) */
 } oss_attn_bwd_layout;
 
+/* Does the backward leave dQ to the Hopper query-major kernel in either mode
+ * (no accumulator then)? The column-split backward (the Hopper kernels above
+ * head dim 128) does for dense batches without a mask tensor or the variants
+ * (oss_attn_bwd_sm90_run): on an sm_90 device running the Hopper family, as
+ * oss_attn_select picks it. */
+static bool oss_attn_bwd_dq_query_major(const oss_attention_params *p, const oss_attn_kernel_entry *e,
+                                        int64_t ws_rows) {
+  oss_device_info dev;
+  if (oss_attn_has_variants(p) || p->mask_kind != OSS_MASK_NONE || ws_rows > 0 || e->bwd_sm90_head_dim <= 128 ||
+      oss_get_device_info(&dev) != OSS_OK)
+    return false;
+  return e->bwd[OSS_ATTN_SM90] != NULL && oss_attn_select(e->bwd, &dev, true) == e->bwd[OSS_ATTN_SM90];
+}
+
 static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params *bp) {
   const oss_attention_params *p = &bp->fwd;
   oss_attn_bwd_layout L;
@@ -525,13 +539,13 @@ static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params
                                (size_t)((p->len_k + OSS_ATTN_MEAN_CHUNK - 1) / OSS_ATTN_MEAN_CHUNK) * kd * 8);
   L.off_kmean = L.total;
   L.total += oss_attn_round256((size_t)(p->batch * p->heads_kv) * kd * 4);
-  /* Deterministic mode keeps the accumulator only for the Hopper backward,
-   * which orders its additions by counters (one per query head and block of
-   * 64 rows, the smaller of its query blocks; not for variable-length
-   * batches); elsewhere the query-major dQ kernel writes dq. */
+  /* Deterministic mode keeps the accumulator only for the Hopper key-split
+   * backward, which orders its additions by counters (one per query head and
+   * block of 64 rows, the smaller of its query blocks; not for
+   * variable-length batches); elsewhere, and in either mode after the
+   * column-split backward where it can, a query-major dQ kernel writes dq. */
   const int sm90 = oss_attn_has_variants(p) ? e->bwd_var[OSS_ATTN_SM90] != NULL : e->bwd[OSS_ATTN_SM90] != NULL;
-  const int dq_wgmma = getenv("OSS_DQ_WGMMA") != NULL && hd > 128 && !oss_attn_has_variants(p) && L.ws_rows == 0;
-  if ((!bp->deterministic || (sm90 && L.ws_rows == 0)) && !dq_wgmma) {
+  if ((!bp->deterministic || (sm90 && L.ws_rows == 0)) && !oss_attn_bwd_dq_query_major(p, e, L.ws_rows)) {
     /* rows padded by 16 bytes, 32 for the Hopper kernel: it stages a dQ
      * block in shared memory with that pitch (oss_attn_bwd_sm90_dq_pitch,
      * against bank conflicts) and adds it to the accumulator with one bulk

@@ -69,7 +69,8 @@ typedef struct oss_attn_args {
   void *dsum;
   void *inv_l;    /* SIMT only */
   /* dq_acc: workspace [rows of oss_attn_ws_row][dq_ld] float, or NULL (SIMT;
-   * deterministic mode without the Hopper backward). Columns dq_ld - 4 and
+   * deterministic mode without the Hopper key-split backward; the Hopper
+   * column-split backward where its query-major dQ kernel runs). Columns dq_ld - 4 and
    * dq_ld - 3 of a row (padding past the kernels' head dims) take the row
    * sums of the rounded dS' for dQ's centring. dq_sem (deterministic mode
    * only, else NULL): one counter per 64 workspace rows, which orders the

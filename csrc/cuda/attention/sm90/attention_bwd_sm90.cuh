@@ -597,11 +597,13 @@ __global__ void __launch_bounds__(384, 1)
  *   each warp sums its 16 keys' rounded dS' per query with shuffles and adds
  *   the sums to the accumulator's column dq_ld - 4; the mean K rows come from
  *   their own pass (oss_attn_bwd_means).
- *   Deterministic mode: no atomics (dK and dV are summed in registers in one
- *   order); the mma.sync query-major dQ kernel computes dQ after it, as in
- *   the mma.sync backward, and this kernel runs without the dQ product (DQ =
- *   false: four products a block instead of five; the VAR instantiation
- *   computes it and drops it).
+ *   Without an accumulator (dense batches without the variants, in either
+ *   mode; deterministic mode for the rest) the kernel adds nothing (dK and
+ *   dV are summed in registers in one order) and runs without the dQ product
+ *   (DQ = false: four products a block instead of five; the VAR
+ *   instantiation computes it and drops it); a query-major kernel computes
+ *   dQ after it: the wgmma one (attention_bwd_dq_sm90.cuh) where it can,
+ *   which measured faster than the additions, else the mma.sync one.
  *   VAR: the score variants and dropout as in the key-split kernel.
  * Limits: as the key-split kernel's, and no mask tensor (the launcher runs the
  * mma.sync backward for it). */
@@ -856,12 +858,14 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-/* Launches the kernel over the call's key blocks. In the default mode dq_det
- * (the mma.sync query-major dQ pass, from its own generated file) then does
- * nothing and the caller converts the accumulator; in deterministic mode
- * (a->dq_sem) the key-split kernel's ordered additions fill it and this
- * converts it, while after the column-split kernel dq_det computes dq (as it
- * does for either without an accumulator). Where the copy engine cannot
+/* Launches the kernel over the call's key blocks. With an accumulator and no
+ * counters dq_det (the mma.sync query-major dQ pass, from its own generated
+ * file) then does nothing and the caller converts the accumulator; in
+ * deterministic mode (a->dq_sem) the key-split kernel's ordered additions
+ * fill it and this converts it; without an accumulator, and after the
+ * column-split kernel in deterministic mode, the query-major pass computes
+ * dq: for the column-split kernel without the variants the wgmma one
+ * (oss_attn_bwd_dq_sm90_run, falling back to dq_det), else dq_det. Where the copy engine cannot
  * address q or dout, or the kernel's register budget does not hold, or a
  * deterministic call has a variable-length batch (key-split kernel),
  * `fallback` (the mma.sync backward of the same gradients, whose dQ pass
