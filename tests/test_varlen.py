@@ -284,7 +284,7 @@ def test_long_sequences_cuda(device, dtype, causal, alignment, head_dim):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_non_finite_neighbour_leaves_a_sequence_alone(device, dtype, head_dim, causal):
     """The CUDA kernels load whole tiles, so a sequence's last tile of queries

@@ -498,16 +498,17 @@ typedef struct oss_attn_bwd_layout {
 
 /* Does the backward leave dQ to the Hopper query-major kernel in either mode
  * (no accumulator then)? The column-split backward (the Hopper kernels above
- * head dim 128) does for dense batches without a mask tensor or the variants
- * (oss_attn_bwd_sm90_run): on an sm_90 device running the Hopper family, as
- * oss_attn_select picks it. */
-static bool oss_attn_bwd_dq_query_major(const oss_attention_params *p, const oss_attn_kernel_entry *e,
-                                        int64_t ws_rows) {
+ * head dim 128, with the variants or without) does, for calls without a mask
+ * tensor (oss_attn_bwd_sm90_run): on an sm_90 device running the Hopper
+ * family, as oss_attn_select picks it. */
+static bool oss_attn_bwd_dq_query_major(const oss_attention_params *p, const oss_attn_kernel_entry *e) {
+  const bool var = oss_attn_has_variants(p);
+  const oss_attn_launch_fn *fns = var ? e->bwd_var : e->bwd;
+  const int hd = var ? e->var_head_dim : e->bwd_sm90_head_dim;
   oss_device_info dev;
-  if (oss_attn_has_variants(p) || p->mask_kind != OSS_MASK_NONE || ws_rows > 0 || e->bwd_sm90_head_dim <= 128 ||
-      oss_get_device_info(&dev) != OSS_OK)
+  if (p->mask_kind != OSS_MASK_NONE || hd <= 128 || fns[OSS_ATTN_SM90] == NULL || oss_get_device_info(&dev) != OSS_OK)
     return false;
-  return e->bwd[OSS_ATTN_SM90] != NULL && oss_attn_select(e->bwd, &dev, true) == e->bwd[OSS_ATTN_SM90];
+  return oss_attn_select(fns, &dev, true) == fns[OSS_ATTN_SM90];
 }
 
 static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params *bp) {
@@ -543,9 +544,9 @@ static oss_attn_bwd_layout oss_attn_bwd_plan(const oss_attention_backward_params
    * backward, which orders its additions by counters (one per query head and
    * block of 64 rows, the smaller of its query blocks; not for
    * variable-length batches); elsewhere, and in either mode after the
-   * column-split backward where it can, a query-major dQ kernel writes dq. */
+   * column-split backward, a query-major dQ kernel writes dq. */
   const int sm90 = oss_attn_has_variants(p) ? e->bwd_var[OSS_ATTN_SM90] != NULL : e->bwd[OSS_ATTN_SM90] != NULL;
-  if ((!bp->deterministic || (sm90 && L.ws_rows == 0)) && !oss_attn_bwd_dq_query_major(p, e, L.ws_rows)) {
+  if ((!bp->deterministic || (sm90 && L.ws_rows == 0)) && !oss_attn_bwd_dq_query_major(p, e)) {
     /* rows padded by 16 bytes, 32 for the Hopper kernel: it stages a dQ
      * block in shared memory with that pitch (oss_attn_bwd_sm90_dq_pitch,
      * against bank conflicts) and adds it to the accumulator with one bulk

@@ -2,8 +2,8 @@
  * attention_bwd_dq_sm90.cuh - dQ of the attention backward on Hopper's
  * warpgroup tensor cores (wgmma, sm_90a; float16 and bfloat16), query-major:
  * the same dq as attention_bwd.cuh's oss_attn_bwd_dq_mma_kernel, for the
- * column-split backward (head dim 256, and 192 zero-padded), which then runs
- * without its dQ product.
+ * column-split backward (head dim 256, and 192 zero-padded), which computes
+ * dK and dV only.
  *
  * With P = exp2(scale log2(e) Q K^T + mask - lse log2(e)) recomputed from the
  * forward's lse, dP = dO V^T, D = rowsum(dO * O) (oss_attn_bwd_pre_kernel)
@@ -41,11 +41,22 @@
  *     thread sums its rows' rounded dS' (the values the product multiplies),
  *     the quad's four sums meet at the end, and dq takes -R kbar.
  *   - dq is written from the accumulator fragments (rows < Lq, columns < D).
- * Limits: dense batches (no cu_seqlens), no mask tensor, no score variants or
- * dropout (the launcher runs the mma.sync dQ kernel for those); D and Dv up
+ *   - VAR (a separate instantiation): the score variants of oss.h per element
+ *     (oss_attn_var_each, dS' times the softcap's derivative), only the key
+ *     tiles a window reaches, and dropout (dP times Z k before that pass), as
+ *     in the mma.sync dQ kernel.
+ *   - a variable-length batch (oss.h cu_seqlens): a block is a slot of the
+ *     packed rows of its head (oss_attn_seq_slots), the copies address the
+ *     sequence's rows in one batch of the tensor maps, and the rows of the
+ *     last key tile past the sequence (the next sequence's) are zeroed once
+ *     landed.
+ * Limits: no mask tensor (the mma.sync backward runs those); D and Dv up
  * to HD (zero padded by the copy engine, whole 64-column boxes); q, k, v and
- * dout with 16-byte aligned base and strides (the tensor maps' rule); built
- * only for sm_90a (elsewhere the body traps and the launcher falls back).
+ * dout with 16-byte aligned base and strides (the tensor maps' rule; else
+ * the mma.sync dQ kernel runs); the VAR instantiation keeps 16 bytes of its
+ * block constants on the stack (ptxas), read once a tile; built only for
+ * sm_90a (elsewhere the body traps; the launcher is in the dispatch table
+ * only when the build includes that target).
  */
 #ifndef OSS_ATTENTION_BWD_DQ_SM90_CUH
 #define OSS_ATTENTION_BWD_DQ_SM90_CUH
@@ -72,7 +83,7 @@ __host__ __device__ constexpr size_t oss_attn_bwd_dq_sm90_smem_bytes() {
   return (size_t)(2 * BR + (KSTAGES + VSTAGES) * BC) * oss_sm90_cols(HD) * 2 + 1024;
 }
 
-template <typename T, int HD, int BC, int KSTAGES, int VSTAGES>
+template <typename T, int HD, int BC, int KSTAGES, int VSTAGES, bool VAR>
 __global__ void __launch_bounds__(384, 1)
     oss_attn_bwd_dq_sm90_kernel(const __grid_constant__ oss_attn_args args,
                                 const __grid_constant__ oss_attn_bwd_dq_sm90_maps maps) {
@@ -93,9 +104,14 @@ __global__ void __launch_bounds__(384, 1)
   __shared__ __align__(8) uint64_t q_full, k_full[KSTAGES], v_full[VSTAGES], k_empty[KSTAGES], v_empty[VSTAGES];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = oss_warpgroup();
-  oss_attn_args a = args;
+  oss_attn_args a = args; /* in a variable-length batch the block's sequence's view */
   oss_attn_query_block qb;
   if (!oss_attn_query_block_of<T, BR, BC>(a, &qb)) return; /* uniform over the CTA */
+  /* the block's key tiles jt0 .. jt0 + ntiles - 1 (a window's; else all up to the diagonal) */
+  const int jt0 = VAR ? qb.jt0 : 0, ntiles = qb.ntiles > jt0 ? qb.ntiles - jt0 : 0;
+  /* the copies address a variable-length batch's packed rows from the
+   * sequence's first (seq_q0, seq_k0) in one batch */
+  const int tb = a.cu_q != nullptr ? 0 : qb.b;
 
   if (tid == 0) {
     oss_mbar_init(&q_full, 2);
@@ -114,20 +130,20 @@ __global__ void __launch_bounds__(384, 1)
   if (wg == 2) {
     /* producer warpgroup: one thread issues every copy */
     oss_setmaxnreg_dec<OSS_SM90_PRODUCER_REGS>();
-    if (tid == 256 && qb.ntiles > 0) {
+    if (tid == 256 && ntiles > 0) {
       oss_tma_prefetch_map(&maps.q);
       oss_tma_prefetch_map(&maps.dout);
       oss_tma_prefetch_map(&maps.k);
       oss_tma_prefetch_map(&maps.v);
-      oss_sm90_load_tile<KD, BR>(sQ, &maps.q, &q_full, qb.i0, qb.h, qb.b);
-      oss_sm90_load_tile<KD, BR>(sdO, &maps.dout, &q_full, qb.i0, qb.h, qb.b);
+      oss_sm90_load_tile<KD, BR>(sQ, &maps.q, &q_full, (int)a.seq_q0 + qb.i0, qb.h, tb);
+      oss_sm90_load_tile<KD, BR>(sdO, &maps.dout, &q_full, (int)a.seq_q0 + qb.i0, qb.h, tb);
 #pragma unroll 1
-      for (int j = 0; j < qb.ntiles; j++) {
-        const int ks = j % KSTAGES, vs = j % VSTAGES;
-        if (j >= KSTAGES) oss_mbar_wait_backoff(&k_empty[ks], (j / KSTAGES - 1) & 1);
-        oss_sm90_load_tile<KD, BC>(sK + ks * BC * KD, &maps.k, &k_full[ks], j * BC, qb.hk, qb.b);
-        if (j >= VSTAGES) oss_mbar_wait_backoff(&v_empty[vs], (j / VSTAGES - 1) & 1);
-        oss_sm90_load_tile<KD, BC>(sV + vs * BC * KD, &maps.v, &v_full[vs], j * BC, qb.hk, qb.b);
+      for (int t = 0; t < ntiles; t++) {
+        const int ks = t % KSTAGES, vs = t % VSTAGES, j0 = (int)a.seq_k0 + (jt0 + t) * BC;
+        if (t >= KSTAGES) oss_mbar_wait_backoff(&k_empty[ks], (t / KSTAGES - 1) & 1);
+        oss_sm90_load_tile<KD, BC>(sK + ks * BC * KD, &maps.k, &k_full[ks], j0, qb.hk, tb);
+        if (t >= VSTAGES) oss_mbar_wait_backoff(&v_empty[vs], (t / VSTAGES - 1) & 1);
+        oss_sm90_load_tile<KD, BC>(sV + vs * BC * KD, &maps.v, &v_full[vs], j0, qb.hk, tb);
       }
     }
     return;
@@ -141,6 +157,12 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t sQa = oss_smem_u32(sQ) + wg * 64 * 128, sdOa = oss_smem_u32(sdO) + wg * 64 * 128;
   const float sc = (float)a.scale;
   const bool centre = a.kmean != nullptr;
+  oss_attn_var_consts vc;
+  uint64_t seed = 0; /* dropout's */
+  if constexpr (VAR) {
+    vc = oss_attn_var_consts_of(a, qb.b, qb.h);
+    seed = oss_attn_drop_seed(a);
+  }
   /* the rows' lse (log2 units, +inf for rows that see no key) and D; the
    * workspace's rows are padded to a multiple of BR */
   const int64_t ro = oss_attn_ws_row(a, qb.b, qb.h) + r0 + g;
@@ -152,16 +174,39 @@ __global__ void __launch_bounds__(384, 1)
   for (int n = 0; n < NO; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
   uint32_t dsa[NT / 2][4];
 
-  /* dS'_j of tile j into s (S_j and dP_j landed) */
-  auto dscores = [&](float (&s)[1][NT][4], const float (&dp)[NT][4], int j) {
-    const float c = oss_attn_fwd_mask_scores<T, 1, NT, false, false>(s, a, 0, r0, j * BC, lane);
-#pragma unroll
-    for (int n = 0; n < NT; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const float p = oss_ex2(fmaf(s[0][n][e], c, -lrow[e >> 1]));
-        s[0][n][e] = (p * sc) * (dp[n][e] - drow[e >> 1]);
+  /* dS' of the key tile at j0 into s (its S and dP landed); VAR: the score
+   * variants per element (dS' takes the softcap's derivative), dropout's dP
+   * times Z k first (attention_bwd.cuh) */
+  auto dscores = [&](float (&s)[1][NT][4], float (&dp)[1][NT][4], int j0) {
+    if constexpr (VAR) {
+      if (a.drop_seed != nullptr) {
+        oss_attn_keep<1, NT> keep;
+        oss_attn_dropout_tile<false, 1, NT>(dp, keep, a, seed, qb.bh, r0, j0, lane);
       }
+      oss_attn_var_each<false, 1, NT, false>(s, a, vc, 0, r0, j0, lane, [&](int mt, int n, int e, float x, float dcap) {
+        const float p = oss_ex2(x - lrow[e >> 1]);
+        s[mt][n][e] = (p * sc * dcap) * (dp[mt][n][e] - drow[e >> 1]);
+      });
+    } else {
+      const float c = oss_attn_fwd_mask_scores<T, 1, NT, false, false>(s, a, 0, r0, j0, lane);
+#pragma unroll
+      for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const float p = oss_ex2(fmaf(s[0][n][e], c, -lrow[e >> 1]));
+          s[0][n][e] = (p * sc) * (dp[0][n][e] - drow[e >> 1]);
+        }
+    }
+  };
+  /* In a variable-length batch the rows of the last key tile past the
+   * sequence (the next sequence's keys, weight 0) are zeroed once landed:
+   * 0 times a non-finite value would not be 0 */
+  auto zero_tail = [&](int t, int ks, int vs) {
+    const int first = a.lk - (jt0 + t) * BC;
+    if (a.cu_q != nullptr && first < BC) {
+      oss_sm90_zero_rows<T, KD, BC>(sK + ks * BC * KD, first, tid & 127, 1 + wg);
+      oss_sm90_zero_rows<T, KD, BC>(sV + vs * BC * KD, first, tid & 127, 1 + wg);
+    }
   };
   /* dS' packed to T as the A fragments of dQ += dS' K (dsa[kk] holds n-tiles
    * 2kk and 2kk + 1), and the rows' sums of the packed values (centring) */
@@ -179,43 +224,44 @@ __global__ void __launch_bounds__(384, 1)
       }
   };
 
-  const int ntiles = qb.ntiles;
   if (ntiles > 0) {
-    float s[1][NT][4], dp[NT][4];
+    float s[1][NT][4], dp[1][NT][4];
     oss_mbar_wait(&q_full, 0);
     oss_mbar_wait(&k_full[0], 0);
     oss_mbar_wait(&v_full[0], 0);
+    zero_tail(0, 0, 0);
     oss_wgmma_fence_operand<NT>(s[0]);
-    oss_wgmma_fence_operand<NT>(dp);
+    oss_wgmma_fence_operand<NT>(dp[0]);
     oss_wgmma_fence_operand<NO>(dq); /* zeroed before the pipeline starts */
     oss_wgmma_fence();
     oss_attn_sm90_qk<T, HD, BR, BC>(s[0], sQa, oss_smem_u32(sK));
-    oss_attn_sm90_qk<T, HD, BR, BC>(dp, sdOa, oss_smem_u32(sV));
+    oss_attn_sm90_qk<T, HD, BR, BC>(dp[0], sdOa, oss_smem_u32(sV));
     oss_wgmma_commit();
 #pragma unroll 1
-    for (int j = 0; j < ntiles; j++) {
-      const int ks = j % KSTAGES;
-      oss_wgmma_wait<0>(); /* S_j and dP_j, and dQ += dS'_{j-1} K_{j-1} */
+    for (int t = 0; t < ntiles; t++) {
+      const int ks = t % KSTAGES;
+      oss_wgmma_wait<0>(); /* S_t and dP_t, and dQ += dS'_{t-1} K_{t-1} */
       oss_wgmma_fence_operand<NT>(s[0]);
-      oss_wgmma_fence_operand<NT>(dp);
+      oss_wgmma_fence_operand<NT>(dp[0]);
       oss_wgmma_fence_operand<NO>(dq);
       oss_wgmma_fence_operand<NT / 2>(dsa);
       __syncwarp();
       if (lane == 0) {
-        oss_mbar_arrive(&v_empty[j % VSTAGES]);
-        if (j > 0) oss_mbar_arrive(&k_empty[(j - 1) % KSTAGES]);
+        oss_mbar_arrive(&v_empty[t % VSTAGES]);
+        if (t > 0) oss_mbar_arrive(&k_empty[(t - 1) % KSTAGES]);
       }
-      dscores(s, dp, j);
+      dscores(s, dp, (jt0 + t) * BC);
       pack(s);
       oss_wgmma_fence();
       oss_attn_sm90_pv<T, HD, BC>(dq, dsa, oss_smem_u32(sK + ks * BC * KD));
       oss_wgmma_commit();
-      if (j + 1 < ntiles) { /* the next tile's S and dP queue behind the dQ product */
-        const int nks = (j + 1) % KSTAGES, nvs = (j + 1) % VSTAGES;
-        oss_mbar_wait(&k_full[nks], ((j + 1) / KSTAGES) & 1);
-        oss_mbar_wait(&v_full[nvs], ((j + 1) / VSTAGES) & 1);
+      if (t + 1 < ntiles) { /* the next tile's S and dP queue behind the dQ product */
+        const int nks = (t + 1) % KSTAGES, nvs = (t + 1) % VSTAGES;
+        oss_mbar_wait(&k_full[nks], ((t + 1) / KSTAGES) & 1);
+        oss_mbar_wait(&v_full[nvs], ((t + 1) / VSTAGES) & 1);
+        zero_tail(t + 1, nks, nvs);
         oss_attn_sm90_qk<T, HD, BR, BC>(s[0], sQa, oss_smem_u32(sK + nks * BC * KD));
-        oss_attn_sm90_qk<T, HD, BR, BC>(dp, sdOa, oss_smem_u32(sV + nvs * BC * KD));
+        oss_attn_sm90_qk<T, HD, BR, BC>(dp[0], sdOa, oss_smem_u32(sV + nvs * BC * KD));
         oss_wgmma_commit();
       }
     }
@@ -254,28 +300,31 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-/* Runs the kernel for a call it takes (see its limits), else `fallback` (the
- * mma.sync dQ kernel of the same result). */
-template <typename T, int HD>
+/* Computes dq with the kernel (VAR: the instantiation with the score
+ * variants and dropout), or where the copy engine cannot address the inputs
+ * or the register budget does not hold, with `fallback` (the mma.sync dQ
+ * kernel of the same result, from its own generated file). */
+template <typename T, int HD, bool VAR>
 oss_status oss_attn_bwd_dq_sm90_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
                                     oss_attn_launch_fn fallback) {
   typedef oss_attn_bwd_dq_sm90_cfg<HD> C;
-  /* with an accumulator and no counters the column-split kernel added dQ */
-  if (a->lq == 0 || (a->dq_acc != NULL && a->dq_sem == NULL)) return OSS_OK;
-  constexpr auto kernel = oss_attn_bwd_dq_sm90_kernel<T, HD, C::BC, C::KSTAGES, C::VSTAGES>;
+  if (a->lq == 0) return OSS_OK;
+  constexpr auto kernel = oss_attn_bwd_dq_sm90_kernel<T, HD, C::BC, C::KSTAGES, C::VSTAGES, VAR>;
   static const int regs = oss_kernel_regs(kernel);
   const size_t smem = oss_attn_bwd_dq_sm90_smem_bytes<HD, C::BR, C::BC, C::KSTAGES, C::VSTAGES>();
+  /* a variable-length batch: one batch of the packed rows */
+  const bool packed = a->cu_q != NULL;
+  const int64_t mb = packed ? 1 : a->batch, mq = packed ? a->total_q : a->lq, mk = packed ? a->total_k : a->lk;
   oss_attn_bwd_dq_sm90_maps maps;
-  if (a->cu_q != NULL || a->mask_kind != OSS_MASK_NONE || a->variants || regs < OSS_SM90_LAUNCH_REGS ||
-      smem > (size_t)dev->max_smem_per_block_optin || a->lq > INT_MAX || a->lk > INT_MAX ||
-      !oss_attn_sm90_map<T>(&maps.q, a->q, a->batch, a->hq, a->lq, a->d, a->q_s, C::BR) ||
-      !oss_attn_sm90_map<T>(&maps.dout, a->dout, a->batch, a->hq, a->lq, a->dv, a->do_s, C::BR) ||
-      !oss_attn_sm90_map<T>(&maps.k, a->k, a->batch, a->hkv, a->lk, a->d, a->k_s, C::BC) ||
-      !oss_attn_sm90_map<T>(&maps.v, a->v, a->batch, a->hkv, a->lk, a->dv, a->v_s, C::BC))
+  if (a->mask_kind != OSS_MASK_NONE || regs < OSS_SM90_LAUNCH_REGS || smem > (size_t)dev->max_smem_per_block_optin ||
+      mq > INT_MAX || mk > INT_MAX || !oss_attn_sm90_map<T>(&maps.q, a->q, mb, a->hq, mq, a->d, a->q_s, C::BR) ||
+      !oss_attn_sm90_map<T>(&maps.dout, a->dout, mb, a->hq, mq, a->dv, a->do_s, C::BR) ||
+      !oss_attn_sm90_map<T>(&maps.k, a->k, mb, a->hkv, mk, a->d, a->k_s, C::BC) ||
+      !oss_attn_sm90_map<T>(&maps.v, a->v, mb, a->hkv, mk, a->dv, a->v_s, C::BC))
     return fallback(a, stream, dev);
   OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   kernel<<<oss_attn_query_grid(a, C::BR), 384, smem, stream>>>(*a, maps);
-  return oss_check_launch("attention backward (dQ, wgmma)");
+  return oss_check_launch(VAR ? "attention backward with score variants (dQ, wgmma)" : "attention backward (dQ, wgmma)");
 }
 
 #endif /* OSS_ATTENTION_BWD_DQ_SM90_CUH */

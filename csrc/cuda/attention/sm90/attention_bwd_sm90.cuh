@@ -107,7 +107,7 @@ template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size
          + 1024;                                                    /* room to align the tiles to 1024 bytes */
 }
 /* The column-split kernel's: K, V, STAGES x (Q, dO), 2 x (P^T, dS'^T), STAGES x
- * (lse, D), room to align; no dQ staging (its dQ goes out by atomics). */
+ * (lse, D), room to align (no dQ: the query-major kernel computes it). */
 template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size_t oss_attn_bwd_sm90_wide_smem_bytes() {
   return (size_t)(2 * BC + 2 * STAGES * BR) * HD * 2 + (size_t)4 * BC * BR * 2 + (size_t)2 * STAGES * BR * 4 + 1024;
 }
@@ -573,7 +573,11 @@ __global__ void __launch_bounds__(384, 1)
 
 /* The column-split kernel for head dims above 128 (HD a multiple of 128),
  * where a warpgroup's dK and dV for 64 keys over every column would not fit
- * its registers. One CTA owns BC = 64 keys of one (batch, kv head) and loops
+ * its registers: dK and dV only; dQ comes after it from the query-major
+ * kernel (attention_bwd_dq_sm90.cuh, or where that cannot run the mma.sync
+ * one), which measured faster than adding each block's dQ to a float32
+ * accumulator here (five products a block, the additions bound by the
+ * memory side). One CTA owns BC = 64 keys of one (batch, kv head) and loops
  * over the query heads of its GQA group and the BR = 64 query blocks that see
  * the keys, with the producer of the key-split kernel (no dQ warp):
  *   S^T = K Q^T and dP^T = V dO^T (wgmma, shared-memory operands): warpgroup w
@@ -583,31 +587,14 @@ __global__ void __launch_bounds__(384, 1)
  *   suffices: a warpgroup writes buffer i & 1 only after both passed the
  *   barrier of block i - 1, by when each had waited for its products of block
  *   i - 2).
- *   dQ_blk = dS' K, then dV += P^T dO and dK += dS'^T Q, all three over
- *   head-dim columns [HD/2 w, HD/2 w + HD/2) (A from shared memory: P^T,
- *   dS'^T K-major, dS' MN-major; B MN-major), so a thread keeps HD / 2 floats
- *   of dK and of dV. dQ_blk is added to the float32 accumulator by atomics
- *   (red.global.add of float pairs, unguarded: rows past Lq are the
- *   workspace's padding rows, of weight 0, and its pitch covers all HD
- *   columns) straight from the registers, half of them while dV's and dK's
- *   products run and half under the next block's dP^T product (VAR: all
- *   under dV and dK): the shared memory has no room for a staged block next
- *   to two stages of Q and dO at head dim 256, and the additions' issue is
- *   what bounds the kernel. dQ's centring:
- *   each warp sums its 16 keys' rounded dS' per query with shuffles and adds
- *   the sums to the accumulator's column dq_ld - 4; the mean K rows come from
- *   their own pass (oss_attn_bwd_means).
- *   Without an accumulator (dense batches without the variants, in either
- *   mode; deterministic mode for the rest) the kernel adds nothing (dK and
- *   dV are summed in registers in one order) and runs without the dQ product
- *   (DQ = false: four products a block instead of five; the VAR
- *   instantiation computes it and drops it); a query-major kernel computes
- *   dQ after it: the wgmma one (attention_bwd_dq_sm90.cuh) where it can,
- *   which measured faster than the additions, else the mma.sync one.
+ *   dV += P^T dO and dK += dS'^T Q over head-dim columns [HD/2 w, HD/2 w +
+ *   HD/2) (A = P^T, dS'^T from shared memory, K-major; B MN-major), so a
+ *   thread keeps HD / 2 floats of dK and of dV, summed in one order (the
+ *   kernel is deterministic in either mode).
  *   VAR: the score variants and dropout as in the key-split kernel.
  * Limits: as the key-split kernel's, and no mask tensor (the launcher runs the
  * mma.sync backward for it). */
-template <typename T, int HD, int BR, int BC, int STAGES, bool VAR = false, bool DQ = true>
+template <typename T, int HD, int BR, int BC, int STAGES, bool VAR = false>
 __global__ void __launch_bounds__(384, 1)
     oss_attn_bwd_sm90_wide_kernel(const __grid_constant__ oss_attn_args args,
                                   const __grid_constant__ oss_attn_bwd_sm90_maps maps) {
@@ -638,12 +625,6 @@ __global__ void __launch_bounds__(384, 1)
   int qb0, nqe;
   oss_attn_bwd_query_blocks<BR>(a, j0, &qb0, &nqe, BC);
   const int niter = a.group * nqe;
-  /* else (deterministic mode, or no accumulator) the query-major dQ kernel
-   * computes dQ after this one: the launcher then runs the instantiation
-   * without the dQ product (DQ = false; the VAR one computes it and drops it:
-   * a condition around a wgmma would make ptxas serialise every wgmma of the
-   * kernel) */
-  const bool atomic_dq = DQ && a.dq_acc != nullptr && a.dq_sem == nullptr;
 
   oss_attn_bwd_sm90_init_stages<STAGES>(full, empty, NCONS); /* the only CTA-wide barrier */
 
@@ -680,13 +661,6 @@ __global__ void __launch_bounds__(384, 1)
   oss_named_sync(BAR_CONSUMERS, NCONS);
 
   constexpr uint32_t hi = oss_wgmma_desc_hi(1024);
-  /* dQ_blk's last NL column blocks are added under the next block's dP^T
-   * product (kept in registers till then, with their rows' addresses), the
-   * first NE under this block's dV and dK products; the variants' kernel
-   * adds all at once (its registers are fuller) */
-  constexpr int NL = VAR || !DQ ? 0 : NO / 2, NE = NO - NL;
-  float dq_next[NL > 0 ? NL : 1][4];
-  float *next_r0 = nullptr, *next_r1 = nullptr;
 #pragma unroll 1
   for (int it = 0; it < niter; it++) {
     const int st = it % STAGES;
@@ -710,21 +684,11 @@ __global__ void __launch_bounds__(384, 1)
     oss_wgmma_commit();
     oss_wgmma_wait<1>();
     oss_wgmma_fence_operand<NTQ>(sT);
-    if constexpr (NL > 0)
-      if (atomic_dq && it > 0) oss_red_add_rows_f32x2<NL>(next_r0, next_r1, dq_next);
 
-    /* dS'^T, and the sums over this warp's keys of its values rounded to T
-     * (dQ's centring: dQ_blk is computed from the rounded values) */
-    float rsum[NTQ][2];
+    /* dS'^T */
     oss_attn_keep<1, NTQ> keep; /* dropout's kept weights (VAR) */
     if constexpr (VAR) {
       oss_attn_bwd_sm90_var_probs<NTQ>(sT, pT, keep, a, seed, b, h, kw0, i0, q0, cL, cD, sc, lane);
-      if constexpr (DQ)
-#pragma unroll
-        for (int n = 0; n < NTQ; n++)
-#pragma unroll
-          for (int e = 0; e < 2; e++)
-            rsum[n][e] = oss_to_float(oss_from_float<T>(pT[n][e])) + oss_to_float(oss_from_float<T>(pT[n][e + 2]));
     } else {
       /* P^T; the scores to mask: the causal rule and the end of the keys */
       const bool need_mask =
@@ -737,10 +701,6 @@ __global__ void __launch_bounds__(384, 1)
         const float2 dd = *reinterpret_cast<const float2 *>(cD + n * 8 + t2);
 #pragma unroll
         for (int e = 0; e < 4; e++) pT[n][e] = (sT[n][e] * sc) * (pT[n][e] - ((e & 1) ? dd.y : dd.x));
-        if constexpr (DQ)
-#pragma unroll
-          for (int e = 0; e < 2; e++)
-            rsum[n][e] = oss_to_float(oss_from_float<T>(pT[n][e])) + oss_to_float(oss_from_float<T>(pT[n][e + 2]));
       }
     }
     uint32_t pa[1][NTQ / 2][4], dsa[1][NTQ / 2][4];
@@ -761,29 +721,11 @@ __global__ void __launch_bounds__(384, 1)
     oss_fence_proxy_async();
     oss_named_sync(BAR_CONSUMERS, NCONS); /* P^T and dS'^T of both warpgroups stored */
 
-    /* dQ_blk = dS' K first (A = dS'^T read MN-major, B = K's column blocks
-     * BC * 128 bytes apart), then dV += P^T dO and dK += dS'^T Q (B's column
-     * blocks BR * 128 bytes apart, 16 rows per k-step), all over columns
-     * c0 .. c0 + HW: dQ_blk's additions to the accumulator run under dV's and
-     * dK's products */
-    float dq[DQ ? NO : 1][4];
-    if constexpr (DQ) {
-#pragma unroll
-      for (int n = 0; n < NO; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
-      oss_wgmma_fence_operand<NO>(dq);
-    }
+    /* dV += P^T dO and dK += dS'^T Q (B's column blocks BR * 128 bytes
+     * apart, 16 rows per k-step) over columns c0 .. c0 + HW */
     oss_wgmma_fence_operand<NO>(dV);
     oss_wgmma_fence_operand<NO>(dK);
     oss_wgmma_fence();
-    if constexpr (DQ) {
-      const uint32_t dsm_lo = oss_wgmma_desc_lo(oss_smem_u32(tdS), BC * 128);
-      const uint32_t k_lo = oss_wgmma_desc_lo(oss_smem_u32(sK + (c0 >> 6) * BC * 64), BC * 128);
-#pragma unroll
-      for (int kk = 0; kk < BC / 16; kk++)
-        oss_wgmma<T, HW>::template ss<1, 1>(dq, oss_wgmma_desc_join(dsm_lo + kk * 128, hi),
-                                            oss_wgmma_desc_join(k_lo + kk * 128, hi), kk > 0);
-      oss_wgmma_commit();
-    }
     const uint32_t p_lo = oss_wgmma_desc_lo(oss_smem_u32(tP), 16), ds_lo = oss_wgmma_desc_lo(oss_smem_u32(tdS), 16);
     const uint32_t do_lo = oss_wgmma_desc_lo(oss_smem_u32(tdO + (c0 >> 6) * BR * 64), BR * 128);
     const uint32_t q_lo = oss_wgmma_desc_lo(oss_smem_u32(tQ + (c0 >> 6) * BR * 64), BR * 128);
@@ -797,53 +739,15 @@ __global__ void __launch_bounds__(384, 1)
                                           oss_wgmma_desc_join(q_lo + kk * 128, hi), 1);
     oss_wgmma_commit();
 
-    if constexpr (DQ) {
-      /* the centring's sums over the warp's 16 keys, while the products run */
-#pragma unroll
-      for (int m = 4; m < 32; m <<= 1)
-#pragma unroll
-        for (int n = 0; n < NTQ; n++)
-#pragma unroll
-          for (int e = 0; e < 2; e++) rsum[n][e] += __shfl_xor_sync(0xffffffffu, rsum[n][e], m);
-      const int64_t row0 = oss_attn_ws_row(a, b, h) + i0;
-      if (g == 0 && atomic_dq && a.kmean != nullptr)
-#pragma unroll
-        for (int n = 0; n < NTQ; n++)
-#pragma unroll
-          for (int e = 0; e < 2; e++) {
-            const int q = q0 + n * 8 + t2 + e;
-            if (i0 + q < a.lq) atomicAdd(a.dq_acc + (row0 + q) * a.dq_ld + (a.dq_ld - 4), rsum[n][e]);
-          }
-
-      /* dQ_blk's rows kr + g (+8) of the block, columns c0 + 8n + t2 (+1) */
-      oss_wgmma_wait<1>();
-      oss_wgmma_fence_operand<NO>(dq);
-      /* No guards: the accumulator's rows past the queries are padding
-       * (weight 0: they receive zeros) and its pitch covers the kernel's HD
-       * columns (those past D receive dS' times K's zero columns); none of
-       * them is read */
-      if (atomic_dq) {
-        float *row = a.dq_acc + (row0 + kr + g) * a.dq_ld + c0 + t2;
-        oss_red_add_rows_f32x2<NE>(row, row + 8 * a.dq_ld, reinterpret_cast<const float(&)[NE][4]>(dq));
-        next_r0 = row + NE * 8;
-        next_r1 = row + 8 * a.dq_ld + NE * 8;
-      }
-      if constexpr (NL > 0)
-#pragma unroll
-        for (int n = 0; n < NL; n++)
-#pragma unroll
-          for (int e = 0; e < 4; e++) dq_next[n][e] = dq[NE + n][e];
-    }
     oss_wgmma_wait<0>();
     oss_wgmma_fence_operand<NO>(dV);
     oss_wgmma_fence_operand<NO>(dK);
     oss_mbar_arrive(&empty[st]); /* the stage's Q, dO, lse and D are read */
   }
-  if constexpr (NL > 0)
-    if (atomic_dq && niter > 0) oss_red_add_rows_f32x2<NL>(next_r0, next_r1, dq_next);
 
   /* dK and dV: all 64 keys, this warpgroup's columns, staged in its own
-   * column blocks of K and V (which only its dQ products read) */
+   * column blocks of K and V (no product reads them once both warpgroups
+   * passed the barrier) */
   T *gdK = (T *)a.dk + b * a.dk_s[0] + hk * a.dk_s[1] + (int64_t)j0 * a.dk_s[2] + c0;
   T *gdV = (T *)a.dv_ptr + b * a.dv_s[0] + hk * a.dv_s[1] + (int64_t)j0 * a.dv_s[2] + c0;
   const bool vdk = a.vec & OSS_ATTN_VEC_DK, vdv = a.vec & OSS_ATTN_VEC_DV;
@@ -858,18 +762,17 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-/* Launches the kernel over the call's key blocks. With an accumulator and no
- * counters dq_det (the mma.sync query-major dQ pass, from its own generated
- * file) then does nothing and the caller converts the accumulator; in
- * deterministic mode (a->dq_sem) the key-split kernel's ordered additions
- * fill it and this converts it; without an accumulator, and after the
- * column-split kernel in deterministic mode, the query-major pass computes
- * dq: for the column-split kernel without the variants the wgmma one
- * (oss_attn_bwd_dq_sm90_run, falling back to dq_det), else dq_det. Where the copy engine cannot
- * address q or dout, or the kernel's register budget does not hold, or a
- * deterministic call has a variable-length batch (key-split kernel),
- * `fallback` (the mma.sync backward of the same gradients, whose dQ pass
- * then computes dq) runs instead. */
+/* Launches the kernel over the call's key blocks, then the dQ pass. The
+ * key-split kernel: with an accumulator and no counters dq_det (the mma.sync
+ * query-major dQ pass, from its own generated file) then does nothing and
+ * the caller converts the accumulator; in deterministic mode (a->dq_sem) the
+ * kernel's ordered additions fill it and this converts it; without one
+ * dq_det computes dq. The column-split kernel: the wgmma query-major kernel
+ * computes dq (oss_attn_bwd_dq_sm90_run, falling back to dq_det). Where the
+ * copy engine cannot address q or dout, or the kernel's register budget does
+ * not hold, or a deterministic call has a variable-length batch (key-split
+ * kernel), `fallback` (the mma.sync backward of the same gradients, whose dQ
+ * pass then computes dq where there is no accumulator) runs instead. */
 template <typename T, int HD, bool VAR, bool MASK_TENSOR = false>
 oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
                                  oss_attn_launch_fn dq_det, oss_attn_launch_fn fallback) {
@@ -882,16 +785,13 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
   /* the setmaxnreg budgets hold only if the kernel launches with the
    * registers they assume (see OSS_SM90_LAUNCH_REGS) */
   if constexpr (C::WIDE) {
-    /* without atomic additions to dq_acc the query-major kernel computes dQ:
-     * the plain instantiation without the dQ product then; the variants' is
-     * built once, with it */
-    constexpr bool DQ_ALWAYS = VAR;
-    constexpr kernel_fn with_dq = oss_attn_bwd_sm90_wide_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR, true>;
-    constexpr kernel_fn without_dq = oss_attn_bwd_sm90_wide_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR, DQ_ALWAYS>;
-    static const int regs_with = oss_kernel_regs(with_dq), regs_without = oss_kernel_regs(without_dq);
-    const bool atomic_dq = a->dq_acc != NULL && a->dq_sem == NULL;
-    kernel = atomic_dq ? with_dq : without_dq;
-    regs = atomic_dq ? regs_with : regs_without;
+    /* dQ from the query-major kernel: the workspace plan gives the call no
+     * accumulator (oss_attn_bwd_dq_query_major); a call that has one (the
+     * plan expected another kernel) runs `fallback`, which fills it */
+    if (a->dq_acc != NULL) return fallback(a, stream, dev);
+    kernel = oss_attn_bwd_sm90_wide_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR>;
+    static const int regs_once = oss_kernel_regs(kernel);
+    regs = regs_once;
     smem = oss_attn_bwd_sm90_wide_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
   } else {
     kernel = oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR, MASK_TENSOR>;
@@ -923,12 +823,12 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
       if (st != OSS_OK) return st;
     }
   }
-  /* the key-split kernel's ordered additions filled the accumulator; the
-   * column-split kernel leaves deterministic mode's dQ to dq_det */
+  /* the key-split kernel's ordered additions filled the accumulator; after
+   * the column-split kernel the query-major kernel computes dq */
   if (a->dq_sem != NULL && !C::WIDE)
     return a->lq > 0 ? oss_attn_bwd_dq_convert(a, std::is_same<T, __half>::value ? OSS_FLOAT16 : OSS_BFLOAT16, stream)
                      : OSS_OK;
-  if constexpr (C::WIDE && !VAR) return oss_attn_bwd_dq_sm90_run<T, HD>(a, stream, dev, dq_det);
+  if constexpr (C::WIDE) return oss_attn_bwd_dq_sm90_run<T, HD, VAR>(a, stream, dev, dq_det);
   return dq_det(a, stream, dev);
 }
 

@@ -77,20 +77,6 @@ template <int N> __device__ __forceinline__ void oss_bulk_wait_read() {
 template <int N> __device__ __forceinline__ void oss_bulk_wait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
-/* Red.global.add of a thread's two rows of a wgmma accumulator's float pairs:
- * v[n][0], v[n][1] to r0[8n], r0[8n + 1] and v[n][2], v[n][3] to r1[8n],
- * r1[8n + 1], for n < NO, unguarded (the caller's rows and columns exist).
- * The byte offsets are immediates, so the two addresses stay in their
- * registers: an address recomputed per addition into the same registers makes
- * each addition wait until the previous one has read its operands. */
-template <int NO, int N = 0>
-__device__ __forceinline__ void oss_red_add_rows_f32x2(float *r0, float *r1, const float (&v)[NO][4]) {
-  asm volatile("red.global.add.v2.f32 [%0+%6], {%2, %3};\nred.global.add.v2.f32 [%1+%6], {%4, %5};\n" ::"l"(r0),
-               "l"(r1), "f"(v[N][0]), "f"(v[N][1]), "f"(v[N][2]), "f"(v[N][3]), "n"(N * 32)
-               : "memory");
-  if constexpr (N + 1 < NO) oss_red_add_rows_f32x2<NO, N + 1>(r0, r1, v);
-}
-
 /* Counters between CTAs: an acquiring load and a releasing add at GPU scope;
  * the proxy fence orders the generic accesses around them with the bulk
  * operations (async proxy) on global memory. */
