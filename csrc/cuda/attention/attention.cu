@@ -44,7 +44,8 @@
  * converts into dq. These rows (oss_attn_ws_row) are [B*Hq][Lq padded], or
  * in a variable-length batch laid out by the tokens. Deterministic mode
  * orders the Hopper backward's additions by counters, or else computes dQ
- * in its own kernel without atomics. dQ is centred: computed as
+ * in its own kernel without atomics, as the Hopper backward above head dim
+ * 128 does in either mode (oss_attn_bwd_dq_query_major). dQ is centred: computed as
  * dS (K - kbar) with kbar the kv head's mean K row (attention_bwd.cuh), which
  * a pass before the kernels writes to the workspace. float32 /
  * float64: the SIMT dQ kernel recomputes the row statistics itself
@@ -486,8 +487,9 @@ oss_status oss_attn_forward_with(const oss_attention_params *p, void *workspace,
 /* Workspace layout of the backward; every piece 256-byte aligned: the row
  * statistics (two float arrays for the tensor-core kernels, three double
  * arrays for the SIMT kernels), then for the tensor-core kernels the mean K
- * row per kv head with its per-chunk sums and, in the default mode, the row
- * sums of the rounded dS' and the float32 dQ accumulator. */
+ * row per kv head with its per-chunk sums and, where the dK/dV kernel adds
+ * dQ, the float32 dQ accumulator (its padding columns take the row sums of
+ * the rounded dS'). */
 typedef struct oss_attn_bwd_layout {
   int64_t lq_pad, ws_rows; /* ws_rows > 0: a variable-length batch's rows per head (oss_attn_ws_row) */
   int dq_ld;   /* 0: no float32 dQ accumulator */
