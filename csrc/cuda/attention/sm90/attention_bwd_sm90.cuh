@@ -778,27 +778,22 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
                                  oss_attn_launch_fn dq_det, oss_attn_launch_fn fallback) {
   typedef oss_attn_bwd_sm90_cfg<HD> C;
   static_assert(!C::WIDE || !MASK_TENSOR, "the column-split kernel reads no mask tensor");
-  typedef void (*kernel_fn)(const oss_attn_args, const oss_attn_bwd_sm90_maps);
-  kernel_fn kernel;
+  void (*kernel)(const oss_attn_args, const oss_attn_bwd_sm90_maps);
   size_t smem;
-  int regs;
-  /* the setmaxnreg budgets hold only if the kernel launches with the
-   * registers they assume (see OSS_SM90_LAUNCH_REGS) */
   if constexpr (C::WIDE) {
     /* dQ from the query-major kernel: the workspace plan gives the call no
      * accumulator (oss_attn_bwd_dq_query_major); a call that has one (the
      * plan expected another kernel) runs `fallback`, which fills it */
     if (a->dq_acc != NULL) return fallback(a, stream, dev);
     kernel = oss_attn_bwd_sm90_wide_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR>;
-    static const int regs_once = oss_kernel_regs(kernel);
-    regs = regs_once;
     smem = oss_attn_bwd_sm90_wide_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
   } else {
     kernel = oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR, MASK_TENSOR>;
     smem = oss_attn_bwd_sm90_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
-    static const int regs_once = oss_kernel_regs(kernel);
-    regs = regs_once;
   }
+  /* the setmaxnreg budgets hold only if the kernel launches with the
+   * registers they assume (see OSS_SM90_LAUNCH_REGS) */
+  static const int regs = oss_kernel_regs(kernel);
   if (a->lk > 0) {
     oss_attn_bwd_sm90_maps maps;
     const bool packed = a->cu_q != NULL; /* a variable-length batch: one batch of the packed rows */
