@@ -91,6 +91,7 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int BR = 128, NT = BC / 8, NO = HD / 8, NWARPS = 8;
   constexpr int KD = oss_sm90_cols(HD);
   static_assert(HD % 64 == 0 && BC % 16 == 0 && BC <= 256, "whole 64-column boxes, key tiles of 16");
+  static_assert(BR <= OSS_ATTN_LQ_PAD, "the workspace's row padding covers a block's rows past Lq");
 
   extern __shared__ __align__(1024) unsigned char oss_sm90_smem[];
   T *sQ = reinterpret_cast<T *>(oss_sm90_smem + ((1024u - (oss_smem_u32(oss_sm90_smem) & 1023u)) & 1023u));
@@ -164,7 +165,8 @@ __global__ void __launch_bounds__(384, 1)
     seed = oss_attn_drop_seed(a);
   }
   /* the rows' lse (log2 units, +inf for rows that see no key) and D; the
-   * workspace's rows are padded to a multiple of BR */
+   * workspace pads every (batch, head)'s or sequence's rows by up to
+   * OSS_ATTN_LQ_PAD = BR, so the block's rows past Lq exist there */
   const int64_t ro = oss_attn_ws_row(a, qb.b, qb.h) + r0 + g;
   const float lrow[2] = {((const float *)a.lse_adj)[ro], ((const float *)a.lse_adj)[ro + 8]};
   const float drow[2] = {((const float *)a.dsum)[ro], ((const float *)a.dsum)[ro + 8]};
