@@ -600,7 +600,7 @@ __global__ void __launch_bounds__(384, 1)
                                   const __grid_constant__ oss_attn_bwd_sm90_maps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int NCONS = 256, QW = BR / 2 /* a warpgroup's queries of S^T */, NTQ = QW / 8;
-  constexpr int HW = HD / 2 /* a warpgroup's columns of dK, dV, dQ */, NO = HW / 8;
+  constexpr int HW = HD / 2 /* a warpgroup's columns of dK and dV */, NO = HW / 8;
   static_assert(HD % 128 == 0 && BR == 64 && BC == 64, "64 x 64 blocks, whole 64-column boxes per warpgroup");
   enum { BAR_CONSUMERS = 1, BAR_ZERO = 4 };
 
@@ -638,7 +638,7 @@ __global__ void __launch_bounds__(384, 1)
   oss_setmaxnreg_inc<OSS_SM90_CONSUMER_REGS>();
   const int g = lane >> 2, t2 = (lane & 3) * 2;
   const int kr = (warp & 3) * 16, kw0 = j0 + kr; /* this warp's first key (its rows of S^T) */
-  const int q0 = wg * QW, c0 = wg * HW;         /* this warpgroup's queries of S^T, columns of dK, dV, dQ */
+  const int q0 = wg * QW, c0 = wg * HW;         /* this warpgroup's queries of S^T, columns of dK and dV */
   const float sc = (float)a.scale;
   const uint64_t seed = VAR ? oss_attn_drop_seed(a) : 0; /* dropout's */
 
