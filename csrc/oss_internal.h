@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "oss.h"
 
@@ -30,11 +31,27 @@ extern "C" {
  * ulps passed into the backward's D made dq and dk, exactly 0 there, come out
  * several times worse than PyTorch's. */
 #define OSS_RESIDUAL_BITS 5
+/* Branch-free (it runs on every element of a training forward's output): with
+ * a = max(|rounded|, the smallest normal) and 2^step the residual's step,
+ * adding and subtracting c = 1.5 * 2^(step + 23) rounds d = x - rounded (exact)
+ * to a multiple of 2^step, to nearest with ties to even, as |d|, at most half
+ * of rounded's last place, is below 2^(step + 22). Where c's exponent would
+ * pass the largest (bfloat16 above 2^116) d is scaled by 2^-64 first, exactly.
+ * The sign of a zero result is d's, as rint's: bit for bit the definition,
+ * ldexp(rint(ldexp(d, -step)), step) (test_attention.py checks it). */
 static inline OSS_HOST_DEVICE float oss_output_residual(float x, float rounded, int bf16) {
-  if (!isfinite(rounded)) return 0.f;
-  const int mantissa_bits = bf16 ? 7 : 10, min_exponent = bf16 ? -126 : -14;
-  const int step = ilogbf(fmaxf(fabsf(rounded), ldexpf(1.f, min_exponent))) - mantissa_bits - OSS_RESIDUAL_BITS;
-  return ldexpf(rintf(ldexpf(x - rounded, -step)), step);
+  const float a = fmaxf(fabsf(rounded), bf16 ? 0x1p-126f : 0x1p-14f);
+  uint32_t bits;
+  memcpy(&bits, &a, sizeof bits);
+  /* c's biased exponent: a's plus 23 - mantissa bits - OSS_RESIDUAL_BITS (a not finite: 255 plus that) */
+  const int e = (int)(bits >> 23) + 23 - (bf16 ? 7 : 10) - OSS_RESIDUAL_BITS;
+  const int big = e > 254;
+  const uint32_t cbits = (uint32_t)(big ? e - 64 : e) << 23 | 0x400000u;
+  float c;
+  memcpy(&c, &cbits, sizeof c);
+  const float d = (x - rounded) * (big ? 0x1p-64f : 1.f);
+  const float r = copysignf(((d + c) - c) * (big ? 0x1p64f : 1.f), d);
+  return isfinite(rounded) ? r : 0.f;
 }
 
 /* Softmax backward sums in float32 are carried as hi + lo, lo being what the

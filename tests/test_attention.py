@@ -565,6 +565,68 @@ def test_output_residual(device, dtype):
     assert res32.numel() == 0 and out32.dtype == torch.float32
 
 
+RESIDUAL_RULE_PROBE = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include "oss_internal.h"
+/* x rounded to bfloat16 (to nearest even; NaN kept NaN) or float16 */
+static float round16(float x, int bf16) {
+  if (!bf16) return (float)(_Float16)x;
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) u = (u & 0x7fffffu) ? (u | 0x400000u) & 0xffff0000u : u;
+  else u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  memcpy(&x, &u, 4);
+  return x;
+}
+/* the rule's definition */
+static float defined(float x, float rounded, int bf16) {
+  if (!isfinite(rounded)) return 0.f;
+  const int step = ilogbf(fmaxf(fabsf(rounded), bf16 ? 0x1p-126f : 0x1p-14f)) - (bf16 ? 7 : 10) - OSS_RESIDUAL_BITS;
+  return ldexpf(rintf(ldexpf(x - rounded, -step)), step);
+}
+int main(int argc, char **argv) {
+  const uint64_t stride = strtoull(argv[1], 0, 10);
+  unsigned long long bad = 0;
+  for (int bf16 = 0; bf16 < 2; bf16++)
+    for (uint64_t i = 0; i < (1ull << 32); i += (i >> 23 & 0xff) < 2 || (i >> 23 & 0xff) > 240 ? 1 : stride) {
+      const uint32_t u = (uint32_t)i;
+      float x, a, b;
+      memcpy(&x, &u, 4);
+      const float r = round16(x, bf16);
+      a = oss_output_residual(x, r, bf16);
+      b = defined(x, r, bf16);
+      if (memcmp(&a, &b, 4) != 0 && !(isnan(a) && isnan(b)) && bad++ < 5)
+        printf("bf16=%d x=%a: %a, defined %a\n", bf16, x, a, b);
+    }
+  printf("mismatches %llu\n", bad);
+  return bad != 0;
+}
+"""
+
+
+def test_output_residual_rule_matches_its_definition(tmp_path):
+    """oss_output_residual (branch-free: it runs on every element of a training
+    forward's output) equals its definition, ldexp(rint(ldexp(d, -step)),
+    step), bit for bit, sign of zero included: every float32 whose exponent
+    field is among the lowest two or above 240 (denormals, the huge values
+    whose step is scaled) and a stride through the rest, both 16-bit formats.
+    Compiled with the system's C compiler (skipped without one)."""
+    import pathlib
+    import shutil
+    import subprocess
+
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("needs a C compiler")
+    src, exe = tmp_path / "residual_probe.c", tmp_path / "residual_probe"
+    src.write_text(RESIDUAL_RULE_PROBE)
+    csrc = pathlib.Path(__file__).resolve().parents[1] / "csrc"
+    subprocess.run([cc, "-O2", "-std=c11", f"-I{csrc}", str(src), "-o", str(exe), "-lm"], check=True, timeout=120)
+    done = subprocess.run([str(exe), "97"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_backward_with_residual(device, dtype):
