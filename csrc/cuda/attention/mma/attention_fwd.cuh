@@ -156,9 +156,10 @@ __device__ __forceinline__ void oss_attn_online_softmax(const float (&s)[MT][NT]
  * is not finite), for the backward's D. out_scale: dropout's 1 / (1 - p),
  * else 1. RUN: the common case as one run of stores (oss_store_frag_row);
  * false keeps a branch per pair, for a kernel without the registers to spare
- * for both paths. The residual's stores follow the output's, so that the
- * path without them is one stretch of code. */
-template <typename T, int MT, int NO, bool RUN = true>
+ * for both paths. WIDE (implies RUN): out and the residual in 16-byte stores
+ * (oss_store_frag_row's WIDE). The residual's stores follow the output's, so
+ * that the path without them is one stretch of code. */
+template <typename T, int MT, int NO, bool RUN = true, bool WIDE = false>
 __device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const float (&o)[MT][NO][4],
                                                    const float (&m)[MT][2], const float (&l)[MT][2],
                                                    const float (&lr)[MT][2], int b, int h, int64_t bh, int r0,
@@ -183,7 +184,7 @@ __device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const
       if (r < a.lq) {
         T *orow = gO + (int64_t)r * a.o_s[2];
         if (RUN) {
-          oss_store_frag_row<T, NO>(orow, t2, a.dv, vo, o[mt], hi, inv);
+          oss_store_frag_row<T, NO, false, WIDE>(orow, t2, a.dv, vo, o[mt], hi, inv);
         } else {
 #pragma unroll
           for (int n = 0; n < NO; n++)
@@ -191,10 +192,15 @@ __device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const
         }
         if (gR != nullptr) {
           T *rrow = gR + (int64_t)r * a.o_s[2];
+          if constexpr (WIDE) {
+            oss_store_frag_row<T, NO, true, true>(rrow, t2, a.dv, vr, o[mt], hi, inv);
+          } else {
 #pragma unroll
-          for (int n = 0; n < NO; n++) {
-            const float v0 = o[mt][n][2 * hi] * inv, v1 = o[mt][n][2 * hi + 1] * inv;
-            oss_store_pair<T>(rrow, n * 8 + t2, a.dv, oss_rounding_residual<T>(v0), oss_rounding_residual<T>(v1), vr);
+            for (int n = 0; n < NO; n++) {
+              const float v0 = o[mt][n][2 * hi] * inv, v1 = o[mt][n][2 * hi + 1] * inv;
+              oss_store_pair<T>(rrow, n * 8 + t2, a.dv, oss_rounding_residual<T>(v0), oss_rounding_residual<T>(v1),
+                                vr);
+            }
           }
         }
         if ((lane & 3) == 0) /* in double: one rounding of m ln2 + ln l, which can be large */

@@ -747,22 +747,68 @@ __device__ __forceinline__ void oss_store_pair(T *row, int c, int ncols, float v
   }
 }
 
+/* Lane q of each quad holds word q of the 16-byte pieces w[0..3] of four
+ * consecutive 8-column tiles (the mma accumulator layout); afterwards it holds
+ * all four words of tile q's piece: the quad's 4 x 4 transpose, in two
+ * exchanges of two words with the lane whose index differs in one bit. The
+ * shuffles name only the quad's lanes: callers store rows under a bound,
+ * which a quad (one row) passes or fails as a whole. */
+__device__ __forceinline__ void oss_quad_transpose(uint32_t (&w)[4], int q) {
+  const unsigned quad = 0xfu << (threadIdx.x & 28); /* blocks are whole warps along x */
+#pragma unroll
+  for (int bit = 1; bit <= 2; bit <<= 1) {
+    const bool upper = q & bit;
+    /* the words whose tile bit differs from the lane's go to the partner, which
+     * sends back its words whose tile bit matches this lane's */
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      if (k & bit) continue;
+      const uint32_t send = upper ? w[k] : w[k | bit];
+      const uint32_t got = __shfl_xor_sync(quad, send, bit);
+      if (upper) w[k] = got;
+      else w[k | bit] = got;
+    }
+  }
+}
+
 /* Stores row hi of an accumulator fragment times `scale`: acc[n][2 hi] and
  * acc[n][2 hi + 1] at columns n * 8 + t2 and n * 8 + t2 + 1 of `row`, only
- * those < ncols. Where the row is aligned and all NO * 8 columns exist (the
- * common case) that is one branch-free run of 32-bit stores: an epilogue with
- * a branch per element is long enough to miss the instruction cache. */
-template <typename T, int NO>
+ * those < ncols; RESIDUAL stores each value's rounding residual in T
+ * (oss_rounding_residual) instead. Where the row is aligned and all NO * 8
+ * columns exist (the common case) that is one branch-free run of stores: an
+ * epilogue with a branch per element is long enough to miss the instruction
+ * cache. WIDE (NO a multiple of 4): the quad's words of four tiles are
+ * exchanged so that each lane stores one tile's whole 16 bytes, and a warp's
+ * store fills 32-byte sectors, in a quarter of the instructions (4-byte
+ * stores cover half of each sector); the exchange costs registers, which
+ * kernels with score variants or wide rows do not have to spare. */
+template <typename T, int NO, bool RESIDUAL = false, bool WIDE = false>
 __device__ __forceinline__ void oss_store_frag_row(T *row, int t2, int ncols, bool vec, const float (&acc)[NO][4],
                                                    int hi, float scale) {
+  auto value = [scale](float x) { return RESIDUAL ? oss_rounding_residual<T>(x * scale) : x * scale; };
   if (vec && NO * 8 <= ncols) {
-    uint32_t *row32 = reinterpret_cast<uint32_t *>(row + t2);
+    if constexpr (WIDE) {
+      static_assert(NO % 4 == 0, "16-byte stores take the tiles four at a time");
+      const int q = t2 >> 1;
 #pragma unroll
-    for (int n = 0; n < NO; n++) row32[n * 4] = oss_mma_op<T>::pack(acc[n][2 * hi] * scale, acc[n][2 * hi + 1] * scale);
+      for (int n0 = 0; n0 < NO; n0 += 4) {
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+          w[j] = oss_mma_op<T>::pack(value(acc[n0 + j][2 * hi]), value(acc[n0 + j][2 * hi + 1]));
+        oss_quad_transpose(w, q);
+        *reinterpret_cast<uint4 *>(row + (n0 + q) * 8) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    } else {
+      uint32_t *row32 = reinterpret_cast<uint32_t *>(row + t2);
+#pragma unroll
+      for (int n = 0; n < NO; n++)
+        row32[n * 4] = oss_mma_op<T>::pack(value(acc[n][2 * hi]), value(acc[n][2 * hi + 1]));
+    }
   } else {
 #pragma unroll
     for (int n = 0; n < NO; n++)
-      oss_store_pair<T>(row, n * 8 + t2, ncols, acc[n][2 * hi] * scale, acc[n][2 * hi + 1] * scale, vec);
+      oss_store_pair<T>(row, n * 8 + t2, ncols, value(acc[n][2 * hi]), value(acc[n][2 * hi + 1]), vec);
   }
 }
 

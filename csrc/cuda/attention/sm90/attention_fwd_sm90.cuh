@@ -468,7 +468,10 @@ __global__ void __launch_bounds__(384, 1)
         for (int hi = 0; hi < 2; hi++) lr[0][hi] = (lane & 3) == 0 ? o[0][NO][2 * hi] : 0.f;
       /* the mask kernel at head dim 256 has no register to spare for the run of stores */
       constexpr bool RUN = !(MASK_TENSOR && DV > 128);
-      oss_attn_fwd_write<T, 1, NO, RUN>(a, reinterpret_cast<const float(&)[1][NO][4]>(o), m, l, lr, qb.b, qb.h,
+      /* 16-byte stores: the plain kernels of 128 to 192 columns (the variant kernels and
+       * 256 spill with them; at 64 the exchange costs more than the stores save) */
+      constexpr bool WIDE = !VAR && !MASK_TENSOR && !WINDOW && DV >= 128 && DV <= 192 && NO % 4 == 0;
+      oss_attn_fwd_write<T, 1, NO, RUN, WIDE>(a, reinterpret_cast<const float(&)[1][NO][4]>(o), m, l, lr, qb.b, qb.h,
                                         qb.bh, i0 + wrow, lane, drop ? a.drop_scale : 1.f);
     }
     if (PINGPONG && wg == 0) oss_named_sync(my_bar, 256);
