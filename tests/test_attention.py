@@ -527,16 +527,26 @@ def test_opcheck(device, op):
         torch.library.opcheck(torch.ops.oss.attention_backward.default, bwd_args)
 
 
+# (case, with a bool mask and causal): the masked kernels' per-pair stores, and
+# the plain kernels at 128 and 192 columns, whose epilogue stores 16 bytes a lane
+RESIDUAL_CASES = [((2, 4, 2, 67, 130, 64, 40), True), ((1, 4, 4, 200, 300, 128, 128), False),
+                  ((1, 2, 2, 130, 140, 192, 192), False)]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_output_residual(device, dtype):
+@pytest.mark.parametrize("case,masked", RESIDUAL_CASES, ids=["mask_d64-40", "d128", "d192"])
+def test_output_residual(device, dtype, case, masked):
     """attention_with_residual gives attention's out and lse bit for bit, and a
     residual of at most half a unit in the last place of out that brings out
     closer to the float64 output (it is the output before its rounding)."""
+    if not head_dim_supported(device, case[5], case[6]):
+        pytest.skip("head dim not compiled")
     torch.manual_seed(0)
-    q, k, v = make_qkv((2, 4, 2, 67, 130, 64, 40), dtype, device)
-    m = torch.rand(67, 130, device=device) > 0.2
-    args = (q, k, v, m, True, None, True, "bottom_right")
+    q, k, v = make_qkv(case, dtype, device)
+    Lq, Lk = case[3], case[4]
+    m = torch.rand(Lq, Lk, device=device) > 0.2 if masked else None
+    args = (q, k, v, m, masked, None, True, "bottom_right")
     out, lse = torch.ops.oss.attention(*args)
     out_t, lse_t, res = torch.ops.oss.attention_with_residual(*args)
     assert torch.equal(out, out_t) and torch.equal(lse, lse_t)
@@ -549,7 +559,7 @@ def test_output_residual(device, dtype):
     steps = res.double() / (exponent - mantissa_bits - 5).exp2()
     assert torch.equal(steps, steps.round()) and steps.abs().max() <= 16
     assert torch.count_nonzero(res) > res.numel() // 2  # not all rounded away
-    ref = attention_reference(*(t.double() for t in (q, k, v)), m, True, None, True, "bottom_right")[0]
+    ref = attention_reference(*(t.double() for t in (q, k, v)), m, masked, None, True, "bottom_right")[0]
     err_out = (out.double() - ref).abs().mean().item()
     err_sum = (out.double() + res.double() - ref).abs().mean().item()
     # CPU: the unrounded output is float, far closer than out. CUDA: it is the
