@@ -157,8 +157,10 @@ __device__ __forceinline__ void oss_attn_online_softmax(const float (&s)[MT][NT]
  * else 1. RUN: the common case as one run of stores (oss_store_frag_row);
  * false keeps a branch per pair, for a kernel without the registers to spare
  * for both paths. WIDE (implies RUN): out and the residual in 16-byte stores
- * (oss_store_frag_row's WIDE). The residual's stores follow the output's, so
- * that the path without them is one stretch of code. */
+ * (oss_store_frag_row's WIDE); without it the residual keeps a branch per
+ * pair, since as a run of stores it spilled the head-dim-256 variant kernel.
+ * The residual's stores follow the output's, so that the path without them
+ * is one stretch of code. */
 template <typename T, int MT, int NO, bool RUN = true, bool WIDE = false>
 __device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const float (&o)[MT][NO][4],
                                                    const float (&m)[MT][2], const float (&l)[MT][2],
