@@ -450,9 +450,10 @@ def test_tiny_window_over_long_keys(device, alignment):
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("others", [True, False], ids=["with_others", "window_alone"])
-def test_window_with_inner_and_edge_tiles(device_kernel, dtype, is_causal, others):
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+def test_window_with_inner_and_edge_tiles(device_kernel, dtype, is_causal, others, alignment):
     """A window of a few hundred keys over ~600 queries and ~700 keys, alone
-    (on Hopper the plain forward kernel runs it) or with softcap, ALiBi and
+    (on Hopper the plain kernels run it) or with softcap, ALiBi and
     sinks: the kernels' key tiles fall wholly inside the window (where the
     tensor-core kernels skip the per-pair visibility test, fold the scale
     into the exponent without softcap and ALiBi, and count ALiBi's distances
@@ -471,9 +472,9 @@ def test_window_with_inner_and_edge_tiles(device_kernel, dtype, is_causal, other
             kw.update(softcap=4.0, alibi_slopes=torch.rand(shape[0], 4, device=device) * 0.05,
                       sinks=torch.randn(4, device=device))
         with attention_kernels(forward=family, backward=family):
-            check_variant(q, k, v, kw, is_causal=is_causal, alignment="bottom_right",
-                          label=f"inner and edge tiles {dtype} {device_kernel} causal={is_causal} shape={shape} "
-                                f"{sorted(kw)}")
+            check_variant(q, k, v, kw, is_causal=is_causal, alignment=alignment,
+                          label=f"inner and edge tiles {dtype} {device_kernel} causal={is_causal} {alignment} "
+                                f"shape={shape} {sorted(kw)}")
 
 
 # ---------------------------------------------------------------------------
@@ -510,22 +511,27 @@ def test_deterministic_flag(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-def test_deterministic_variants_bitwise_and_correct(device, dtype, is_causal):
-    """deterministic=True with a window, sinks and GQA over several key and
-    query blocks (on Hopper the backward orders its dQ additions by counters
-    here): correct by the tolerance rule, and every gradient bitwise identical
-    over runs."""
-    torch.manual_seed(23 + is_causal)
+@pytest.mark.parametrize("sinks", [True, False], ids=["window_sinks", "window_alone"])
+def test_deterministic_variants_bitwise_and_correct(device, dtype, is_causal, sinks):
+    """deterministic=True with a window (alone: on Hopper the plain backward
+    kernel; with sinks: the one with the variants) and GQA over several key
+    and query blocks (on Hopper the backward orders its dQ additions by
+    counters here): correct by the tolerance rule, and every gradient bitwise
+    identical over runs."""
+    torch.manual_seed(23 + is_causal + 2 * sinks)
     q, k, v = make_qkv((2, 4, 2, 700, 900, 64, 64), dtype, device)
-    kw = dict(window_size=(300, 200), sinks=(torch.randn(4) * 2).to(device))
+    kw = dict(window_size=(300, 200))
+    if sinks:
+        kw["sinks"] = (torch.randn(4) * 2).to(device)
     check_variant(q, k, v, kw, is_causal=is_causal, ours_kw=dict(deterministic=True),
-                  label=f"deterministic window+sinks {dtype} causal={is_causal}")
+                  label=f"deterministic {sorted(kw)} {dtype} causal={is_causal}")
     dout = torch.randn(2, 4, 700, 64, dtype=dtype, device=device)
     grads = []
     for _ in range(3):
-        leaves = [t.detach().requires_grad_() for t in (q, k, v, kw["sinks"])]
-        out = torch_oss.attention(*leaves[:3], is_causal=is_causal, enable_gqa=True, sinks=leaves[3],
-                                  window_size=kw["window_size"], deterministic=True)
+        leaves = [t.detach().requires_grad_() for t in ((q, k, v, kw["sinks"]) if sinks else (q, k, v))]
+        extra = dict(sinks=leaves[3]) if sinks else {}
+        out = torch_oss.attention(*leaves[:3], is_causal=is_causal, enable_gqa=True, window_size=kw["window_size"],
+                                  deterministic=True, **extra)
         out.backward(dout)
         grads.append([t.grad for t in leaves])
     for run, other in enumerate(grads[1:], 1):

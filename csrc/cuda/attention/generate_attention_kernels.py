@@ -134,9 +134,10 @@ def _launcher(path, header, name, call, uses=(), more=()):
     """A file of extern "C" launchers: name (returning call(a, stream, dev,
     *uses)) and the (name, call) pairs of `more`. uses: launchers of other
     generated files the call takes (the mma.sync fallbacks of the Hopper
-    kernels, the plain Hopper forward that serves a window alone), declared
-    here and passed by pointer, so that their kernels are compiled once, in
-    their own files; None passes NULL (a launcher this build lacks)."""
+    kernels, the plain Hopper kernels that serve a window alone and their
+    fallbacks with the variants), declared here and passed by pointer, so
+    that their kernels are compiled once, in their own files; None passes
+    NULL (a launcher this build lacks)."""
     text = HEADER + f'#include "cuda/attention/{header}"\n\n'
     for u in uses:
         if u is not None:
@@ -183,7 +184,9 @@ def generate(head_dims, out_dir, sm90=False):
                     paths.append(_launcher(os.path.join(out_dir, f"attention_bwd_sm90_hd{hd}_{tag}.cu"),
                                            "sm90/attention_bwd_sm90.cuh", _bwd_sm90_name(hd, tag),
                                            f"oss_attn_bwd_sm90_launch<{ctype}, {hd}>",
-                                           uses=[_dq_det_name(hd, tag), _bwd_name(hd, tag)]))
+                                           uses=[_dq_det_name(hd, tag), _bwd_name(hd, tag),
+                                                 _dq_det_var_name(_variant_dim(hd), tag),
+                                                 _bwd_var_name(_variant_dim(hd), tag)]))
 
     dec_dims = sorted({_decode_dim(d) for d in dims})
     for hd in dec_dims:
@@ -214,7 +217,8 @@ def generate(head_dims, out_dir, sm90=False):
                 paths.append(_launcher(os.path.join(out_dir, f"attention_bwd_var_sm90_hd{hd}_{tag}.cu"),
                                        "sm90/attention_bwd_sm90.cuh", _bwd_var_sm90_name(hd, tag),
                                        f"oss_attn_bwd_sm90_var_launch<{ctype}, {hd}>",
-                                       uses=[_dq_det_var_name(hd, tag), _bwd_var_name(hd, tag)]))
+                                       uses=[_dq_det_var_name(hd, tag), _bwd_var_name(hd, tag),
+                                             _bwd_sm90_name(hd, tag) if hd in sm90_bwd_dims else None]))
 
     lines = [HEADER, '#include "cuda/attention/attention_common.cuh"\n\n', 'extern "C" {\n']
     def declare(name):

@@ -48,7 +48,9 @@
  *   oss_attn_var_each, P^T and dS'^T in one pass per element once dP^T has
  *   landed (dS' takes the softcap's derivative), only the query blocks whose
  *   window reaches the keys; calls with a mask tensor as well run the
- *   mma.sync kernels with the variants. Dropout (a variant too, as in
+ *   mma.sync kernels with the variants. A window alone runs the plain
+ *   instantiation, which masks the tiles across the window's edges as it
+ *   masks the diagonal's (its fallbacks then those with the variants). Dropout (a variant too, as in
  *   attention_bwd.cuh): the tile's kept weights drawn while dP^T is
  *   computed, dP^T times Z k before that pass, the dropped weights zeroed in
  *   the packed P^T after it, and dV times k when written.
@@ -188,8 +190,9 @@ __device__ __forceinline__ void oss_attn_bwd_sm90_init_stages(uint64_t *full, ui
 /* P^T in place of the scores S^T of a warpgroup's 64 keys (warp k: keys kw0
  * .. kw0 + 15, kw0 its first) and NTQ * 8 queries from q0 (cL: their lse):
  * element (key r, query c) = exp2(c s - lse) with one fused multiply-add,
- * c = scale log2(e); where need_mask, masked scores (the causal rule and the
- * end of the keys) set to -inf, which c leaves -inf while it is positive.
+ * c = scale log2(e); where need_mask, masked scores (the causal rule, the
+ * end of the keys and a window) set to -inf, which c leaves -inf while it is
+ * positive.
  * With a mask tensor (added to scaled scores) or a scale that is not
  * positive, the scores are scaled first and c = 1. */
 template <typename T, int NTQ, bool MASK_TENSOR>
@@ -460,9 +463,11 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (VAR) {
       oss_attn_bwd_sm90_var_probs<NTQ>(sT, pT, keep, a, seed, b, h, kw0, i0, 0, cL, cD, sc, lane);
     } else {
-      /* P^T; the scores to mask: the causal rule and the end of the keys */
+      /* P^T; the scores to mask: the causal rule, the end of the keys and a
+       * window's edges (a window alone runs this kernel) */
       const bool need_mask = MASK_TENSOR || j0 + BC > a.lk ||
-                             (a.causal && (int64_t)(j0 + wg * 64 + 63) > (int64_t)i0 + a.causal_off);
+                             (a.causal && (int64_t)(j0 + wg * 64 + 63) > (int64_t)i0 + a.causal_off) ||
+                             !oss_attn_window_holds(a, i0, BR, j0 + wg * 64, 64);
       oss_attn_bwd_sm90_probs<T, NTQ, MASK_TENSOR>(sT, a, need_mask, b, h, kw0, i0, cL, lane);
       oss_wgmma_wait<0>(); /* dP^T done */
       oss_wgmma_fence_operand<NTQ>(pT);
@@ -836,7 +841,16 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
  * do not compile those kernels again. */
 template <typename T, int HD>
 oss_status oss_attn_bwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
-                                    oss_attn_launch_fn dq_det, oss_attn_launch_fn mma) {
+                                    oss_attn_launch_fn dq_det, oss_attn_launch_fn mma, oss_attn_launch_fn dq_det_var,
+                                    oss_attn_launch_fn mma_var) {
+  if (a->win_left >= 0 || a->win_right >= 0) {
+    /* a window alone (oss_attn_bwd_sm90_var_launch sends it here): the
+     * key-split kernel masks the tiles across its edges as it masks the
+     * diagonal; the passes that may run beside it or instead of it are those
+     * with the variants, which know windows */
+    if constexpr (oss_attn_bwd_sm90_cfg<HD>::WIDE) return mma_var(a, stream, dev);
+    else return oss_attn_bwd_sm90_run<T, HD, false>(a, stream, dev, dq_det_var, mma_var);
+  }
   if (a->mask_kind != OSS_MASK_NONE) {
     if constexpr (oss_attn_bwd_sm90_cfg<HD>::WIDE) return mma(a, stream, dev);
     else return oss_attn_bwd_sm90_run<T, HD, false, true>(a, stream, dev, dq_det, mma);
@@ -845,8 +859,13 @@ oss_status oss_attn_bwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
 }
 template <typename T, int HD>
 oss_status oss_attn_bwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
-                                        oss_attn_launch_fn dq_det_var, oss_attn_launch_fn mma_var) {
+                                        oss_attn_launch_fn dq_det_var, oss_attn_launch_fn mma_var,
+                                        oss_attn_launch_fn plain) {
   if (a->mask_kind != OSS_MASK_NONE) return mma_var(a, stream, dev);
+  /* a window alone: the plain key-split kernel (`plain`: the launcher above,
+   * from its own generated file; NULL where the build has none) */
+  const bool window_only = a->softcap_l2 == 0.f && a->alibi == NULL && a->sinks == NULL && a->drop_seed == NULL;
+  if (!oss_attn_bwd_sm90_cfg<HD>::WIDE && window_only && plain != NULL) return plain(a, stream, dev);
   return oss_attn_bwd_sm90_run<T, HD, true>(a, stream, dev, dq_det_var, mma_var);
 }
 
