@@ -858,8 +858,10 @@ def test_generated_wgmma_wrappers_are_current():
 SM90_KERNELS = [("fwd", 64), ("fwd", 96), ("fwd", 128), ("fwd", 192), ("fwd", 256), ("bwd", 64), ("bwd", 96), ("bwd", 128),
                 ("bwd", 256)]
 # the launchers' further arguments: the mma.sync launchers they fall back to
-# (the forward's: without and with the score variants; the backward's: dQ pass, fallback)
-FALLBACKS = {"fwd": "oss_attn_launch_fn, oss_attn_launch_fn", "bwd": "oss_attn_launch_fn, oss_attn_launch_fn"}
+# (the forward's: without and with the score variants; the backward's: dQ pass and
+# fallback, without and with the score variants)
+FALLBACKS = {"fwd": "oss_attn_launch_fn, oss_attn_launch_fn",
+             "bwd": "oss_attn_launch_fn, oss_attn_launch_fn, oss_attn_launch_fn, oss_attn_launch_fn"}
 
 
 @functools.lru_cache(maxsize=1)
