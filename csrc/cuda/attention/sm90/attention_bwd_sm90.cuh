@@ -50,10 +50,11 @@
  *   window reaches the keys; calls with a mask tensor as well run the
  *   mma.sync kernels with the variants. A window alone runs the plain
  *   instantiation, which masks the tiles across the window's edges as it
- *   masks the diagonal's (its fallbacks then those with the variants). Dropout (a variant too, as in
- *   attention_bwd.cuh): the tile's kept weights drawn while dP^T is
- *   computed, dP^T times Z k before that pass, the dropped weights zeroed in
- *   the packed P^T after it, and dV times k when written.
+ *   masks the diagonal's (its fallbacks then those with the variants).
+ *   Dropout (a variant too, as in attention_bwd.cuh): the tile's kept
+ *   weights drawn while dP^T is computed, dP^T times Z k before that pass,
+ *   the dropped weights zeroed in the packed P^T after it, and dV times k
+ *   when written.
  *   dQ's centring (attention_bwd.cuh): m64n8k16 wgmmas of dS' by a tile of
  *   ones give the row sums R of the piece's 64 query rows (BR = 64: each
  *   warpgroup over its half of the keys), staged in a padding column of the
