@@ -865,8 +865,7 @@ oss_status oss_attn_bwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t str
   if (a->mask_kind != OSS_MASK_NONE) return mma_var(a, stream, dev);
   /* a window alone: the plain key-split kernel (`plain`: the launcher above,
    * from its own generated file; NULL where the build has none) */
-  const bool window_only = a->softcap_l2 == 0.f && a->alibi == NULL && a->sinks == NULL && a->drop_seed == NULL;
-  if (!oss_attn_bwd_sm90_cfg<HD>::WIDE && window_only && plain != NULL) return plain(a, stream, dev);
+  if (!oss_attn_bwd_sm90_cfg<HD>::WIDE && oss_attn_window_only(a) && plain != NULL) return plain(a, stream, dev);
   return oss_attn_bwd_sm90_run<T, HD, true>(a, stream, dev, dq_det_var, mma_var);
 }
 

@@ -575,8 +575,7 @@ oss_status oss_attn_fwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t str
                                         oss_attn_launch_fn mma_var, oss_attn_launch_fn plain) {
   typedef oss_attn_fwd_sm90_cfg<HD> C;
   if (a->mask_kind != OSS_MASK_NONE) return mma_var(a, stream, dev);
-  const bool window_only = a->softcap_l2 == 0.f && a->alibi == NULL && a->sinks == NULL && a->drop_seed == NULL;
-  if (window_only && plain != NULL) return plain(a, stream, dev);
+  if (oss_attn_window_only(a) && plain != NULL) return plain(a, stream, dev);
   static const int regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, true>);
   const bool persistent = C::persistent(a);
   return oss_attn_fwd_sm90_run<T, HD, HD, C::BC, true>(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, true>,

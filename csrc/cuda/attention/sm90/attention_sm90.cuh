@@ -352,4 +352,10 @@ template <typename K> static inline int oss_kernel_regs(K *kernel) {
   return attr.numRegs;
 }
 
+/* A call whose only score variant is a window: the plain Hopper kernels
+ * serve it (they apply a window where they apply the causal rule). */
+static inline bool oss_attn_window_only(const oss_attn_args *a) {
+  return a->softcap_l2 == 0.f && a->alibi == NULL && a->sinks == NULL && a->drop_seed == NULL;
+}
+
 #endif /* OSS_ATTENTION_SM90_CUH */
