@@ -23,8 +23,12 @@ Per batch: prefill time (time to the first token: generate with
 max_new_tokens=1), total time, decode tokens/s = batch * (new - 1) / (total -
 prefill), end-to-end tokens/s = batch * new / total, and oss / sdpa of the
 decode tokens/s. Times: wall clock between torch.cuda.synchronize() calls, one
-warm-up generate per implementation and batch, then the median of 3 runs (CPU:
-1). Checked first, per batch, by the same rule against float64: the logits of
+warm-up generate per implementation and batch, then --gen-runs rounds (default
+5; CPU 1), each timing both implementations back to back (which goes first
+alternates from round to round), so that a drift of the machine's speed, which
+on a shared host can exceed the difference being measured, falls on both alike:
+medians of the times, and the median over rounds of each round's oss / sdpa
+decode tokens/s (the paired ratio, with its range). Checked first, per batch, by the same rule against float64: the logits of
 the first generated position (the prompt's last position) and those of one
 decoding step with a DynamicCache (the prompt with use_cache=True, then one
 token with that cache); the float64 reference runs one sequence at a time.
@@ -78,6 +82,7 @@ def parse_args():
     p.add_argument("--no-check", action="store_true", help="skip the float64 comparison")
     p.add_argument("--generate", action="store_true", help="time model.generate() instead (see above)")
     p.add_argument("--prompt-len", type=int, default=None, help="--generate: default 2048 (cuda), 64 (cpu)")
+    p.add_argument("--gen-runs", type=int, default=None, help="--generate: timed rounds, default 5 (cuda), 1 (cpu)")
     p.add_argument("--new-tokens", type=int, default=None, help="--generate: default 256 (cuda), 16 (cpu)")
     p.add_argument("--gen-batches", type=int, nargs="+", default=None,
                    help="--generate: batch sizes, default 1 16 (cuda), 1 2 (cpu)")
@@ -253,15 +258,17 @@ def timed(model, impl, mode, ids):
     return ms, peak
 
 
-def timed_generate(model, impl, ids, new_tokens, runs):
-    """(prefill s, total s, tokens of the warm-up run): medians over `runs` of
-    greedy generate() of exactly 1 (the prefill) and of new_tokens tokens, after
-    one warm-up generate of new_tokens."""
-    model.set_attn_implementation(impl)
+def timed_generate(model, ids, new_tokens, runs, impls=("sdpa", "oss")):
+    """Per implementation: the tokens of a warm-up greedy generate() of
+    new_tokens, then `runs` rounds, each timing generate() of exactly 1 token
+    (the prefill) and of new_tokens for every implementation back to back, the
+    order alternating from round to round. Returns ({impl: [(prefill s, total
+    s), ...]}, {impl: tokens})."""
     mask = torch.ones_like(ids)  # what a tokenizer gives; generate() would otherwise guess it from pad tokens
     cuda = ids.device.type == "cuda"
 
-    def run(n):
+    def run(impl, n):
+        model.set_attn_implementation(impl)
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -274,10 +281,12 @@ def timed_generate(model, impl, ids, new_tokens, runs):
             raise RuntimeError(f"generate() gave {out.shape[1] - ids.shape[1]} new tokens, not {n}")
         return seconds, out[:, ids.shape[1]:]
 
-    tokens = run(new_tokens)[1]
-    prefill = statistics.median(run(1)[0] for _ in range(runs))
-    total = statistics.median(run(new_tokens)[0] for _ in range(runs))
-    return prefill, total, tokens
+    tokens = {impl: run(impl, new_tokens)[1] for impl in impls}
+    times = {impl: [] for impl in impls}
+    for r in range(runs):
+        for impl in (impls if r % 2 == 0 else impls[::-1]):
+            times[impl].append((run(impl, 1)[0], run(impl, new_tokens)[0]))
+    return times, tokens
 
 
 def time_steps(model, args, title):
@@ -308,31 +317,38 @@ def time_steps(model, args, title):
 def time_generation(model, args, title):
     """--generate: generate() per --gen-batches. Returns the JSON results."""
     model.eval()
-    runs = 3 if args.device == "cuda" else 1
+    runs = args.gen_runs or (5 if args.device == "cuda" else 1)
     new = args.new_tokens
     n_agree = min(32, new)
     rows, results = [], []
     for batch in args.gen_batches:
         ids = random_ids(model, (batch, args.prompt_len), args.device, 3)
-        t = {impl: timed_generate(model, impl, ids, new, runs) for impl in ("sdpa", "oss")}
-        decode = {impl: batch * (new - 1) / (t[impl][1] - t[impl][0]) for impl in t}
+        times, tokens = timed_generate(model, ids, new, runs)
+        # per round: decode tokens/s from that round's two generate() calls
+        rounds = {impl: [batch * (new - 1) / (total - prefill) for prefill, total in times[impl]] for impl in times}
+        ratios = [o / s for o, s in zip(rounds["oss"], rounds["sdpa"])]
+        ratio = statistics.median(ratios)
+        t = {impl: (statistics.median(p for p, _ in times[impl]), statistics.median(x for _, x in times[impl]))
+             for impl in times}
+        decode = {impl: statistics.median(rounds[impl]) for impl in rounds}
         e2e = {impl: batch * new / t[impl][1] for impl in t}
-        agree = int((t["oss"][2][:, :n_agree] == t["sdpa"][2][:, :n_agree]).sum())
+        agree = int((tokens["oss"][:, :n_agree] == tokens["sdpa"][:, :n_agree]).sum())
         results.append({"batch": batch, "prompt_len": args.prompt_len, "new_tokens": new, "runs": runs,
                         **{f"{impl}_prefill_ms": t[impl][0] * 1e3 for impl in t},
                         **{f"{impl}_total_ms": t[impl][1] * 1e3 for impl in t},
                         **{f"{impl}_decode_tokens_per_s": decode[impl] for impl in t},
                         **{f"{impl}_e2e_tokens_per_s": e2e[impl] for impl in t},
-                        "decode_oss_over_sdpa": decode["oss"] / decode["sdpa"],
+                        "decode_oss_over_sdpa": ratio, "decode_oss_over_sdpa_per_round": ratios,
                         "first_tokens_compared": batch * n_agree, "first_tokens_agreeing": agree})
         rows.append([batch, f"{t['sdpa'][0] * 1e3:.1f}", f"{t['oss'][0] * 1e3:.1f}", f"{t['sdpa'][1] * 1e3:.1f}",
                      f"{t['oss'][1] * 1e3:.1f}", f"{decode['sdpa']:.1f}", f"{decode['oss']:.1f}",
-                     f"{e2e['sdpa']:.1f}", f"{e2e['oss']:.1f}", f"{decode['oss'] / decode['sdpa']:.3f}",
+                     f"{e2e['sdpa']:.1f}", f"{e2e['oss']:.1f}",
+                     f"{ratio:.3f} ({min(ratios):.2f}-{max(ratios):.2f})",
                      f"{agree}/{batch * n_agree}"])
     print_table(f"{title}) on {args.device}: generate(), prompt {args.prompt_len} + {new} new tokens, greedy, "
-                f"DynamicCache, eager, median of {runs}; attn_implementation 'oss' vs 'sdpa'",
+                f"DynamicCache, eager, medians of {runs} interleaved rounds; attn_implementation 'oss' vs 'sdpa'",
                 ["batch", "sdpa prefill ms", "oss prefill ms", "sdpa total ms", "oss total ms", "sdpa decode tok/s",
-                 "oss decode tok/s", "sdpa e2e tok/s", "oss e2e tok/s", "oss/sdpa decode",
+                 "oss decode tok/s", "sdpa e2e tok/s", "oss e2e tok/s", "oss/sdpa decode (range)",
                  f"same first {n_agree}"], rows)
     return results
 
