@@ -28,10 +28,11 @@ warm-up generate per implementation and batch, then --gen-runs rounds (default
 alternates from round to round), so that a drift of the machine's speed, which
 on a shared host can exceed the difference being measured, falls on both alike:
 medians of the times, and the median over rounds of each round's oss / sdpa
-decode tokens/s (the paired ratio, with its range). Checked first, per batch, by the same rule against float64: the logits of
-the first generated position (the prompt's last position) and those of one
-decoding step with a DynamicCache (the prompt with use_cache=True, then one
-token with that cache); the float64 reference runs one sequence at a time.
+decode tokens/s (the paired ratio, with its range). Checked first, per batch,
+by the same rule against float64: the logits of the first generated position
+(the prompt's last position) and those of one decoding step with a
+DynamicCache (the prompt with use_cache=True, then one token with that cache);
+the float64 reference runs one sequence at a time.
 Generated tokens are not required to agree (bf16 argmax ties may go either
 way); how many of the first 32 agree between oss and sdpa is printed, for
 information. Results go to model_generate_<device>.json.
