@@ -72,6 +72,9 @@ def _check_window(window_size, op):
     return tuple(window_size)
 
 
+_NO_WINDOW = (-1, -1)
+
+
 def _check_variants(query, window_size, softcap, alibi_slopes, sinks, deterministic, op="torch_oss.attention"):
     """Checks the score variants' arguments (types, values, dtypes, devices;
     the op checks their shapes against the heads) and returns window_size as
@@ -112,7 +115,10 @@ def attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
     the sink, with ``sinks``), shape ``(..., Hq, Lq)``, float32 (float64 for
     float64 inputs), ``-inf`` for a row that sees no key and has no sink.
     ``lse`` carries no gradient."""
-    if (not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool) or math.isnan(dropout_p)
+    # Each check has a fast form for the common argument types (a call's host
+    # time is its latency for small inputs); anything else takes the full check.
+    if not (type(dropout_p) is float and 0.0 <= dropout_p <= 1.0) and (
+            not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool) or math.isnan(dropout_p)
             or not 0.0 <= dropout_p <= 1.0):
         raise ValueError(f"torch_oss.attention: dropout_p={dropout_p!r} must be a number in [0, 1]")
     if causal_alignment not in CAUSAL_ALIGNMENTS:
@@ -128,7 +134,9 @@ def attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"torch_oss.attention: {name} must be a Tensor, got {type(t).__name__}")
-    window_size = _check_variants(query, window_size, softcap, alibi_slopes, sinks, deterministic)
+    if not (type(window_size) is tuple and window_size == _NO_WINDOW and type(softcap) is float and softcap == 0.0
+            and alibi_slopes is None and sinks is None and deterministic is None):
+        window_size = _check_variants(query, window_size, softcap, alibi_slopes, sinks, deterministic)
     variants = (window_size, softcap, alibi_slopes, sinks, deterministic, float(dropout_p),
                 _dropout_seed(query.device) if dropout_p > 0 else None)
     ranks = (query.dim(), key.dim(), value.dim())

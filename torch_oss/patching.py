@@ -225,7 +225,8 @@ def _tensor_reason(t, name):
         return f"{name} is a nested tensor"
     if t.layout != torch.strided:
         return f"{name} has layout {t.layout}"
-    if t.device.type not in _SERVED_DEVICES:
+    # is_cpu / is_cuda first: cheaper than building the device object (every call pays this)
+    if not (t.is_cpu or (_CUDA_BUILT and t.is_cuda)) and t.device.type not in _SERVED_DEVICES:
         return f"{name} is on device type '{t.device.type}' (this build serves {', '.join(_SERVED_DEVICES)})"
     return None
 
@@ -343,8 +344,8 @@ def autocast_attention_inputs(query, key, value, attn_mask):
     """Casts like autocast does for scaled_dot_product_attention (lower
     precision list on CPU and CUDA): floating tensors other than float64 go to
     the autocast dtype."""
-    device = query.device.type
-    if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device):
+    device = "cuda" if query.is_cuda else "cpu" if query.is_cpu else None  # cheaper than query.device.type
+    if device is None or not torch.is_autocast_enabled(device):
         return query, key, value, attn_mask
     target = torch.get_autocast_dtype(device)
 

@@ -394,7 +394,7 @@ def _unsupported_reason(query, key, value, attention_mask, dropout, position_bia
         return f"query dtype {query.dtype}"
     if key.dtype != query.dtype or value.dtype != query.dtype:
         return "query, key and value dtypes differ"
-    limit = _patching._CUDA_MAX_HEAD_DIM if query.device.type == "cuda" else _patching._MAX_HEAD_DIM
+    limit = _patching._CUDA_MAX_HEAD_DIM if query.is_cuda else _patching._MAX_HEAD_DIM
     if query.shape[-1] > limit or value.shape[-1] > limit:
         return f"head dim {max(query.shape[-1], value.shape[-1])} > {limit}"
     if query.shape[1] % key.shape[1] != 0:
@@ -561,8 +561,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     window_size = (-1, -1)
     if sliding_window is not None and attention_mask is None:
         window_size = (int(sliding_window) - 1, int(sliding_window) - 1)
-    variants = [name for name, used in (("sliding_window", window_size != (-1, -1)), ("softcap", softcap != 0),
-                                        ("s_aux", sinks is not None)) if used]
+    variants = ()
+    if window_size != (-1, -1) or softcap != 0 or sinks is not None:
+        variants = [name for name, used in (("sliding_window", window_size != (-1, -1)), ("softcap", softcap != 0),
+                                            ("s_aux", sinks is not None)) if used]
 
     reason = _unsupported_reason(query, key, value, attention_mask, dropout, position_bias, variants)
     if reason is not None:
