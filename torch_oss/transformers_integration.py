@@ -561,10 +561,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     window_size = (-1, -1)
     if sliding_window is not None and attention_mask is None:
         window_size = (int(sliding_window) - 1, int(sliding_window) - 1)
-    variants = ()
-    if window_size != (-1, -1) or softcap != 0 or sinks is not None:
-        variants = [name for name, used in (("sliding_window", window_size != (-1, -1)), ("softcap", softcap != 0),
-                                            ("s_aux", sinks is not None)) if used]
+    variants = [name for name, used in (("sliding_window", window_size != (-1, -1)), ("softcap", softcap != 0),
+                                        ("s_aux", sinks is not None)) if used]
 
     reason = _unsupported_reason(query, key, value, attention_mask, dropout, position_bias, variants)
     if reason is not None:
