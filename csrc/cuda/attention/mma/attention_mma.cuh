@@ -824,13 +824,9 @@ typedef struct oss_attn_query_block {
   int jt0; /* the first key tile some row can see (a window's left edge; else 0) */
 } oss_attn_query_block;
 
+/* The rows and key tiles of query block `block` (q's head fields already set). */
 template <int BR, int BC>
-__device__ __forceinline__ void oss_attn_query_block_at(const oss_attn_args &a, int64_t bh, int block,
-                                                        oss_attn_query_block *q) {
-  q->bh = bh;
-  q->b = (int)(q->bh / a.hq);
-  q->h = (int)(q->bh % a.hq);
-  q->hk = q->h / a.group;
+__device__ __forceinline__ void oss_attn_query_block_rows(const oss_attn_args &a, int block, oss_attn_query_block *q) {
   const int qb = a.causal ? (a.lq + BR - 1) / BR - 1 - block : block;
   q->i0 = qb * BR;
   q->rows = min(BR, a.lq - q->i0);
@@ -851,6 +847,16 @@ __device__ __forceinline__ void oss_attn_query_block_at(const oss_attn_args &a, 
   q->ntiles = (n_end + BC - 1) / BC;
   q->jt0 = n_start / BC;
   if (q->jt0 > q->ntiles) q->jt0 = q->ntiles;
+}
+
+template <int BR, int BC>
+__device__ __forceinline__ void oss_attn_query_block_at(const oss_attn_args &a, int64_t bh, int block,
+                                                        oss_attn_query_block *q) {
+  q->bh = bh;
+  q->b = (int)(q->bh / a.hq);
+  q->h = (int)(q->bh % a.hq);
+  q->hk = q->h / a.group;
+  oss_attn_query_block_rows<BR, BC>(a, block, q);
 }
 
 /* The block of this CTA; a (the kernel's copy of its arguments) becomes its

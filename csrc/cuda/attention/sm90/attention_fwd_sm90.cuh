@@ -191,21 +191,30 @@ __device__ __forceinline__ void oss_sm90_softmax_pack(const float (&s)[NT][4], f
 }
 
 
-/* Work block w of nqb per row of the work grid: (batch * query head) bh =
- * w / nqb and its query block w % nqb; in a variable-length batch w / nqb is
- * the query head and w % nqb a slot of the packed rows (oss_attn_seq_slots),
- * and a becomes the slot's sequence's view. False: an empty slot. */
-template <typename T, int BR>
-__device__ __forceinline__ bool oss_sm90_block_view(oss_attn_args &a, const oss_attn_args &args, int w, int nqb,
-                                                    int64_t *bh, int *block) {
-  *bh = w / nqb;
-  *block = w % nqb;
-  if (args.cu_q == nullptr) return true;
-  a = args;
-  const int b = oss_attn_slot_seq(args.cu_q, args.batch, args.total_q, BR, *block, block);
-  *bh = (int64_t)b * args.hq + w / nqb;
-  oss_attn_seq_view<T>(a, b);
-  return *block >= 0 && *block * BR < a.lq;
+/* A divisor fixed for a kernel's run as a multiply and a shift: n / d for
+ * 0 <= n < 2^31 (d >= 1) in three instructions, where a 32-bit division is a
+ * chain of some twenty and a 64-bit one a call; the block loop divides by the
+ * same few numbers for every block. mul = 2^32 (2^shift - d) / d + 1 with
+ * shift = ceil(log2 d) (Granlund and Montgomery's round-up method; t + n
+ * stays below 2^32 as t <= n < 2^31). */
+typedef struct oss_fastdiv {
+  int d;
+  uint32_t mul, shift;
+} oss_fastdiv;
+__device__ __forceinline__ oss_fastdiv oss_fastdiv_of(int d) {
+  oss_fastdiv f;
+  f.d = d;
+  f.shift = d > 1 ? 32u - (uint32_t)__clz(d - 1) : 0u;
+  f.mul = (uint32_t)(((((uint64_t)1 << f.shift) - (uint64_t)d) << 32) / (uint64_t)d + 1u);
+  return f;
+}
+__device__ __forceinline__ int oss_fastdiv_q(int n, const oss_fastdiv &f) {
+  return (int)((__umulhi((uint32_t)n, f.mul) + (uint32_t)n) >> f.shift);
+}
+/* n / f.d, by the multiply or, with DIVIDE, by a division (for a kernel with no
+ * registers to hold the multipliers: the compiler then drops them). */
+template <bool DIVIDE> __device__ __forceinline__ int oss_fastdiv_div(int n, const oss_fastdiv &f) {
+  return DIVIDE ? n / f.d : oss_fastdiv_q(n, f);
 }
 
 /* Work blocks per row of the work grid, and the rows (see oss_sm90_block_view). */
@@ -214,6 +223,62 @@ __host__ __device__ __forceinline__ int64_t oss_sm90_row_blocks(const oss_attn_a
 }
 __host__ __device__ __forceinline__ int64_t oss_sm90_work_rows(const oss_attn_args &a) {
   return a.cu_q != nullptr ? a.hq : (int64_t)a.batch * a.hq;
+}
+
+/* A CTA's walk over the work grid (oss_sm90_first_block): nqb blocks per row,
+ * nwork in all, by pairs of equal work where `pairs` (units of them, per_row a
+ * row), and the divisors the walk and a block's heads need. */
+typedef struct oss_sm90_sched {
+  int nqb, nwork, units;
+  bool pairs;
+  oss_fastdiv by_nqb, by_per_row, by_hq, by_group;
+} oss_sm90_sched;
+template <int BR> __device__ __forceinline__ oss_sm90_sched oss_sm90_sched_of(const oss_attn_args &args) {
+  oss_sm90_sched s;
+  s.nqb = (int)oss_sm90_row_blocks(args, BR);
+  const int rows = (int)oss_sm90_work_rows(args), per_row = (s.nqb + 1) / 2;
+  s.nwork = s.nqb * rows; /* the launcher checks that it fits */
+  s.units = rows * per_row;
+  /* causal blocks in pairs of equal work; a window's blocks are of about equal
+   * work each (a left edge caps them), taken by stride */
+  s.pairs = args.causal && args.cu_q == nullptr && args.win_left < 0;
+  s.by_nqb = oss_fastdiv_of(s.nqb > 0 ? s.nqb : 1);
+  s.by_per_row = oss_fastdiv_of(per_row > 0 ? per_row : 1);
+  s.by_hq = oss_fastdiv_of(args.hq > 0 ? (int)args.hq : 1);
+  s.by_group = oss_fastdiv_of(args.group > 0 ? (int)args.group : 1);
+  return s;
+}
+
+/* Work block w of nqb per row of the work grid: (batch * query head) bh =
+ * w / nqb and its query block w % nqb; in a variable-length batch w / nqb is
+ * the query head and w % nqb a slot of the packed rows (oss_attn_seq_slots),
+ * and a becomes the slot's sequence's view. False: an empty slot. */
+template <typename T, int BR>
+__device__ __forceinline__ bool oss_sm90_block_view(oss_attn_args &a, const oss_attn_args &args, int w,
+                                                    const oss_sm90_sched &s, int64_t *bh, int *block) {
+  const int row = oss_fastdiv_q(w, s.by_nqb); /* never in the kernel that reads a mask tensor */
+  *bh = row;
+  *block = w - row * s.nqb;
+  if (args.cu_q == nullptr) return true;
+  a = args;
+  const int b = oss_attn_slot_seq(args.cu_q, args.batch, args.total_q, BR, *block, block);
+  *bh = (int64_t)b * args.hq + row;
+  oss_attn_seq_view<T>(a, b);
+  return *block >= 0 && *block * BR < a.lq;
+}
+
+/* oss_attn_query_block_at with the schedule's divisors (bh < 2^31: the
+ * launcher checks that the work grid fits an int). DIVIDE: by divisions (the
+ * kernel that reads a mask tensor, which the multipliers' registers spill at
+ * head dim 128). */
+template <int BR, int BC, bool DIVIDE>
+__device__ __forceinline__ void oss_sm90_query_block(const oss_attn_args &a, const oss_sm90_sched &s, int64_t bh,
+                                                     int block, oss_attn_query_block *q) {
+  q->bh = bh;
+  q->b = oss_fastdiv_div<DIVIDE>((int)bh, s.by_hq);
+  q->h = (int)bh - q->b * (int)a.hq;
+  q->hk = oss_fastdiv_div<DIVIDE>(q->h, s.by_group);
+  oss_attn_query_block_rows<BR, BC>(a, block, q);
 }
 
 /* The work blocks of a CTA: w = oss_sm90_first_block(), then
@@ -226,23 +291,22 @@ __host__ __device__ __forceinline__ int64_t oss_sm90_work_rows(const oss_attn_ar
  * (the middle block of an odd nqb alone), the units taken by stride, so every
  * CTA gets the same work (a stride over single blocks would hand CTA c the
  * same weight every time). Only w carries from one block to the next. */
-__device__ __forceinline__ int oss_sm90_unit_block(unsigned u, int nqb, int nwork) {
-  const unsigned per_row = (unsigned)(nqb + 1) / 2;
-  if (u >= (unsigned)nwork / (unsigned)nqb * per_row) return -1;
-  return (int)(u / per_row) * nqb + (int)(u % per_row);
+template <bool DIVIDE> __device__ __forceinline__ int oss_sm90_unit_block(unsigned u, const oss_sm90_sched &s) {
+  if (u >= (unsigned)s.units) return -1;
+  const int row = oss_fastdiv_div<DIVIDE>((int)u, s.by_per_row);
+  return row * s.nqb + ((int)u - row * s.by_per_row.d);
 }
-__device__ __forceinline__ int oss_sm90_first_block(int nqb, int nwork, bool pairs) {
-  if (gridDim.x >= (unsigned)nwork || !pairs) return blockIdx.x < (unsigned)nwork ? (int)blockIdx.x : -1;
-  return oss_sm90_unit_block(blockIdx.x, nqb, nwork);
+template <bool DIVIDE> __device__ __forceinline__ int oss_sm90_first_block(const oss_sm90_sched &s) {
+  if (gridDim.x >= (unsigned)s.nwork || !s.pairs) return blockIdx.x < (unsigned)s.nwork ? (int)blockIdx.x : -1;
+  return oss_sm90_unit_block<DIVIDE>(blockIdx.x, s);
 }
-__device__ __forceinline__ int oss_sm90_next_block(int w, int nqb, int nwork, bool pairs) {
-  if (gridDim.x >= (unsigned)nwork) return -1;
+template <bool DIVIDE> __device__ __forceinline__ int oss_sm90_next_block(int w, const oss_sm90_sched &s) {
+  if (gridDim.x >= (unsigned)s.nwork) return -1;
   /* unsigned: w + gridDim.x < 2 nwork <= 2 INT_MAX */
-  if (!pairs) return w + gridDim.x < (unsigned)nwork ? (int)(w + gridDim.x) : -1;
-  const int row = w / nqb, b = w % nqb, partner = nqb - 1 - b;
-  if (b < partner) return row * nqb + partner; /* the light block of the unit */
-  const unsigned per_row = (unsigned)(nqb + 1) / 2;
-  return oss_sm90_unit_block((unsigned)row * per_row + (unsigned)partner + gridDim.x, nqb, nwork);
+  if (!s.pairs) return w + gridDim.x < (unsigned)s.nwork ? (int)(w + gridDim.x) : -1;
+  const int row = oss_fastdiv_div<DIVIDE>(w, s.by_nqb), b = w - row * s.nqb, partner = s.nqb - 1 - b;
+  if (b < partner) return row * s.nqb + partner; /* the light block of the unit */
+  return oss_sm90_unit_block<DIVIDE>((unsigned)row * (unsigned)s.by_per_row.d + (unsigned)partner + gridDim.x, s);
 }
 
 
@@ -279,11 +343,7 @@ __global__ void __launch_bounds__(384, 1)
    * tensor, where the uniform registers it takes make the kernel spill */
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = MASK_TENSOR ? warp >> 2 : oss_warpgroup();
   /* the work blocks of this CTA: oss_sm90_first_block */
-  const int nqb = (int)oss_sm90_row_blocks(args, BR);
-  const int nwork = nqb * (int)oss_sm90_work_rows(args); /* the launcher checks that it fits */
-  /* causal blocks in pairs of equal work; a window's blocks are of about equal
-   * work each (a left edge caps them), taken by stride */
-  const bool pairs = args.causal && args.cu_q == nullptr && args.win_left < 0;
+  const oss_sm90_sched sched = oss_sm90_sched_of<BR>(args);
   /* the current block's arguments: in a variable-length batch its sequence's
    * view (oss_attn_seq_view); the copies then address the packed rows from the
    * sequence's first (seq_q0, seq_k0) in one batch. A mask tensor never comes
@@ -320,12 +380,12 @@ __global__ void __launch_bounds__(384, 1)
       oss_tma_prefetch_map(&maps.v);
       int blocks = 0, tiles = 0; /* Q and K/V uses so far */
 #pragma unroll 1
-      for (int w = oss_sm90_first_block(nqb, nwork, pairs); w >= 0; w = oss_sm90_next_block(w, nqb, nwork, pairs)) {
-        int64_t bh = w / nqb;
-        int block = w % nqb;
-        if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, w, nqb, &bh, &block)) continue;
+      for (int w = oss_sm90_first_block<MASK_TENSOR>(sched); w >= 0; w = oss_sm90_next_block<MASK_TENSOR>(w, sched)) {
+        int64_t bh = oss_fastdiv_div<MASK_TENSOR>(w, sched.by_nqb);
+        int block = w - (int)bh * sched.nqb;
+        if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, w, sched, &bh, &block)) continue;
         oss_attn_query_block qb;
-        oss_attn_query_block_at<BR, BC>(a, bh, block, &qb);
+        oss_sm90_query_block<BR, BC, MASK_TENSOR>(a, sched, bh, block, &qb);
         const int jt0 = WIN ? qb.jt0 : 0;
         if (qb.ntiles <= jt0) continue;
         const int tb = a.cu_q != nullptr ? 0 : qb.b; /* the copies' batch */
@@ -358,12 +418,12 @@ __global__ void __launch_bounds__(384, 1)
     oss_attn_keep<1, NT> keep; /* the kept weights of the tile being packed */
     int blocks = 0, tiles = 0;
 #pragma unroll 1
-    for (int w = oss_sm90_first_block(nqb, nwork, pairs); w >= 0; w = oss_sm90_next_block(w, nqb, nwork, pairs)) {
-      int64_t bh = w / nqb;
-      int block = w % nqb;
-      if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, w, nqb, &bh, &block)) continue;
+    for (int w = oss_sm90_first_block<MASK_TENSOR>(sched); w >= 0; w = oss_sm90_next_block<MASK_TENSOR>(w, sched)) {
+      int64_t bh = oss_fastdiv_div<MASK_TENSOR>(w, sched.by_nqb);
+      int block = w - (int)bh * sched.nqb;
+      if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, w, sched, &bh, &block)) continue;
       oss_attn_query_block qb;
-      oss_attn_query_block_at<BR, BC>(a, bh, block, &qb);
+      oss_sm90_query_block<BR, BC, MASK_TENSOR>(a, sched, bh, block, &qb);
       /* the block's key tiles jt0 .. jt0 + ntiles - 1 (a window's; else all up to the diagonal) */
       const int i0 = qb.i0, jt0 = WIN ? qb.jt0 : 0, ntiles = qb.ntiles > jt0 ? qb.ntiles - jt0 : 0;
       const int64_t mbase = MASK_TENSOR ? oss_attn_mask_base(a, qb.b, qb.h) : 0;
