@@ -249,20 +249,18 @@ template <int BR> __device__ __forceinline__ oss_sm90_sched oss_sm90_sched_of(co
   return s;
 }
 
-/* Work block w of nqb per row of the work grid: (batch * query head) bh =
- * w / nqb and its query block w % nqb; in a variable-length batch w / nqb is
- * the query head and w % nqb a slot of the packed rows (oss_attn_seq_slots),
- * and a becomes the slot's sequence's view. False: an empty slot. */
+/* Work block w of nqb per row of the work grid comes as its row *bh = w / nqb
+ * (batch * query head) and its query block *block = w % nqb; in a
+ * variable-length batch the row is the query head and the block a slot of the
+ * packed rows (oss_attn_seq_slots): they become the slot's sequence's (batch *
+ * query head, query block), and a its view. False: an empty slot. */
 template <typename T, int BR>
-__device__ __forceinline__ bool oss_sm90_block_view(oss_attn_args &a, const oss_attn_args &args, int w,
-                                                    const oss_sm90_sched &s, int64_t *bh, int *block) {
-  const int row = oss_fastdiv_q(w, s.by_nqb); /* never in the kernel that reads a mask tensor */
-  *bh = row;
-  *block = w - row * s.nqb;
+__device__ __forceinline__ bool oss_sm90_block_view(oss_attn_args &a, const oss_attn_args &args, int64_t *bh,
+                                                    int *block) {
   if (args.cu_q == nullptr) return true;
   a = args;
   const int b = oss_attn_slot_seq(args.cu_q, args.batch, args.total_q, BR, *block, block);
-  *bh = (int64_t)b * args.hq + row;
+  *bh += (int64_t)b * args.hq;
   oss_attn_seq_view<T>(a, b);
   return *block >= 0 && *block * BR < a.lq;
 }
@@ -383,7 +381,7 @@ __global__ void __launch_bounds__(384, 1)
       for (int w = oss_sm90_first_block<MASK_TENSOR>(sched); w >= 0; w = oss_sm90_next_block<MASK_TENSOR>(w, sched)) {
         int64_t bh = oss_fastdiv_div<MASK_TENSOR>(w, sched.by_nqb);
         int block = w - (int)bh * sched.nqb;
-        if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, w, sched, &bh, &block)) continue;
+        if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, &bh, &block)) continue;
         oss_attn_query_block qb;
         oss_sm90_query_block<BR, BC, MASK_TENSOR>(a, sched, bh, block, &qb);
         const int jt0 = WIN ? qb.jt0 : 0;
@@ -421,7 +419,7 @@ __global__ void __launch_bounds__(384, 1)
     for (int w = oss_sm90_first_block<MASK_TENSOR>(sched); w >= 0; w = oss_sm90_next_block<MASK_TENSOR>(w, sched)) {
       int64_t bh = oss_fastdiv_div<MASK_TENSOR>(w, sched.by_nqb);
       int block = w - (int)bh * sched.nqb;
-      if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, w, sched, &bh, &block)) continue;
+      if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, &bh, &block)) continue;
       oss_attn_query_block qb;
       oss_sm90_query_block<BR, BC, MASK_TENSOR>(a, sched, bh, block, &qb);
       /* the block's key tiles jt0 .. jt0 + ntiles - 1 (a window's; else all up to the diagonal) */
