@@ -23,7 +23,9 @@ Bytes counted: K + V read once, 2 * B * Hkv * L * D * element size; q and the ou
 (B * Hq * D elements each) are left out, being negligible next to the cache. Bandwidth
 is given as % of a device-to-device copy's bandwidth (read + write) measured in the
 same run. Times are common.bench_stats medians (triton's do_bench, the L2 flushed
-before each call) after short warm-up; the JSON also has the trimmed means. Every
+before each call) after short warm-up, each implementation timed once in each of
+--rounds rounds (alternating order) and the median over the rounds kept; the JSON also
+has the trimmed means. Every
 implementation's output is checked once per shape, before timing, against a float32
 reference; a wrong result stops the run.
 
@@ -36,6 +38,7 @@ reference; a wrong result stops the run.
 
 import argparse
 import math
+import statistics
 import sys
 import warnings
 from contextlib import nullcontext
@@ -133,6 +136,24 @@ def time_it(fn, device, ctx, timing):
             return common.bench_stats(fn, device, **timing)
 
 
+def time_in_rounds(fns, device, timing, rounds):
+    """{name: (median ms, trimmed-mean ms)} of the implementations fns (name -> (fn,
+    context factory)) at one point: `rounds` rounds, each timing every implementation
+    once (time_it) in alternating order, and for each the median over the rounds. The
+    implementation timed first at a point that follows a heavy one can run slow (measured
+    on an H200: 12 % at batch 128 with 1k keys right after an 8 GB point, equal when
+    timed again), so one round would charge that to whichever goes first."""
+    times = {name: ([], []) for name in fns}
+    order = list(fns)
+    for rnd in range(rounds):
+        for name in (order if rnd % 2 == 0 else order[::-1]):
+            fn, ctx = fns[name]
+            med, trimmed = time_it(fn, device, ctx, timing)
+            times[name][0].append(med)
+            times[name][1].append(trimmed)
+    return {name: (statistics.median(m), statistics.median(t)) for name, (m, t) in times.items()}
+
+
 def point_record(nbytes, copy_gbs, stats, **fields):
     ms, ms_trimmed = stats
     return dict(fields, us=ms * 1e3, us_trimmed=ms_trimmed * 1e3, gbs=nbytes / ms / 1e6,
@@ -144,7 +165,7 @@ def cell(r):
     return f"{r['us']:.1f} ({r['pct_copy']:.0f}%)" if r else "-"
 
 
-def decode_sdpa_layout(points, dtype, device, copy_gbs, timing, mem_cap):
+def decode_sdpa_layout(points, dtype, device, copy_gbs, timing, mem_cap, rounds):
     """Section 1: torch_oss.attention against the SDPA backends."""
     impls = {"torch_oss": nullcontext, **sdpa_backends()}
     records, rows, skipped, unavailable = [], [], [], {}
@@ -160,7 +181,7 @@ def decode_sdpa_layout(points, dtype, device, copy_gbs, timing, mem_cap):
         k = torch.randn(B, Hkv, L, D, dtype=dtype, device=device)
         v = torch.randn(B, Hkv, L, D, dtype=dtype, device=device)
         ref = reference(q, k, v)
-        by = {}
+        fns = {}
         for name, ctx in impls.items():
             if name == "torch_oss":
                 def fn():
@@ -174,7 +195,9 @@ def decode_sdpa_layout(points, dtype, device, copy_gbs, timing, mem_cap):
                 continue
             check(name, got, ref, dtype, label)
             del got
-            stats = time_it(fn, device, ctx, timing)
+            fns[name] = (fn, ctx)
+        by = {}
+        for name, stats in time_in_rounds(fns, device, timing, rounds).items():
             by[name] = point_record(nbytes, copy_gbs, stats, section="sdpa_layout", impl=name, batch=B, kv_len=L,
                                     hq=Hq, hkv=Hkv, hdim=D, kv_bytes=nbytes)
             records.append(by[name])
@@ -218,7 +241,7 @@ def paged_copy(k_cache, v_cache, seqlen, page, fill):
     return out[0], out[1], table.to(torch.int32)
 
 
-def decode_kvcache(shapes, dtype, device, copy_gbs, timing):
+def decode_kvcache(shapes, dtype, device, copy_gbs, timing, rounds):
     """Section 2: attention_with_kvcache on a contiguous against a paged cache."""
     kvcache = getattr(torch_oss, "attention_with_kvcache", None)
     if kvcache is None:
@@ -239,7 +262,7 @@ def decode_kvcache(shapes, dtype, device, copy_gbs, timing):
         seqlens = torch.full((B,), L, dtype=torch.int32, device=device)
         ref = reference(q.transpose(1, 2), k_cache[:, :L].transpose(1, 2), v_cache[:, :L].transpose(1, 2))
         ref = ref.transpose(1, 2)  # (B, 1, Hq, D)
-        by = {}
+        fns = {}
         for layout in layouts:
             if layout == "contiguous":
                 kc, vc, table = k_cache, v_cache, None
@@ -256,11 +279,13 @@ def decode_kvcache(shapes, dtype, device, copy_gbs, timing):
                 continue
             check(f"attention_with_kvcache {layout}", got, ref, dtype, label)
             del got
-            stats = time_it(fn, device, nullcontext, timing)
+            fns[layout] = (fn, nullcontext)
+        by = {}
+        for layout, stats in time_in_rounds(fns, device, timing, rounds).items():
             by[layout] = point_record(nbytes, copy_gbs, stats, section="kvcache", impl=f"torch_oss-{layout}",
                                       layout=layout, batch=B, kv_len=L, hq=Hq, hkv=Hkv, hdim=D, kv_bytes=nbytes)
             records.append(by[layout])
-            del kc, vc, table
+        del fns
         base = by.get("contiguous")
         for layout in layouts[1:]:
             if base and layout in by:
@@ -305,7 +330,7 @@ def variant_reference(q, k, v, seqlens, window_left=-1, softcap=0.0, alibi=None,
     return out
 
 
-def decode_variants(shapes, dtype, device, copy_gbs, timing, window):
+def decode_variants(shapes, dtype, device, copy_gbs, timing, window, rounds):
     """Section 3: attention_with_kvcache with the score variants against the plain call."""
     kvcache = getattr(torch_oss, "attention_with_kvcache", None)
     if kvcache is None:
@@ -329,7 +354,7 @@ def decode_variants(shapes, dtype, device, copy_gbs, timing, window):
             "window+softcap": (dict(window_size=(window, 0), softcap=30.0), dict(window_left=window, softcap=30.0)),
             "window+sinks": (dict(window_size=(window, 0), sinks=sinks), dict(window_left=window, sinks=sinks)),
         }
-        by = {}
+        fns = {}
         for name, (kw, ref_kw) in variants.items():
             def fn(kw=kw):
                 return kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True, validate=False, **kw)
@@ -341,7 +366,9 @@ def decode_variants(shapes, dtype, device, copy_gbs, timing, window):
             check(f"attention_with_kvcache {name}", got, variant_reference(q, k_cache, v_cache, seqlens, **ref_kw),
                   dtype, label)
             del got
-            stats = time_it(fn, device, nullcontext, timing)
+            fns[name] = (fn, nullcontext)
+        by = {}
+        for name, stats in time_in_rounds(fns, device, timing, rounds).items():
             visible = nbytes * min(L, window + 1) // L if "window" in name else nbytes
             by[name] = point_record(visible, copy_gbs, stats, section="variants", impl=f"torch_oss-{name}",
                                     variant=name, batch=B, kv_len=L, hq=Hq, hkv=Hkv, hdim=D, kv_bytes=visible)
@@ -370,6 +397,9 @@ def main():
                                                          "checks the script and the results, not the speed")
     ap.add_argument("--warmup-ms", type=float, default=10)
     ap.add_argument("--rep-ms", type=float, default=40)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds per point, every implementation timed once a round in alternating order; "
+                         "the median over rounds (default 3; --smoke: 1)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device != "cuda" and not args.smoke:
@@ -377,6 +407,7 @@ def main():
         args.smoke = True
     dtype = DTYPES[args.dtype]
     timing = dict(warmup_ms=1, rep_ms=1) if args.smoke else dict(warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
+    rounds = 1 if args.smoke else max(1, args.rounds)
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference
     torch.manual_seed(0)
 
@@ -388,16 +419,16 @@ def main():
           f"commit {env['commit']}")
     print(f"copy ceiling: {copy_gbs:.0f} GB/s (read + write); bytes per point = K + V read once")
 
-    records, skipped = decode_sdpa_layout(grid(args.quick, args.smoke), dtype, device, copy_gbs, timing, mem_cap)
+    records, skipped = decode_sdpa_layout(grid(args.quick, args.smoke), dtype, device, copy_gbs, timing, mem_cap, rounds)
     kv_shapes = [(2, L, 4, 2, D) for L in (64, 100) for D in (32, 64)] if args.smoke else \
         [(B, L, 32, 8, 128) for B in (1, 8) for L in (8 * K, 32 * K)]
-    records += decode_kvcache(kv_shapes, dtype, device, copy_gbs, timing)
+    records += decode_kvcache(kv_shapes, dtype, device, copy_gbs, timing, rounds)
     var_shapes = [(2, 100, 4, 2, 64)] if args.smoke else [(1, 32 * K, 32, 8, 128), (8, 8 * K, 32, 8, 128)]
-    records += decode_variants(var_shapes, dtype, device, copy_gbs, timing, 30 if args.smoke else 4 * K)
+    records += decode_variants(var_shapes, dtype, device, copy_gbs, timing, 30 if args.smoke else 4 * K, rounds)
     if skipped:
         print(f"\nskipped (K+V > 25% of GPU memory): {', '.join(skipped)}")
     common.write_json("decode_smoke" if args.smoke else "decode",
-                      dict(env=env, mode=mode, dtype=args.dtype, copy_gbs=copy_gbs, timing=timing,
+                      dict(env=env, mode=mode, dtype=args.dtype, copy_gbs=copy_gbs, timing=timing, rounds=rounds,
                            bytes="K+V read once: 2*B*Hkv*L*D*elem_size", skipped=skipped, records=records))
 
 
