@@ -25,9 +25,8 @@ is given as % of a device-to-device copy's bandwidth (read + write) measured in 
 same run. Times are common.bench_stats medians (triton's do_bench, the L2 flushed
 before each call) after short warm-up, each implementation timed once in each of
 --rounds rounds (alternating order) and the median over the rounds kept; the JSON also
-has the trimmed means. Every
-implementation's output is checked once per shape, before timing, against a float32
-reference; a wrong result stops the run.
+has the trimmed means. Every implementation's output is checked once per shape, before
+timing, against a float32 reference; a wrong result stops the run.
 
     python bench/decode.py                  # full grid on the GPU (bf16), sized for under ~3 min on an H100
     python bench/decode.py --quick          # reduced grid
@@ -140,9 +139,8 @@ def time_in_rounds(fns, device, timing, rounds):
     """{name: (median ms, trimmed-mean ms)} of the implementations fns (name -> (fn,
     context factory)) at one point: `rounds` rounds, each timing every implementation
     once (time_it) in alternating order, and for each the median over the rounds. The
-    implementation timed first at a point that follows a heavy one can run slow (measured
-    on an H200: 12 % at batch 128 with 1k keys right after an 8 GB point, equal when
-    timed again), so one round would charge that to whichever goes first."""
+    implementation timed first at a point that follows a heavy one can run slow (by up to
+    13 % on short calls), so one round would charge that to whichever goes first."""
     times = {name: ([], []) for name in fns}
     order = list(fns)
     for rnd in range(rounds):
