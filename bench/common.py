@@ -2,6 +2,7 @@
 CUDA-event medians after warm-up, the device-to-device copy ceiling measured in
 the same run, a table on stdout, JSON and PNG plots under a results folder."""
 
+import contextlib
 import json
 import os
 import platform
@@ -68,17 +69,20 @@ def trimmed_mean(ts):
     return sum(mid) / len(mid)
 
 
-def time_rounds(fns, rounds, device):
+def time_rounds(fns, rounds, device, contexts=None, **timing):
     """{name: (median ms, [median of each round], trimmed-mean ms, [trimmed mean of
     each round])}: every round times every implementation once
-    (bench_stats), in alternating order, so a drift of the GPU's clocks or
-    of the memory system falls on all of them alike; each statistic is then the
-    median over the rounds."""
+    (bench_stats, with `timing`'s warmup_ms / rep_ms where given), in alternating
+    order, so a drift of the GPU's clocks or of the memory system falls on all of
+    them alike; each statistic is then the median over the rounds. contexts: name ->
+    a context-manager factory entered around that implementation's timing (an SDPA
+    backend, say)."""
     times = {name: ([], []) for name in fns}
     order = list(fns)
     for rnd in range(rounds):
         for name in (order if rnd % 2 == 0 else order[::-1]):
-            med, trimmed = bench_stats(fns[name], device)
+            with (contexts or {}).get(name, contextlib.nullcontext)():
+                med, trimmed = bench_stats(fns[name], device, **timing)
             times[name][0].append(med)
             times[name][1].append(trimmed)
     return {name: (statistics.median(m), m, statistics.median(t), t) for name, (m, t) in times.items()}

@@ -37,7 +37,6 @@ timing, against a float32 reference; a wrong result stops the run.
 
 import argparse
 import math
-import statistics
 import sys
 import warnings
 from contextlib import nullcontext
@@ -128,28 +127,16 @@ def try_call(fn, ctx=nullcontext):
         return None, (str(e).strip().splitlines() or [type(e).__name__])[0][:100]
 
 
-def time_it(fn, device, ctx, timing):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with ctx():
-            return common.bench_stats(fn, device, **timing)
-
-
 def time_in_rounds(fns, device, timing, rounds):
     """{name: (median ms, trimmed-mean ms)} of the implementations fns (name -> (fn,
-    context factory)) at one point: `rounds` rounds, each timing every implementation
-    once (time_it) in alternating order, and for each the median over the rounds. The
-    implementation timed first at a point that follows a heavy one can run slow (by up to
-    13 % on short calls), so one round would charge that to whichever goes first."""
-    times = {name: ([], []) for name in fns}
-    order = list(fns)
-    for rnd in range(rounds):
-        for name in (order if rnd % 2 == 0 else order[::-1]):
-            fn, ctx = fns[name]
-            med, trimmed = time_it(fn, device, ctx, timing)
-            times[name][0].append(med)
-            times[name][1].append(trimmed)
-    return {name: (statistics.median(m), statistics.median(t)) for name, (m, t) in times.items()}
+    context factory)) at one point, by common.time_rounds. Every point takes rounds:
+    the implementation timed first at a point that follows a heavy one can run slow (by
+    up to 13 % on short calls), so one round would charge that to whichever goes first."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stats = common.time_rounds({name: fn for name, (fn, _) in fns.items()}, rounds, device,
+                                   contexts={name: ctx for name, (_, ctx) in fns.items()}, **timing)
+    return {name: (med, trimmed) for name, (med, _, trimmed, _) in stats.items()}
 
 
 def point_record(nbytes, copy_gbs, stats, **fields):
