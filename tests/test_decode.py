@@ -46,7 +46,7 @@ DECODE_CASES = [
     (2, 64, 8, 1, 2000, 128, 128),
 ]
 DECODE_IDS = ["b{}_h{}-{}_q{}_k{}_d{}-{}".format(*c) for c in DECODE_CASES]
-SPLITS = [1, 2, 3, 256]
+SPLITS = [1, 2, 3, 8, 256]  # up to 8 (sm_90) the splits merge in a cluster, above through the workspace
 
 
 def _check_decode(q, k, v, mask=None, is_causal=False, alignment="top_left", label=""):
@@ -107,6 +107,20 @@ def test_decode_kernel_against_the_tile_kernel(device):
 
 
 @pytest.mark.parametrize("device", CUDA_ONLY)
+def test_decode_same_bits_on_every_call(device):
+    """Splits merged in a cluster (4) and through the workspace (16) give the
+    same bits on every call."""
+    B, Hq, Hkv, Lk, D = 1, 32, 8, 2000, 128
+    q, k, v = (_randn(s, torch.bfloat16, device) for s in [(B, Hq, 1, D), (B, Hkv, Lk, D), (B, Hkv, Lk, D)])
+    for splits in (4, 16):
+        with attention_kernels(decode_splits=splits):
+            first, first_lse = _check_decode(q, k, v, label=f"splits={splits}")
+            for _ in range(4):
+                out, lse = torch_oss.attention_with_lse(q, k, v, enable_gqa=True)
+                assert torch.equal(out, first) and torch.equal(lse, first_lse), f"splits={splits}"
+
+
+@pytest.mark.parametrize("device", CUDA_ONLY)
 def test_decode_128k_keys(device):
     B, Hq, Hkv, Lk, D = 1, 32, 8, 131072, 128
     q, k, v = (_randn(s, torch.bfloat16, device) for s in [(B, Hq, 1, D), (B, Hkv, Lk, D), (B, Hkv, Lk, D)])
@@ -115,12 +129,13 @@ def test_decode_128k_keys(device):
 
 @pytest.mark.parametrize("device", CUDA_ONLY)
 def test_decode_nan_and_unaligned_rows(device):
-    """A NaN key makes its rows NaN with every split count; rows not 16-byte
-    aligned take the tile kernel and still match."""
-    B, Hq, Hkv, Lk, D = 1, 4, 2, 700, 64
+    """A NaN key makes its rows NaN with every split count (merged in a cluster
+    and through the workspace); rows not 16-byte aligned take the tile kernel
+    and still match."""
+    B, Hq, Hkv, Lk, D = 1, 4, 2, 1400, 64
     q, k, v = (_randn(s, torch.float16, device) for s in [(B, Hq, 1, D), (B, Hkv, Lk, D), (B, Hkv, Lk, D)])
     k[0, 1, 650, 3] = float("nan")
-    for splits in (1, 4):
+    for splits in (1, 4, 11):
         with attention_kernels(decode_splits=splits):
             out, lse = torch_oss.attention_with_lse(q, k, v, enable_gqa=True)
         assert bool(torch.isnan(out[0, 2:]).all()) and bool(torch.isnan(lse[0, 2:]).all())

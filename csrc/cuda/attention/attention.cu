@@ -353,6 +353,7 @@ static size_t oss_attn_round256(size_t bytes) { return (bytes + 255) / 256 * 256
 typedef struct oss_attn_dec_plan {
   const oss_attn_kernel_entry *entry; /* NULL: the call does not run the decode kernel */
   int splits, tiles;                  /* key splits of `tiles` key tiles each */
+  int cluster;                        /* the splits merge in a cluster: no workspace, no combine kernel */
   size_t off_lse, bytes;              /* workspace: partial outputs, then their lse */
 } oss_attn_dec_plan;
 
@@ -409,7 +410,8 @@ static oss_attn_dec_plan oss_attn_dec_make_plan(const oss_attention_params *p, c
   if (splits < 1) splits = 1;
   plan.tiles = (int)(tiles > 0 ? (tiles + splits - 1) / splits : 1);
   plan.splits = tiles > 0 ? (int)((tiles + plan.tiles - 1) / plan.tiles) : 1;
-  if (plan.splits > 1) {
+  plan.cluster = plan.splits > 1 && plan.splits <= OSS_ATTN_DEC_MAX_CLUSTER && dev->cc_major >= 9;
+  if (plan.splits > 1 && !plan.cluster) {
     const size_t rows = (size_t)(p->batch * p->heads_q * p->len_q) * (size_t)plan.splits;
     plan.off_lse = oss_attn_round256(rows * (size_t)oss_attn_dec_part_ld((int)p->head_dim_v) * 4);
     plan.bytes = plan.off_lse + oss_attn_round256(rows * 4);
@@ -450,6 +452,7 @@ oss_status oss_attn_forward_with(const oss_attention_params *p, void *workspace,
                       dec.bytes);
     a.dec_splits = dec.splits;
     a.dec_tiles = dec.tiles;
+    a.dec_cluster = dec.cluster;
     /* the variants' diagonal follows each batch's seqlens_k where it is bottom-right */
     a.var_bottom_right = a.variants && (p->window_diagonal == OSS_CAUSAL_BOTTOM_RIGHT ||
                                         p->causal == OSS_CAUSAL_BOTTOM_RIGHT);

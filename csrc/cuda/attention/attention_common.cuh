@@ -101,6 +101,7 @@ typedef struct oss_attn_args {
   int page_size, num_pages;
   int causal_bottom_right; /* with seqlens_k: the diagonal follows each batch's length */
   int dec_splits, dec_tiles;
+  int dec_cluster; /* the splits merge in a cluster (attention_decode.cuh), not in part_o / part_lse */
   float *part_o, *part_lse;
   /* Score variants (oss.h; all off when `variants` is 0): d = i + var_off - j
    * is a score's distance from the window's and ALiBi's diagonal; a window
@@ -176,6 +177,7 @@ __host__ __device__ constexpr int oss_attn_pitch(int cols) { return (cols / 8) %
 #define OSS_ATTN_DEC_ROWS 16       /* packed query rows per CTA */
 #define OSS_ATTN_DEC_MAX_SPLITS 256
 #define OSS_ATTN_DEC_MAX_LQ 16     /* the forward takes the decode kernel up to this len_q */
+#define OSS_ATTN_DEC_MAX_CLUSTER 8 /* the most splits that merge in a cluster (the portable size) */
 /* Floats per partial output row in the workspace: Dv rounded up to 16 bytes. */
 __host__ __device__ constexpr int oss_attn_dec_part_ld(int dv) { return (dv + 3) / 4 * 4; }
 /* Keys per tile (a quarter per warp): 128 at head dim 64, where a tile of 64

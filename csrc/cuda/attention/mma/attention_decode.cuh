@@ -250,6 +250,73 @@ __device__ __forceinline__ oss_attn_args oss_attn_dec_batch_view(const oss_attn_
   return v;
 }
 
+/* The splits of a cluster (a.dec_cluster: clusters of dec_splits CTAs along
+ * grid y, sm_90) merge through distributed shared memory instead of the
+ * workspace and the combine kernel: each CTA holds its 16 rows' normalised
+ * partial outputs (pitch OP) and their lse (sx); after the cluster's barrier
+ * the CTA of split s merges rows s, s + S, s + 2 S, ... (S = dec_splits) as
+ * oss_attn_dec_combine_kernel does, reading the S partials in split order (so
+ * a shape gives the same bits on every call), and a second barrier keeps
+ * every CTA's shared memory alive until the others have read it. */
+template <typename T>
+__device__ __forceinline__ void oss_attn_dec_cluster_merge(const oss_attn_args &a, const float *sO, const float *sx,
+                                                           int OP, int b, int hk, int r0, int rows_total, int split,
+                                                           int tid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  const int S = a.dec_splits;
+  const uint32_t o_local = oss_smem_u32(sO), x_local = oss_smem_u32(sx);
+  uint32_t o_at[OSS_ATTN_DEC_MAX_CLUSTER], x_at[OSS_ATTN_DEC_MAX_CLUSTER];
+#pragma unroll
+  for (int s = 0; s < OSS_ATTN_DEC_MAX_CLUSTER; s++) {
+    const uint32_t rank = (uint32_t)(s < S ? s : 0);
+    asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(o_at[s]) : "r"(o_local), "r"(rank));
+    asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(x_at[s]) : "r"(x_local), "r"(rank));
+  }
+  for (int r = split; r < OSS_ATTN_DEC_ROWS && r0 + r < rows_total; r += S) {
+    float x[OSS_ATTN_DEC_MAX_CLUSTER], mx = -INFINITY;
+    bool nan = false;
+#pragma unroll
+    for (int s = 0; s < OSS_ATTN_DEC_MAX_CLUSTER; s++) {
+      x[s] = -INFINITY;
+      if (s < S) asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(x[s]) : "r"(x_at[s] + 4u * r) : "memory");
+      nan |= x[s] != x[s];
+      mx = fmaxf(mx, x[s]);
+    }
+    float sum = 0.f;
+#pragma unroll
+    for (int s = 0; s < OSS_ATTN_DEC_MAX_CLUSTER; s++) {
+      x[s] = s < S && mx != -INFINITY ? expf(x[s] - mx) : 0.f;
+      sum += x[s];
+    }
+    const float inv = nan ? NAN : (mx == -INFINITY ? 0.f : 1.f / sum);
+    const int R = r0 + r, h = hk * a.group + R / a.lq, i = R % a.lq;
+    const int64_t off = (int64_t)b * a.o_s[0] + (int64_t)h * a.o_s[1] + (int64_t)i * a.o_s[2];
+    T *orow = (T *)a.out + off;
+    T *rrow = a.out_res == nullptr ? nullptr : (T *)a.out_res + off;
+    for (int c = tid; c < a.dv; c += 128) {
+      float acc = 0.f;
+#pragma unroll
+      for (int s = 0; s < OSS_ATTN_DEC_MAX_CLUSTER; s++) {
+        float v = 0.f;
+        if (s < S)
+          asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(o_at[s] + 4u * (uint32_t)(r * OP + c)) : "memory");
+        acc += x[s] * v;
+      }
+      const float v = acc * inv;
+      orow[c] = oss_from_float<T>(v);
+      if (rrow != nullptr) rrow[c] = oss_from_float<T>(oss_rounding_residual<T>(v));
+    }
+    if (tid == 0)
+      ((float *)a.lse)[((int64_t)b * a.hq + h) * a.lq + i] =
+          nan ? NAN : (mx == -INFINITY ? -INFINITY : mx + logf(sum));
+  }
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else
+  __trap(); /* the host picks clusters only on sm_90 and newer */
+#endif
+}
+
 template <typename T, int HD>
 __global__ void __launch_bounds__(128, oss_attn_dec_ctas_per_sm(HD)) oss_attn_dec_kernel(const oss_attn_args a) {
   constexpr int KD = oss_attn_kd(HD), LDS = oss_attn_pitch(KD), NO = KD / 8, BK = oss_attn_dec_keys(HD);
@@ -257,8 +324,8 @@ __global__ void __launch_bounds__(128, oss_attn_dec_ctas_per_sm(HD)) oss_attn_de
   constexpr int STAGES = oss_attn_dec_stages(HD), OP = KD + 4; /* OP: merge pitch, rows in other banks */
   static_assert(OSS_ATTN_DEC_ROWS == 16 && KW % 16 == 0 && BK <= 128, "one m-tile of rows, k-steps of keys per "
                 "warp, a row table entry per thread");
-  static_assert((size_t)4 * 16 * OP * 4 + 4 * 16 * 3 * 4 <= (size_t)2 * STAGES * BK * KD * 2,
-                "the warps' states fit the K/V stages for the merge");
+  static_assert((size_t)4 * 16 * OP * 4 + 4 * 16 * 3 * 4 + 16 * 4 <= (size_t)2 * STAGES * BK * KD * 2,
+                "the warps' states and a cluster's lse fit the K/V stages for the merge");
 
   /* K and V stages first (swizzled rows of KD elements: 128-byte aligned), then
    * the Q tile (pitch LDS), then the row tables */
@@ -486,9 +553,10 @@ __global__ void __launch_bounds__(128, oss_attn_dec_ctas_per_sm(HD)) oss_attn_de
   }
   __syncthreads();
 
-  /* thread tid: row tid / 8, columns tid % 8 + 8c */
+  /* thread tid: row tid / 8, columns tid % 8 + 8c; in a cluster every
+   * thread goes on to the cluster's barriers */
   const int r = tid >> 3, R = r0 + r;
-  if (R >= rows_total) return;
+  if (R >= rows_total && !a.dec_cluster) return;
   float mx = -INFINITY;
 #pragma unroll
   for (int w = 0; w < 4; w++) mx = fmaxf(mx, sm[w * 16 + r]);
@@ -519,6 +587,18 @@ __global__ void __launch_bounds__(128, oss_attn_dec_ctas_per_sm(HD)) oss_attn_de
       if (rrow != nullptr) rrow[c] = oss_from_float<T>(oss_rounding_residual<T>(v));
     }
     if ((tid & 7) == 0) ((float *)a.lse)[row] = lse;
+  } else if (a.dec_cluster) {
+    /* the normalised partial in place of warp 0's o (each column read and
+     * written by one thread), its lse after the warps' states */
+    float *sx = slr + 4 * 16;
+    for (int c = tid & 7; c < a.dv; c += 8) {
+      float acc = 0.f;
+#pragma unroll
+      for (int w = 0; w < 4; w++) acc += wt[w] * sO[(w * 16 + r) * OP + c];
+      sO[r * OP + c] = acc * inv;
+    }
+    if ((tid & 7) == 0) sx[r] = lse;
+    oss_attn_dec_cluster_merge<T>(a, sO, sx, OP, b, hk, r0, rows_total, split, tid);
   } else {
     const int64_t nrows = (int64_t)a.batch * a.hq * a.lq, prow = (int64_t)split * nrows + row;
     float *po = a.part_o + prow * oss_attn_dec_part_ld(a.dv);
@@ -629,6 +709,27 @@ template <typename T, int HD>
 oss_status oss_attn_dec_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
   const int64_t row_tiles = ((int64_t)a->group * a->lq + OSS_ATTN_DEC_ROWS - 1) / OSS_ATTN_DEC_ROWS;
   const dim3 grid((unsigned)row_tiles, (unsigned)a->dec_splits, (unsigned)((int64_t)a->batch * a->hkv));
+  if (a->dec_cluster) {
+    const size_t smem = oss_attn_dec_smem_bytes(HD);
+    OSS_CUDA_TRY(cudaFuncSetAttribute(oss_attn_dec_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      (int)smem));
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute attr;
+    memset(&cfg, 0, sizeof cfg);
+    memset(&attr, 0, sizeof attr);
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = (unsigned)a->dec_splits;
+    attr.val.clusterDim.z = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(128);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    OSS_CUDA_TRY(cudaLaunchKernelEx(&cfg, oss_attn_dec_kernel<T, HD>, *a));
+    return oss_check_launch("attention decode forward (mma.sync, clusters of splits)");
+  }
   oss_status st = oss_attn_launch(oss_attn_dec_kernel<T, HD>, "attention decode forward (mma.sync)", HD,
                                   oss_attn_dec_smem_bytes(HD), grid, 128, a, stream, dev);
   if (st != OSS_OK || a->dec_splits == 1) return st;
