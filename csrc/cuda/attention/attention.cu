@@ -349,7 +349,9 @@ static size_t oss_attn_round256(size_t bytes) { return (bytes + 255) / 256 * 256
  * partial, which the combine weighs 0.
  * Variants: all but dropout (drop_seed), which stays with the VAR kernels. */
 #define OSS_ATTN_DEC_MIN_TILES 2
-#define OSS_ATTN_DEC_CLUSTER_TILES 16
+#define OSS_ATTN_DEC_MIN_TILES_BUSY 8
+#define OSS_ATTN_DEC_CLUSTER_TILES 8
+#define OSS_ATTN_DEC_LONG_TILES 64
 
 typedef struct oss_attn_dec_plan {
   const oss_attn_kernel_entry *entry; /* NULL: the call does not run the decode kernel */
@@ -392,17 +394,24 @@ static oss_attn_dec_plan oss_attn_dec_make_plan(const oss_attention_params *p, c
   plan.entry = e;
   const int64_t keys = oss_attn_dec_keys(e->dec_head_dim);
   const int64_t tiles = (oss_attn_dec_span(p, a) + keys - 1) / keys;
-  const bool cluster_ok = dev->cc_major >= 9;
+  const int64_t row_tiles = (p->heads_q / p->heads_kv * p->len_q + OSS_ATTN_DEC_ROWS - 1) / OSS_ATTN_DEC_ROWS;
+  const int64_t base = p->batch * p->heads_kv * row_tiles; /* CTAs of one split */
+  const int64_t sms = dev->sm_count;
   int64_t splits = 1;
   if (forced > 0) {
     splits = forced;
   } else if (tiles > 0) {
-    const int64_t row_tiles = (p->heads_q / p->heads_kv * p->len_q + OSS_ATTN_DEC_ROWS - 1) / OSS_ATTN_DEC_ROWS;
-    const int64_t base = p->batch * p->heads_kv * row_tiles;
-    if (base < dev->sm_count) splits = dev->sm_count / base; /* about one CTA per SM */
-    if (splits > OSS_ATTN_DEC_MAX_CLUSTER && cluster_ok && tiles <= OSS_ATTN_DEC_MAX_CLUSTER * OSS_ATTN_DEC_CLUSTER_TILES)
+    int64_t per_sm = dev->max_smem_per_sm / (int64_t)(oss_attn_dec_smem_bytes(e->dec_head_dim) + 1024);
+    const int64_t regs_cap = oss_attn_dec_ctas_per_sm(e->dec_head_dim);
+    per_sm = per_sm < 1 ? 1 : (per_sm > regs_cap ? regs_cap : per_sm);
+    const int64_t one = base < sms ? sms / base : 1;                       /* about a CTA per SM */
+    const int64_t wave = base < sms * per_sm ? sms * per_sm / base : 1;  /* a full wave */
+    if (p->block_table != NULL || tiles > one * OSS_ATTN_DEC_LONG_TILES) splits = wave;
+    else if (one > OSS_ATTN_DEC_MAX_CLUSTER && dev->cc_major >= 9 &&
+             tiles <= OSS_ATTN_DEC_MAX_CLUSTER * OSS_ATTN_DEC_CLUSTER_TILES)
       splits = OSS_ATTN_DEC_MAX_CLUSTER;
-    const int64_t most = tiles / OSS_ATTN_DEC_MIN_TILES;
+    else splits = one;
+    const int64_t most = tiles / (base * 4 >= sms ? OSS_ATTN_DEC_MIN_TILES_BUSY : OSS_ATTN_DEC_MIN_TILES);
     if (splits > most) splits = most;
   }
   if (splits > OSS_ATTN_DEC_MAX_SPLITS) splits = OSS_ATTN_DEC_MAX_SPLITS;
@@ -410,7 +419,8 @@ static oss_attn_dec_plan oss_attn_dec_make_plan(const oss_attention_params *p, c
   if (splits < 1) splits = 1;
   plan.tiles = (int)(tiles > 0 ? (tiles + splits - 1) / splits : 1);
   plan.splits = tiles > 0 ? (int)((tiles + plan.tiles - 1) / plan.tiles) : 1;
-  plan.cluster = plan.splits > 1 && plan.splits <= OSS_ATTN_DEC_MAX_CLUSTER && cluster_ok;
+  plan.cluster = plan.splits > 1 && plan.splits <= OSS_ATTN_DEC_MAX_CLUSTER && base * plan.splits <= sms &&
+                 dev->cc_major >= 9;
   if (plan.splits > 1 && !plan.cluster) {
     const size_t rows = (size_t)(p->batch * p->heads_q * p->len_q) * (size_t)plan.splits;
     plan.off_lse = oss_attn_round256(rows * (size_t)oss_attn_dec_part_ld((int)p->head_dim_v) * 4);
