@@ -132,7 +132,8 @@ def attention_cases(forward_only=False, kernels="all"):
 
 
 def decode_cases():
-    """The split-KV decode kernel and its combine step (len_q <= 16, forced and
+    """The split-KV decode kernel and the merge of its splits (in a cluster and
+    by the combine kernel; len_q <= 16, forced and
     rule-chosen split counts) and attention_with_kvcache on contiguous and
     paged caches with in-place appends, against the CPU kernels."""
     from torch_oss._kernels import attention_kernels
@@ -147,7 +148,7 @@ def decode_cases():
             q, k, v = random_qkv(B, Hq, Hkv, Lq, Lk, D, dtype)
             mask = torch.rand(B, 1, Lq, Lk, device="cuda") > 0.3
             cpu = [t.cpu().float() for t in (q, k, v)]
-            for splits in (0, 1, 3):
+            for splits in (0, 1, 3, 16):
                 for m in (None, mask):
                     with attention_kernels(decode_splits=splits):
                         out, lse = torch_oss.attention_with_lse(q, k, v, attn_mask=m, is_causal=m is None,

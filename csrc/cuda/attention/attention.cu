@@ -335,18 +335,28 @@ static size_t oss_attn_round256(size_t bytes) { return (bytes + 255) / 256 * 256
  * Calls with few query rows per head (len_q <= OSS_ATTN_DEC_MAX_LQ) and every
  * KV-cache call run attention_decode.cuh, where the rows of q, k and v are
  * 16-byte aligned and batch * kv heads fits a grid dim.
- * Split rule: a CTA owns 16 packed rows of one (batch, kv head); when those
- * CTAs alone would leave SMs idle, the keys are split so that the CTAs make
- * one full wave (SMs times the CTAs an SM holds at the kernel's shared
- * memory, never more), each split keeping at least OSS_ATTN_DEC_MIN_TILES key tiles
- * (below that the partial outputs cost more than the parallelism gains) and
- * at most OSS_ATTN_DEC_MAX_SPLITS. The key tiles are then dealt out evenly.
+ * Split rule: a CTA owns 16 packed rows of one (batch, kv head), and the
+ * `base` CTAs of one split are batch x kv heads x row tiles. Short keys
+ * stream fastest with about one CTA per SM (sm_count / base splits): fewer,
+ * longer CTAs beat more, shorter ones there, even with a free merge; up to 8
+ * splits whose CTAs fit the SMs merge in a cluster (sm_90; no workspace, no
+ * combine kernel), and where a CTA per SM would take more than 8 splits but
+ * 8 splits keep at most OSS_ATTN_DEC_CLUSTER_TILES key tiles each, 8 in a
+ * cluster win over more through the combine kernel. Where a split would then
+ * hold more than OSS_ATTN_DEC_LONG_TILES tiles, and for paged caches (whose
+ * row-table copies need more CTAs in flight), the splits fill a full wave
+ * (SMs times the CTAs an SM holds at the kernel's shared memory) and merge
+ * through the workspace. Each split keeps at least OSS_ATTN_DEC_MIN_TILES key
+ * tiles, or OSS_ATTN_DEC_MIN_TILES_BUSY where the unsplit CTAs already fill a
+ * quarter of the SMs (there a split's fixed costs outweigh what it gains), and
+ * there are at most OSS_ATTN_DEC_MAX_SPLITS. The key tiles are then dealt out
+ * evenly. A forced split count (oss_attn_options) takes the same merge rule.
  * The keys split are len_k (a cache's capacity) or, with a window, the most
  * that the rows of one CTA can see (oss_attn_dec_span; the kernel splits each
  * CTA's keys from the first one its rows see), never the device-side
  * seqlens_k, so a shape always gets the same plan. A split can still find no
  * key (a shorter sequence, a window that ends early): it writes an empty
- * partial, which the combine weighs 0.
+ * partial, which the merge weighs 0.
  * Variants: all but dropout (drop_seed), which stays with the VAR kernels. */
 #define OSS_ATTN_DEC_MIN_TILES 2
 #define OSS_ATTN_DEC_MIN_TILES_BUSY 8

@@ -41,10 +41,13 @@
  * key gets out 0 and lse = sink, and the combine needs nothing of its own
  * for sinks.
  * Output: with one split, out, its rounding residual and lse directly; with
- * several, each split writes its normalised partial output (float32) and lse
- * to the workspace and oss_attn_dec_combine_kernel, launched behind it as a
- * programmatic dependent (sm_90), merges them by their lse in a fixed order,
- * so a shape gives the same bits on every call. A split that sees no key
+ * several in a cluster (a.dec_cluster: up to 8 splits on sm_90, the host's
+ * choice), the splits' CTAs merge their normalised partial outputs through
+ * distributed shared memory (oss_attn_dec_cluster_merge); otherwise each
+ * split writes its partial (float32) and lse to the workspace and
+ * oss_attn_dec_combine_kernel, launched behind it as a programmatic
+ * dependent (sm_90), merges them. Both merge by the lse in a fixed order, so
+ * a shape gives the same bits on every call. A split that sees no key
  * (past a shorter sequence or outside the window) writes zeros and lse -inf
  * (split 0 with a sink: the sink), and -inf weighs nothing in the combine.
  * Paging: key j of batch b is row j % page_size of page
