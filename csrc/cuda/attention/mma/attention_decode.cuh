@@ -38,7 +38,7 @@
  * window's span where it is bounded, oss_attn_dec_span in attention.cu). A
  * sink is one more term of its row's softmax, added once: split 0, warp 0
  * starts the row at m = sink, l = lr = 1 and o = 0, so a row that sees no
- * key gets out 0 and lse = sink, and the combine needs nothing of its own
+ * key gets out 0 and lse = sink, and the merge needs nothing of its own
  * for sinks.
  * Output: with one split, out, its rounding residual and lse directly; with
  * several in a cluster (a.dec_cluster: up to 8 splits on sm_90, the host's
@@ -49,7 +49,7 @@
  * dependent (sm_90), merges them. Both merge by the lse in a fixed order, so
  * a shape gives the same bits on every call. A split that sees no key
  * (past a shorter sequence or outside the window) writes zeros and lse -inf
- * (split 0 with a sink: the sink), and -inf weighs nothing in the combine.
+ * (split 0 with a sink: the sink), and -inf weighs nothing in the merge.
  * Paging: key j of batch b is row j % page_size of page
  * block_table[b][j / page_size]; k_s[0] / v_s[0] are then the page strides. A
  * page index outside [0, num_pages) reads as zeros (the host checks them).
@@ -57,7 +57,8 @@
  * memory that the copying threads read (oss_attn_dec_tabled).
  * Limits: rows of q, k and v 16-byte aligned (the host falls back to the FA2
  * kernel otherwise); head dims up to the compiled HD (zero padded); batch *
- * kv heads and splits below 65536; lengths below 2^31; ALiBi distances exact
+ * kv heads and splits below 65536; clusters only on sm_90 and newer (the
+ * kernel traps elsewhere); lengths below 2^31; ALiBi distances exact
  * below 2^24 (float); no dropout and no variable-length batch (cu_seqlens).
  */
 #ifndef OSS_ATTENTION_DECODE_CUH
