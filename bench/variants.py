@@ -4,7 +4,7 @@ expressing the same variant, in the same run.
 
 Shapes: batch x seqlen = 16k tokens, heads x head dim = 2048, causal, bf16.
 Variants: plain causal, a sliding window of 1024 keys (left), softcap 50, ALiBi,
-sinks, dropout 0.1; the peers: FlexAttention at head dim 128, seqlen 8k (it
+sinks, a window with sinks (a gpt-oss local layer), dropout 0.1; the peers: FlexAttention at head dim 128, seqlen 8k (it
 compiles per variant and shape; it has no sink term, nor dropout), and for
 dropout SDPA's default backend with the same dropout_p at every point. FLOPs count the work inside the causal rule and the window (4 * visible
 pairs * head dim for the forward, 2.5x that for the backward), so a window's
@@ -35,7 +35,7 @@ import torch_oss  # noqa: E402
 WINDOW = 1024
 SOFTCAP = 50.0
 DROPOUT = 0.1
-VARIANTS = ("plain", "window", "softcap", "alibi", "sinks", "dropout")
+VARIANTS = ("plain", "window", "softcap", "alibi", "sinks", "window_sinks", "dropout")
 FLEX_POINT = (128, 8192)  # FlexAttention compiles per variant and shape: one point keeps the run short
 
 
@@ -56,6 +56,8 @@ def variant_kwargs(name, H, device):
         return dict(alibi_slopes=torch.tensor([2 ** (-8 * (h + 1) / H) for h in range(H)], device=device))
     if name == "sinks":
         return dict(sinks=torch.randn(H, device=device))
+    if name == "window_sinks":
+        return dict(window_size=(WINDOW, 0), sinks=torch.randn(H, device=device))
     if name == "dropout":
         return dict(dropout_p=DROPOUT)
     return {}
@@ -88,7 +90,7 @@ def flex_fn(name, kw, L, device):
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError:
         return None
-    if name == "sinks":
+    if "sinks" in kw:
         return None  # no sink term in FlexAttention's softmax
     if name == "window":
         mask_mod = lambda b, h, q, k: (k <= q) & (q - k <= WINDOW)  # noqa: E731
@@ -140,7 +142,7 @@ def run(args):
         plain_t = {}
         for name in names:
             kw = variant_kwargs(name, H, device)
-            pairs = visible_pairs(L, WINDOW if name == "window" else None)
+            pairs = visible_pairs(L, WINDOW if "window_size" in kw else None)
             fwd_flops = 4 * B * H * pairs * hd
             impls = {"torch_oss": lambda q, k, v, kw=kw: torch_oss.attention(q, k, v, is_causal=True, **kw)}
             if name == "dropout":

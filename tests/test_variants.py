@@ -55,6 +55,7 @@ VARIANTS = {
     "alibi": dict(alibi="heads"),
     "alibi_batch": dict(alibi="batch"),
     "sinks": dict(sinks=True),
+    "window_sinks": dict(window_size=(9, 3), sinks=True),
     "all": dict(window_size=(9, 3), softcap=3.0, alibi="batch", sinks=True),
 }
 

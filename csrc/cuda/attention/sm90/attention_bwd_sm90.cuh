@@ -48,9 +48,10 @@
  *   oss_attn_var_each, P^T and dS'^T in one pass per element once dP^T has
  *   landed (dS' takes the softcap's derivative), only the query blocks whose
  *   window reaches the keys; calls with a mask tensor as well run the
- *   mma.sync kernels with the variants. A window alone runs the plain
- *   instantiation, which masks the tiles across the window's edges as it
- *   masks the diagonal's (its fallbacks then those with the variants).
+ *   mma.sync kernels with the variants. A window, sinks or both run the
+ *   plain instantiation, which masks the tiles across the window's edges as
+ *   it masks the diagonal's and finds the sinks in lse (its fallbacks then
+ *   those with the variants).
  *   Dropout (a variant too, as in attention_bwd.cuh): the tile's kept
  *   weights drawn while dP^T is computed, dP^T times Z k before that pass,
  *   the dropped weights zeroed in the packed P^T after it, and dV times k
@@ -844,11 +845,11 @@ template <typename T, int HD>
 oss_status oss_attn_bwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev,
                                     oss_attn_launch_fn dq_det, oss_attn_launch_fn mma, oss_attn_launch_fn dq_det_var,
                                     oss_attn_launch_fn mma_var) {
-  if (a->win_left >= 0 || a->win_right >= 0) {
-    /* a window alone (oss_attn_bwd_sm90_var_launch sends it here): the
-     * key-split kernel masks the tiles across its edges as it masks the
-     * diagonal; the passes that may run beside it or instead of it are those
-     * with the variants, which know windows */
+  if (a->variants) {
+    /* a window, sinks or both (oss_attn_bwd_sm90_var_launch sends them here):
+     * the key-split kernel masks the tiles across a window's edges as it masks
+     * the diagonal, and the sinks are in lse; the passes that may run beside
+     * it or instead of it are those with the variants, which know windows */
     if constexpr (oss_attn_bwd_sm90_cfg<HD>::WIDE) return mma_var(a, stream, dev);
     else return oss_attn_bwd_sm90_run<T, HD, false>(a, stream, dev, dq_det_var, mma_var);
   }
@@ -863,9 +864,9 @@ oss_status oss_attn_bwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t str
                                         oss_attn_launch_fn dq_det_var, oss_attn_launch_fn mma_var,
                                         oss_attn_launch_fn plain) {
   if (a->mask_kind != OSS_MASK_NONE) return mma_var(a, stream, dev);
-  /* a window alone: the plain key-split kernel (`plain`: the launcher above,
-   * from its own generated file; NULL where the build has none) */
-  if (!oss_attn_bwd_sm90_cfg<HD>::WIDE && oss_attn_window_only(a) && plain != NULL) return plain(a, stream, dev);
+  /* a window, sinks or both: the plain key-split kernel (`plain`: the
+   * launcher above, from its own generated file; NULL where the build has none) */
+  if (!oss_attn_bwd_sm90_cfg<HD>::WIDE && oss_attn_plain_scores(a) && plain != NULL) return plain(a, stream, dev);
   return oss_attn_bwd_sm90_run<T, HD, true>(a, stream, dev, dq_det_var, mma_var);
 }
 

@@ -37,6 +37,9 @@
  *     head dim 128 spills a few block arguments outside the key loop; the
  *     others know jt0 = 0); a window's blocks go on the persistent grid by
  *     stride.
+ *   - sinks without the score-changing variants: the plain kernels merge a
+ *     row's sink into its statistics after its last key tile
+ *     (oss_sm90_sink_merge).
  *   - VAR (a separate instantiation): the other score variants of oss.h
  *     through oss_attn_fwd_var_scores (as in the mma.sync kernel), a row's
  *     softmax starting at its sink; calls that also carry a mask tensor run
@@ -190,6 +193,33 @@ __device__ __forceinline__ void oss_sm90_softmax_pack(const float (&s)[NT][4], f
   }
 }
 
+/* A sink (log2 units) joins a row's statistics after its last key tile, where
+ * the plain kernels take it: the same sums as a softmax that starts at the
+ * sink (the variant kernels' order), P rounded relative to the keys' max
+ * rather than to the larger of it and the sink. m_new = max(m, sink); O, l
+ * and lr scale by exp2(m - m_new), and one quad lane's l and lr gain
+ * exp2(sink - m_new); both exponents are <= 0. A row with no visible key
+ * (m = -inf) gets l = lr = 1 on that lane, so out 0 and lse the sink; a NaN m
+ * stays NaN through the factor. Needs lr summed by the lanes (after the ones
+ * column's sum is taken out of O). */
+template <int NO>
+__device__ __forceinline__ void oss_sm90_sink_merge(float (&o)[NO][4], float (&m)[2], float (&l)[2], float (&lr)[2],
+                                                    float sink, int lane) {
+#pragma unroll
+  for (int hi = 0; hi < 2; hi++) {
+    const float m_new = fmaxf(m[hi], sink);
+    if (m_new == -INFINITY) continue; /* no visible key and a sink of -inf: l stays 0 */
+    const float alpha = oss_ex2(m[hi] - m_new), add = (lane & 3) == 0 ? oss_ex2(sink - m_new) : 0.f;
+    l[hi] = l[hi] * alpha + add;
+    lr[hi] = lr[hi] * alpha + add;
+    m[hi] = m_new;
+#pragma unroll
+    for (int n = 0; n < NO; n++) {
+      o[n][2 * hi] *= alpha;
+      o[n][2 * hi + 1] *= alpha;
+    }
+  }
+}
 
 /* A divisor fixed for a kernel's run as a multiply and a shift: n / d for
  * 0 <= n < 2^31 (d >= 1) in three instructions, where a 32-bit division is a
@@ -524,6 +554,9 @@ __global__ void __launch_bounds__(384, 1)
        * sums a quad's partial lr, so one lane gives it */
       if (ONES)
         for (int hi = 0; hi < 2; hi++) lr[0][hi] = (lane & 3) == 0 ? o[0][NO][2 * hi] : 0.f;
+      /* the plain kernels take a call's sinks here, as the last term of each row */
+      if constexpr (!VAR && !MASK_TENSOR)
+        if (a.sinks != nullptr) oss_sm90_sink_merge<NOA>(o[0], m[0], l[0], lr[0], a.sinks[qb.h] * (float)OSS_LOG2E, lane);
       /* the mask kernel at head dim 256 has no register to spare for the run of stores */
       constexpr bool RUN = !(MASK_TENSOR && DV > 128);
       /* 16-byte stores: the plain kernels of 128 to 192 columns (the variant kernels and
@@ -593,10 +626,12 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
     return oss_attn_fwd_sm90_run<T, HD, HD, C::BC_MASK, false>(
         oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC_MASK, C::STAGES, false, true>, mask_regs, mma, false, a, stream, dev);
   const bool persistent = C::persistent(a);
+  /* a call with variants that change no score (a window, sinks:
+   * oss_attn_fwd_sm90_var_launch sends them here) falls back to the mma.sync
+   * kernel with the variants */
+  const oss_attn_launch_fn fallback = a->variants ? mma_var : mma;
   if (a->win_left >= 0 || a->win_right >= 0) {
-    /* a window alone (oss_attn_fwd_sm90_var_launch sends it here): the
-     * instantiation that moves a block's first key tile, falling back to the
-     * mma.sync kernel with the variants */
+    /* a window: the instantiation that moves a block's first key tile */
     if constexpr (C::WINDOW_KERNEL) {
       static const int window_regs =
           oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, false, true>);
@@ -612,20 +647,21 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
       static const int narrow_regs = oss_kernel_regs(
           oss_attn_fwd_sm90_kernel<T, HD, C::DV_NARROW, C::BC_NARROW, C::STAGES, C::PINGPONG, false>);
       return oss_attn_fwd_sm90_run<T, HD, C::DV_NARROW, C::BC_NARROW, false>(
-          oss_attn_fwd_sm90_kernel<T, HD, C::DV_NARROW, C::BC_NARROW, C::STAGES, C::PINGPONG, false>, narrow_regs, mma,
-          persistent, a, stream, dev);
+          oss_attn_fwd_sm90_kernel<T, HD, C::DV_NARROW, C::BC_NARROW, C::STAGES, C::PINGPONG, false>, narrow_regs,
+          fallback, persistent, a, stream, dev);
     }
   }
   return oss_attn_fwd_sm90_run<T, HD, HD, C::BC, false>(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false>,
-                                             plain_regs, mma, persistent, a, stream, dev);
+                                             plain_regs, fallback, persistent, a, stream, dev);
 }
 
 /* The score variants on Hopper (oss_attn_fwd_var_scores per tile, a window's
- * key tiles only, sinks in the row statistics). A window alone runs `plain`,
- * the launcher above (its own generated file's; NULL where the build has no
- * plain Hopper kernel of this head dim), whose kernel applies a window where
- * it applies the causal rule and keeps its ones column and its scale folded
- * into the exponent; calls that also pass a mask tensor run mma_var, the
+ * key tiles only, sinks in the row statistics). A window, sinks, or both
+ * (oss_attn_plain_scores) run `plain`, the launcher above (its own generated
+ * file's; NULL where the build has no plain Hopper kernel of this head dim),
+ * whose kernel applies a window where it applies the causal rule, merges the
+ * sinks after the keys (oss_sm90_sink_merge), and keeps its ones column and
+ * its scale folded into the exponent; calls that also pass a mask tensor run mma_var, the
  * mma.sync kernel with the variants (its own generated file's launcher),
  * which reads it. */
 template <typename T, int HD>
@@ -633,7 +669,7 @@ oss_status oss_attn_fwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t str
                                         oss_attn_launch_fn mma_var, oss_attn_launch_fn plain) {
   typedef oss_attn_fwd_sm90_cfg<HD> C;
   if (a->mask_kind != OSS_MASK_NONE) return mma_var(a, stream, dev);
-  if (oss_attn_window_only(a) && plain != NULL) return plain(a, stream, dev);
+  if (oss_attn_plain_scores(a) && plain != NULL) return plain(a, stream, dev);
   static const int regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, true>);
   const bool persistent = C::persistent(a);
   return oss_attn_fwd_sm90_run<T, HD, HD, C::BC, true>(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, true>,

@@ -352,10 +352,12 @@ template <typename K> static inline int oss_kernel_regs(K *kernel) {
   return attr.numRegs;
 }
 
-/* A call whose only score variant is a window: the plain Hopper kernels
- * serve it (they apply a window where they apply the causal rule). */
-static inline bool oss_attn_window_only(const oss_attn_args *a) {
-  return a->softcap_l2 == 0.f && a->alibi == NULL && a->sinks == NULL && a->drop_seed == NULL;
+/* A call whose variants change no score, a window or sinks: the plain Hopper
+ * kernels serve it (they apply a window where they apply the causal rule; the
+ * forward merges the sinks into each row's statistics after its keys, and the
+ * backward finds them in lse). */
+static inline bool oss_attn_plain_scores(const oss_attn_args *a) {
+  return a->softcap_l2 == 0.f && a->alibi == NULL && a->drop_seed == NULL;
 }
 
 #endif /* OSS_ATTENTION_SM90_CUH */
