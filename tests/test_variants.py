@@ -56,6 +56,7 @@ VARIANTS = {
     "alibi_batch": dict(alibi="batch"),
     "sinks": dict(sinks=True),
     "window_sinks": dict(window_size=(9, 3), sinks=True),
+    "window_alibi_sinks": dict(window_size=(5, 20), alibi="heads", sinks=True),
     "all": dict(window_size=(9, 3), softcap=3.0, alibi="batch", sinks=True),
 }
 
@@ -271,7 +272,14 @@ def _check_variant_fa_style(q, k, v, kw, other, mask, is_causal, alignment, labe
     ref_out.backward(dout.double())
     qkv, s = leaves["ours"]
     for idx, gname in enumerate(("dq", "dk", "dv")):
-        assert_tolerance(f"{gname} {label}", qkv[idx].grad, qkv64[idx].grad, peer[2 + idx], atol)
+        # A gradient of a handful of values (the one-query, one-key shape): dS rounds to 16
+        # bits once in both, but from float32 values that differ in their last bits, so near
+        # a rounding boundary the two take neighbouring 16-bit values; over so few elements
+        # the peer's own largest error need not show one such flip. Each element is then also
+        # allowed one rounding of its magnitude (docs/testing.md).
+        few = qkv[idx].grad.numel() < 100
+        assert_tolerance(f"{gname} {label}", qkv[idx].grad, qkv64[idx].grad, peer[2 + idx], atol,
+                         per_element_eps=few)
     if sinks is not None:
         # d sinks sums a few rows' p_sink D, each D carrying the 16-bit output's rounding: a
         # handful of values whose maximum error, against the peer's, is a draw between two

@@ -866,7 +866,7 @@ oss_status oss_attn_bwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t str
   if (a->mask_kind != OSS_MASK_NONE) return mma_var(a, stream, dev);
   /* a window, sinks or both: the plain key-split kernel (`plain`: the
    * launcher above, from its own generated file; NULL where the build has none) */
-  if (!oss_attn_bwd_sm90_cfg<HD>::WIDE && oss_attn_plain_scores(a) && plain != NULL) return plain(a, stream, dev);
+  if (!oss_attn_bwd_sm90_cfg<HD>::WIDE && oss_attn_bwd_plain_scores(a) && plain != NULL) return plain(a, stream, dev);
   return oss_attn_bwd_sm90_run<T, HD, true>(a, stream, dev, dq_det_var, mma_var);
 }
 

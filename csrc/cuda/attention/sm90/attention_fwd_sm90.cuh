@@ -39,7 +39,9 @@
  *     stride.
  *   - sinks without the score-changing variants: the plain kernels merge a
  *     row's sink into its statistics after its last key tile
- *     (oss_sm90_sink_merge).
+ *     (oss_sm90_sink_merge). ALiBi (with or without a window or sinks, no
+ *     other variant) runs the WINDOW instantiation, which adds a tile's
+ *     biases after masking it (oss_sm90_alibi).
  *   - VAR (a separate instantiation): the other score variants of oss.h
  *     through oss_attn_fwd_var_scores (as in the mma.sync kernel), a row's
  *     softmax starting at its sink; calls that also carry a mask tensor run
@@ -219,6 +221,20 @@ __device__ __forceinline__ void oss_sm90_sink_merge(float (&o)[NO][4], float (&m
       o[n][2 * hi + 1] *= alpha;
     }
   }
+}
+
+/* ALiBi on a tile of scores masked as raw products (oss_attn_fwd_mask_scores,
+ * c its factor): s <- c s - slope |i + off - j| in log2 units, after which the
+ * softmax takes the factor 1. d0: i + off - j of the thread's first element
+ * (row g, column 2t); element (n, e) is d0 + 8 (e >> 1) - 8 n - (e & 1), exact
+ * in float below 2^24. A hidden score stays -inf. */
+template <int NT>
+__device__ __forceinline__ void oss_sm90_alibi(float (&s)[NT][4], float c, float slope, float d0) {
+#pragma unroll
+  for (int n = 0; n < NT; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      s[n][e] = fmaf(s[n][e], c, -slope * fabsf(d0 + (float)(8 * (e >> 1) - 8 * n - (e & 1))));
 }
 
 /* A divisor fixed for a kernel's run as a multiply and a shift: n / d for
@@ -460,6 +476,10 @@ __global__ void __launch_bounds__(384, 1)
       /* [1]: the one 16-row m-tile of a warp, as the shared mma.sync helpers
        * count them. A sink starts each row's softmax as its first term (as in
        * the mma.sync kernel: m = the sink, one quad lane's l and lr hold 1). */
+      /* ALiBi in the WINDOW instantiation (log2 units; 0: none) */
+      const float slope = WINDOW && a.alibi != nullptr ? a.alibi[(int64_t)qb.b * a.alibi_sb + qb.h] * (float)OSS_LOG2E : 0.f;
+      /* i + off - j at the thread's first element of key tile 0 (the distances of oss_sm90_alibi) */
+      const int64_t d_row = (int64_t)(i0 + wrow + (lane >> 2)) + a.var_off - (lane & 3) * 2;
       const float sink_m = (!VAR || a.sinks == nullptr) ? -INFINITY : a.sinks[qb.h] * (float)OSS_LOG2E;
       const float sink_l = (VAR && a.sinks != nullptr && (lane & 3) == 0) ? 1.f : 0.f;
       float o[1][NOA][4], s[1][NT][4];
@@ -488,6 +508,11 @@ __global__ void __launch_bounds__(384, 1)
         }
         float c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, jt0 * BC, lane)
                       : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR, WINDOW>(s, a, mbase, i0 + wrow, jt0 * BC, lane);
+        if constexpr (WINDOW)
+          if (slope != 0.f) {
+            oss_sm90_alibi<NT>(s[0], c, slope, (float)(d_row - jt0 * BC));
+            c = 1.f;
+          }
         oss_sm90_softmax_exp<NT>(s[0], m[0], l[0], alpha, c);
         oss_sm90_softmax_pack<T, NT, NOA, !ONES>(s[0], o[0], lr[0], alpha, pa);
         if (drop) {
@@ -520,6 +545,11 @@ __global__ void __launch_bounds__(384, 1)
           }
           c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, j0, lane)
                   : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR, WINDOW>(s, a, mbase, i0 + wrow, j0, lane);
+          if constexpr (WINDOW)
+            if (slope != 0.f) {
+              oss_sm90_alibi<NT>(s[0], c, slope, (float)(d_row - j0));
+              c = 1.f;
+            }
           oss_sm90_softmax_exp<NT>(s[0], m[0], l[0], alpha, c);
           if (drop) oss_attn_dropout_keep<false, 1, NT>(keep, a, seed, qb.bh, i0 + wrow, j0, lane);
           oss_wgmma_wait<0>();
@@ -626,12 +656,12 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
     return oss_attn_fwd_sm90_run<T, HD, HD, C::BC_MASK, false>(
         oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC_MASK, C::STAGES, false, true>, mask_regs, mma, false, a, stream, dev);
   const bool persistent = C::persistent(a);
-  /* a call with variants that change no score (a window, sinks:
-   * oss_attn_fwd_sm90_var_launch sends them here) falls back to the mma.sync
-   * kernel with the variants */
+  /* a call with a window, sinks or ALiBi (oss_attn_fwd_sm90_var_launch sends
+   * them here) falls back to the mma.sync kernel with the variants */
   const oss_attn_launch_fn fallback = a->variants ? mma_var : mma;
-  if (a->win_left >= 0 || a->win_right >= 0) {
-    /* a window: the instantiation that moves a block's first key tile */
+  if (a->win_left >= 0 || a->win_right >= 0 || a->alibi != NULL) {
+    /* a window or ALiBi: the instantiation that moves a block's first key
+     * tile and adds ALiBi's biases */
     if constexpr (C::WINDOW_KERNEL) {
       static const int window_regs =
           oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, false, true>);
@@ -656,12 +686,14 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
 }
 
 /* The score variants on Hopper (oss_attn_fwd_var_scores per tile, a window's
- * key tiles only, sinks in the row statistics). A window, sinks, or both
- * (oss_attn_plain_scores) run `plain`, the launcher above (its own generated
- * file's; NULL where the build has no plain Hopper kernel of this head dim),
- * whose kernel applies a window where it applies the causal rule, merges the
- * sinks after the keys (oss_sm90_sink_merge), and keeps its ones column and
- * its scale folded into the exponent; calls that also pass a mask tensor run mma_var, the
+ * key tiles only, sinks in the row statistics). A window, sinks and ALiBi
+ * without the other variants (oss_attn_fwd_plain_scores) run `plain`, the
+ * launcher above (its own generated file's; NULL where the build has no plain
+ * Hopper kernel of this head dim), whose kernels apply a window where they
+ * apply the causal rule, merge the sinks after the keys
+ * (oss_sm90_sink_merge), add ALiBi's biases to a masked tile
+ * (oss_sm90_alibi), and keep the ones column and, without ALiBi, the scale
+ * folded into the exponent; calls that also pass a mask tensor run mma_var, the
  * mma.sync kernel with the variants (its own generated file's launcher),
  * which reads it. */
 template <typename T, int HD>
@@ -669,7 +701,7 @@ oss_status oss_attn_fwd_sm90_var_launch(const oss_attn_args *a, cudaStream_t str
                                         oss_attn_launch_fn mma_var, oss_attn_launch_fn plain) {
   typedef oss_attn_fwd_sm90_cfg<HD> C;
   if (a->mask_kind != OSS_MASK_NONE) return mma_var(a, stream, dev);
-  if (oss_attn_plain_scores(a) && plain != NULL) return plain(a, stream, dev);
+  if (oss_attn_fwd_plain_scores(a) && plain != NULL) return plain(a, stream, dev);
   static const int regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, true>);
   const bool persistent = C::persistent(a);
   return oss_attn_fwd_sm90_run<T, HD, HD, C::BC, true>(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, true>,

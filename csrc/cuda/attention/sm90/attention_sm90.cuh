@@ -352,12 +352,16 @@ template <typename K> static inline int oss_kernel_regs(K *kernel) {
   return attr.numRegs;
 }
 
-/* A call whose variants change no score, a window or sinks: the plain Hopper
- * kernels serve it (they apply a window where they apply the causal rule; the
- * forward merges the sinks into each row's statistics after its keys, and the
- * backward finds them in lse). */
-static inline bool oss_attn_plain_scores(const oss_attn_args *a) {
-  return a->softcap_l2 == 0.f && a->alibi == NULL && a->drop_seed == NULL;
+/* Calls whose variants the plain Hopper kernels serve. They apply a window
+ * where they apply the causal rule; the forward merges the sinks into each
+ * row's statistics after its keys, and the backward finds them in lse. The
+ * forward's window instantiation adds ALiBi's biases too; the backward's
+ * kernels do not. */
+static inline bool oss_attn_fwd_plain_scores(const oss_attn_args *a) {
+  return a->softcap_l2 == 0.f && a->drop_seed == NULL;
+}
+static inline bool oss_attn_bwd_plain_scores(const oss_attn_args *a) {
+  return oss_attn_fwd_plain_scores(a) && a->alibi == NULL;
 }
 
 #endif /* OSS_ATTENTION_SM90_CUH */
