@@ -57,8 +57,8 @@
  * memory that the copying threads read (oss_attn_dec_tabled).
  * Limits: rows of q, k and v 16-byte aligned (the host falls back to the FA2
  * kernel otherwise); head dims up to the compiled HD (zero padded); batch *
- * kv heads and splits below 65536; clusters only on sm_90 and newer (the
- * kernel traps elsewhere); lengths below 2^31; ALiBi distances exact
+ * kv heads and splits below 65536; clusters only with sm_90 code (a kernel
+ * built from older PTX runs one split instead); lengths below 2^31; ALiBi distances exact
  * below 2^24 (float); no dropout and no variable-length batch (cu_seqlens).
  */
 #ifndef OSS_ATTENTION_DECODE_CUH
@@ -317,7 +317,7 @@ __device__ __forceinline__ void oss_attn_dec_cluster_merge(const oss_attn_args &
   }
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 #else
-  __trap(); /* the host picks clusters only on sm_90 and newer */
+  __trap(); /* never launched: the launcher gives a kernel without sm_90 code one split */
 #endif
 }
 
@@ -711,32 +711,26 @@ __global__ void __launch_bounds__(256) oss_attn_dec_combine_kernel(const oss_att
  * the host (attention.cu). */
 template <typename T, int HD>
 oss_status oss_attn_dec_launch(const oss_attn_args *a, cudaStream_t stream, const oss_device_info *dev) {
+  /* A plan of clusters meets a kernel without their merge where the build has
+   * no sm_90 code (older PTX the driver compiled for this device): one split
+   * then takes every tile, which needs no merge. */
+  static const bool cluster_code = oss_kernel_ptx_arch(oss_attn_dec_kernel<T, HD>) >= 90;
+  oss_attn_args one;
+  if (a->dec_cluster && !cluster_code) {
+    one = *a;
+    one.dec_tiles = a->dec_tiles * a->dec_splits;
+    one.dec_splits = 1;
+    one.dec_cluster = 0;
+    a = &one;
+  }
   const int64_t row_tiles = ((int64_t)a->group * a->lq + OSS_ATTN_DEC_ROWS - 1) / OSS_ATTN_DEC_ROWS;
   const dim3 grid((unsigned)row_tiles, (unsigned)a->dec_splits, (unsigned)((int64_t)a->batch * a->hkv));
-  if (a->dec_cluster) {
-    const size_t smem = oss_attn_dec_smem_bytes(HD);
-    OSS_CUDA_TRY(cudaFuncSetAttribute(oss_attn_dec_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)smem));
-    cudaLaunchConfig_t cfg;
-    cudaLaunchAttribute attr;
-    memset(&cfg, 0, sizeof cfg);
-    memset(&attr, 0, sizeof attr);
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = (unsigned)a->dec_splits;
-    attr.val.clusterDim.z = 1;
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(128);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    OSS_CUDA_TRY(cudaLaunchKernelEx(&cfg, oss_attn_dec_kernel<T, HD>, *a));
-    return oss_check_launch("attention decode forward (mma.sync, clusters of splits)");
-  }
-  oss_status st = oss_attn_launch(oss_attn_dec_kernel<T, HD>, "attention decode forward (mma.sync)", HD,
-                                  oss_attn_dec_smem_bytes(HD), grid, 128, a, stream, dev);
-  if (st != OSS_OK || a->dec_splits == 1) return st;
+  oss_status st = oss_attn_launch(oss_attn_dec_kernel<T, HD>,
+                                  a->dec_cluster ? "attention decode forward (mma.sync, clusters of splits)"
+                                                 : "attention decode forward (mma.sync)",
+                                  HD, oss_attn_dec_smem_bytes(HD), grid, 128, a, stream, dev,
+                                  a->dec_cluster ? a->dec_splits : 1);
+  if (st != OSS_OK || a->dec_splits == 1 || a->dec_cluster) return st;
   const int64_t nrows = (int64_t)a->batch * a->hq * a->lq;
   return oss_launch_dependent(oss_attn_dec_combine_kernel<T>, dim3((unsigned)nrows), dim3(256), 0, stream, dev,
                               "attention decode combine", *a);

@@ -920,17 +920,48 @@ static inline dim3 oss_attn_key_grid(const oss_attn_args *a, int rows) {
 
 /* Launches kernel(*a) with grid x threads and `smem` bytes of dynamic shared
  * memory, once the device is known to allow that much per block; `what` names
- * the kernel in errors (with the head dim it was instantiated for). */
+ * the kernel in errors (with the head dim it was instantiated for).
+ * cluster_y > 1: in thread-block clusters of (1, cluster_y, 1) CTAs (sm_90). */
 static inline oss_status oss_attn_launch(void (*kernel)(const oss_attn_args), const char *what, int head_dim,
                                          size_t smem, dim3 grid, int threads, const oss_attn_args *a,
-                                         cudaStream_t stream, const oss_device_info *dev) {
+                                         cudaStream_t stream, const oss_device_info *dev, int cluster_y = 1) {
   if (smem > (size_t)dev->max_smem_per_block_optin)
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
                     "%s for head dim %d needs %zu bytes of shared memory per block, the device allows %d", what,
                     head_dim, smem, dev->max_smem_per_block_optin);
   OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  kernel<<<grid, threads, smem, stream>>>(*a);
+  if (cluster_y > 1) {
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute attr;
+    memset(&cfg, 0, sizeof cfg);
+    memset(&attr, 0, sizeof attr);
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = (unsigned)cluster_y;
+    attr.val.clusterDim.z = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3((unsigned)threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    OSS_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, *a));
+  } else {
+    kernel<<<grid, threads, smem, stream>>>(*a);
+  }
   return oss_check_launch(what);
+}
+
+/* The virtual architecture a kernel's code was compiled from, as __CUDA_ARCH__
+ * / 10 (90 for sm_90 code; 80 for sm_80 PTX that the driver compiled for a
+ * newer device); 0 if the runtime cannot say. */
+static inline int oss_kernel_ptx_arch(void (*kernel)(const oss_attn_args)) {
+  cudaFuncAttributes attr;
+  if (cudaFuncGetAttributes(&attr, (const void *)kernel) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return attr.ptxVersion;
 }
 
 #endif /* OSS_ATTENTION_MMA_CUH */
