@@ -134,7 +134,7 @@ def _launcher(path, header, name, call, uses=(), more=()):
     """A file of extern "C" launchers: name (returning call(a, stream, dev,
     *uses)) and the (name, call) pairs of `more`. uses: launchers of other
     generated files the call takes (the mma.sync fallbacks of the Hopper
-    kernels, the plain Hopper kernels that serve a window or sinks and their
+    kernels, the plain Hopper kernels that serve windows, sinks and ALiBi and their
     fallbacks with the variants), declared here and passed by pointer, so
     that their kernels are compiled once, in their own files; None passes
     NULL (a launcher this build lacks)."""

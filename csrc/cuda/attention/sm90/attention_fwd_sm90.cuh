@@ -33,10 +33,9 @@
  *   - a window's key tiles only (producer and consumers both walk jt0 ..
  *     ntiles - 1). The kernel without a mask tensor applies a window as it
  *     applies the causal rule (on the tiles across its edges), so a window
- *     alone runs it, instantiated apart (WINDOW: jt0 in a register, which at
- *     head dim 128 spills a few block arguments outside the key loop; the
- *     others know jt0 = 0); a window's blocks go on the persistent grid by
- *     stride.
+ *     alone runs it, instantiated apart (WINDOW: jt0 in a register, and
+ *     ALiBi's slope and distances; the others know jt0 = 0 and have no
+ *     ALiBi); a window's blocks go on the persistent grid by stride.
  *   - sinks without the score-changing variants: the plain kernels merge a
  *     row's sink into its statistics after its last key tile
  *     (oss_sm90_sink_merge). ALiBi (with or without a window or sinks, no
@@ -473,13 +472,15 @@ __global__ void __launch_bounds__(384, 1)
       const int64_t mbase = MASK_TENSOR ? oss_attn_mask_base(a, qb.b, qb.h) : 0;
       oss_attn_var_consts vc;
       if constexpr (VAR) vc = oss_attn_var_consts_of(a, qb.b, qb.h);
-      /* [1]: the one 16-row m-tile of a warp, as the shared mma.sync helpers
-       * count them. A sink starts each row's softmax as its first term (as in
-       * the mma.sync kernel: m = the sink, one quad lane's l and lr hold 1). */
       /* ALiBi in the WINDOW instantiation (log2 units; 0: none) */
-      const float slope = WINDOW && a.alibi != nullptr ? a.alibi[(int64_t)qb.b * a.alibi_sb + qb.h] * (float)OSS_LOG2E : 0.f;
+      const float slope =
+          WINDOW && a.alibi != nullptr ? a.alibi[(int64_t)qb.b * a.alibi_sb + qb.h] * (float)OSS_LOG2E : 0.f;
       /* i + off - j at the thread's first element of key tile 0 (the distances of oss_sm90_alibi) */
       const int64_t d_row = (int64_t)(i0 + wrow + (lane >> 2)) + a.var_off - (lane & 3) * 2;
+      /* [1]: the one 16-row m-tile of a warp, as the shared mma.sync helpers
+       * count them. In the VAR kernels a sink starts each row's softmax as its
+       * first term (as in the mma.sync kernel: m = the sink, one quad lane's l
+       * and lr hold 1); the plain kernels merge it at the end. */
       const float sink_m = (!VAR || a.sinks == nullptr) ? -INFINITY : a.sinks[qb.h] * (float)OSS_LOG2E;
       const float sink_l = (VAR && a.sinks != nullptr && (lane & 3) == 0) ? 1.f : 0.f;
       float o[1][NOA][4], s[1][NT][4];
@@ -586,7 +587,8 @@ __global__ void __launch_bounds__(384, 1)
         for (int hi = 0; hi < 2; hi++) lr[0][hi] = (lane & 3) == 0 ? o[0][NO][2 * hi] : 0.f;
       /* the plain kernels take a call's sinks here, as the last term of each row */
       if constexpr (!VAR && !MASK_TENSOR)
-        if (a.sinks != nullptr) oss_sm90_sink_merge<NOA>(o[0], m[0], l[0], lr[0], a.sinks[qb.h] * (float)OSS_LOG2E, lane);
+        if (a.sinks != nullptr)
+          oss_sm90_sink_merge<NOA>(o[0], m[0], l[0], lr[0], a.sinks[qb.h] * (float)OSS_LOG2E, lane);
       /* the mask kernel at head dim 256 has no register to spare for the run of stores */
       constexpr bool RUN = !(MASK_TENSOR && DV > 128);
       /* 16-byte stores: the plain kernels of 128 to 192 columns (the variant kernels and
