@@ -254,6 +254,36 @@ __device__ __forceinline__ oss_attn_args oss_attn_dec_batch_view(const oss_attn_
   return v;
 }
 
+/* Output row (b, h, i) of a decode call: where it starts in out and, where
+ * the call keeps a rounding residual, in out_res (else nullptr). */
+template <typename T> struct oss_attn_dec_out_row {
+  T *out, *res;
+};
+
+template <typename T>
+__device__ __forceinline__ oss_attn_dec_out_row<T> oss_attn_dec_row_at(const oss_attn_args &a, int b, int h, int i) {
+  const int64_t off = (int64_t)b * a.o_s[0] + (int64_t)h * a.o_s[1] + (int64_t)i * a.o_s[2];
+  return {(T *)a.out + off, a.out_res == nullptr ? nullptr : (T *)a.out_res + off};
+}
+
+/* Column c of an output row: the value rounded to T and its rounding residual. */
+template <typename T>
+__device__ __forceinline__ void oss_attn_dec_store(const oss_attn_dec_out_row<T> &row, int c, float v) {
+  row.out[c] = oss_from_float<T>(v);
+  if (row.res != nullptr) row.res[c] = oss_from_float<T>(oss_rounding_residual<T>(v));
+}
+
+/* A merge of parts (splits) with weights exp(lse_s - mx) summing to sum: the
+ * factor that normalises the weighted sum, and the merged lse mx + log sum. A
+ * row no part saw (mx = -inf) gives 0 and -inf; a NaN lse of any part NaN. */
+__device__ __forceinline__ float oss_attn_dec_merge_inv(float mx, float sum, bool nan) {
+  return nan ? NAN : (mx == -INFINITY ? 0.f : 1.f / sum);
+}
+
+__device__ __forceinline__ float oss_attn_dec_merge_lse(float mx, float sum, bool nan) {
+  return nan ? NAN : (mx == -INFINITY ? -INFINITY : mx + logf(sum));
+}
+
 /* The splits of a cluster (a.dec_cluster: clusters of dec_splits CTAs along
  * grid y, sm_90) merge through distributed shared memory instead of the
  * workspace and the combine kernel: each CTA holds its 16 rows' normalised
@@ -293,11 +323,9 @@ __device__ __forceinline__ void oss_attn_dec_cluster_merge(const oss_attn_args &
       x[s] = s < S && mx != -INFINITY ? expf(x[s] - mx) : 0.f;
       sum += x[s];
     }
-    const float inv = nan ? NAN : (mx == -INFINITY ? 0.f : 1.f / sum);
+    const float inv = oss_attn_dec_merge_inv(mx, sum, nan);
     const int R = r0 + r, h = hk * a.group + R / a.lq, i = R % a.lq;
-    const int64_t off = (int64_t)b * a.o_s[0] + (int64_t)h * a.o_s[1] + (int64_t)i * a.o_s[2];
-    T *orow = (T *)a.out + off;
-    T *rrow = a.out_res == nullptr ? nullptr : (T *)a.out_res + off;
+    const oss_attn_dec_out_row<T> orow = oss_attn_dec_row_at<T>(a, b, h, i);
     for (int c = tid; c < a.dv; c += 128) {
       float acc = 0.f;
 #pragma unroll
@@ -307,13 +335,9 @@ __device__ __forceinline__ void oss_attn_dec_cluster_merge(const oss_attn_args &
           asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(o_at[s] + 4u * (uint32_t)(r * OP + c)) : "memory");
         acc += x[s] * v;
       }
-      const float v = acc * inv;
-      orow[c] = oss_from_float<T>(v);
-      if (rrow != nullptr) rrow[c] = oss_from_float<T>(oss_rounding_residual<T>(v));
+      oss_attn_dec_store(orow, c, acc * inv);
     }
-    if (tid == 0)
-      ((float *)a.lse)[((int64_t)b * a.hq + h) * a.lq + i] =
-          nan ? NAN : (mx == -INFINITY ? -INFINITY : mx + logf(sum));
+    if (tid == 0) ((float *)a.lse)[((int64_t)b * a.hq + h) * a.lq + i] = oss_attn_dec_merge_lse(mx, sum, nan);
   }
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 #else
@@ -578,17 +602,12 @@ __global__ void __launch_bounds__(128, oss_attn_dec_ctas_per_sm(HD)) oss_attn_de
   const int h = hk * a.group + R / a.lq, i = R % a.lq;
   const int64_t row = ((int64_t)b * a.hq + h) * a.lq + i;
   if (a.dec_splits == 1) {
-    T *orow = (T *)a.out + (int64_t)b * a.o_s[0] + (int64_t)h * a.o_s[1] + (int64_t)i * a.o_s[2];
-    T *rrow = a.out_res == nullptr
-                  ? nullptr
-                  : (T *)a.out_res + (int64_t)b * a.o_s[0] + (int64_t)h * a.o_s[1] + (int64_t)i * a.o_s[2];
+    const oss_attn_dec_out_row<T> orow = oss_attn_dec_row_at<T>(a, b, h, i);
     for (int c = tid & 7; c < a.dv; c += 8) {
       float acc = 0.f;
 #pragma unroll
       for (int w = 0; w < 4; w++) acc += wt[w] * sO[(w * 16 + r) * OP + c];
-      const float v = acc * inv;
-      orow[c] = oss_from_float<T>(v);
-      if (rrow != nullptr) rrow[c] = oss_from_float<T>(oss_rounding_residual<T>(v));
+      oss_attn_dec_store(orow, c, acc * inv);
     }
     if ((tid & 7) == 0) ((float *)a.lse)[row] = lse;
   } else if (a.dec_cluster) {
@@ -689,21 +708,16 @@ __global__ void __launch_bounds__(256) oss_attn_dec_combine_kernel(const oss_att
     if (sub == 0 && c4 < groups4) reinterpret_cast<float4 *>(sacc[warp])[c4] = acc;
   }
   __syncthreads();
-  const float inv = nan ? NAN : (mx == -INFINITY ? 0.f : 1.f / sum);
+  const float inv = oss_attn_dec_merge_inv(mx, sum, nan);
   const int i = (int)(row % a.lq), h = (int)(row / a.lq % a.hq), b = (int)(row / a.lq / a.hq);
-  T *orow = (T *)a.out + (int64_t)b * a.o_s[0] + (int64_t)h * a.o_s[1] + (int64_t)i * a.o_s[2];
-  T *rrow = a.out_res == nullptr
-                ? nullptr
-                : (T *)a.out_res + (int64_t)b * a.o_s[0] + (int64_t)h * a.o_s[1] + (int64_t)i * a.o_s[2];
+  const oss_attn_dec_out_row<T> orow = oss_attn_dec_row_at<T>(a, b, h, i);
   for (int c = tid; c < a.dv; c += 256) {
     float acc = 0.f;
 #pragma unroll
     for (int w = 0; w < 8; w++) acc += sacc[w][c];
-    const float v = acc * inv;
-    orow[c] = oss_from_float<T>(v);
-    if (rrow != nullptr) rrow[c] = oss_from_float<T>(oss_rounding_residual<T>(v));
+    oss_attn_dec_store(orow, c, acc * inv);
   }
-  if (tid == 0) ((float *)a.lse)[row] = nan ? NAN : (mx == -INFINITY ? -INFINITY : mx + logf(sum));
+  if (tid == 0) ((float *)a.lse)[row] = oss_attn_dec_merge_lse(mx, sum, nan);
 }
 
 /* Entry point instantiated once per (decode head dim, dtype) by the
