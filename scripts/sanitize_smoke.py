@@ -16,11 +16,14 @@ variants: every kernel draws the same weights' mask as the CPU for the same seed
 (packed variable-length batches).
 """
 
+import os
 import sys
 
 import torch
 
-import torch_oss
+# this tree's torch_oss (an in-place build too), before an installed one
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch_oss  # noqa: E402
 
 
 def close(name, got, ref, tol):
