@@ -283,6 +283,11 @@ typedef struct oss_attention_backward_params {
    * d sink_h = -sum over (b, i) of p_sink(b, h, i) * D(b, h, i), where
    * p_sink = exp(sink_h - lse) and D = rowsum(dout * out); NULL: not wanted. */
   float *dsinks;
+  /* Optional (NULL: zero): the gradient of fwd.lse, with lse's layout and
+   * dtype. As d lse_i / d s_ij = P_ij, the backward then takes D - dlse for
+   * D (dS = P (dP - D + dlse)), so dq, dk and dsinks carry lse's share too.
+   * CPU only (CUDA: OSS_ERROR_NOT_SUPPORTED). */
+  const void *dlse;
 } oss_attention_backward_params;
 
 oss_status oss_attention_forward_cpu(const oss_attention_params *p, const oss_cpu_exec *exec);

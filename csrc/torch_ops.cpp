@@ -823,10 +823,25 @@ bool check_backward_tensors(const char *op, const char *query_name, const Tensor
 }
 
 // The buffers of a backward call: out (and its residual, undefined when
-// none), lse, dout, the gradients and dsinks (undefined when not wanted).
+// none), lse, dout, the gradients, dsinks (undefined when not wanted) and
+// lse's gradient (undefined when none).
 struct BackwardBuffers {
-  Tensor out, out_residual, lse, dout, dq, dk, dv, dsinks;
+  Tensor out, out_residual, lse, dout, dq, dk, dv, dsinks, dlse;
 };
+
+// lse's gradient for the kernels (oss.h dlse): grad_lse checked against lse
+// (shape, device, a floating dtype), in lse's dtype, contiguous; undefined
+// when not given.
+Tensor lse_gradient(const char *op, const Tensor &lse, const std::optional<Tensor> &grad_lse) {
+  if (!given(grad_lse)) return Tensor();
+  OSS_CHECK(grad_lse->sizes() == lse.sizes(), Value, "%s: grad_lse has shape %s, expected lse's %s", op,
+            shape_str(grad_lse->sizes()).c_str(), shape_str(lse.sizes()).c_str());
+  OSS_CHECK(grad_lse->device() == lse.device(), Value, "%s: grad_lse is on %s but lse is on %s", op,
+            device_str(*grad_lse).c_str(), device_str(lse).c_str());
+  OSS_CHECK(is_kernel_float(grad_lse->scalar_type()), Type, "%s: grad_lse has dtype %s but must be a floating type",
+            op, dtype_name(grad_lse->scalar_type()));
+  return grad_lse->to(lse.scalar_type()).contiguous();
+}
 
 // Points bp at b (strides of view(t): the tensors as [B, H, L, D]) and runs
 // the backward on the device of `on`; the rest of bp is the caller's.
@@ -846,6 +861,7 @@ void run_attention_backward(const char *op, oss_attention_backward_params &bp, c
   bp.dv = b.dv.data_ptr();
   fill_strides3(view(b.dv), bp.dv_stride);
   bp.dsinks = b.dsinks.defined() ? b.dsinks.data_ptr<float>() : nullptr;
+  bp.dlse = b.dlse.defined() ? b.dlse.data_ptr() : nullptr;
 #ifdef OSS_WITH_CUDA
   if (on.is_cuda()) {
     const c10::cuda::CUDAGuard guard(on.device());
@@ -864,7 +880,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_impl(
     const Tensor &out, const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal,
     std::optional<double> scale, bool enable_gqa, c10::string_view causal_alignment, bool deterministic,
     const std::optional<Tensor> &out_residual, const AttentionVariants &variants, bool want_dsinks,
-    bool keys_subset = false) {
+    const std::optional<Tensor> &grad_lse, bool keys_subset = false) {
   AttentionInputs in =
       prepare_attention(op, query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment, variants);
   oss_attention_backward_params bp{};
@@ -878,6 +894,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_impl(
   Tensor o_res = use_residual ? out_residual->contiguous() : Tensor();
   Tensor dout = last_dim_contiguous(grad_out.to(query.scalar_type()));
   Tensor lse_c = lse.contiguous();
+  Tensor dlse = lse_gradient(op, lse, grad_lse);
   Tensor dq = at::empty(query.sizes(), query.options());
   Tensor dk = at::empty(key.sizes(), key.options());
   Tensor dv = at::empty(value.sizes(), value.options());
@@ -893,7 +910,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_impl(
 
   bp.deterministic = deterministic;
   bp.keys_subset = keys_subset;
-  run_attention_backward(op, bp, query, {o, o_res, lse_c, dout, dq, dk, dv, dsinks},
+  run_attention_backward(op, bp, query, {o, o_res, lse_c, dout, dq, dk, dv, dsinks, dlse},
                          [](const Tensor &t) -> const Tensor & { return t; });
   return result();
 }
@@ -903,11 +920,13 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op(
     const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
     bool enable_gqa, c10::string_view causal_alignment, bool deterministic, const std::optional<Tensor> &out_residual,
     at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes,
-    const std::optional<Tensor> &sinks, bool keys_subset, double dropout_p, const std::optional<Tensor> &dropout_seed) {
+    const std::optional<Tensor> &sinks, bool keys_subset, double dropout_p, const std::optional<Tensor> &dropout_seed,
+    const std::optional<Tensor> &grad_lse) {
   auto [dq, dk, dv, dsinks] = attention_backward_impl(
       "attention_backward", grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
       causal_alignment, deterministic, out_residual,
-      AttentionVariants{window_size, softcap, alibi_slopes, sinks, dropout_p, &dropout_seed}, false, keys_subset);
+      AttentionVariants{window_size, softcap, alibi_slopes, sinks, dropout_p, &dropout_seed}, false, grad_lse,
+      keys_subset);
   return {dq, dk, dv};
 }
 
@@ -918,12 +937,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_with_sinks_op(
     const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
     bool enable_gqa, c10::string_view causal_alignment, bool deterministic, const std::optional<Tensor> &out_residual,
     at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes, const Tensor &sinks,
-    double dropout_p, const std::optional<Tensor> &dropout_seed) {
+    double dropout_p, const std::optional<Tensor> &dropout_seed, const std::optional<Tensor> &grad_lse) {
   const std::optional<Tensor> sinks_opt(sinks);
   return attention_backward_impl(
       "attention_backward_with_sinks", grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
       causal_alignment, deterministic, out_residual,
-      AttentionVariants{window_size, softcap, alibi_slopes, sinks_opt, dropout_p, &dropout_seed}, true);
+      AttentionVariants{window_size, softcap, alibi_slopes, sinks_opt, dropout_p, &dropout_seed}, true, grad_lse);
 }
 
 // ---------------------------------------------------------------------------
@@ -1035,7 +1054,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_varlen_backward_op(
     bool is_causal, std::optional<double> scale, c10::string_view causal_alignment, bool deterministic,
     const std::optional<Tensor> &out_residual, at::IntArrayRef window_size, double softcap,
     const std::optional<Tensor> &alibi_slopes, const std::optional<Tensor> &sinks, double dropout_p,
-    const std::optional<Tensor> &dropout_seed) {
+    const std::optional<Tensor> &dropout_seed, const std::optional<Tensor> &grad_lse) {
   const char *op = "attention_varlen_backward";
   VarlenInputs r = prepare_varlen(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
                                   scale, causal_alignment,
@@ -1049,6 +1068,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_varlen_backward_op(
   Tensor o_res = use_residual ? out_residual->contiguous() : Tensor();
   Tensor dout = last_dim_contiguous(grad_out.to(q.scalar_type()));
   Tensor lse_c = lse.contiguous();
+  Tensor dlse = lse_gradient(op, lse, grad_lse);
   // zeroed: rows outside every sequence get 0
   Tensor dq = at::zeros(q.sizes(), q.options());
   Tensor dk = at::zeros(k.sizes(), k.options());
@@ -1059,7 +1079,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_varlen_backward_op(
   };
   if (bp.fwd.batch == 0 || q.size(1) == 0) return result();
   bp.deterministic = deterministic;
-  run_attention_backward(op, bp, q, {o, o_res, lse_c, dout, dq, dk, dv, dsinks},
+  run_attention_backward(op, bp, q, {o, o_res, lse_c, dout, dq, dk, dv, dsinks, dlse},
                          [](const Tensor &t) { return packed_view(t); });
   return result();
 }
@@ -1466,7 +1486,8 @@ void cross_entropy_backward_scaled_op(const Tensor &grad_logits, const Tensor &g
 // and saves q, k, v, the mask, out, lse (and the rounding residual of
 // attention_with_residual, the ALiBi slopes and the sinks); the backward is
 // oss::attention_backward, or oss::attention_backward_with_sinks when the
-// sinks need their gradient. lse and the residual carry no gradient, and a
+// sinks need their gradient. lse's gradient, where lse feeds the loss,
+// reaches the backward op (grad_lse); the residual carries none, and a
 // mask or ALiBi slopes that require grad are refused. The deterministic flag
 // of the backward is the call's (None: the global setting at the call).
 // As for softmax, a call nothing will differentiate skips the node.
@@ -1523,9 +1544,8 @@ template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Func
     /* the residual exists for float16/bfloat16 only (else it is empty) */
     const bool half = query.scalar_type() == at::kHalf || query.scalar_type() == at::kBFloat16;
     const Tensor residual = RESIDUAL && half ? outs[2] : Tensor();
-    if (RESIDUAL) ctx->mark_non_differentiable({outs[1], outs[2]});
-    else ctx->mark_non_differentiable({outs[1]});
-    // the backward reads out's gradient only: no zero tensors for lse's and the residual's
+    if (RESIDUAL) ctx->mark_non_differentiable({outs[2]});
+    // no zero tensors for the gradients of outputs the loss does not use
     ctx->set_materialize_grads(false);
     ctx->save_for_backward({query, key, value, attn_mask.value_or(Tensor()), outs[0], outs[1], residual,
                             alibi_slopes.value_or(Tensor()), sinks.value_or(Tensor()),
@@ -1549,8 +1569,10 @@ template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Func
                                           .findSchemaOrThrow("oss::attention_backward_with_sinks", "")
                                           .typed<decltype(attention_backward_with_sinks_op)>();
     variable_list none(kAttentionInputs);
-    if (!grads[0].defined()) return none;  // out's gradient is zero: so are the inputs'
+    // out's and lse's gradients both zero: so are the inputs'
+    if (!grads[0].defined() && !grads[1].defined()) return none;
     const variable_list saved = ctx->get_saved_variables();
+    const Tensor grad_out = grads[0].defined() ? grads[0] : at::zeros_like(saved[4]);
     const Tensor &mask = saved[3], &residual = saved[6], &alibi = saved[7], &sinks = saved[8], &seed = saved[9];
     // needs_input_grad counts the defined tensor inputs only: q, k, v, [mask], [alibi], sinks
     const bool want_dsinks = sinks.defined() && ctx->needs_input_grad(3 + mask.defined() + alibi.defined());
@@ -1566,18 +1588,18 @@ template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Func
     const double dropout_p = ctx->saved_data["dropout_p"].toDouble();  // the same seed drops the same weights
     if (want_dsinks) {
       auto [dq, dk, dv, dsinks] =
-          op_with_sinks.call(grads[0], saved[0], saved[1], saved[2], saved[4], saved[5], opt(mask), is_causal, scale,
+          op_with_sinks.call(grad_out, saved[0], saved[1], saved[2], saved[4], saved[5], opt(mask), is_causal, scale,
                              enable_gqa, alignment, deterministic, opt(residual), window_size, softcap, opt(alibi),
-                             sinks, dropout_p, opt(seed));
+                             sinks, dropout_p, opt(seed), opt(grads[1]));
       none[0] = dq;
       none[1] = dk;
       none[2] = dv;
       none[kSinksInput] = dsinks;
       return none;
     }
-    auto [dq, dk, dv] = op.call(grads[0], saved[0], saved[1], saved[2], saved[4], saved[5], opt(mask), is_causal,
+    auto [dq, dk, dv] = op.call(grad_out, saved[0], saved[1], saved[2], saved[4], saved[5], opt(mask), is_causal,
                                 scale, enable_gqa, alignment, deterministic, opt(residual), window_size, softcap,
-                                opt(alibi), opt(sinks), false, dropout_p, opt(seed));
+                                opt(alibi), opt(sinks), false, dropout_p, opt(seed), opt(grads[1]));
     none[0] = dq;
     none[1] = dk;
     none[2] = dv;
@@ -1593,10 +1615,12 @@ template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Func
 // it runs the kernel.
 void refuse_double_backward(const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value,
                             const Tensor &out, const Tensor &lse, const std::optional<Tensor> &attn_mask,
-                            const std::optional<Tensor> &out_residual, const std::optional<Tensor> &sinks) {
+                            const std::optional<Tensor> &out_residual, const std::optional<Tensor> &sinks,
+                            const std::optional<Tensor> &grad_lse) {
   const bool any = will_differentiate(grad_out) || will_differentiate(query) || will_differentiate(key) ||
                    will_differentiate(value) || will_differentiate(out) || will_differentiate(lse) ||
                    (attn_mask.has_value() && will_differentiate(*attn_mask)) ||
+                   (grad_lse.has_value() && will_differentiate(*grad_lse)) ||
                    (out_residual.has_value() && will_differentiate(*out_residual)) ||
                    (sinks.has_value() && will_differentiate(*sinks));
   OSS_CHECK(!any, NotImplemented,
@@ -1611,15 +1635,16 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op_autograd(
     const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
     bool enable_gqa, c10::string_view causal_alignment, bool deterministic, const std::optional<Tensor> &out_residual,
     at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes,
-    const std::optional<Tensor> &sinks, bool keys_subset, double dropout_p, const std::optional<Tensor> &dropout_seed) {
-  refuse_double_backward(grad_out, query, key, value, out, lse, attn_mask, out_residual, sinks);
+    const std::optional<Tensor> &sinks, bool keys_subset, double dropout_p, const std::optional<Tensor> &dropout_seed,
+    const std::optional<Tensor> &grad_lse) {
+  refuse_double_backward(grad_out, query, key, value, out, lse, attn_mask, out_residual, sinks, grad_lse);
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("oss::attention_backward", "")
                              .typed<decltype(attention_backward_op)>();
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return op.call(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
                  deterministic, out_residual, window_size, softcap, alibi_slopes, sinks, keys_subset, dropout_p,
-                 dropout_seed);
+                 dropout_seed, grad_lse);
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_with_sinks_op_autograd(
@@ -1627,14 +1652,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_with_sinks_op_auto
     const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
     bool enable_gqa, c10::string_view causal_alignment, bool deterministic, const std::optional<Tensor> &out_residual,
     at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes, const Tensor &sinks,
-    double dropout_p, const std::optional<Tensor> &dropout_seed) {
-  refuse_double_backward(grad_out, query, key, value, out, lse, attn_mask, out_residual, sinks);
+    double dropout_p, const std::optional<Tensor> &dropout_seed, const std::optional<Tensor> &grad_lse) {
+  const std::optional<Tensor> sinks_opt(sinks);
+  refuse_double_backward(grad_out, query, key, value, out, lse, attn_mask, out_residual, sinks_opt, grad_lse);
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("oss::attention_backward_with_sinks", "")
                              .typed<decltype(attention_backward_with_sinks_op)>();
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return op.call(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
-                 deterministic, out_residual, window_size, softcap, alibi_slopes, sinks, dropout_p, dropout_seed);
+                 deterministic, out_residual, window_size, softcap, alibi_slopes, sinks, dropout_p, dropout_seed,
+                 grad_lse);
 }
 
 template <bool RESIDUAL>
@@ -1790,13 +1817,13 @@ TORCH_LIBRARY(oss, m) {
       "Tensor? attn_mask, bool is_causal, float? scale, bool enable_gqa, str causal_alignment, "
       "bool deterministic, Tensor? out_residual=None, int[2] window_size=[-1, -1], float softcap=0.0, "
       "Tensor? alibi_slopes=None, Tensor? sinks=None, bool keys_subset=False, float dropout_p=0.0, "
-      "Tensor? dropout_seed=None) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
+      "Tensor? dropout_seed=None, Tensor? grad_lse=None) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
   m.def(
       "attention_backward_with_sinks(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, "
       "Tensor lse, Tensor? attn_mask, bool is_causal, float? scale, bool enable_gqa, str causal_alignment, "
       "bool deterministic, Tensor? out_residual, int[2] window_size, float softcap, Tensor? alibi_slopes, "
-      "Tensor sinks, float dropout_p=0.0, Tensor? dropout_seed=None) -> (Tensor grad_query, Tensor grad_key, "
-      "Tensor grad_value, Tensor grad_sinks)");
+      "Tensor sinks, float dropout_p=0.0, Tensor? dropout_seed=None, Tensor? grad_lse=None) -> (Tensor grad_query, "
+      "Tensor grad_key, Tensor grad_value, Tensor grad_sinks)");
   m.def(
       "attention_with_residual(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
       "bool is_causal=False, float? scale=None, bool enable_gqa=False, str causal_alignment=\"top_left\", "
@@ -1819,7 +1846,8 @@ TORCH_LIBRARY(oss, m) {
       "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool is_causal, float? scale, "
       "str causal_alignment, bool deterministic, Tensor? out_residual=None, int[2] window_size=[-1, -1], "
       "float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None, float dropout_p=0.0, "
-      "Tensor? dropout_seed=None) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v, Tensor grad_sinks)");
+      "Tensor? dropout_seed=None, Tensor? grad_lse=None) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v, "
+      "Tensor grad_sinks)");
   m.def(
       "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, float label_smoothing=0.0, "
       "float z_loss=0.0) -> (Tensor loss, Tensor lse)");

@@ -76,6 +76,16 @@ def _check_dropout(op, dropout_p, dropout_seed):
                           f"{dropout_seed.dtype} and shape {tuple(dropout_seed.shape)}")
 
 
+def _check_lse_gradient(op, lse, grad_lse):
+    """The op's check of grad_lse (lse's gradient, or None): lse's shape, a floating dtype."""
+    if grad_lse is None:
+        return
+    torch._check_value(grad_lse.shape == lse.shape,
+                       lambda: f"{op}: grad_lse has shape {tuple(grad_lse.shape)}, expected lse's {tuple(lse.shape)}")
+    torch._check_type(grad_lse.dtype.is_floating_point,
+                      lambda: f"{op}: grad_lse has dtype {grad_lse.dtype} but must be a floating type")
+
+
 def _attention_fake(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
                     causal_alignment="top_left", window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
                     deterministic=None, dropout_p=0.0, dropout_seed=None):
@@ -113,22 +123,24 @@ def _attention_with_residual_fake(query, key, value, attn_mask=None, is_causal=F
 
 def _attention_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
                              causal_alignment, deterministic, out_residual=None, window_size=(-1, -1), softcap=0.0,
-                             alibi_slopes=None, sinks=None, keys_subset=False, dropout_p=0.0, dropout_seed=None):
+                             alibi_slopes=None, sinks=None, keys_subset=False, dropout_p=0.0, dropout_seed=None,
+                             grad_lse=None):
     _check_same_device("attention_backward", [("query", query), ("key", key), ("value", value),
                                               ("attn_mask", attn_mask), ("grad_out", grad_out), ("out", out),
                                               ("lse", lse), ("out_residual", out_residual),
                                               ("alibi_slopes", alibi_slopes), ("sinks", sinks),
-                                              ("dropout_seed", dropout_seed)])
+                                              ("dropout_seed", dropout_seed), ("grad_lse", grad_lse)])
     _check_dropout("attention_backward", dropout_p, dropout_seed)
+    _check_lse_gradient("attention_backward", lse, grad_lse)
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
 def _attention_backward_with_sinks_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale,
                                         enable_gqa, causal_alignment, deterministic, out_residual, window_size,
-                                        softcap, alibi_slopes, sinks, dropout_p=0.0, dropout_seed=None):
+                                        softcap, alibi_slopes, sinks, dropout_p=0.0, dropout_seed=None, grad_lse=None):
     dq, dk, dv = _attention_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale,
                                           enable_gqa, causal_alignment, deterministic, out_residual, window_size,
-                                          softcap, alibi_slopes, sinks, False, dropout_p, dropout_seed)
+                                          softcap, alibi_slopes, sinks, False, dropout_p, dropout_seed, grad_lse)
     return dq, dk, dv, sinks.new_empty(sinks.shape)
 
 
@@ -171,13 +183,14 @@ def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 def _attention_varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, is_causal, scale, causal_alignment, deterministic, out_residual=None,
                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0,
-                                    dropout_seed=None):
+                                    dropout_seed=None, grad_lse=None):
     op = "attention_varlen_backward"
     _check_same_device(op, [("q", q), ("k", k), ("v", v), ("grad_out", grad_out), ("out", out), ("lse", lse),
                             ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
                             ("out_residual", out_residual), ("alibi_slopes", alibi_slopes), ("sinks", sinks),
-                            ("dropout_seed", dropout_seed)])
+                            ("dropout_seed", dropout_seed), ("grad_lse", grad_lse)])
     _check_dropout(op, dropout_p, dropout_seed)
+    _check_lse_gradient(op, lse, grad_lse)
     torch._check_value(grad_out.shape == out.shape,
                        lambda: f"{op}: grad_out has shape {tuple(grad_out.shape)} but out has {tuple(out.shape)}")
     grad_sinks = sinks.new_empty(sinks.shape) if sinks is not None else q.new_empty((0,))
@@ -195,8 +208,8 @@ def _attention_varlen_setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, alignment, window_size, softcap, alibi_slopes, sinks,
      deterministic, dropout_p, dropout_seed, return_residual) = inputs
     out, lse, residual = output
-    ctx.mark_non_differentiable(lse, residual)
-    ctx.set_materialize_grads(False)  # the backward reads out's gradient only: no zero tensors for the others
+    ctx.mark_non_differentiable(residual)
+    ctx.set_materialize_grads(False)  # no zero tensors for the gradients of outputs the loss does not use
     half = q.dtype in (torch.float16, torch.bfloat16)
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, residual if return_residual and half else None,
                           alibi_slopes, sinks, dropout_seed if dropout_p > 0 else None)
@@ -209,17 +222,19 @@ def _attention_varlen_setup_context(ctx, inputs, output):
 
 
 def _attention_varlen_backward(ctx, grad_out, grad_lse, grad_residual):
-    """dq, dk, dv and d sinks by oss::attention_varlen_backward (lse and the
-    residual carry no gradient)."""
+    """dq, dk, dv and d sinks by oss::attention_varlen_backward, out's and
+    lse's gradients both (the residual carries none)."""
     q, k, v, out, lse, cu_q, cu_k, residual, alibi_slopes, sinks, dropout_seed = ctx.saved_tensors
     needs = ctx.needs_input_grad  # the trailing defaulted inputs may be absent
     want = [needs[0], needs[1], needs[2], sinks is not None and len(needs) > _VARLEN_SINKS and needs[_VARLEN_SINKS]]
     grads = [None] * _VARLEN_INPUTS
-    if grad_out is None or not any(want):  # out's gradient is zero: so are the inputs'
+    if (grad_out is None and grad_lse is None) or not any(want):  # both zero: so are the inputs'
         return tuple(grads)
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
     dq, dk, dv, dsinks = torch.ops.oss.attention_varlen_backward(
         grad_out, q, k, v, out, lse, cu_q, cu_k, *ctx.varlen_args, residual, *ctx.variant_args, alibi_slopes, sinks,
-        ctx.dropout_p, dropout_seed)
+        ctx.dropout_p, dropout_seed, grad_lse)
     for index, grad, wanted in zip((0, 1, 2, _VARLEN_SINKS), (dq, dk, dv, dsinks), want):
         grads[index] = grad if wanted else None
     return tuple(grads)

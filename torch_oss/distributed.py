@@ -791,6 +791,7 @@ def ring_attention(q, k, v, *, group=None, is_causal=False, scale=None, layout="
     if comm == "allgather":
         out, lse = _allgather_forward(q, k, v, group, rank, size, bool(is_causal), scale, layout, enable_gqa,
                                       float(softcap), sinks, window)
+        lse = lse.detach()  # as on the ring: the returned lse carries no gradient
     else:
         out, lse = _RingAttention.apply(q, k, v, sinks, group, rank, size, bool(is_causal), scale, layout, enable_gqa,
                                         float(softcap), window)

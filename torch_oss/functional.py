@@ -114,7 +114,10 @@ def attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
     natural-log log-sum-exp of each query row's scaled, masked scores (and of
     the sink, with ``sinks``), shape ``(..., Hq, Lq)``, float32 (float64 for
     float64 inputs), ``-inf`` for a row that sees no key and has no sink.
-    ``lse`` carries no gradient."""
+    ``lse`` is differentiable: a loss that uses it (partial attentions merged
+    by their lse, a penalty on it) gets its share of the gradients on the
+    CPU; the CUDA kernels do not take it and raise NotImplementedError (use
+    ``lse.detach()`` where lse should count as a constant)."""
     # Each check has a fast form for the common argument types (a call's host
     # time is its latency for small inputs); anything else takes the full check.
     if not (type(dropout_p) is float and 0.0 <= dropout_p <= 1.0) and (

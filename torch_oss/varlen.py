@@ -130,7 +130,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     Returns out ``(total_q, heads_q, head_dim_v)`` in q's dtype, and with
     ``return_lse`` also lse ``(heads_q, total_q)``, float32 (float64 for
     float64 inputs), natural log, -inf for a row that sees no key (its output
-    is 0). Differentiable in q, k, v and sinks; lse carries no gradient.
+    is 0). Differentiable in q, k, v and sinks, through out and lse (lse's gradient
+    as for :func:`torch_oss.attention_with_lse`: CPU only).
 
     validate: check cu_seqlens' values (start at 0, nondecreasing, last entry
     the rows of q / k, no length above max_seqlen) and raise ValueError

@@ -69,6 +69,7 @@ static const oss_attention_backward_params *attention_seq_backward_params(const 
   view->dq = (void *)attention_rows_at(bp->dq, t, q0, bp->dq_stride[2]);
   view->dk = (void *)attention_rows_at(bp->dk, t, k0, bp->dk_stride[2]);
   view->dv = (void *)attention_rows_at(bp->dv, t, k0, bp->dv_stride[2]);
+  if (bp->dlse != NULL) view->dlse = (const char *)bp->dlse + (size_t)q0 * (t == OSS_FLOAT64 ? 8 : 4);
   view->dout_stride[0] = view->dq_stride[0] = view->dk_stride[0] = view->dv_stride[0] = 0;
   return view;
 }

@@ -579,9 +579,12 @@ static void FN(attention_bwd_range)(void *vctx, int64_t begin, int64_t end) {
             m[r] = m_new;
           }
         }
+        /* lse's gradient: d lse_i / d s_ij = P_ij, so dS = P (dP - (D - dlse)) */
+        const LSE_T *dlse_in = bp->dlse == NULL ? NULL : (const LSE_T *)bp->dlse + attention_lse_at(p, b, h) + i0;
         for (int64_t r = 0; r < rows; r++) { /* l == 0: no visible key, so no gradient */
           inv_l[r] = l[r] > 0 ? 1 / l[r] : (l[r] == 0 ? 0 : l[r]);
           if (!bp->keys_subset) Drow[r] *= inv_l[r];
+          if (dlse_in != NULL && l[r] != 0) Drow[r] -= (double)dlse_in[r];
           if (p->sinks != NULL && l[r] != 0) dsink -= exp(sink - m[r]) * inv_l[r] * Drow[r]; /* -p_sink D */
         }
 

@@ -607,6 +607,10 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   if (st != OSS_OK) return st;
   if (oss_attn_kv_cache(p))
     return oss_fail(OSS_ERROR_NOT_SUPPORTED, "attention_backward: the KV-cache fields are for the forward only");
+  if (bp->dlse != NULL)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
+                    "attention_backward: the gradient of lse is not supported on CUDA (lse feeds the loss); "
+                    "differentiate through out only, with lse.detach() where lse is used");
   if (bp->keys_subset && p->dropout_p > 0.0)
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
                     "attention_backward: params->fwd.dropout_p=%g is not supported with keys_subset on CUDA",
