@@ -285,8 +285,9 @@ typedef struct oss_attention_backward_params {
   float *dsinks;
   /* Optional (NULL: zero): the gradient of fwd.lse, with lse's layout and
    * dtype. As d lse_i / d s_ij = P_ij, the backward then takes D - dlse for
-   * D (dS = P (dP - D + dlse)), so dq, dk and dsinks carry lse's share too.
-   * CPU only (CUDA: OSS_ERROR_NOT_SUPPORTED). */
+   * D (dS = P (dP - D + dlse)), so dq, dk and dsinks carry lse's share too
+   * (and the 16-bit CUDA kernels do not centre dQ: dS's rows no longer sum
+   * to 0). */
   const void *dlse;
 } oss_attention_backward_params;
 

@@ -138,13 +138,14 @@ def _variant_scores(q, k, attn_mask, is_causal, scale, alignment, window_size, s
 
 
 def fa_style_peer(q, k, v, dout, sinks=None, attn_mask=None, is_causal=False, scale=None, alignment="top_left",
-                  window_size=(-1, -1), softcap=0.0, alibi_slopes=None, dropout_factor=None):
+                  window_size=(-1, -1), softcap=0.0, alibi_slopes=None, dropout_factor=None, dlse=None):
     """A same-dtype FlashAttention-style computation of the variants, forward
     and backward by hand: float32 scores and sums, the unnormalised P rounded
     to the dtype before it multiplies V, out = (P V) / l rounded once, D from
     the rounded out, dS = P (dP - D) (times the softcap's derivative) rounded
     to the dtype before it multiplies K and Q. With dropout_factor F, P F
     takes P's place where it multiplies V (and dO for dV) and F dP that of dP.
+    dlse (float32, lse's shape): lse's gradient, taken as D - dlse for D.
     Returns out, lse, dq, dk, dv and d sinks (float32, or None)."""
     dt = q.dtype
     B, Hq, Lq, D = q.shape
@@ -169,6 +170,8 @@ def fa_style_peer(q, k, v, dout, sinks=None, attn_mask=None, is_causal=False, sc
     lse = (m_use + torch.log(l_safe)).masked_fill(dead, float("-inf")).squeeze(-1)
     P = p / l_safe
     Dsum = (dout.float() * out.float()).sum(-1, keepdim=True)
+    if dlse is not None:
+        Dsum = Dsum - dlse.float().unsqueeze(-1).masked_fill(dead, 0.0)
     dP = dout.float() @ vr.float().transpose(-1, -2)
     dS = (P * (F * dP - Dsum) * dcap).to(dt).float()
     dq = (dS @ kr.float() * scale_).to(dt)

@@ -115,8 +115,7 @@ def attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
     the sink, with ``sinks``), shape ``(..., Hq, Lq)``, float32 (float64 for
     float64 inputs), ``-inf`` for a row that sees no key and has no sink.
     ``lse`` is differentiable: a loss that uses it (partial attentions merged
-    by their lse, a penalty on it) gets its share of the gradients on the
-    CPU; the CUDA kernels do not take it and raise NotImplementedError (use
+    by their lse, a penalty on it) gets its share of the gradients (use
     ``lse.detach()`` where lse should count as a constant)."""
     # Each check has a fast form for the common argument types (a call's host
     # time is its latency for small inputs); anything else takes the full check.

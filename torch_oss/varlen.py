@@ -131,7 +131,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     ``return_lse`` also lse ``(heads_q, total_q)``, float32 (float64 for
     float64 inputs), natural log, -inf for a row that sees no key (its output
     is 0). Differentiable in q, k, v and sinks, through out and lse (lse's gradient
-    as for :func:`torch_oss.attention_with_lse`: CPU only).
+    as for :func:`torch_oss.attention_with_lse`).
 
     validate: check cu_seqlens' values (start at 0, nondecreasing, last entry
     the rows of q / k, no length above max_seqlen) and raise ValueError

@@ -607,10 +607,6 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   if (st != OSS_OK) return st;
   if (oss_attn_kv_cache(p))
     return oss_fail(OSS_ERROR_NOT_SUPPORTED, "attention_backward: the KV-cache fields are for the forward only");
-  if (bp->dlse != NULL)
-    return oss_fail(OSS_ERROR_NOT_SUPPORTED,
-                    "attention_backward: the gradient of lse is not supported on CUDA (lse feeds the loss); "
-                    "differentiate through out only, with lse.detach() where lse is used");
   if (bp->keys_subset && p->dropout_p > 0.0)
     return oss_fail(OSS_ERROR_NOT_SUPPORTED,
                     "attention_backward: params->fwd.dropout_p=%g is not supported with keys_subset on CUDA",
@@ -664,6 +660,7 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
   if (oss_attn_rows_aligned(bp->dk, bp->dk_stride, nk3, es)) a.vec |= OSS_ATTN_VEC_DK;
   if (oss_attn_rows_aligned(bp->dv, bp->dv_stride, nk3, es)) a.vec |= OSS_ATTN_VEC_DV;
   a.dsinks = p->sinks != NULL ? bp->dsinks : NULL;
+  a.dlse = bp->dlse;
   a.lq_pad = L.lq_pad;
   a.ws_rows = L.ws_rows;
   a.lse_adj = workspace;
@@ -676,7 +673,7 @@ oss_status oss_attn_backward_with(const oss_attention_backward_params *bp, void 
    * block of a larger key set, nor with sinks (the rows sum to D p_sink) or a
    * softcap (dS carries its derivative). In a variable-length batch the mean
    * K rows are per (sequence, kv head) */
-  if (L.mean_ld > 0 && nq > 0 && nkv > 0 && oss_attn_opts()->dq_centring && !bp->keys_subset && p->sinks == NULL &&
+  if (L.mean_ld > 0 && nq > 0 && nkv > 0 && oss_attn_opts()->dq_centring && !bp->keys_subset && p->sinks == NULL && bp->dlse == NULL &&
       p->softcap == 0.0) {
     a.kmean_part = (double *)((char *)workspace + L.off_kpart);
     a.kmean = (float *)((char *)workspace + L.off_kmean);

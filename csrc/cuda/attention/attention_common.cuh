@@ -116,6 +116,9 @@ typedef struct oss_attn_args {
   int64_t alibi_sb;
   const float *sinks;
   float *dsinks;
+  /* lse's gradient (oss.h dlse; lse's layout and dtype) or NULL: the row
+   * passes take D - dlse for D */
+  const void *dlse;
   /* Dropout of the attention weights (oss.h; counts as a score variant, so
    * it runs in the VAR kernels and the SIMT kernels; drop_seed NULL: off).
    * Weight (bh = b * hq + h, query i, key j) is kept when its 16 bits of

@@ -403,6 +403,8 @@ __global__ void __launch_bounds__(OSS_SIMT_THREADS) oss_attn_bwd_dq_simt_kernel(
     rinv[t] = st[t].l == 0 ? 0.0 : 1.0 / st[t].l; /* NaN stays NaN */
     rd[t] = st[t].d * rinv[t];
     const int i = i0 + warp * R + rg * RL + t; /* < lq_pad */
+    if (a.dlse != nullptr && i < a.lq && st[t].l != 0) /* lse's gradient: D - dlse */
+      rd[t] -= (double)((const S *)a.dlse)[oss_attn_lse_row(a, bh) + i];
     if (kl == 0) {
       ws_m[i] = rm[t];
       ws_inv[i] = rinv[t];
@@ -728,7 +730,7 @@ __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_ar
   /* dense: the CTA's (batch * head); packed: the head of its first row */
   const int64_t base = packed ? r0 / args.ws_rows : r0 / args.lq_pad;
   uint4 xo[PER], xd[PER], xr[PER]; /* the rows' elements, unpacked once all have been loaded */
-  float lse[PER]; /* each row's lse, -inf for padding rows */
+  float lse[PER], dlse[PER]; /* each row's lse (-inf for padding rows) and lse's gradient (0: none) */
 #pragma unroll
   for (int k = 0; k < PER; k++) {
     const int64_t row = r0 + threadIdx.x / LANES + k * STEP;
@@ -754,6 +756,7 @@ __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_ar
       }
     }
     lse[k] = -INFINITY;
+    dlse[k] = 0.f;
     xo[k] = xd[k] = xr[k] = make_uint4(0u, 0u, 0u, 0u); /* +0 in both 16-bit types */
     if (i >= 0 && i < a.lq && c < a.dv) {
       const int64_t off_o = b * a.o_s[0] + h * a.o_s[1] + i * a.o_s[2];
@@ -761,7 +764,11 @@ __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_ar
       xd[k] = oss_attn_load8<T>((const T *)a.dout + b * a.do_s[0] + h * a.do_s[1] + i * a.do_s[2], c, a.dv, vec);
       if (res) xr[k] = oss_attn_load8<T>((const T *)a.out_res + off_o, c, a.dv, vec);
     }
-    if (i >= 0 && i < a.lq) lse[k] = ((const float *)a.lse)[oss_attn_lse_row(a, (int64_t)b * a.hq + h) + i];
+    if (i >= 0 && i < a.lq) {
+      const int64_t at = oss_attn_lse_row(a, (int64_t)b * a.hq + h) + i;
+      lse[k] = ((const float *)a.lse)[at];
+      if (args.dlse != nullptr) dlse[k] = ((const float *)args.dlse)[at];
+    }
   }
   if (args.dq_acc != nullptr) { /* dq_ld is a multiple of 4 and the workspace 16-byte aligned */
     float4 *acc = reinterpret_cast<float4 *>(args.dq_acc + r0 * args.dq_ld);
@@ -784,7 +791,8 @@ __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_ar
     for (int off = LANES / 2; off >= 1; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     const int64_t row = r0 + threadIdx.x / LANES + k * STEP;
     if (sub == 0 && row < nrows) {
-      ((float *)args.dsum)[row] = (float)sum;
+      /* lse's gradient: D - dlse (none for a row with no key, whose P is 0) */
+      ((float *)args.dsum)[row] = (float)(lse[k] == -INFINITY ? sum : sum - (double)dlse[k]);
       ((float *)args.lse_adj)[row] = lse[k] == -INFINITY ? INFINITY : (float)((double)lse[k] * OSS_LOG2E); /* one rounding */
     }
   }
