@@ -66,9 +66,11 @@ def test_gradcheck_through_out_and_lse(device, variant):
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_gradients_match_float64(device, dtype, variant):
     """loss = <out, w> + <lse, u>: dq, dk, dv and d sinks against the float64
-    reference's autograd, by the tolerance rule. The peer for bfloat16 is the
-    same autograd in float32, rounded to bfloat16 (PyTorch has no kernel with
-    lse's gradient); float32's bound derives from the reference."""
+    reference's autograd, by the tolerance rule. PyTorch has no kernel with
+    lse's gradient, so the peer for bfloat16 is built here: on the CPU the
+    same autograd in float32, rounded to bfloat16; on CUDA the FA-style
+    computation, whose roundings the CUDA kernels share. float32's bound
+    derives from the reference."""
     torch.manual_seed(5)
     shape = (2, 4, 2, 37, 53, 16, 16)
     q, k, v = make_qkv(shape, dtype, device)
@@ -100,8 +102,9 @@ def test_gradients_match_float64(device, dtype, variant):
     if device == "cpu":  # the CPU kernels' 16-bit path computes in float32 throughout
         peer = [g.to(dtype) for g in reference_grads(torch.float32)]
     else:  # the CUDA kernels round P, out and dS to 16 bits, D comes from the rounded out
-        ref_kw = reference_kwargs(kw)
-        peer = list(fa_style_peer(q, k, v, out_w.to(dtype), sinks=None if sinks is None else sinks.detach(), dlse=lse_w.float(), **ref_kw)[2:])
+        peer_sinks = None if sinks is None else sinks.detach()
+        peer = list(fa_style_peer(q, k, v, out_w.to(dtype), sinks=peer_sinks, dlse=lse_w.float(),
+                                  **reference_kwargs(kw))[2:])
     for name, got, want, other in zip(("dq", "dk", "dv"), ours, ref, peer):
         assert_tolerance(f"{variant} {dtype} {name}", got, want, other, ATTENTION_ATOL[dtype])
     if sinks is not None:
