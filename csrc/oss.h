@@ -170,12 +170,14 @@ typedef struct oss_attention_params {
   void *out; /* written by the forward, read by the backward */
   int64_t out_stride[3];
   void *lse; /* written by the forward, read by the backward */
-  /* Optional (NULL: none), float16/bfloat16 only, with out's shape and strides:
-   * the forward also writes out's rounding residual (the output before its
-   * rounding to dtype minus out, itself rounded to a step of 1/32 of out's
-   * unit in the last place, below which the forward's float32 sums carry
-   * only noise; 0 where out is not finite), and the backward, given it, takes D = rowsum(dout * (out +
-   * out_residual)) instead of rowsum(dout * out), so the gradients do not
+  /* Optional (NULL: none), float16/bfloat16 only, int8 with out's shape and
+   * strides (in elements): the forward also writes out's rounding residual
+   * (the output before its rounding to dtype minus out, itself rounded to a
+   * step of 1/32 of out's unit in the last place, below which the forward's
+   * float32 sums carry only noise; 0 where out is not finite) as its count
+   * of steps, -16 .. 16 (oss_internal.h oss_output_residual_code), and the
+   * backward, given it, takes D = rowsum(dout * (out + residual)) instead of
+   * rowsum(dout * out), so the gradients do not
    * carry the output's rounding (about 2^-11 relative in float16, 2^-8 in
    * bfloat16, times |dout| |k| in dq). Backward kernels that compute D = sum
    * P dP themselves (CPU; CUDA float32/float64) need none. */

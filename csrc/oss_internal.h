@@ -29,29 +29,52 @@ extern "C" {
  * that step are the float32 accumulation's own noise, not information: where
  * every value row is the same, x is that row to a few float32 ulps, and those
  * ulps passed into the backward's D made dq and dk, exactly 0 there, come out
- * several times worse than PyTorch's. */
+ * several times worse than PyTorch's. The residual is |d| <= half a last
+ * place, so it is k steps with |k| <= 2^(OSS_RESIDUAL_BITS - 1) = 16: it is
+ * kept as that int8 code k, the step being known from `rounded` (out itself),
+ * one byte an element instead of out's two. */
 #define OSS_RESIDUAL_BITS 5
 /* Branch-free (it runs on every element of a training forward's output): with
  * a = max(|rounded|, the smallest normal) and 2^step the residual's step,
- * adding and subtracting c = 1.5 * 2^(step + 23) rounds d = x - rounded (exact)
- * to a multiple of 2^step, to nearest with ties to even, as |d|, at most half
- * of rounded's last place, is below 2^(step + 22). Where c's exponent would
- * pass the largest (bfloat16 above 2^116) d is scaled by 2^-64 first, exactly.
- * The sign of a zero result is d's, as rint's: bit for bit the definition,
- * ldexp(rint(ldexp(d, -step)), step) (test_attention.py checks it). */
-static inline OSS_HOST_DEVICE float oss_output_residual(float x, float rounded, int bf16) {
+ * c = 1.5 * 2^(step + 23) has 2^step as its last place, so d + c rounds d =
+ * x - rounded (exact) to a multiple of 2^step, to nearest with ties to even,
+ * as |d|, at most half of rounded's last place, is below 2^(step + 22); the
+ * sum stays in c's binade, so its bits minus c's are the code k. Where c's
+ * exponent would pass the largest (bfloat16 above 2^116), d and c are scaled
+ * by 2^-64, exactly. The code is rint(ldexp(d, -step)), bit for bit
+ * (test_attention.py checks it). */
+static inline OSS_HOST_DEVICE int oss_residual_exponent(float rounded, int bf16) {
   const float a = fmaxf(fabsf(rounded), bf16 ? 0x1p-126f : 0x1p-14f);
   uint32_t bits;
   memcpy(&bits, &a, sizeof bits);
   /* c's biased exponent: a's plus 23 - mantissa bits - OSS_RESIDUAL_BITS (a not finite: 255 plus that) */
-  const int e = (int)(bits >> 23) + 23 - (bf16 ? 7 : 10) - OSS_RESIDUAL_BITS;
-  const int big = e > 254;
-  const uint32_t cbits = (uint32_t)(big ? e - 64 : e) << 23 | 0x400000u;
+  return (int)(bits >> 23) + 23 - (bf16 ? 7 : 10) - OSS_RESIDUAL_BITS;
+}
+static inline OSS_HOST_DEVICE float oss_residual_c(int e) {
+  const uint32_t cbits = (uint32_t)(e > 254 ? e - 64 : e) << 23 | 0x400000u;
   float c;
   memcpy(&c, &cbits, sizeof c);
-  const float d = (x - rounded) * (big ? 0x1p-64f : 1.f);
-  const float r = copysignf(((d + c) - c) * (big ? 0x1p64f : 1.f), d);
-  return isfinite(rounded) ? r : 0.f;
+  return c;
+}
+static inline OSS_HOST_DEVICE int oss_output_residual_code(float x, float rounded, int bf16) {
+  const int e = oss_residual_exponent(rounded, bf16);
+  const float c = oss_residual_c(e), sum = (x - rounded) * (e > 254 ? 0x1p-64f : 1.f) + c;
+  uint32_t sbits, cbits;
+  memcpy(&sbits, &sum, sizeof sbits);
+  memcpy(&cbits, &c, sizeof cbits);
+  return isfinite(rounded) ? (int)(sbits - cbits) : 0;
+}
+/* The residual a code stands for: k steps of `rounded`'s (k * 2^step, exact;
+ * a code of 0 gives +0). */
+static inline OSS_HOST_DEVICE float oss_output_residual_value(int k, float rounded, int bf16) {
+  const int e = oss_residual_exponent(rounded, bf16);
+  const float c = oss_residual_c(e);
+  uint32_t bits;
+  memcpy(&bits, &c, sizeof bits);
+  bits += (uint32_t)k;
+  float sum;
+  memcpy(&sum, &bits, sizeof sum);
+  return (sum - c) * (e > 254 ? 0x1p64f : 1.f);
 }
 
 /* Softmax backward sums in float32 are carried as hi + lo, lo being what the

@@ -726,6 +726,12 @@ at::ScalarType lse_dtype(at::ScalarType input) { return input == at::kDouble ? a
 
 bool is_half(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
+// out's rounding residual as oss.h out_residual takes it: int8 codes with
+// out's shape and strides, or an empty int8 tensor where none is kept.
+Tensor residual_for(const Tensor &out, bool keep) {
+  return keep ? at::empty_like(out, out.options().dtype(at::kChar)) : at::empty({0}, out.options().dtype(at::kChar));
+}
+
 // out, lse and, with keep_residual and 16-bit inputs, out's rounding residual
 // (oss.h out_residual; an empty tensor otherwise).
 std::tuple<Tensor, Tensor, Tensor> attention_forward(const char *op, const Tensor &query, const Tensor &key,
@@ -738,7 +744,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_forward(const char *op, const Tenso
   oss_attention_params &p = in.p;
   Tensor out = at::empty({p.batch, p.heads_q, p.len_q, p.head_dim_v}, query.options());
   Tensor lse = at::empty({p.batch, p.heads_q, p.len_q}, query.options().dtype(lse_dtype(query.scalar_type())));
-  Tensor residual = keep_residual && is_half(query.scalar_type()) ? at::empty_like(out) : at::empty({0}, out.options());
+  Tensor residual = residual_for(out, keep_residual && is_half(query.scalar_type()));
   if (out.numel() == 0) return {out, lse, residual};
   p.out = out.data_ptr();
   fill_strides3(out, p.out_stride);
@@ -786,7 +792,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_with_residual_op(
 // The checks the attention backward ops share: grad_out, out and lse of the
 // shapes the forward gave (out_shape, lse_shape), on the device of the query
 // (named query_name), out and lse of the dtypes it gave, and out_residual
-// (16-bit only) like out. Returns whether a residual is given.
+// (16-bit only) of out's shape, int8. Returns whether a residual is given.
 bool check_backward_tensors(const char *op, const char *query_name, const Tensor &query, const Tensor &grad_out,
                             const Tensor &out, const Tensor &lse, const std::optional<Tensor> &out_residual,
                             const std::vector<int64_t> &out_shape, const std::vector<int64_t> &lse_shape) {
@@ -813,9 +819,9 @@ bool check_backward_tensors(const char *op, const char *query_name, const Tensor
               dtype_name(query.scalar_type()));
     OSS_CHECK(out_residual->sizes() == out.sizes(), Value, "%s: out_residual has shape %s, expected %s", op,
               shape_str(out_residual->sizes()).c_str(), shape_str(out_shape).c_str());
-    OSS_CHECK(out_residual->scalar_type() == out.scalar_type(), Type,
-              "%s: out_residual.dtype=%s must equal out.dtype=%s", op, dtype_name(out_residual->scalar_type()),
-              dtype_name(out.scalar_type()));
+    OSS_CHECK(out_residual->scalar_type() == at::kChar, Type,
+              "%s: out_residual.dtype=%s must be torch.int8 (the forward's residual codes)", op,
+              dtype_name(out_residual->scalar_type()));
     OSS_CHECK(out_residual->device() == query.device(), Value, "%s: out_residual is on %s but %s is on %s", op,
               device_str(*out_residual).c_str(), query_name, device_str(query).c_str());
   }
@@ -1028,7 +1034,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_op(
   oss_attention_params &p = r.in.p;
   Tensor out = at::empty({q.size(0), q.size(1), v.size(2)}, q.options());
   Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(lse_dtype(q.scalar_type())));
-  Tensor residual = return_residual && is_half(q.scalar_type()) ? at::empty_like(out) : at::empty({0}, out.options());
+  Tensor residual = residual_for(out, return_residual && is_half(q.scalar_type()));
   if (out.numel() == 0 || p.batch == 0) return {out, lse, residual};
   Tensor out4 = packed_view(out);
   p.out = out.data_ptr();

@@ -13,6 +13,7 @@ from _util import (ATTENTION_ATOL, BUILD, CUDA_OK, DEVICES, FLOAT_DTYPES, NVCC_S
 
 import torch_oss
 from torch_oss._kernels import attention_kernels
+from torch_oss._residual import output_residual_code, output_residual_value
 
 CAUSAL = [(False, "top_left"), (True, "top_left"), (True, "bottom_right")]
 CAUSAL_IDS = ["none", "top_left", "bottom_right"]
@@ -538,8 +539,9 @@ RESIDUAL_CASES = [((2, 4, 2, 67, 130, 64, 40), True), ((1, 4, 4, 200, 300, 128, 
 @pytest.mark.parametrize("case,masked", RESIDUAL_CASES, ids=["mask_d64-40", "d128", "d192"])
 def test_output_residual(device, dtype, case, masked):
     """attention_with_residual gives attention's out and lse bit for bit, and a
-    residual of at most half a unit in the last place of out that brings out
-    closer to the float64 output (it is the output before its rounding)."""
+    residual (int8 codes of steps of 2^-5 of out's last place) of at most half
+    a unit in the last place of out that brings out closer to the float64
+    output (it is the output before its rounding)."""
     if not head_dim_supported(device, case[5], case[6]):
         pytest.skip("head dim not compiled")
     torch.manual_seed(0)
@@ -548,17 +550,17 @@ def test_output_residual(device, dtype, case, masked):
     m = torch.rand(Lq, Lk, device=device) > 0.2 if masked else None
     args = (q, k, v, m, masked, None, True, "bottom_right")
     out, lse = torch.ops.oss.attention(*args)
-    out_t, lse_t, res = torch.ops.oss.attention_with_residual(*args)
+    out_t, lse_t, code = torch.ops.oss.attention_with_residual(*args)
     assert torch.equal(out, out_t) and torch.equal(lse, lse_t)
-    assert res.shape == out.shape and res.dtype == dtype and res.device == out.device
-    half_ulp = out.double().abs() * torch.finfo(dtype).eps / 2 + torch.finfo(dtype).smallest_normal * 2 ** -10
-    assert (res.double().abs() <= half_ulp).all()
-    # on a step of 2^-5 of out's unit in the last place (that of the smallest normal below it)
+    assert code.shape == out.shape and code.dtype == torch.int8 and code.device == out.device
+    # int8 counts of a step of 2^-5 of out's unit in the last place (that of the
+    # smallest normal below it): at most half a unit, 16 steps
+    assert code.abs().max() <= 16
     mantissa_bits = 10 if dtype == torch.float16 else 7
     exponent = out.double().abs().clamp(min=torch.finfo(dtype).smallest_normal).log2().floor()
-    steps = res.double() / (exponent - mantissa_bits - 5).exp2()
-    assert torch.equal(steps, steps.round()) and steps.abs().max() <= 16
-    assert torch.count_nonzero(res) > res.numel() // 2  # not all rounded away
+    res = code.double() * (exponent - mantissa_bits - 5).exp2()
+    assert torch.equal(output_residual_value(code, out).double(), res)
+    assert torch.count_nonzero(code) > code.numel() // 2  # not all rounded away
     ref = attention_reference(*(t.double() for t in (q, k, v)), m, masked, None, True, "bottom_right")[0]
     err_out = (out.double() - ref).abs().mean().item()
     err_sum = (out.double() + res.double() - ref).abs().mean().item()
@@ -572,7 +574,7 @@ def test_output_residual(device, dtype, case, masked):
     # float32/float64 have no residual (their backward computes D itself)
     out32, _, res32 = torch.ops.oss.attention_with_residual(q.float(), k.float(), v.float(), m, True, None, True,
                                                            "bottom_right")
-    assert res32.numel() == 0 and out32.dtype == torch.float32
+    assert res32.numel() == 0 and res32.dtype == torch.int8 and out32.dtype == torch.float32
 
 
 RESIDUAL_RULE_PROBE = r"""
@@ -604,10 +606,12 @@ int main(int argc, char **argv) {
       float x, a, b;
       memcpy(&x, &u, 4);
       const float r = round16(x, bf16);
-      a = oss_output_residual(x, r, bf16);
+      const int k = oss_output_residual_code(x, r, bf16);
+      a = oss_output_residual_value(k, r, bf16);
       b = defined(x, r, bf16);
-      if (memcmp(&a, &b, 4) != 0 && !(isnan(a) && isnan(b)) && bad++ < 5)
-        printf("bf16=%d x=%a: %a, defined %a\n", bf16, x, a, b);
+      /* the code's value is the definition (a zero is +0), and the code fits int8 */
+      if ((a != b || k < -16 || k > 16) && !(isnan(a) && isnan(b)) && bad++ < 5)
+        printf("bf16=%d x=%a: code %d = %a, defined %a\n", bf16, x, k, a, b);
     }
   printf("mismatches %llu\n", bad);
   return bad != 0;
@@ -616,12 +620,13 @@ int main(int argc, char **argv) {
 
 
 def test_output_residual_rule_matches_its_definition(tmp_path):
-    """oss_output_residual (branch-free: it runs on every element of a training
-    forward's output) equals its definition, ldexp(rint(ldexp(d, -step)),
-    step), bit for bit, sign of zero included: every float32 whose exponent
-    field is among the lowest two or above 240 (denormals, the huge values
-    whose step is scaled) and a stride through the rest, both 16-bit formats.
-    Compiled with the system's C compiler (skipped without one)."""
+    """oss_output_residual_code (branch-free: it runs on every element of a
+    training forward's output) gives a code in -16 .. 16 whose value
+    (oss_output_residual_value) equals the definition, ldexp(rint(ldexp(d,
+    -step)), step), exactly: every float32 whose exponent field is among the
+    lowest two or above 240 (denormals, the huge values whose step is scaled)
+    and a stride through the rest, both 16-bit formats. Compiled with the
+    system's C compiler (skipped without one)."""
     import pathlib
     import shutil
     import subprocess
@@ -635,6 +640,39 @@ def test_output_residual_rule_matches_its_definition(tmp_path):
     subprocess.run([cc, "-O2", "-std=c11", f"-I{csrc}", str(src), "-o", str(exe), "-lm"], check=True, timeout=120)
     done = subprocess.run([str(exe), "97"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_output_residual_helpers_match_the_definition(device, dtype):
+    """torch_oss._residual (the rule in tensor operations, for code that merges
+    outputs itself) gives the definition's codes, rint(d / 2^step), and their
+    values: float32 values across the 16-bit type's range (subnormal, huge,
+    exact ties between two 16-bit neighbours, zeros, infinities and NaN)."""
+    torch.manual_seed(3)
+    fi = torch.finfo(dtype)
+    mags = torch.cat([torch.logspace(-45, 38, 4001, base=10.0, dtype=torch.float64).float(),
+                      torch.rand(4000) * 10, torch.tensor([0.0, fi.max, fi.smallest_normal, fi.tiny / 4])])
+    x = torch.cat([mags, -mags]).float()
+    x = torch.cat([x, x * (1 + torch.rand_like(x) * 2 ** -6)])
+    # exact ties: the midpoint of a 16-bit value and the next one up
+    base = (torch.rand(2000) * 100).to(dtype)
+    ties = (base.float() + torch.nextafter(base, torch.tensor(float("inf"), dtype=dtype)).float()) / 2
+    x = torch.cat([x, ties, torch.tensor([float("inf"), float("-inf"), float("nan")])]).to(device)
+    rounded = x.to(dtype)
+    code = output_residual_code(x, rounded)
+    assert code.dtype == torch.int8
+    r = rounded.double()
+    finite = torch.isfinite(r)
+    _, e = torch.frexp(torch.where(finite, r.abs().clamp(min=fi.smallest_normal), torch.ones_like(r)))
+    step = (e - 1) - (10 if dtype == torch.float16 else 7) - 5
+    k = torch.where(finite, torch.round(torch.ldexp(x.double() - r, -step)), torch.zeros_like(r))
+    assert torch.equal(code.long(), k.long()), (x[code.long() != k.long()][:5], code[code.long() != k.long()][:5])
+    assert code.abs().max() <= 16
+    # a tie is half a last place from both neighbours: 16 steps (8 where it rounds up to a power of 2)
+    assert (code[-ties.numel() - 3:-3].abs() >= 8).all()
+    value = output_residual_value(code, rounded)
+    assert torch.equal(value.double(), torch.ldexp(k, step))
 
 
 @pytest.mark.parametrize("device", DEVICES)

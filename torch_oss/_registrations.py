@@ -112,13 +112,19 @@ def _attention_fake(query, key, value, attn_mask=None, is_causal=False, scale=No
     return out, lse
 
 
+def _residual_like(out, keep):
+    """The output residual as the ops return it: int8 codes of out's shape, or
+    an empty int8 tensor where none is kept."""
+    return out.new_empty(out.shape if keep else (0,), dtype=torch.int8)
+
+
 def _attention_with_residual_fake(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
                                   causal_alignment="top_left", window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                                   sinks=None, deterministic=None, dropout_p=0.0, dropout_seed=None):
     out, lse = _attention_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
                                window_size, softcap, alibi_slopes, sinks, deterministic, dropout_p, dropout_seed)
     half = query.dtype in (torch.float16, torch.bfloat16)
-    return out, lse, out.new_empty(out.shape if half else (0,))
+    return out, lse, _residual_like(out, half)
 
 
 def _attention_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
@@ -176,8 +182,7 @@ def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     total_q, heads_q = q.shape[0], q.shape[1]
     out = q.new_empty((total_q, heads_q, v.shape[2]))
     lse = q.new_empty((heads_q, total_q), dtype=_lse_dtype(q.dtype))
-    residual = out.new_empty(out.shape if return_residual and q.dtype in (torch.float16, torch.bfloat16) else (0,))
-    return out, lse, residual
+    return out, lse, _residual_like(out, return_residual and q.dtype in (torch.float16, torch.bfloat16))
 
 
 def _attention_varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,

@@ -33,6 +33,8 @@ import math
 import torch
 import torch.distributed as dist
 
+from ._residual import output_residual_code, output_residual_value
+
 __all__ = ["ring_attention", "allgather_attention", "shard", "unshard", "position_ids", "ring_attention_context",
            "LAYOUTS", "COMMS"]
 
@@ -533,7 +535,7 @@ class _RingAttention(torch.autograd.Function):
                     # the block output with its rounding residual: the merge
                     # sees it unrounded (to 1/32 of its last place)
                     o_i, lse_i, res_i = torch.ops.oss.attention_with_residual(*args, **kw)
-                    o_i = o_i.to(acc) + res_i.to(acc)
+                    o_i = o_i.to(acc) + output_residual_value(res_i, o_i).to(acc)
                 else:
                     o_i, lse_i = torch.ops.oss.attention(*args, **kw)
                 _merge_(out_acc.narrow(2, qs, ql), lse_acc.narrow(2, qs, ql), o_i, lse_i)
@@ -549,8 +551,8 @@ class _RingAttention(torch.autograd.Function):
         out = out_acc.to(q.dtype)
         if _cuda_half(q):
             # the kernel takes D = rowsum(dO * (out + residual)): the merged
-            # output without its final rounding
-            residual = (out_acc - out.to(acc)).to(q.dtype)
+            # output without its final rounding (to 1/32 of its last place)
+            residual = output_residual_code(out_acc, out)
             ctx.save_for_backward(q, k, v, out, lse_acc, residual, sinks)
         else:
             ctx.save_for_backward(q, k, v, out_acc, lse_acc, None, sinks)
@@ -583,7 +585,7 @@ class _RingAttention(torch.autograd.Function):
             # d sink_h = -sum over this rank's rows of p_sink D (the other ranks
             # hold the other rows: their shares add up where the gradients of
             # replicated parameters are reduced)
-            merged = out.to(acc) + (residual.to(acc) if residual is not None else 0)
+            merged = out.to(acc) + (output_residual_value(residual, out).to(acc) if residual is not None else 0)
             d_rows = (grad_out.to(acc) * merged).sum(-1)
             p_sink = torch.exp(sinks.detach().to(acc).reshape(1, -1, 1) - lse)
             dsinks = -(p_sink * d_rows).sum((0, 2))

@@ -250,7 +250,7 @@ def _attention_op(query, key, value, attn_mask, is_causal, scale, enable_gqa, ca
     follow, torch.ops.oss.attention_with_residual: it also keeps the output's
     rounding residual, so the backward's D = rowsum(dO * O) is that of the
     unrounded output and the gradients do not carry the output's rounding
-    (one more output-sized tensor saved for the backward)."""
+    (int8 codes of out's shape saved for the backward: torch_oss._residual)."""
     if (window_size == (-1, -1) and softcap == 0 and alibi_slopes is None and sinks is None and deterministic is None
             and dropout_p == 0):
         variants = ()  # the common call, with the schema's defaults

@@ -49,7 +49,8 @@ static const oss_attention_params *attention_seq_params(const oss_attention_para
   view->k = attention_rows_at(p->k, p->dtype, k0, p->k_stride[2]);
   view->v = attention_rows_at(p->v, p->dtype, k0, p->v_stride[2]);
   view->out = (void *)attention_rows_at(p->out, p->dtype, q0, p->out_stride[2]);
-  view->out_residual = (void *)attention_rows_at(p->out_residual, p->dtype, q0, p->out_stride[2]);
+  /* the residual's int8 codes, with out's strides in elements */
+  view->out_residual = p->out_residual == NULL ? NULL : (char *)p->out_residual + (size_t)(q0 * p->out_stride[2]);
   view->lse = (char *)p->lse + (size_t)q0 * (p->dtype == OSS_FLOAT64 ? 8 : 4);
   view->q_stride[0] = view->k_stride[0] = view->v_stride[0] = view->out_stride[0] = 0;
   return view;

@@ -12,7 +12,8 @@
  * grows; exp() sees S - m rounded once to REAL. At the end o / l is the output
  * and m + log(l) the lse; a row that saw no key gets output 0 and lse -inf.
  * With p->out_residual (16-bit tensors) it also stores o / l minus the stored
- * output (oss_output_residual: to a step of 2^-5 of its last place).
+ * output as int8 codes (oss_output_residual_code: steps of 2^-5 of its last
+ * place).
  *
  * Backward (FlashAttention-2): a task is one (batch, kv head), so it owns dK
  * and dV of that head outright (GQA groups are summed inside the task, in a
@@ -426,11 +427,13 @@ static void FN(attention_fwd_range)(void *vctx, int64_t begin, int64_t end) {
       }
     }
     FN(store_rows)(p->out, p->dtype, p->out_stride, b, h, i0, rows, Dv, O);
-    if (p->out_residual != NULL) { /* O minus what was stored (oss_output_residual) */
+    if (p->out_residual != NULL) { /* O minus what was stored, as int8 codes (oss_output_residual_code) */
       FN(load_rows)(p->out, p->dtype, p->out_stride, b, h, i0, rows, Dv, R);
-      for (int64_t x = 0; x < rows * Dv; x++)
-        R[x] = oss_output_residual((float)O[x], (float)R[x], p->dtype == OSS_BFLOAT16);
-      FN(store_rows)(p->out_residual, p->dtype, p->out_stride, b, h, i0, rows, Dv, R);
+      for (int64_t r = 0; r < rows; r++) {
+        int8_t *code = (int8_t *)p->out_residual + b * p->out_stride[0] + h * p->out_stride[1] + (i0 + r) * p->out_stride[2];
+        for (int64_t d = 0; d < Dv; d++)
+          code[d] = (int8_t)oss_output_residual_code((float)O[r * Dv + d], (float)R[r * Dv + d], p->dtype == OSS_BFLOAT16);
+      }
     }
     LSE_T *lse_out = (LSE_T *)p->lse + attention_lse_at(p, b, h) + i0;
     for (int64_t r = 0; r < rows; r++) lse_out[r] = (LSE_T)lse[r];

@@ -326,7 +326,7 @@ static void oss_attn_fill_args(const oss_attention_params *p, oss_attn_args *a) 
   if (oss_attn_rows_aligned(p->k, p->k_stride, nk, es)) a->vec |= OSS_ATTN_VEC_K;
   if (oss_attn_rows_aligned(p->v, p->v_stride, nk, es)) a->vec |= OSS_ATTN_VEC_V;
   if (oss_attn_rows_aligned(p->out, p->out_stride, nq, es)) a->vec |= OSS_ATTN_VEC_O;
-  if (oss_attn_rows_aligned(p->out_residual, p->out_stride, nq, es)) a->vec |= OSS_ATTN_VEC_OR;
+  if (oss_attn_rows_aligned(p->out_residual, p->out_stride, nq, 1)) a->vec |= OSS_ATTN_VEC_OR; /* int8 codes */
 }
 
 static size_t oss_attn_round256(size_t bytes) { return (bytes + 255) / 256 * 256; }

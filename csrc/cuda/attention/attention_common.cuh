@@ -42,7 +42,7 @@ typedef struct oss_attn_args {
   const void *q, *k, *v;
   int64_t q_s[3], k_s[3], v_s[3];
   void *out;
-  void *out_res; /* out's rounding residual (oss.h out_residual; out's strides), or NULL */
+  void *out_res; /* out's rounding residual: int8 codes (oss.h out_residual; out's strides), or NULL */
   int64_t o_s[3];
   void *lse; /* float [B*Hq*Lq] (double for float64 inputs) */
   double scale;
@@ -291,7 +291,7 @@ template <typename T> __device__ __forceinline__ void oss_attn_seq_view(oss_attn
   const int64_t q0 = a.seq_q0;
   a.q = (const T *)a.q + q0 * a.q_s[2];
   a.out = (T *)a.out + q0 * a.o_s[2];
-  if (a.out_res != nullptr) a.out_res = (T *)a.out_res + q0 * a.o_s[2];
+  if (a.out_res != nullptr) a.out_res = (int8_t *)a.out_res + q0 * a.o_s[2];
   if (a.dout != nullptr) a.dout = (const T *)a.dout + q0 * a.do_s[2];
   if (a.dq != nullptr) a.dq = (T *)a.dq + q0 * a.dq_s[2];
   a.k = (const T *)a.k + k0 * a.k_s[2];

@@ -688,6 +688,15 @@ template <typename T> __device__ __forceinline__ uint4 oss_attn_load8(const T *r
   for (int k = 0; k < 8; k++) e[k] = c + k < n ? row[c + k] : oss_from_float<T>(0.f);
   return u;
 }
+/* The same for 8 int8 codes of the output residual (8 bytes, zeros past n). */
+__device__ __forceinline__ uint2 oss_attn_load8_codes(const int8_t *row, int64_t c, int64_t n, bool vec) {
+  if (vec && c + 8 <= n) return *reinterpret_cast<const uint2 *>(row + c);
+  uint2 u;
+  int8_t *e = reinterpret_cast<int8_t *>(&u);
+#pragma unroll
+  for (int k = 0; k < 8; k++) e[k] = c + k < n ? row[c + k] : (int8_t)0;
+  return u;
+}
 template <typename T> __device__ __forceinline__ void oss_attn_unpack8(const uint4 &u, float (&x)[8]) {
   const T *e = reinterpret_cast<const T *>(&u);
 #pragma unroll
@@ -729,7 +738,8 @@ __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_ar
   const bool res = args.out_res != nullptr;
   /* dense: the CTA's (batch * head); packed: the head of its first row */
   const int64_t base = packed ? r0 / args.ws_rows : r0 / args.lq_pad;
-  uint4 xo[PER], xd[PER], xr[PER]; /* the rows' elements, unpacked once all have been loaded */
+  uint4 xo[PER], xd[PER]; /* the rows' elements, unpacked once all have been loaded */
+  uint2 xr[PER];          /* and the residual's codes */
   float lse[PER], dlse[PER]; /* each row's lse (-inf for padding rows) and lse's gradient (0: none) */
 #pragma unroll
   for (int k = 0; k < PER; k++) {
@@ -757,12 +767,13 @@ __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_ar
     }
     lse[k] = -INFINITY;
     dlse[k] = 0.f;
-    xo[k] = xd[k] = xr[k] = make_uint4(0u, 0u, 0u, 0u); /* +0 in both 16-bit types */
+    xo[k] = xd[k] = make_uint4(0u, 0u, 0u, 0u); /* +0 in both 16-bit types */
+    xr[k] = make_uint2(0u, 0u);
     if (i >= 0 && i < a.lq && c < a.dv) {
       const int64_t off_o = b * a.o_s[0] + h * a.o_s[1] + i * a.o_s[2];
       xo[k] = oss_attn_load8<T>((const T *)a.out + off_o, c, a.dv, vec);
       xd[k] = oss_attn_load8<T>((const T *)a.dout + b * a.do_s[0] + h * a.do_s[1] + i * a.do_s[2], c, a.dv, vec);
-      if (res) xr[k] = oss_attn_load8<T>((const T *)a.out_res + off_o, c, a.dv, vec);
+      if (res) xr[k] = oss_attn_load8_codes((const int8_t *)a.out_res + off_o, c, a.dv, vec);
     }
     if (i >= 0 && i < a.lq) {
       const int64_t at = oss_attn_lse_row(a, (int64_t)b * a.hq + h) + i;
@@ -777,15 +788,16 @@ __global__ void __launch_bounds__(256) oss_attn_bwd_pre_kernel(const oss_attn_ar
   }
 #pragma unroll
   for (int k = 0; k < PER; k++) {
-    float o[8], d[8], r[8];
+    float o[8], d[8];
     oss_attn_unpack8<T>(xo[k], o);
     oss_attn_unpack8<T>(xd[k], d);
-    oss_attn_unpack8<T>(xr[k], r);
+    const int8_t *code = reinterpret_cast<const int8_t *>(&xr[k]);
     double sum = 0;
 #pragma unroll
     for (int e = 0; e < 8; e++) {
       sum += (double)(o[e] * d[e]);
-      if (res) sum += (double)(r[e] * d[e]);
+      if (res) /* the residual (a few bits: the product is exact) */
+        sum += (double)(oss_output_residual_value(code[e], o[e], std::is_same<T, __nv_bfloat16>::value) * d[e]);
     }
 #pragma unroll
     for (int off = LANES / 2; off >= 1; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);

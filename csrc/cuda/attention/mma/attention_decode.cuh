@@ -257,20 +257,21 @@ __device__ __forceinline__ oss_attn_args oss_attn_dec_batch_view(const oss_attn_
 /* Output row (b, h, i) of a decode call: where it starts in out and, where
  * the call keeps a rounding residual, in out_res (else nullptr). */
 template <typename T> struct oss_attn_dec_out_row {
-  T *out, *res;
+  T *out;
+  int8_t *res;
 };
 
 template <typename T>
 __device__ __forceinline__ oss_attn_dec_out_row<T> oss_attn_dec_row_at(const oss_attn_args &a, int b, int h, int i) {
   const int64_t off = (int64_t)b * a.o_s[0] + (int64_t)h * a.o_s[1] + (int64_t)i * a.o_s[2];
-  return {(T *)a.out + off, a.out_res == nullptr ? nullptr : (T *)a.out_res + off};
+  return {(T *)a.out + off, a.out_res == nullptr ? nullptr : (int8_t *)a.out_res + off};
 }
 
-/* Column c of an output row: the value rounded to T and its rounding residual. */
+/* Column c of an output row: the value rounded to T and its rounding residual's code. */
 template <typename T>
 __device__ __forceinline__ void oss_attn_dec_store(const oss_attn_dec_out_row<T> &row, int c, float v) {
   row.out[c] = oss_from_float<T>(v);
-  if (row.res != nullptr) row.res[c] = oss_from_float<T>(oss_rounding_residual<T>(v));
+  if (row.res != nullptr) row.res[c] = (int8_t)oss_residual_code<T>(v);
 }
 
 /* A merge of parts (splits) with weights exp(lse_s - mx) summing to sum: the

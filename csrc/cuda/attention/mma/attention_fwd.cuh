@@ -152,22 +152,21 @@ __device__ __forceinline__ void oss_attn_online_softmax(const float (&s)[MT][NT]
  * columns < Dv) and lse = m ln2 + ln l (float32). l == 0: no visible key
  * (out 0, lse -inf); l NaN: a NaN or +inf score (out and lse NaN, as SDPA's
  * math). With a.out_res, also out's rounding residual out_scale o / lr - out
- * (oss_output_residual: to a step of 2^-5 of out's last place, 0 where out
- * is not finite), for the backward's D. out_scale: dropout's 1 / (1 - p),
- * else 1. RUN: the common case as one run of stores (oss_store_frag_row);
- * false keeps a branch per pair, for a kernel without the registers to spare
- * for both paths. WIDE (implies RUN): out and the residual in 16-byte stores
- * (oss_store_frag_row's WIDE); without it the residual keeps a branch per
- * pair, since as a run of stores it spilled the head-dim-256 variant kernel.
- * The residual's stores follow the output's, so that the path without them
- * is one stretch of code. */
+ * as int8 codes (oss_output_residual_code: steps of 2^-5 of out's last place,
+ * 0 where out is not finite), for the backward's D. out_scale: dropout's 1 /
+ * (1 - p), else 1. RUN: out's common case as one run of stores
+ * (oss_store_frag_row); false keeps a branch per pair, for a kernel without
+ * the registers to spare for both paths. WIDE (implies RUN): out in 16-byte
+ * and the residual in 8-byte stores after the quad's exchange. The
+ * residual's stores follow the output's, so that the path without them is
+ * one stretch of code. */
 template <typename T, int MT, int NO, bool RUN = true, bool WIDE = false>
 __device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const float (&o)[MT][NO][4],
                                                    const float (&m)[MT][2], const float (&l)[MT][2],
                                                    const float (&lr)[MT][2], int b, int h, int64_t bh, int r0,
                                                    int lane, float out_scale = 1.f) {
   T *gO = (T *)a.out + b * a.o_s[0] + h * a.o_s[1];
-  T *gR = a.out_res == nullptr ? nullptr : (T *)a.out_res + b * a.o_s[0] + h * a.o_s[1];
+  int8_t *gR = a.out_res == nullptr ? nullptr : (int8_t *)a.out_res + b * a.o_s[0] + h * a.o_s[1];
   float *lse = (float *)a.lse + oss_attn_lse_row(a, bh);
   const bool vo = a.vec & OSS_ATTN_VEC_O, vr = a.vec & OSS_ATTN_VEC_OR;
   const int g = lane >> 2, t2 = (lane & 3) * 2;
@@ -186,25 +185,13 @@ __device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const
       if (r < a.lq) {
         T *orow = gO + (int64_t)r * a.o_s[2];
         if (RUN) {
-          oss_store_frag_row<T, NO, false, WIDE>(orow, t2, a.dv, vo, o[mt], hi, inv);
+          oss_store_frag_row<T, NO, WIDE>(orow, t2, a.dv, vo, o[mt], hi, inv);
         } else {
 #pragma unroll
           for (int n = 0; n < NO; n++)
             oss_store_pair<T>(orow, n * 8 + t2, a.dv, o[mt][n][2 * hi] * inv, o[mt][n][2 * hi + 1] * inv, vo);
         }
-        if (gR != nullptr) {
-          T *rrow = gR + (int64_t)r * a.o_s[2];
-          if constexpr (WIDE) {
-            oss_store_frag_row<T, NO, true, true>(rrow, t2, a.dv, vr, o[mt], hi, inv);
-          } else {
-#pragma unroll
-            for (int n = 0; n < NO; n++) {
-              const float v0 = o[mt][n][2 * hi] * inv, v1 = o[mt][n][2 * hi + 1] * inv;
-              oss_store_pair<T>(rrow, n * 8 + t2, a.dv, oss_rounding_residual<T>(v0), oss_rounding_residual<T>(v1),
-                                vr);
-            }
-          }
-        }
+        if (gR != nullptr) oss_store_residual_row<T, NO, WIDE>(gR + (int64_t)r * a.o_s[2], t2, a.dv, vr, o[mt], hi, inv);
         if ((lane & 3) == 0) /* in double: one rounding of m ln2 + ln l, which can be large */
           lse[r] = lt == 0.f ? -INFINITY : (float)((double)m[mt][hi] * OSS_LN2 + (double)logf(lt));
       }

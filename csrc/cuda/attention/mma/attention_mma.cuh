@@ -730,9 +730,13 @@ __device__ __forceinline__ void oss_attn_mask_tile(float (&s)[MT][NT][4], const 
   else oss_attn_mask_frag<T, KEY_MAJOR, MT, NT>(s, a, mbase, r0, c0, lane);
 }
 
-/* x minus x rounded to T, to the step of oss_output_residual (oss_internal.h). */
-template <typename T> __device__ __forceinline__ float oss_rounding_residual(float x) {
-  return oss_output_residual(x, oss_to_float(oss_from_float<T>(x)), std::is_same<T, __nv_bfloat16>::value);
+/* The int8 code of x minus x rounded to T (oss_output_residual_code, oss_internal.h). */
+template <typename T> __device__ __forceinline__ int oss_residual_code(float x) {
+  return oss_output_residual_code(x, oss_to_float(oss_from_float<T>(x)), std::is_same<T, __nv_bfloat16>::value);
+}
+/* Two codes as the 16 bits of columns c, c + 1 (little-endian: c's byte first). */
+template <typename T> __device__ __forceinline__ uint32_t oss_residual_code2(float x0, float x1) {
+  return (uint32_t)(oss_residual_code<T>(x0) & 0xff) | (uint32_t)(oss_residual_code<T>(x1) & 0xff) << 8;
 }
 
 /* Stores a pair of output elements (cols c, c+1 of a row), only those < ncols;
@@ -773,19 +777,17 @@ __device__ __forceinline__ void oss_quad_transpose(uint32_t (&w)[4], int q) {
 
 /* Stores row hi of an accumulator fragment times `scale`: acc[n][2 hi] and
  * acc[n][2 hi + 1] at columns n * 8 + t2 and n * 8 + t2 + 1 of `row`, only
- * those < ncols; RESIDUAL stores each value's rounding residual in T
- * (oss_rounding_residual) instead. Where the row is aligned and all NO * 8
- * columns exist (the common case) that is one branch-free run of stores: an
- * epilogue with a branch per element is long enough to miss the instruction
- * cache. WIDE (NO a multiple of 4): the quad's words of four tiles are
- * exchanged so that each lane stores one tile's whole 16 bytes, and a warp's
- * store fills 32-byte sectors, in a quarter of the instructions (4-byte
- * stores cover half of each sector); the exchange costs registers, which
- * kernels with score variants or wide rows do not have to spare. */
-template <typename T, int NO, bool RESIDUAL = false, bool WIDE = false>
+ * those < ncols. Where the row is aligned and all NO * 8 columns exist (the
+ * common case) that is one branch-free run of stores: an epilogue with a
+ * branch per element is long enough to miss the instruction cache. WIDE (NO
+ * a multiple of 4): the quad's words of four tiles are exchanged so that each
+ * lane stores one tile's whole 16 bytes, and a warp's store fills 32-byte
+ * sectors, in a quarter of the instructions (4-byte stores cover half of each
+ * sector); the exchange costs registers, which kernels with score variants or
+ * wide rows do not have to spare. */
+template <typename T, int NO, bool WIDE = false>
 __device__ __forceinline__ void oss_store_frag_row(T *row, int t2, int ncols, bool vec, const float (&acc)[NO][4],
                                                    int hi, float scale) {
-  auto value = [scale](float x) { return RESIDUAL ? oss_rounding_residual<T>(x * scale) : x * scale; };
   if (vec && NO * 8 <= ncols) {
     if constexpr (WIDE) {
       static_assert(NO % 4 == 0, "16-byte stores take the tiles four at a time");
@@ -795,20 +797,57 @@ __device__ __forceinline__ void oss_store_frag_row(T *row, int t2, int ncols, bo
         uint32_t w[4];
 #pragma unroll
         for (int j = 0; j < 4; j++)
-          w[j] = oss_mma_op<T>::pack(value(acc[n0 + j][2 * hi]), value(acc[n0 + j][2 * hi + 1]));
+          w[j] = oss_mma_op<T>::pack(acc[n0 + j][2 * hi] * scale, acc[n0 + j][2 * hi + 1] * scale);
         oss_quad_transpose(w, q);
         *reinterpret_cast<uint4 *>(row + (n0 + q) * 8) = make_uint4(w[0], w[1], w[2], w[3]);
       }
     } else {
       uint32_t *row32 = reinterpret_cast<uint32_t *>(row + t2);
 #pragma unroll
-      for (int n = 0; n < NO; n++)
-        row32[n * 4] = oss_mma_op<T>::pack(value(acc[n][2 * hi]), value(acc[n][2 * hi + 1]));
+      for (int n = 0; n < NO; n++) row32[n * 4] = oss_mma_op<T>::pack(acc[n][2 * hi] * scale, acc[n][2 * hi + 1] * scale);
     }
   } else {
 #pragma unroll
     for (int n = 0; n < NO; n++)
-      oss_store_pair<T>(row, n * 8 + t2, ncols, value(acc[n][2 * hi]), value(acc[n][2 * hi + 1]), vec);
+      oss_store_pair<T>(row, n * 8 + t2, ncols, acc[n][2 * hi] * scale, acc[n][2 * hi + 1] * scale, vec);
+  }
+}
+
+/* The same row's rounding residual (of each value times `scale` rounded to T)
+ * as int8 codes (oss_residual_code) into `row`, one byte a column, those <
+ * ncols. WIDE (the row aligned and whole): each lane stores a tile's 8 bytes
+ * after the quad's exchange (as oss_store_frag_row). Otherwise a 2-byte store
+ * per pair, with a branch per pair: as one run of stores it spilled the
+ * head-dim-256 variant kernels. */
+template <typename T, int NO, bool WIDE = false>
+__device__ __forceinline__ void oss_store_residual_row(int8_t *row, int t2, int ncols, bool vec,
+                                                       const float (&acc)[NO][4], int hi, float scale) {
+  if constexpr (WIDE) {
+    if (vec && NO * 8 <= ncols) {
+      static_assert(NO % 4 == 0, "8-byte stores take the tiles four at a time");
+      const int q = t2 >> 1;
+#pragma unroll
+      for (int n0 = 0; n0 < NO; n0 += 4) {
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+          w[j] = oss_residual_code2<T>(acc[n0 + j][2 * hi] * scale, acc[n0 + j][2 * hi + 1] * scale);
+        oss_quad_transpose(w, q);
+        *reinterpret_cast<uint2 *>(row + (n0 + q) * 8) = make_uint2(w[0] | w[1] << 16, w[2] | w[3] << 16);
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < NO; n++) {
+    const int c = n * 8 + t2;
+    const float v0 = acc[n][2 * hi] * scale, v1 = acc[n][2 * hi + 1] * scale;
+    if (vec && c + 1 < ncols) {
+      *reinterpret_cast<uint16_t *>(row + c) = (uint16_t)oss_residual_code2<T>(v0, v1);
+    } else {
+      if (c < ncols) row[c] = (int8_t)oss_residual_code<T>(v0);
+      if (c + 1 < ncols) row[c + 1] = (int8_t)oss_residual_code<T>(v1);
+    }
   }
 }
 
