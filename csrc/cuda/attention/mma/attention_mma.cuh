@@ -775,6 +775,23 @@ __device__ __forceinline__ void oss_quad_transpose(uint32_t (&w)[4], int q) {
   }
 }
 
+/* WIDE stores of row hi of an accumulator fragment: for each four
+ * consecutive 8-column tiles, the quad's words pack(x, x') of its pairs
+ * exchanged (oss_quad_transpose), so that lane q holds tile n0 + q's four
+ * words, which store(n0 + q, words) writes. */
+template <int NO, typename Pack, typename Store>
+__device__ __forceinline__ void oss_quad_tiles(const float (&acc)[NO][4], int hi, int q, Pack pack, Store store) {
+  static_assert(NO % 4 == 0, "the quad's exchange takes the tiles four at a time");
+#pragma unroll
+  for (int n0 = 0; n0 < NO; n0 += 4) {
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) w[j] = pack(acc[n0 + j][2 * hi], acc[n0 + j][2 * hi + 1]);
+    oss_quad_transpose(w, q);
+    store(n0 + q, w);
+  }
+}
+
 /* Stores row hi of an accumulator fragment times `scale`: acc[n][2 hi] and
  * acc[n][2 hi + 1] at columns n * 8 + t2 and n * 8 + t2 + 1 of `row`, only
  * those < ncols. Where the row is aligned and all NO * 8 columns exist (the
@@ -790,17 +807,11 @@ __device__ __forceinline__ void oss_store_frag_row(T *row, int t2, int ncols, bo
                                                    int hi, float scale) {
   if (vec && NO * 8 <= ncols) {
     if constexpr (WIDE) {
-      static_assert(NO % 4 == 0, "16-byte stores take the tiles four at a time");
-      const int q = t2 >> 1;
-#pragma unroll
-      for (int n0 = 0; n0 < NO; n0 += 4) {
-        uint32_t w[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-          w[j] = oss_mma_op<T>::pack(acc[n0 + j][2 * hi] * scale, acc[n0 + j][2 * hi + 1] * scale);
-        oss_quad_transpose(w, q);
-        *reinterpret_cast<uint4 *>(row + (n0 + q) * 8) = make_uint4(w[0], w[1], w[2], w[3]);
-      }
+      oss_quad_tiles<NO>(
+          acc, hi, t2 >> 1, [scale](float x0, float x1) { return oss_mma_op<T>::pack(x0 * scale, x1 * scale); },
+          [row](int n, const uint32_t(&w)[4]) {
+            *reinterpret_cast<uint4 *>(row + n * 8) = make_uint4(w[0], w[1], w[2], w[3]);
+          });
     } else {
       uint32_t *row32 = reinterpret_cast<uint32_t *>(row + t2);
 #pragma unroll
@@ -824,17 +835,11 @@ __device__ __forceinline__ void oss_store_residual_row(int8_t *row, int t2, int 
                                                        const float (&acc)[NO][4], int hi, float scale) {
   if constexpr (WIDE) {
     if (vec && NO * 8 <= ncols) {
-      static_assert(NO % 4 == 0, "8-byte stores take the tiles four at a time");
-      const int q = t2 >> 1;
-#pragma unroll
-      for (int n0 = 0; n0 < NO; n0 += 4) {
-        uint32_t w[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-          w[j] = oss_residual_code2<T>(acc[n0 + j][2 * hi] * scale, acc[n0 + j][2 * hi + 1] * scale);
-        oss_quad_transpose(w, q);
-        *reinterpret_cast<uint2 *>(row + (n0 + q) * 8) = make_uint2(w[0] | w[1] << 16, w[2] | w[3] << 16);
-      }
+      oss_quad_tiles<NO>(
+          acc, hi, t2 >> 1, [scale](float x0, float x1) { return oss_residual_code2<T>(x0 * scale, x1 * scale); },
+          [row](int n, const uint32_t(&w)[4]) {
+            *reinterpret_cast<uint2 *>(row + n * 8) = make_uint2(w[0] | w[1] << 16, w[2] | w[3] << 16);
+          });
       return;
     }
   }
