@@ -159,12 +159,15 @@ __device__ __forceinline__ void oss_attn_online_softmax(const float (&s)[MT][NT]
  * the registers to spare for both paths. WIDE (implies RUN): out in 16-byte
  * and the residual in 8-byte stores after the quad's exchange. The
  * residual's stores follow the output's, so that the path without them is
- * one stretch of code. */
-template <typename T, int MT, int NO, bool RUN = true, bool WIDE = false>
+ * one stretch of code. OUT = false: out is left to the caller (the Hopper
+ * forward stores it through shared memory with the copy engine), which gets
+ * each row's factor out_scale / lr in inv_rows (row g + 8 hi of m-tile mt
+ * at inv_rows[mt][hi], on every lane of its quad). */
+template <typename T, int MT, int NO, bool RUN = true, bool WIDE = false, bool OUT = true>
 __device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const float (&o)[MT][NO][4],
                                                    const float (&m)[MT][2], const float (&l)[MT][2],
                                                    const float (&lr)[MT][2], int b, int h, int64_t bh, int r0,
-                                                   int lane, float out_scale = 1.f) {
+                                                   int lane, float out_scale = 1.f, float (*inv_rows)[2] = nullptr) {
   T *gO = (T *)a.out + b * a.o_s[0] + h * a.o_s[1];
   int8_t *gR = a.out_res == nullptr ? nullptr : (int8_t *)a.out_res + b * a.o_s[0] + h * a.o_s[1];
   float *lse = (float *)a.lse + oss_attn_lse_row(a, bh);
@@ -181,15 +184,18 @@ __device__ __forceinline__ void oss_attn_fwd_write(const oss_attn_args &a, const
       lrt += __shfl_xor_sync(0xffffffffu, lrt, 2);
       /* lr >= 1 when l > 0: the row's largest P is exactly 1 */
       const float inv = lt == 0.f ? 0.f : out_scale / lrt;
+      if (!OUT) inv_rows[mt][hi] = inv;
       const int r = r0 + mt * 16 + g + hi * 8;
       if (r < a.lq) {
         T *orow = gO + (int64_t)r * a.o_s[2];
-        if (RUN) {
-          oss_store_frag_row<T, NO, WIDE>(orow, t2, a.dv, vo, o[mt], hi, inv);
-        } else {
+        if constexpr (OUT) {
+          if (RUN) {
+            oss_store_frag_row<T, NO, WIDE>(orow, t2, a.dv, vo, o[mt], hi, inv);
+          } else {
 #pragma unroll
-          for (int n = 0; n < NO; n++)
-            oss_store_pair<T>(orow, n * 8 + t2, a.dv, o[mt][n][2 * hi] * inv, o[mt][n][2 * hi + 1] * inv, vo);
+            for (int n = 0; n < NO; n++)
+              oss_store_pair<T>(orow, n * 8 + t2, a.dv, o[mt][n][2 * hi] * inv, o[mt][n][2 * hi + 1] * inv, vo);
+          }
         }
         if (gR != nullptr) oss_store_residual_row<T, NO, WIDE>(gR + (int64_t)r * a.o_s[2], t2, a.dv, vr, o[mt], hi, inv);
         if ((lane & 3) == 0) /* in double: one rounding of m ln2 + ln l, which can be large */

@@ -113,6 +113,15 @@ __device__ __forceinline__ void oss_tma_load_4d(uint32_t dst, const void *map, u
                "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(oss_smem_u32(bar))
                : "memory");
 }
+/* Bulk tensor store: the box of the 4-D tensor map at {c0, c1, c2, c3} from
+ * shared memory at src (in the map's swizzled layout); elements outside the
+ * tensor are not written. Tracked in bulk groups (oss_bulk_commit,
+ * oss_bulk_wait_read); src must stay unchanged until the group was read. */
+__device__ __forceinline__ void oss_tma_store_4d(const void *map, uint32_t src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(map),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
 __device__ __forceinline__ void oss_tma_prefetch_map(const void *map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
@@ -279,6 +288,42 @@ __device__ __forceinline__ void oss_sm90_store_rows(T *dst, int64_t ld, int nrow
           if (c * 8 + k < ncols) out[k] = e[k];
       }
     }
+  }
+}
+
+/* Stores four 8 x 8 matrices of 16-bit elements to shared memory: register k
+ * of lane L holds elements (L / 4, 2 (L % 4)) and (L / 4, 2 (L % 4) + 1) of
+ * matrix k (an mma accumulator fragment's layout), and lane L gives the
+ * address of row L % 8 of matrix L / 8 (16 bytes a row). */
+__device__ __forceinline__ void oss_stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
+/* Stages a warpgroup's 64 rows of a wgmma accumulator (NO n-tiles of 8
+ * columns; warp w holds rows 16w .. 16w + 15, lane (g, t) rows g and g + 8),
+ * row g + 8 hi times scale[hi] and rounded to T, at `stage` (shared memory,
+ * 1024-byte aligned) as the boxes a tensor map of 64 columns by 64 rows with
+ * the 128-byte swizzle stores from: box c / 64 of 8 KB, its row r's 16-byte
+ * chunk k at k ^ (r % 8). One stmatrix per two n-tiles n, n + 1: matrices
+ * (n, rows 0-7), (n, rows 8-15), (n + 1, rows 0-7), (n + 1, rows 8-15); a
+ * matrix's 8 rows land in 8 distinct chunks of their rows, so its store is
+ * free of bank conflicts. */
+template <typename T, int NO>
+__device__ __forceinline__ void oss_sm90_stage_acc(uint32_t stage, const float (&acc)[NO][4], const float (&scale)[2],
+                                                   int warp, int lane) {
+  static_assert(NO % 2 == 0, "n-tiles in pairs");
+  const int k = lane >> 3, r = warp * 16 + (lane & 7) + 8 * (k & 1);
+  const uint32_t row = stage + (uint32_t)r * 128u;
+#pragma unroll
+  for (int n = 0; n < NO; n += 2) {
+    const int tile = n + (k >> 1);
+    oss_stmatrix_x4(row + (uint32_t)(tile >> 3) * 8192u + (uint32_t)(((tile & 7) ^ (r & 7)) << 4),
+                    oss_mma_op<T>::pack(acc[n][0] * scale[0], acc[n][1] * scale[0]),
+                    oss_mma_op<T>::pack(acc[n][2] * scale[1], acc[n][3] * scale[1]),
+                    oss_mma_op<T>::pack(acc[n + 1][0] * scale[0], acc[n + 1][1] * scale[0]),
+                    oss_mma_op<T>::pack(acc[n + 1][2] * scale[1], acc[n + 1][3] * scale[1]));
   }
 }
 
