@@ -28,7 +28,6 @@ import common  # noqa: E402
 import torch_oss  # noqa: E402
 from torch_oss._kernels import attention_kernels  # noqa: E402
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def sdpa_backends(device):
@@ -52,7 +51,7 @@ def flops(B, H, N, D, causal, mode):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtypes", default=None)
+    ap.add_argument("--dtypes", type=common.dtype_list, default=None, help="e.g. bfloat16,float16 or bf16")
     ap.add_argument("--hdims", default=None)
     ap.add_argument("--seqlens", default=None)
     ap.add_argument("--causal", default="0,1")
@@ -80,7 +79,7 @@ def main():
     if args.kernels and device != "cuda":
         ap.error("--kernels times CUDA kernels: it needs --device cuda")
     gpu = device == "cuda"
-    dtypes = (args.dtypes or ("bfloat16,float16" if gpu else "float32")).split(",")
+    dtypes = args.dtypes or (["bfloat16", "float16"] if gpu else ["float32"])
     hdims = [int(x) for x in (args.hdims or ("64,128,192,256" if gpu else "64")).split(",")]
     seqlens = [int(x) for x in (args.seqlens or ("512,1024,2048,4096,8192,16384" if gpu else "256,512,1024")).split(",")]
     tokens = args.tokens or (16384 if gpu else 2048)
@@ -105,7 +104,7 @@ def main():
     impls.update(sdpa_backends(device))
     records, breakdowns = [], []
     for dname in dtypes:
-        dtype = DTYPES[dname]
+        dtype = common.DTYPES[dname]
         for D in hdims:
             H = width // D
             for N in seqlens:

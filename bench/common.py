@@ -15,6 +15,23 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# The dtypes the benchmarks take by name: torch's names, or the short forms.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def dtype_list(text):
+    """argparse type of a --dtypes option: comma-separated names (torch's or
+    fp32/bf16/fp16) to torch's names; an unknown one is argparse's error."""
+    import argparse
+    names = [DTYPE_ALIASES.get(name.strip(), name.strip()) for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in DTYPES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected comma-separated dtypes among {', '.join([*DTYPES, *DTYPE_ALIASES])}")
+    return names
+
+
 def results_dir():
     path = os.environ.get("TORCH_OSS_RESULTS", os.path.join(ROOT, "results"))
     os.makedirs(path, exist_ok=True)

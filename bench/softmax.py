@@ -19,7 +19,6 @@ import common  # noqa: E402
 import torch_oss  # noqa: E402
 
 COLS = [128, 512, 1024, 4096, 32768, 128256, 262144, 1048576, 16777216]
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def triton_softmax():
@@ -87,7 +86,7 @@ def peers_ahead(records, key):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtypes", default="float32,bfloat16,float16")
+    ap.add_argument("--dtypes", type=common.dtype_list, default=["float32", "bfloat16", "float16"])
     ap.add_argument("--cols", default=None)
     ap.add_argument("--total", type=int, default=None, help="elements per input (default 2**26 GPU, 2**22 CPU)")
     ap.add_argument("--no-compile", action="store_true")
@@ -123,8 +122,8 @@ def main():
         impls["triton"] = triton_softmax()
 
     records, rows_out = [], []
-    for dname in args.dtypes.split(","):
-        dtype = DTYPES[dname]
+    for dname in args.dtypes:
+        dtype = common.DTYPES[dname]
         for cols in cols_list:
             rows = max(1, total // cols)
             x = torch.randn(rows, cols, dtype=dtype, device=device) * 3
@@ -160,8 +159,8 @@ def main():
     # and backward, against F.softmax and against torch_oss on the last dim of a tensor
     # of the same size
     dim1_ratios = []
-    for dname in [d for d in ("float32", "bfloat16") if d in args.dtypes.split(",")]:
-        dtype = DTYPES[dname]
+    for dname in [d for d in ("float32", "bfloat16") if d in args.dtypes]:
+        dtype = common.DTYPES[dname]
         shape = (32, 1024, 64, 64) if device == "cuda" else (4, 256, 32, 32)
         x = torch.randn(shape, device=device, dtype=dtype) * 3
         last = x.reshape(-1, shape[1])
