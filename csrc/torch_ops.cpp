@@ -921,6 +921,22 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_impl(
   return result();
 }
 
+// The backward ops' checks alone (attention_backward_impl's), for the
+// differentiable recomputation, which runs no kernel.
+void check_attention_backward(const char *op, const Tensor &grad_out, const Tensor &query, const Tensor &key,
+                              const Tensor &value, const Tensor &out, const Tensor &lse,
+                              const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
+                              bool enable_gqa, c10::string_view causal_alignment,
+                              const std::optional<Tensor> &out_residual, const AttentionVariants &variants,
+                              const std::optional<Tensor> &grad_lse) {
+  const AttentionInputs in =
+      prepare_attention(op, query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment, variants);
+  const oss_attention_params &p = in.p;
+  check_backward_tensors(op, "query", query, grad_out, out, lse, out_residual,
+                         {p.batch, p.heads_q, p.len_q, p.head_dim_v}, {p.batch, p.heads_q, p.len_q});
+  lse_gradient(op, lse, grad_lse);
+}
+
 std::tuple<Tensor, Tensor, Tensor> attention_backward_op(
     const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value, const Tensor &out,
     const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
@@ -1613,27 +1629,117 @@ template <bool RESIDUAL> struct AttentionFunction : public torch::autograd::Func
   }
 };
 
-// oss::attention_backward's Autograd kernel. A second derivative through
-// attention (the gradient of its backward) is not implemented: the moment a
-// graph would be built through the backward (autograd.grad or backward with
-// create_graph=True while q, k, v or grad_out require grad) it raises, rather
-// than returning a gradient that silently lacks attention's share. Otherwise
-// it runs the kernel.
-void refuse_double_backward(const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value,
-                            const Tensor &out, const Tensor &lse, const std::optional<Tensor> &attn_mask,
-                            const std::optional<Tensor> &out_residual, const std::optional<Tensor> &sinks,
-                            const std::optional<Tensor> &grad_lse) {
-  const bool any = will_differentiate(grad_out) || will_differentiate(query) || will_differentiate(key) ||
-                   will_differentiate(value) || will_differentiate(out) || will_differentiate(lse) ||
-                   (attn_mask.has_value() && will_differentiate(*attn_mask)) ||
-                   (grad_lse.has_value() && will_differentiate(*grad_lse)) ||
-                   (out_residual.has_value() && will_differentiate(*out_residual)) ||
-                   (sinks.has_value() && will_differentiate(*sinks));
-  OSS_CHECK(!any, NotImplemented,
-            "torch_oss.attention: double backward is not supported: the gradient of attention's backward (a "
+// oss::attention_backward's Autograd kernel. When a graph is to be built
+// through the backward (autograd.grad or backward with create_graph=True, or
+// the op called with inputs that require grad), the gradients are
+// recomputed by attention_backward_differentiable below, whose ATen ops
+// autograd differentiates again; otherwise the kernel runs. Dropout, ring
+// attention's partial blocks (keys_subset) and forward-mode AD through the
+// backward raise NotImplementedError instead of answering without their share.
+bool backward_builds_graph(const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value,
+                           const Tensor &out, const Tensor &lse, const std::optional<Tensor> &attn_mask,
+                           const std::optional<Tensor> &out_residual, const std::optional<Tensor> &sinks,
+                           const std::optional<Tensor> &grad_lse, double dropout_p, bool keys_subset) {
+  const Tensor opt_tensors[4] = {attn_mask.value_or(Tensor()), out_residual.value_or(Tensor()),
+                                 sinks.value_or(Tensor()), grad_lse.value_or(Tensor())};
+  bool any = false, forward_ad = false;
+  for (const Tensor *t : {&grad_out, &query, &key, &value, &out, &lse, &opt_tensors[0], &opt_tensors[1],
+                          &opt_tensors[2], &opt_tensors[3]}) {
+    any = any || will_differentiate(*t);
+    forward_ad = forward_ad || (t->defined() && t->_fw_grad(/*level=*/0).defined());
+  }
+  if (!any) return false;
+  const char *what = forward_ad        ? "forward-mode AD (a tangent) through attention's backward"
+                     : dropout_p > 0.0 ? "with dropout_p > 0"
+                     : keys_subset     ? "of a block of a larger key set (keys_subset)"
+                                       : nullptr;
+  OSS_CHECK(what == nullptr, NotImplemented,
+            "torch_oss.attention: double backward is not supported %s: the gradient of attention's backward (a "
             "second derivative, as autograd.grad(..., create_graph=True) or backward(create_graph=True) would "
-            "build) is not implemented. Use torch.nn.functional.scaled_dot_product_attention where second "
-            "derivatives are needed, or compute the first gradient without create_graph=True");
+            "build) is not implemented there. Compute the first gradient without create_graph=True",
+            what);
+  return true;
+}
+
+// The gradients of attention (dq, dk, dv and, with sinks, d sinks) as ATen
+// ops that autograd can differentiate again: the forward recomputed from q,
+// k, v and sinks (scores, softcap, ALiBi, mask, window, causal rule, the
+// softmax with the sink's column; oss.h's order), then its vector-Jacobian
+// product taken by autograd with create_graph, seeded by grad_out and
+// grad_lse. out and lse are not read: the recomputed gradients carry all of
+// their dependence on q, k, v and sinks, so the share that would flow
+// through the saved out and lse is zero. The N x N scores exist in full, as
+// in PyTorch's math attention; 16-bit inputs are computed in float32. A row
+// that sees no key (and has no sink) gets P = 0 and lse -inf, and gradients
+// that stay finite at any order.
+std::vector<Tensor> attention_backward_differentiable(
+    const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value,
+    const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
+    c10::string_view causal_alignment, at::IntArrayRef window_size, double softcap,
+    const std::optional<Tensor> &alibi_slopes, const std::optional<Tensor> &sinks,
+    const std::optional<Tensor> &grad_lse) {
+  at::AutoGradMode grad_mode(true);
+  const at::ScalarType compute = is_half(query.scalar_type()) ? at::kFloat : query.scalar_type();
+  // autograd.grad needs inputs that require grad: those that do not (their
+  // gradient is not wanted) get a leaf of their own
+  auto differentiable = [](const Tensor &t) { return t.requires_grad() ? t : t.detach().requires_grad_(true); };
+  const Tensor q = differentiable(query), k = differentiable(key), v = differentiable(value);
+  const Tensor sink = sinks.has_value() && sinks->defined() ? differentiable(*sinks) : Tensor();
+  const int64_t B = query.size(0), Hq = query.size(1), Lq = query.size(2), Hkv = key.size(1), Lk = key.size(2);
+  Tensor kc = k.to(compute), vc = v.to(compute);
+  if (Hkv != Hq && Hkv > 0) {  // query head h reads kv head h / (Hq / Hkv)
+    kc = kc.repeat_interleave(Hq / Hkv, 1);
+    vc = vc.repeat_interleave(Hq / Hkv, 1);
+  }
+  const double sc = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(query.size(3)));
+  Tensor s = at::matmul(q.to(compute), kc.transpose(-2, -1)) * sc;
+  if (softcap > 0.0) s = at::tanh(s / softcap) * softcap;
+  // d = i + off - j, the distance from the diagonal the alignment picks
+  const auto index = at::TensorOptions().dtype(at::kLong).device(query.device());
+  const int64_t off = causal_alignment == "bottom_right" ? Lk - Lq : 0;
+  const Tensor d = (at::arange(Lq, index) + off).unsqueeze(1) - at::arange(Lk, index).unsqueeze(0);
+  if (alibi_slopes.has_value() && alibi_slopes->defined()) {
+    const Tensor slopes = alibi_slopes->detach().to(compute).reshape({alibi_slopes->dim() == 2 ? B : 1, Hq, 1, 1});
+    s = s - slopes * d.abs().to(compute);
+  }
+  if (attn_mask.has_value() && attn_mask->defined()) {
+    const Tensor &m = *attn_mask;
+    s = m.scalar_type() == at::kBool ? s.masked_fill(m.logical_not(), -INFINITY) : s + m.detach().to(compute);
+  }
+  Tensor hidden = at::zeros({Lq, Lk}, index.dtype(at::kBool));
+  if (window_size.size() == 2 && window_size[0] >= 0) hidden = hidden.logical_or(d > window_size[0]);
+  if (window_size.size() == 2 && window_size[1] >= 0) hidden = hidden.logical_or(d.neg() > window_size[1]);
+  if (is_causal) hidden = hidden.logical_or(d < 0);
+  s = s.masked_fill(hidden, -INFINITY);
+  // the kernels hold the sinks in float32 (oss.h): so does this value (its
+  // derivative the identity, in the compute precision)
+  const Tensor sink_logit =
+      sink.defined() ? (sink.to(compute) + (sink.detach().to(at::kFloat).to(compute) - sink.detach().to(compute)))
+                           .reshape({1, Hq, 1, 1})
+                     : Tensor();
+  // the softmax, shifted by each row's largest logit (a constant: the result
+  // does not depend on it), 0 for a row whose logits are all -inf
+  Tensor shift = Lk > 0 ? std::get<0>(s.detach().max(-1, /*keepdim=*/true)) : at::zeros({B, Hq, Lq, 1}, s.options());
+  if (sink_logit.defined()) shift = at::maximum(shift, sink_logit.detach());
+  shift = at::where(at::isfinite(shift), shift, at::zeros_like(shift));
+  const Tensor e = at::exp(s - shift);
+  Tensor l = e.sum(-1, /*keepdim=*/true);
+  if (sink_logit.defined()) l = l + at::exp(sink_logit - shift);
+  const Tensor seen = l > 0;
+  const Tensor l_safe = at::where(seen, l, at::ones_like(l));
+  const Tensor out = at::matmul(e / l_safe, vc);
+  std::vector<Tensor> outputs{out}, seeds{grad_out.to(compute)};
+  if (grad_lse.has_value() && grad_lse->defined()) {
+    outputs.push_back(at::where(seen, shift + at::log(l_safe), at::full_like(l, -INFINITY)).squeeze(-1));
+    seeds.push_back(grad_lse->to(compute));
+  }
+  std::vector<Tensor> inputs{q, k, v};
+  if (sink.defined()) inputs.push_back(sink);
+  std::vector<Tensor> grads = torch::autograd::grad(outputs, inputs, seeds, /*retain_graph=*/true,
+                                                    /*create_graph=*/true, /*allow_unused=*/true);
+  for (size_t i = 0; i < grads.size(); i++)
+    grads[i] = grads[i].defined() ? grads[i].to(inputs[i].scalar_type()) : at::zeros_like(inputs[i]);
+  return grads;
 }
 
 std::tuple<Tensor, Tensor, Tensor> attention_backward_op_autograd(
@@ -1643,7 +1749,17 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op_autograd(
     at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes,
     const std::optional<Tensor> &sinks, bool keys_subset, double dropout_p, const std::optional<Tensor> &dropout_seed,
     const std::optional<Tensor> &grad_lse) {
-  refuse_double_backward(grad_out, query, key, value, out, lse, attn_mask, out_residual, sinks, grad_lse);
+  if (backward_builds_graph(grad_out, query, key, value, out, lse, attn_mask, out_residual, sinks, grad_lse,
+                            dropout_p, keys_subset)) {
+    check_attention_backward("attention_backward", grad_out, query, key, value, out, lse, attn_mask, is_causal, scale,
+                             enable_gqa, causal_alignment, out_residual,
+                             AttentionVariants{window_size, softcap, alibi_slopes, sinks, dropout_p, &dropout_seed},
+                             grad_lse);
+    const std::vector<Tensor> g = attention_backward_differentiable(grad_out, query, key, value, attn_mask,
+                                                                    is_causal, scale, causal_alignment, window_size,
+                                                                    softcap, alibi_slopes, sinks, grad_lse);
+    return {g[0], g[1], g[2]};
+  }
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("oss::attention_backward", "")
                              .typed<decltype(attention_backward_op)>();
@@ -1660,7 +1776,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_with_sinks_op_auto
     at::IntArrayRef window_size, double softcap, const std::optional<Tensor> &alibi_slopes, const Tensor &sinks,
     double dropout_p, const std::optional<Tensor> &dropout_seed, const std::optional<Tensor> &grad_lse) {
   const std::optional<Tensor> sinks_opt(sinks);
-  refuse_double_backward(grad_out, query, key, value, out, lse, attn_mask, out_residual, sinks_opt, grad_lse);
+  if (backward_builds_graph(grad_out, query, key, value, out, lse, attn_mask, out_residual, sinks_opt, grad_lse,
+                            dropout_p, false)) {
+    check_attention_backward("attention_backward_with_sinks", grad_out, query, key, value, out, lse, attn_mask,
+                             is_causal, scale, enable_gqa, causal_alignment, out_residual,
+                             AttentionVariants{window_size, softcap, alibi_slopes, sinks_opt, dropout_p, &dropout_seed},
+                             grad_lse);
+    const std::vector<Tensor> g = attention_backward_differentiable(grad_out, query, key, value, attn_mask,
+                                                                    is_causal, scale, causal_alignment, window_size,
+                                                                    softcap, alibi_slopes, sinks_opt, grad_lse);
+    return {g[0], g[1], g[2], g[3]};
+  }
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("oss::attention_backward_with_sinks", "")
                              .typed<decltype(attention_backward_with_sinks_op)>();

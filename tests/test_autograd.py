@@ -1,8 +1,9 @@
 """Autograd beyond the first derivative: softmax and log_softmax are twice
 (and more) differentiable, as F.softmax is, checked with gradgradcheck and
 against F.softmax's own double backward by the tolerance rule; attention
-refuses a second derivative with a clear NotImplementedError instead of a
-silently wrong one; and every operator of the package has an autograd kernel
+is twice (and more) differentiable too, through ATen ops that recompute its
+first gradient (gradgradcheck, against SDPA's math backend), and refuses
+with dropout; and every operator of the package has an autograd kernel
 of its own (none falls through PyTorch's "autograd kernel was not registered"
 path, which warns and returns gradients that lack the op's share)."""
 
@@ -220,45 +221,205 @@ def test_double_backward_of_composed_ops(device):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
+# Attention's configurations for its second derivatives: (name, keyword
+# arguments of torch_oss.attention_with_lse, Hq, Hkv, Lq, Lk, D, Dv); masks
+# and sinks are built per case (make_attention_case).
+ATTENTION_CASES = [
+    ("plain", {}, 2, 2, 5, 6, 4, 4),
+    ("causal top-left", {"is_causal": True}, 2, 2, 6, 6, 4, 3),
+    ("causal bottom-right", {"is_causal": True, "causal_alignment": "bottom_right"}, 2, 2, 3, 7, 4, 4),
+    ("gqa", {"enable_gqa": True, "scale": 0.7}, 4, 2, 5, 5, 4, 4),
+    ("bool mask, a row sees no key", {"attn_mask": "bool"}, 2, 2, 4, 5, 4, 4),
+    ("float mask", {"attn_mask": "float"}, 2, 2, 4, 5, 4, 4),
+    ("window and causal", {"window_size": (2, 1), "is_causal": True}, 2, 2, 6, 6, 4, 4),
+    ("softcap", {"softcap": 1.5}, 2, 2, 4, 5, 4, 4),
+    ("alibi (B, H)", {"alibi_slopes": "bh", "causal_alignment": "bottom_right"}, 2, 2, 3, 5, 4, 4),
+    ("sinks", {"sinks": True, "is_causal": True}, 2, 2, 4, 4, 4, 4),
+]
+
+
+def make_attention_case(case, dtype, device, B=2):
+    """q, k, v (and sinks when the case has them) as leaves that require grad,
+    and the keyword arguments with the case's masks and slopes built."""
+    name, kwargs, Hq, Hkv, Lq, Lk, D, Dv = case
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    rand = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype=dtype, device=device)
+    q, k, v = rand(B, Hq, Lq, D), rand(B, Hkv, Lk, D), rand(B, Hkv, Lk, Dv)
+    kwargs = dict(kwargs)
+    if kwargs.get("attn_mask") == "bool":
+        mask = torch.rand(B, 1, Lq, Lk, generator=g) > 0.4
+        mask[:, :, 1] = False  # row 1 sees no key: out 0, lse -inf, zero gradients
+        kwargs["attn_mask"] = mask.to(device)
+    elif kwargs.get("attn_mask") == "float":
+        kwargs["attn_mask"] = torch.randn(1, Hq, Lq, Lk, generator=g, dtype=torch.float64).to(dtype=dtype,
+                                                                                             device=device)
+    if kwargs.get("alibi_slopes") == "bh":
+        kwargs["alibi_slopes"] = torch.rand(B, Hq, generator=g).to(device)
+    leaves = [q, k, v]
+    if kwargs.pop("sinks", False):
+        # multiples of 2^-8: the kernels hold sinks in float32, and these stay
+        # exact there, also when gradgradcheck moves them by its step 2^-12
+        leaves.append((rand(Hq) * 256).round() / 256)
+    return [t.requires_grad_(True) for t in leaves], kwargs
+
+
+def attention_fn(kwargs):
+    """(q, k, v[, sinks]) -> (out, lse) of torch_oss.attention_with_lse."""
+    def fn(q, k, v, sinks=None):
+        return torch_oss.attention_with_lse(q, k, v, sinks=sinks, **kwargs)
+    return fn
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=[c[0] for c in ATTENTION_CASES])
+def test_attention_gradgradcheck_float64(device, case):
+    """Second derivatives of out and lse in every input (q, k, v, sinks) and in
+    the incoming gradients, against finite differences of the first, float64."""
+    leaves, kwargs = make_attention_case(case, torch.float64, device)
+    eps = 2**-12 if len(leaves) == 4 else 1e-6  # sinks: a step float32 holds exactly
+    assert torch.autograd.gradgradcheck(attention_fn(kwargs), leaves, eps=eps, atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("wrt", ["q", "k", "v", "qkv"])
-def test_attention_double_backward_raises(device, dtype, wrt):
-    """A graph built through attention's backward (create_graph=True) raises
-    NotImplementedError naming double backward, for every input (16-bit
-    inputs go through attention_with_residual); it never returns zeros."""
-    q, k, v = (torch.randn(1, 4, 9, 16, dtype=dtype, device=device) for _ in range(3))
-    k, v = k[:, :2], v[:, :2]
-    leaves = {"q": q, "k": k, "v": v}
-    for name in leaves:
-        leaves[name] = leaves[name].clone().requires_grad_(name in wrt)
-    out = torch_oss.attention(leaves["q"], leaves["k"], leaves["v"], is_causal=True, enable_gqa=True)
-    wanted = [leaves[n] for n in "qkv" if n in wrt]
-    with pytest.raises(NotImplementedError, match="double backward"):
-        torch.autograd.grad(out.square().sum(), wanted, create_graph=True)
-    out = torch_oss.attention(leaves["q"], leaves["k"], leaves["v"], is_causal=True, enable_gqa=True)
-    with pytest.raises(NotImplementedError, match="double backward"):
-        out.square().sum().backward(create_graph=True)
-    # without create_graph the first derivative works as before
-    out = torch_oss.attention(leaves["q"], leaves["k"], leaves["v"], is_causal=True, enable_gqa=True)
-    grads = torch.autograd.grad(out.square().sum(), wanted)
-    assert all(torch.isfinite(g).all() for g in grads)
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=[c[0] for c in ATTENTION_CASES])
+def test_attention_graph_gradient_matches_kernel(device, dtype, case):
+    """The first gradient computed for a graph (create_graph=True: ATen ops)
+    against the variants' float64 definition, by the tolerance rule with the
+    kernel's gradient (create_graph=False) as the peer: building a graph does
+    not change the gradient it starts from."""
+    from test_variants import variant_reference
+    leaves, kwargs = make_attention_case(case, dtype, device)
+    ref_leaves, ref_kwargs = make_attention_case(case, torch.float64, "cpu")
+    ref_kwargs["alignment"] = ref_kwargs.pop("causal_alignment", "top_left")
+    ref_kwargs.pop("enable_gqa", None)
+    w = torch.randn(leaves[0].shape[:-1] + (case[7],), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    wl = torch.randn(leaves[0].shape[:-1], generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+
+    def loss(fn_leaves, kw, fn=None):
+        out, lse = (fn or attention_fn(kw))(*fn_leaves)
+        lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+        return (out.double() * w.to(out.device)).sum() + (lse.double() * wl.to(out.device)).sum()
+
+    graph = torch.autograd.grad(loss(leaves, kwargs), leaves, create_graph=True)
+    kernel = torch.autograd.grad(loss(leaves, kwargs), leaves)
+    ref = torch.autograd.grad(loss(ref_leaves, ref_kwargs,
+                                   lambda q, k, v, sinks=None: variant_reference(q, k, v, sinks=sinks, **ref_kwargs)),
+                              ref_leaves)
+    for name, a, p, r in zip("qkvs", graph, kernel, ref):
+        assert a.dtype == dtype and a.requires_grad
+        assert_tolerance(f"{case[0]} d{name} {dtype}", a, r, p, None)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_attention_backward_op_refuses_a_graph(device):
-    """The backward op called directly with inputs that require grad (grad
-    mode on): a gradient of it is not implemented, so building one raises."""
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", ATTENTION_CASES[:6], ids=[c[0] for c in ATTENTION_CASES[:6]])
+def test_attention_hessian_vector_products_match_sdpa(device, dtype, case):
+    """Hessian-vector products of <w, out> through torch_oss.attention against
+    the same through F.scaled_dot_product_attention's math backend, in float64
+    (reference) and in the same dtype (peer), by the tolerance rule."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    leaves, kwargs = make_attention_case(case, dtype, device)
+    if kwargs.get("causal_alignment") == "bottom_right":
+        pytest.skip("SDPA's is_causal is top-left")
+    dirs = [torch.randn(t.shape, generator=torch.Generator().manual_seed(3 + i), dtype=torch.float64)
+            for i, t in enumerate(leaves)]
+    w = torch.randn(leaves[0].shape[:-1] + (case[7],), generator=torch.Generator().manual_seed(7),
+                    dtype=torch.float64)
+
+    def hvp(fn, xs):
+        xs = [x.detach().clone().requires_grad_(True) for x in xs]
+        out = fn(*xs)
+        grads = torch.autograd.grad((out.double() * w.to(out.device)).sum(), xs, create_graph=True)
+        dot = sum((g.double() * d.to(g.device)).sum() for g, d in zip(grads, dirs))
+        return torch.autograd.grad(dot, xs)
+
+    def sdpa(q, k, v):
+        mask = kwargs.get("attn_mask")
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=kwargs.get("is_causal", False),
+                                                  scale=kwargs.get("scale"), enable_gqa=kwargs.get("enable_gqa",
+                                                                                                 False))
+
+    ours = hvp(lambda q, k, v: torch_oss.attention(q, k, v, **kwargs), leaves)
+    peer = hvp(sdpa, leaves)
+    ref_leaves = [t.detach().cpu().double() for t in leaves]
+    if isinstance(kwargs.get("attn_mask"), torch.Tensor):
+        kwargs["attn_mask"] = kwargs["attn_mask"].cpu()
+        if kwargs["attn_mask"].is_floating_point():
+            kwargs["attn_mask"] = kwargs["attn_mask"].double()
+    ref = hvp(sdpa, ref_leaves)
+    for name, a, p, r in zip("qkv", ours, peer, ref):
+        # a row that sees no key: SDPA's math backend gives NaN there, ours 0
+        keep = torch.isfinite(r)
+        r = torch.where(keep, r, 0)
+        # float64: the peer is the reference's own computation, so the atol is
+        # the whole allowance, for a chain of three products of rounded results
+        # (scores, P, the first gradient): four times the rule's
+        atol = 4 * derived_atol(dtype, r) if dtype == torch.float64 else None
+        assert_tolerance(f"{case[0]} hvp d{name} {dtype}", torch.where(keep.to(a.device), a, 0), r,
+                         torch.where(keep.to(p.device), p, 0), atol)
+
+
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_third_derivative(device):
+    """Derivatives of any order: the second derivative's graph is ATen ops too."""
+    leaves, kwargs = make_attention_case(ATTENTION_CASES[3], torch.float64, device)
+    assert torch.autograd.gradgradcheck(
+        lambda q, k, v: torch.autograd.grad(attention_fn(kwargs)(q, k, v)[0].square().sum(), (q, k, v),
+                                            create_graph=True),
+        leaves, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("Lq,Lk", [(3, 0), (0, 4)])
+def test_attention_double_backward_empty(device, Lq, Lk):
+    """No keys (out 0) or no queries: second derivatives of the right shapes, zero."""
+    q = torch.randn(1, 2, Lq, 4, dtype=torch.float64, device=device, requires_grad=True)
+    k, v = (torch.randn(1, 2, Lk, 4, dtype=torch.float64, device=device, requires_grad=True) for _ in range(2))
+    out = torch_oss.attention(q, k, v)
+    grads = torch.autograd.grad(out.square().sum() + out.sum(), (q, k, v), create_graph=True)
+    hess = torch.autograd.grad(sum(g.square().sum() for g in grads), (q, k, v), allow_unused=True,
+                               materialize_grads=True)
+    for t, g, h in zip((q, k, v), grads, hess):
+        assert g.shape == t.shape and h.shape == t.shape
+        assert not g.abs().sum().item() and not h.abs().sum().item()
+
+
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_double_backward_refused_with_dropout(device):
+    """Dropout's mask is not recomputed by the ATen ops: a graph through the
+    backward of a call with dropout raises NotImplementedError; the first
+    derivative works."""
+    q = torch.randn(1, 2, 6, 8, dtype=torch.float64, device=device, requires_grad=True)
+    out = torch_oss.attention(q, q, q, dropout_p=0.3)
+    with pytest.raises(NotImplementedError, match="double backward is not supported with dropout_p"):
+        torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    (g,) = torch.autograd.grad(torch_oss.attention(q, q, q, dropout_p=0.3).square().sum(), q)
+    assert torch.isfinite(g).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_backward_op_is_differentiable(device):
+    """The backward op called directly with a grad_out that requires grad: its
+    result is linear in grad_out, so the gradient of <dq, u> in grad_out is
+    the first gradient of <out, .> in the direction u, computed independently."""
     q, k, v = (torch.randn(1, 2, 5, 8, dtype=torch.float64, device=device) for _ in range(3))
     out, lse = torch.ops.oss.attention(q, k, v)
     dout = torch.randn_like(out, requires_grad=True)
     args = (q, k, v, out, lse, None, False, None, False, "top_left", False)
-    with pytest.raises(NotImplementedError, match="double backward"):
-        torch.ops.oss.attention_backward(dout, *args)
+    dq, dk, dv = torch.ops.oss.attention_backward(dout, *args)
+    assert dq.requires_grad
     with torch.no_grad():
-        dq, dk, dv = torch.ops.oss.attention_backward(dout, *args)
-    assert dq.shape == q.shape and not dq.requires_grad
+        dq0, dk0, dv0 = torch.ops.oss.attention_backward(dout, *args)
+    torch.testing.assert_close(dq, dq0, rtol=1e-12, atol=1e-12)
+    u = torch.randn_like(v)
+    (g,) = torch.autograd.grad((dv * u).sum(), dout)
+    # dv = P^T dout, so d<dv, u>/d dout = P u
+    p = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(8), -1)
+    torch.testing.assert_close(g, p @ u, rtol=1e-10, atol=1e-12)
 
 
 # ---------------------------------------------------------------------------
@@ -278,8 +439,8 @@ def test_every_op_has_an_autograd_kernel():
 @pytest.mark.parametrize("device", DEVICES)
 def test_no_op_falls_through_the_autograd_warning(device):
     """Each op, and the backward of each, with create_graph=True and warnings
-    as errors: either a right answer or a NotImplementedError (attention),
-    never PyTorch's "autograd kernel was not registered" warning."""
+    as errors: a second derivative, never PyTorch's "autograd kernel was not
+    registered" warning."""
     x = torch.randn(3, 6, dtype=torch.float64, device=device, requires_grad=True)
     q = torch.randn(1, 2, 4, 8, dtype=torch.float64, device=device, requires_grad=True)
     q16 = torch.randn(1, 2, 4, 8, dtype=torch.bfloat16, device=device, requires_grad=True)
@@ -298,7 +459,6 @@ def test_no_op_falls_through_the_autograd_warning(device):
             assert torch.isfinite(gdy).all() and torch.isfinite(gy).all()
         for t, op in ((q, torch.ops.oss.attention), (q16, torch.ops.oss.attention_with_residual)):
             out = op(t, t, t)[0]
-            with pytest.raises(NotImplementedError, match="double backward"):
-                torch.autograd.grad(out.sum(), t, create_graph=True)
-            (g,) = torch.autograd.grad(op(t, t, t)[0].sum(), t)
-            assert torch.isfinite(g).all()
+            (g,) = torch.autograd.grad(out.square().sum(), t, create_graph=True)
+            (h,) = torch.autograd.grad(g.sum(), t)
+            assert torch.isfinite(h).all()
