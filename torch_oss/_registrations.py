@@ -237,12 +237,52 @@ def _attention_varlen_backward(ctx, grad_out, grad_lse, grad_residual):
         return tuple(grads)
     if grad_out is None:
         grad_out = torch.zeros_like(out)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (grad_out, grad_lse, q, k, v, out, lse, sinks)):
+        dq, dk, dv, dsinks = _attention_varlen_gradients_with_graph(ctx, grad_out, grad_lse, q, k, v, cu_q, cu_k,
+                                                                    alibi_slopes, sinks)
+        for index, grad, wanted in zip((0, 1, 2, _VARLEN_SINKS), (dq, dk, dv, dsinks), want):
+            grads[index] = grad if wanted else None
+        return tuple(grads)
     dq, dk, dv, dsinks = torch.ops.oss.attention_varlen_backward(
         grad_out, q, k, v, out, lse, cu_q, cu_k, *ctx.varlen_args, residual, *ctx.variant_args, alibi_slopes, sinks,
         ctx.dropout_p, dropout_seed, grad_lse)
     for index, grad, wanted in zip((0, 1, 2, _VARLEN_SINKS), (dq, dk, dv, dsinks), want):
         grads[index] = grad if wanted else None
     return tuple(grads)
+
+
+def _attention_varlen_gradients_with_graph(ctx, grad_out, grad_lse, q, k, v, cu_q, cu_k, alibi_slopes, sinks):
+    """dq, dk, dv and d sinks as a graph that autograd differentiates again
+    (create_graph=True): each sequence's gradients from the dense op on its
+    rows, whose backward builds that graph from ATen ops (design-attention.md,
+    second derivatives), summed over the sequences. Reads cu_seqlens on the
+    host (a synchronisation, on this path only); refused with dropout, whose
+    mask lives in the kernels' random streams."""
+    if ctx.dropout_p > 0:
+        raise NotImplementedError(_VARLEN_DOUBLE_BACKWARD.replace("is not supported", "is not supported with "
+                                                                  "dropout_p > 0"))
+    _, _, is_causal, scale, alignment, _ = ctx.varlen_args
+    window_size, softcap = ctx.variant_args
+    starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
+    inputs = [t if t.requires_grad else t.detach().requires_grad_(True) for t in (q, k, v)]
+    if sinks is not None:
+        inputs.append(sinks if sinks.requires_grad else sinks.detach().requires_grad_(True))
+    outputs, seeds = [], []
+    for b in range(len(starts_q) - 1):
+        rows_q, rows_k = slice(starts_q[b], starts_q[b + 1]), slice(starts_k[b], starts_k[b + 1])
+        dense = [t[rows].transpose(0, 1).unsqueeze(0) for t, rows in zip(inputs[:3], (rows_q, rows_k, rows_k))]
+        slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
+        out_b, lse_b = torch.ops.oss.attention(*dense, None, is_causal, scale, True, alignment, list(window_size),
+                                               softcap, slopes, inputs[3] if sinks is not None else None)
+        outputs.append(out_b)
+        seeds.append(grad_out[rows_q].transpose(0, 1).unsqueeze(0))
+        if grad_lse is not None:
+            outputs.append(lse_b)
+            seeds.append(grad_lse[:, rows_q].unsqueeze(0))
+    grads = torch.autograd.grad(outputs, inputs, seeds, create_graph=True, allow_unused=True,
+                                materialize_grads=True) if outputs else [torch.zeros_like(t) for t in inputs]
+    return (*grads[:3], grads[3] if sinks is not None else q.new_empty((0,)))
 
 
 _VARLEN_DOUBLE_BACKWARD = (
