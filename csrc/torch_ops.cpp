@@ -1661,41 +1661,33 @@ bool backward_builds_graph(const Tensor &grad_out, const Tensor &query, const Te
   return true;
 }
 
-// The gradients of attention (dq, dk, dv and, with sinks, d sinks) as ATen
-// ops that autograd can differentiate again: the forward recomputed from q,
-// k, v and sinks (scores, softcap, ALiBi, mask, window, causal rule, the
-// softmax with the sink's column; oss.h's order), then its vector-Jacobian
-// product taken by autograd with create_graph, seeded by grad_out and
-// grad_lse. out and lse are not read: the recomputed gradients carry all of
-// their dependence on q, k, v and sinks, so the share that would flow
-// through the saved out and lse is zero. The N x N scores exist in full, as
-// in PyTorch's math attention; 16-bit inputs are computed in float32. A row
-// that sees no key (and has no sink) gets P = 0 and lse -inf, and gradients
-// that stay finite at any order.
-std::vector<Tensor> attention_backward_differentiable(
-    const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value,
-    const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
-    c10::string_view causal_alignment, at::IntArrayRef window_size, double softcap,
-    const std::optional<Tensor> &alibi_slopes, const std::optional<Tensor> &sinks,
-    const std::optional<Tensor> &grad_lse) {
-  at::AutoGradMode grad_mode(true);
-  const at::ScalarType compute = is_half(query.scalar_type()) ? at::kFloat : query.scalar_type();
-  // autograd.grad needs inputs that require grad: those that do not (their
-  // gradient is not wanted) get a leaf of their own
-  auto differentiable = [](const Tensor &t) { return t.requires_grad() ? t : t.detach().requires_grad_(true); };
-  const Tensor q = differentiable(query), k = differentiable(key), v = differentiable(value);
-  const Tensor sink = sinks.has_value() && sinks->defined() ? differentiable(*sinks) : Tensor();
-  const int64_t B = query.size(0), Hq = query.size(1), Lq = query.size(2), Hkv = key.size(1), Lk = key.size(2);
+// Attention's forward as ATen ops, differentiable by autograd in either mode
+// and under torch.func transforms: out and lse (in float32 for 16-bit
+// inputs, else in their dtype) of q, k, v and sinks, the variants applied in
+// oss.h's order (scores, softcap, ALiBi, mask, window, causal rule, the
+// softmax with the sink's column). The N x N scores exist in full, as in
+// PyTorch's math attention. A row that sees no key (and has no sink) gets
+// P = 0 and lse -inf, with derivatives that stay finite at any order: the
+// softmax's shift (each row's largest logit) is a constant of the graph and
+// such a row's denominator is 1. The sinks take their float32 value, as in
+// the kernels (oss.h), with the identity as its derivative.
+std::pair<Tensor, Tensor> attention_forward_aten(const Tensor &q, const Tensor &k, const Tensor &v,
+                                                 const std::optional<Tensor> &attn_mask, bool is_causal,
+                                                 std::optional<double> scale, c10::string_view causal_alignment,
+                                                 at::IntArrayRef window_size, double softcap,
+                                                 const std::optional<Tensor> &alibi_slopes, const Tensor &sink) {
+  const at::ScalarType compute = is_half(q.scalar_type()) ? at::kFloat : q.scalar_type();
+  const int64_t B = q.size(0), Hq = q.size(1), Lq = q.size(2), Hkv = k.size(1), Lk = k.size(2);
   Tensor kc = k.to(compute), vc = v.to(compute);
   if (Hkv != Hq && Hkv > 0) {  // query head h reads kv head h / (Hq / Hkv)
     kc = kc.repeat_interleave(Hq / Hkv, 1);
     vc = vc.repeat_interleave(Hq / Hkv, 1);
   }
-  const double sc = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(query.size(3)));
+  const double sc = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   Tensor s = at::matmul(q.to(compute), kc.transpose(-2, -1)) * sc;
   if (softcap > 0.0) s = at::tanh(s / softcap) * softcap;
   // d = i + off - j, the distance from the diagonal the alignment picks
-  const auto index = at::TensorOptions().dtype(at::kLong).device(query.device());
+  const auto index = at::TensorOptions().dtype(at::kLong).device(q.device());
   const int64_t off = causal_alignment == "bottom_right" ? Lk - Lq : 0;
   const Tensor d = (at::arange(Lq, index) + off).unsqueeze(1) - at::arange(Lk, index).unsqueeze(0);
   if (alibi_slopes.has_value() && alibi_slopes->defined()) {
@@ -1711,14 +1703,10 @@ std::vector<Tensor> attention_backward_differentiable(
   if (window_size.size() == 2 && window_size[1] >= 0) hidden = hidden.logical_or(d.neg() > window_size[1]);
   if (is_causal) hidden = hidden.logical_or(d < 0);
   s = s.masked_fill(hidden, -INFINITY);
-  // the kernels hold the sinks in float32 (oss.h): so does this value (its
-  // derivative the identity, in the compute precision)
   const Tensor sink_logit =
       sink.defined() ? (sink.to(compute) + (sink.detach().to(at::kFloat).to(compute) - sink.detach().to(compute)))
                            .reshape({1, Hq, 1, 1})
                      : Tensor();
-  // the softmax, shifted by each row's largest logit (a constant: the result
-  // does not depend on it), 0 for a row whose logits are all -inf
   Tensor shift = Lk > 0 ? std::get<0>(s.detach().max(-1, /*keepdim=*/true)) : at::zeros({B, Hq, Lq, 1}, s.options());
   if (sink_logit.defined()) shift = at::maximum(shift, sink_logit.detach());
   shift = at::where(at::isfinite(shift), shift, at::zeros_like(shift));
@@ -1727,14 +1715,36 @@ std::vector<Tensor> attention_backward_differentiable(
   if (sink_logit.defined()) l = l + at::exp(sink_logit - shift);
   const Tensor seen = l > 0;
   const Tensor l_safe = at::where(seen, l, at::ones_like(l));
-  const Tensor out = at::matmul(e / l_safe, vc);
-  std::vector<Tensor> outputs{out}, seeds{grad_out.to(compute)};
+  return {at::matmul(e / l_safe, vc),
+          at::where(seen, shift + at::log(l_safe), at::full_like(l, -INFINITY)).squeeze(-1)};
+}
+
+// The gradients of attention (dq, dk, dv and, with sinks, d sinks) as ATen
+// ops that autograd can differentiate again: attention_forward_aten's
+// vector-Jacobian product taken by autograd with create_graph, seeded by
+// grad_out and grad_lse. out and lse are not read: the recomputed gradients
+// carry all of their dependence on q, k, v and sinks, so the share that
+// would flow through the saved out and lse is zero.
+std::vector<Tensor> attention_backward_differentiable(
+    const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value,
+    const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
+    c10::string_view causal_alignment, at::IntArrayRef window_size, double softcap,
+    const std::optional<Tensor> &alibi_slopes, const std::optional<Tensor> &sinks,
+    const std::optional<Tensor> &grad_lse) {
+  at::AutoGradMode grad_mode(true);
+  // autograd.grad needs inputs that require grad: those that do not (their
+  // gradient is not wanted) get a leaf of their own
+  auto differentiable = [](const Tensor &t) { return t.requires_grad() ? t : t.detach().requires_grad_(true); };
+  std::vector<Tensor> inputs{differentiable(query), differentiable(key), differentiable(value)};
+  if (sinks.has_value() && sinks->defined()) inputs.push_back(differentiable(*sinks));
+  auto [out, lse] = attention_forward_aten(inputs[0], inputs[1], inputs[2], attn_mask, is_causal, scale,
+                                           causal_alignment, window_size, softcap, alibi_slopes,
+                                           inputs.size() > 3 ? inputs[3] : Tensor());
+  std::vector<Tensor> outputs{out}, seeds{grad_out.to(out.scalar_type())};
   if (grad_lse.has_value() && grad_lse->defined()) {
-    outputs.push_back(at::where(seen, shift + at::log(l_safe), at::full_like(l, -INFINITY)).squeeze(-1));
-    seeds.push_back(grad_lse->to(compute));
+    outputs.push_back(lse);
+    seeds.push_back(grad_lse->to(lse.scalar_type()));
   }
-  std::vector<Tensor> inputs{q, k, v};
-  if (sink.defined()) inputs.push_back(sink);
   std::vector<Tensor> grads = torch::autograd::grad(outputs, inputs, seeds, /*retain_graph=*/true,
                                                     /*create_graph=*/true, /*allow_unused=*/true);
   for (size_t i = 0; i < grads.size(); i++)
@@ -1796,10 +1806,38 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_with_sinks_op_auto
                  grad_lse);
 }
 
+// Whether attention's forward must be ATen ops (attention_forward_aten): an
+// input carries a forward-mode tangent, or a torch.func transform that
+// differentiates (grad, vjp, jvp, hessian...) is active, under which a C++
+// autograd Function cannot run.
+bool needs_aten_forward(std::initializer_list<const Tensor *> inputs) {
+  for (const Tensor *t : inputs)  // torch.func's grad and jvp transforms wrap their inputs in this key
+    if (t->defined() &&
+        (t->_fw_grad(/*level=*/0).defined() || t->key_set().has(c10::DispatchKey::FuncTorchGradWrapper)))
+      return true;
+  return false;
+}
+
 template <bool RESIDUAL>
 variable_list attention_autograd(const Tensor &query, const Tensor &key, const Tensor &value,
                                  const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
                                  bool enable_gqa, c10::string_view causal_alignment, OSS_ATTENTION_VARIANT_PARAMS) {
+  const Tensor none;
+  if (needs_aten_forward({&query, &key, &value, attn_mask ? &*attn_mask : &none, sinks ? &*sinks : &none})) {
+    OSS_CHECK(dropout_p == 0.0, NotImplemented,
+              "torch_oss.attention: dropout_p > 0 is not supported under forward-mode AD or torch.func "
+              "transforms, which run attention as ATen ops (the dropout mask lives in the kernels' random streams)");
+    // the kernel checks the arguments and gives the results' dtypes; the
+    // values come from the ATen ops, which carry the derivatives (the
+    // residual is then zero: out is not rounded from the kernel's)
+    variable_list kernel = attention_below_autograd<RESIDUAL>(query, key, value, attn_mask, is_causal, scale,
+                                                              enable_gqa, causal_alignment, OSS_ATTENTION_VARIANT_ARGS);
+    auto [out, lse] = attention_forward_aten(query, key, value, attn_mask, is_causal, scale, causal_alignment,
+                                             window_size, softcap, alibi_slopes, sinks.value_or(Tensor()));
+    variable_list outs{out.to(kernel[0].scalar_type()), lse.to(kernel[1].scalar_type())};
+    if (RESIDUAL) outs.push_back(at::zeros_like(kernel[2]));
+    return outs;
+  }
   const bool any = will_differentiate(query) || will_differentiate(key) || will_differentiate(value) ||
                    (attn_mask.has_value() && will_differentiate(*attn_mask)) ||
                    (alibi_slopes.has_value() && will_differentiate(*alibi_slopes)) ||

@@ -372,6 +372,80 @@ def test_attention_third_derivative(device):
         leaves, atol=1e-6, rtol=1e-5)
 
 
+def reference_fn(kwargs):
+    """(q, k, v[, sinks]) -> (out, lse) of the variants' float64 definition,
+    for a case's keyword arguments."""
+    from test_variants import variant_reference
+    kw = dict(kwargs)
+    kw["alignment"] = kw.pop("causal_alignment", "top_left")
+    kw.pop("enable_gqa", None)
+
+    def fn(q, k, v, sinks=None):
+        return variant_reference(q, k, v, sinks=sinks, **kw)
+    return fn
+
+
+TORCH_FUNC_CASES = [c for c in ATTENTION_CASES if c[0] in ("causal bottom-right", "gqa", "bool mask, a row sees no key",
+                                                           "softcap", "alibi (B, H)", "sinks")]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", TORCH_FUNC_CASES, ids=[c[0] for c in TORCH_FUNC_CASES])
+def test_attention_under_torch_func_and_forward_ad(device, case):
+    """torch.func.grad, jvp and hessian, per-sample gradients (vmap of grad) and
+    forward-mode AD run attention as ATen ops: each against the same transform
+    of the variants' float64 definition."""
+    import torch.autograd.forward_ad as fwAD
+    leaves, kwargs = make_attention_case(case, torch.float64, device)
+    leaves = [t.detach() for t in leaves]
+    ours_fn, ref_fn = attention_fn(kwargs), reference_fn(kwargs)
+    w = torch.randn(leaves[0].shape[:-1] + (case[7],), generator=torch.Generator().manual_seed(5),
+                    dtype=torch.float64).to(device)
+    tangents = [torch.randn(t.shape, generator=torch.Generator().manual_seed(11 + i), dtype=torch.float64).to(device)
+                for i, t in enumerate(leaves)]
+
+    def loss(fn, w=w):
+        def f(*xs):
+            out, lse = fn(*xs)
+            return (out * w).sum() + torch.where(torch.isfinite(lse), lse, 0).square().sum()
+        return f
+
+    def close(name, a, b):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=lambda m: f"{case[0]} {name}: {m}")
+
+    argnums = tuple(range(len(leaves)))
+    for i, (a, b) in enumerate(zip(torch.func.grad(loss(ours_fn), argnums)(*leaves),
+                                   torch.func.grad(loss(ref_fn), argnums)(*leaves))):
+        close(f"func.grad {i}", a, b)
+    (_, ours_t), (_, ref_t) = (torch.func.jvp(lambda *xs: fn(*xs)[0], tuple(leaves), tuple(tangents))
+                               for fn in (ours_fn, ref_fn))
+    close("func.jvp", ours_t, ref_t)
+    with fwAD.dual_level():
+        out, lse = ours_fn(*(fwAD.make_dual(x, t) for x, t in zip(leaves, tangents)))
+        close("forward-mode AD", fwAD.unpack_dual(out).tangent, ref_t)
+    small = [x[:1, :, :3] if i < 3 else x for i, x in enumerate(leaves)]
+    if "attn_mask" not in kwargs and "alibi_slopes" not in kwargs:  # those are shaped for the full batch
+        ours_h = torch.func.hessian(loss(ours_fn, w[:1, :, :3]))(*small)
+        ref_h = torch.func.hessian(loss(ref_fn, w[:1, :, :3]))(*small)
+        close("func.hessian", ours_h, ref_h)
+        # per-sample gradients: vmap over the batch of q of grad in q
+        per_sample = torch.func.vmap(
+            torch.func.grad(lambda q1, k, v, *rest: loss(ours_fn, w[:1])(q1[None], k, v, *rest)),
+            in_dims=(0,) + (None,) * (len(leaves) - 1))
+        k1 = [x[:1] if i in (1, 2) else x for i, x in enumerate(leaves)]
+        ours_ps = per_sample(leaves[0], *k1[1:])
+        ref_ps = torch.stack([torch.func.grad(loss(ref_fn, w[:1]))(leaves[0][b:b + 1], *k1[1:])[0]
+                              for b in range(leaves[0].shape[0])])
+        close("vmap of grad", ours_ps, ref_ps)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_under_torch_func_refuses_dropout(device):
+    q = torch.randn(1, 2, 5, 8, dtype=torch.float64, device=device)
+    with pytest.raises(NotImplementedError, match="dropout_p > 0 is not supported under forward-mode AD or torch.func"):
+        torch.func.grad(lambda q: torch_oss.attention(q, q, q, dropout_p=0.2).sum())(q)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("Lq,Lk", [(3, 0), (0, 4)])
 def test_attention_double_backward_empty(device, Lq, Lk):
