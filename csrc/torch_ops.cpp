@@ -243,10 +243,9 @@ int64_t wrap_softmax_dim(const char *op, int64_t dim, int64_t ndim) {
   return dim < 0 ? dim + rank : dim;
 }
 
-Tensor softmax_forward(const Tensor &self, int64_t dim, std::optional<at::ScalarType> dtype, bool log) {
-  const char *op = log ? "log_softmax" : "softmax";
+// The forward's argument checks; returns dim wrapped into [0, rank).
+int64_t check_softmax_args(const char *op, const Tensor &self, int64_t dim, std::optional<at::ScalarType> dtype) {
   check_device_supported(op, self, "self");
-  const at::ScalarType out_dtype = dtype.value_or(self.scalar_type());
   if (dtype) {
     OSS_CHECK(is_kernel_float(*dtype), Type, "%s: dtype=%s is not supported; expected float16, bfloat16, float32 or "
               "float64", op, dtype_name(*dtype));
@@ -255,7 +254,13 @@ Tensor softmax_forward(const Tensor &self, int64_t dim, std::optional<at::Scalar
               "%s: self has dtype %s but must be float16, bfloat16, float32 or float64 (pass dtype= to cast)", op,
               dtype_name(self.scalar_type()));
   }
-  dim = wrap_softmax_dim(op, dim, self.dim());
+  return wrap_softmax_dim(op, dim, self.dim());
+}
+
+Tensor softmax_forward(const Tensor &self, int64_t dim, std::optional<at::ScalarType> dtype, bool log) {
+  const char *op = log ? "log_softmax" : "softmax";
+  dim = check_softmax_args(op, self, dim, dtype);
+  const at::ScalarType out_dtype = dtype.value_or(self.scalar_type());
 
   // dtype= means "cast, then compute". A widening cast (half or bfloat16 in,
   // float out) changes no value, so the kernel reads the input as it is and
@@ -401,7 +406,24 @@ bool will_differentiate(const Tensor &t) {
   return t.defined() && ((at::GradMode::is_enabled() && t.requires_grad()) || t._fw_grad(/*level=*/0).defined());
 }
 
+// Whether a forward must run as ATen ops (PyTorch's softmax, or
+// attention_forward_aten) rather than through a C++ autograd Function: an
+// input carries a forward-mode tangent (the Functions have no jvp), or a
+// torch.func transform that differentiates (grad, vjp, jvp, hessian...) is
+// active, under which a C++ autograd Function cannot run.
+bool needs_aten_forward(std::initializer_list<const Tensor *> inputs) {
+  for (const Tensor *t : inputs)  // torch.func's grad and jvp transforms wrap their inputs in this key
+    if (t->defined() &&
+        (t->_fw_grad(/*level=*/0).defined() || t->key_set().has(c10::DispatchKey::FuncTorchGradWrapper)))
+      return true;
+  return false;
+}
+
 template <bool LOG> Tensor softmax_autograd(const Tensor &self, int64_t dim, std::optional<at::ScalarType> dtype) {
+  if (needs_aten_forward({&self})) {  // the op's checks, then PyTorch's op
+    dim = check_softmax_args(LOG ? "log_softmax" : "softmax", self, dim, dtype);
+    return LOG ? at::log_softmax(self, dim, dtype) : at::softmax(self, dim, dtype);
+  }
   return will_differentiate(self) ? SoftmaxFunction<LOG>::apply(self, dim, dtype)
                                   : softmax_below_autograd<LOG>(self, dim, dtype);
 }
@@ -1804,18 +1826,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_with_sinks_op_auto
   return op.call(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa, causal_alignment,
                  deterministic, out_residual, window_size, softcap, alibi_slopes, sinks, dropout_p, dropout_seed,
                  grad_lse);
-}
-
-// Whether attention's forward must be ATen ops (attention_forward_aten): an
-// input carries a forward-mode tangent, or a torch.func transform that
-// differentiates (grad, vjp, jvp, hessian...) is active, under which a C++
-// autograd Function cannot run.
-bool needs_aten_forward(std::initializer_list<const Tensor *> inputs) {
-  for (const Tensor *t : inputs)  // torch.func's grad and jvp transforms wrap their inputs in this key
-    if (t->defined() &&
-        (t->_fw_grad(/*level=*/0).defined() || t->key_set().has(c10::DispatchKey::FuncTorchGradWrapper)))
-      return true;
-  return false;
 }
 
 template <bool RESIDUAL>

@@ -1,6 +1,7 @@
 """Autograd beyond the first derivative: softmax and log_softmax are twice
 (and more) differentiable, as F.softmax is, checked with gradgradcheck and
-against F.softmax's own double backward by the tolerance rule; attention
+against F.softmax's own double backward by the tolerance rule, and under
+forward-mode AD and torch.func transforms; attention
 is twice (and more) differentiable too, through ATen ops that recompute its
 first gradient (gradgradcheck, against SDPA's math backend), and refuses
 with dropout; and every operator of the package has an autograd kernel
@@ -192,6 +193,32 @@ def test_double_backward_with_dtype_cast(device, op_name, in_dtype, out_dtype):
         atol = SOFTMAX_ATOL[coarse] if name == "grad" else second_order_atol(coarse, r, w, v if name == "hvp" else
                                                                              2 * ours[0], -1, log)
         assert_tolerance(f"{op_name} {name} {in_dtype}->{out_dtype}", a.to(coarse), r, p.to(coarse), atol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op_name", list(OPS))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_torch_func_and_forward_ad(device, op_name, dtype):
+    """torch.func.grad, jvp, hessian and vmap of grad, and forward-mode AD,
+    against the same through F.softmax / F.log_softmax (the ops run PyTorch's
+    own kernel there, after their argument checks)."""
+    import torch.autograd.forward_ad as fwAD
+    ours_fn, torch_fn = OPS[op_name]
+    x = awkward_randn((3, 9), dtype, device, scale=2.0)
+    t = torch.randn_like(x)
+    w = torch.randn_like(x)
+    results = []
+    for fn in (ours_fn, torch_fn):
+        loss = lambda x: (fn(x, -1) * w[..., :x.shape[-1]]).sum()
+        with fwAD.dual_level():
+            tangent = fwAD.unpack_dual(fn(fwAD.make_dual(x, t), -1)).tangent
+        per_sample = torch.func.vmap(torch.func.grad(loss))(x[:, None].expand(3, 3, 9))
+        results.append((torch.func.grad(loss)(x), torch.func.jvp(lambda x: fn(x, -1), (x,), (t,))[1],
+                        torch.func.hessian(loss)(x[:1, :4]), per_sample, tangent))
+    for name, a, b in zip(("grad", "jvp", "hessian", "vmap of grad", "forward-mode AD"), *results):
+        torch.testing.assert_close(a, b, msg=lambda m: f"{op_name} {name}: {m}")
+    with pytest.raises(IndexError, match="dim=5 is out of range"):  # the op's checks still run
+        torch.func.grad(lambda x: ours_fn(x, 5).sum())(x)
 
 
 @pytest.mark.parametrize("device", DEVICES)
