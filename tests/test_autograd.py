@@ -1,12 +1,12 @@
 """Autograd beyond the first derivative: softmax and log_softmax are twice
 (and more) differentiable, as F.softmax is, checked with gradgradcheck and
-against F.softmax's own double backward by the tolerance rule, and under
-forward-mode AD and torch.func transforms; attention
-is twice (and more) differentiable too, through ATen ops that recompute its
-first gradient (gradgradcheck, against SDPA's math backend), and refuses
-with dropout; and every operator of the package has an autograd kernel
-of its own (none falls through PyTorch's "autograd kernel was not registered"
-path, which warns and returns gradients that lack the op's share)."""
+against F.softmax's own double backward by the tolerance rule, and work under
+forward-mode AD and torch.func transforms; attention is differentiable to any
+order too, through ATen ops that recompute its first gradient (gradgradcheck,
+against SDPA's math backend, under torch.func), and refuses with dropout; and
+every operator of the package has an autograd kernel of its own (none falls
+through PyTorch's "autograd kernel was not registered" path, which warns and
+returns gradients that lack the op's share)."""
 
 import math
 import warnings
