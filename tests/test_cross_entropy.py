@@ -952,3 +952,31 @@ def test_linear_cross_entropy_peak_memory_cuda():
     bound = 1.25 * (chunk * V * 2 + 2 * V * H * 4 + grads + 2**26)
     assert ours <= bound, (ours, bound)
     assert ours <= 0.25 * peer, (ours, peer)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kw", [{}, {"label_smoothing": 0.2, "z_loss": 1e-2},
+                                {"weighted": True, "reduction": "sum", "z_loss": 1e-2},
+                                {"weighted": True, "label_smoothing": 0.3}, {"reduction": "none", "z_loss": 0.1}],
+                         ids=["mean", "smoothing, z-loss", "weighted sum, z-loss", "weighted smoothing", "none"])
+def test_torch_func_and_forward_ad(device, kw):
+    """torch.func.grad, hessian and jvp, and forward-mode AD, where the ops'
+    registered formulas cannot run: the losses are ATen ops there, against
+    the same transforms of the definition (F.cross_entropy plus the z-loss),
+    float64; (N, C, d) input with ignored rows."""
+    import torch.autograd.forward_ad as fwAD
+    kw = dict(kw)
+    weight = torch.rand(7, dtype=torch.float64, device=device) + 0.5 if kw.pop("weighted", False) else None
+    x = torch.randn(3, 7, 2, dtype=torch.float64, device=device)
+    target = torch.tensor([[1, IGNORE], [3, 6], [0, IGNORE]], device=device)
+    tangent = torch.randn_like(x)
+    results = []
+    for fn in (torch_oss.cross_entropy, full_reference):
+        loss = lambda x: fn(x, target, weight=weight, **kw).square().sum()
+        with fwAD.dual_level():
+            forward_ad = fwAD.unpack_dual(fn(fwAD.make_dual(x, tangent), target, weight=weight, **kw)).tangent
+        results.append((torch.func.grad(loss)(x), torch.func.hessian(loss)(x),
+                        torch.func.jvp(lambda x: fn(x, target, weight=weight, **kw), (x,), (tangent,))[1],
+                        forward_ad))
+    for name, ours, ref in zip(("grad", "hessian", "jvp", "forward-mode AD"), *results):
+        torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name}: {m}")

@@ -150,6 +150,32 @@ class _FusedLoss(torch.autograd.Function):
         return (grad, *nones)
 
 
+def _needs_aten(logits):
+    """Whether the losses must be ATen ops: under torch.func transforms (the
+    logits wrapped) or forward-mode AD (a tangent), where the ops' registered
+    autograd formulas cannot run (a compiled graph traces those formulas)."""
+    if torch.compiler.is_compiling():
+        return False
+    return (torch._C._functorch.is_functorch_wrapped_tensor(logits)
+            or torch.autograd.forward_ad.unpack_dual(logits).tangent is not None)
+
+
+def _row_losses_aten(logits, target, ignore_index, label_smoothing, z_loss):
+    """torch.ops.oss.cross_entropy's (loss, lse) of each row as ATen ops: loss
+    (1 - eps) (lse - x_t) + eps (lse - mean_j x_j) + z lse^2, 0 on ignored
+    rows, in float32 for 16-bit logits (float64 for float64)."""
+    x = logits.to(_stat_dtype(logits.dtype))
+    lse = torch.logsumexp(x, -1)
+    counted = target != ignore_index
+    x_t = x.gather(-1, torch.where(counted, target, 0)[:, None])[:, 0]
+    loss = (1 - label_smoothing) * (lse - x_t)
+    if label_smoothing:
+        loss = loss + label_smoothing * (lse - x.mean(-1))
+    if z_loss:
+        loss = loss + z_loss * lse * lse
+    return torch.where(counted, loss, 0), lse
+
+
 def _fuses_backward(logits, weight, reduction, inplace):
     """Whether the forward writes the gradient too: a loss without class
     weights whose logits autograd will differentiate, in eager mode (a
@@ -215,14 +241,15 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     if not isinstance(inplace_backward, bool):
         raise TypeError(f"{name}: inplace_backward must be a bool, got {type(inplace_backward).__name__}")
     inplace = inplace_backward and _overwritable(logits)
-    if _fuses_backward(logits, weight, reduction, inplace):
+    aten = _needs_aten(logits)
+    if not aten and _fuses_backward(logits, weight, reduction, inplace):
         return _FusedLoss.apply(logits, flat_target, ignore_index, float(label_smoothing), float(z_loss),
                                 reduction == "mean", inplace)
+    row_losses = _row_losses_aten if aten else torch.ops.oss.cross_entropy
     counted = flat_target != ignore_index
 
     if weight is None:
-        loss, _ = torch.ops.oss.cross_entropy(logits, flat_target, ignore_index, float(label_smoothing),
-                                              float(z_loss))
+        loss, _ = row_losses(logits, flat_target, ignore_index, float(label_smoothing), float(z_loss))
         denominator = counted.sum()
     else:
         # F.cross_entropy's weighted form: (1 - eps) w_t (lse - x_t)
@@ -232,14 +259,14 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
         w_t = torch.where(counted, w[torch.where(counted, flat_target, 0)], 0)
         if label_smoothing == 0:
             # w_t (lse - x_t + z lse^2): the kernel's row loss, scaled
-            loss, _ = torch.ops.oss.cross_entropy(logits, flat_target, ignore_index, 0.0, float(z_loss))
+            loss, _ = row_losses(logits, flat_target, ignore_index, 0.0, float(z_loss))
             loss = w_t * loss
         else:
             # Composed from ATen ops (three terms whose logits gradients are
             # summed), on float32 logits so the sum is rounded to a 16-bit
             # dtype only once.
             x = logits.to(loss_dtype)
-            nll, lse = torch.ops.oss.cross_entropy(x, flat_target, ignore_index, 0.0, 0.0)
+            nll, lse = row_losses(x, flat_target, ignore_index, 0.0, 0.0)
             lse = lse.to(loss_dtype)
             loss = (1 - label_smoothing) * w_t * nll
             smooth = lse * w.sum() - x @ w
