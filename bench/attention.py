@@ -29,7 +29,6 @@ import torch_oss  # noqa: E402
 from torch_oss._kernels import attention_kernels  # noqa: E402
 
 
-
 def sdpa_backends(device):
     """name -> context manager factory selecting an SDPA backend."""
     out = {"sdpa-default": nullcontext}

@@ -1774,6 +1774,23 @@ std::vector<Tensor> attention_backward_differentiable(
   return grads;
 }
 
+// The graph branch of both backward ops' autograd kernels: the op's checks,
+// then attention_backward_differentiable's gradients (d sinks last, with sinks).
+std::vector<Tensor> attention_backward_graph(const char *op, const Tensor &grad_out, const Tensor &query,
+                                             const Tensor &key, const Tensor &value, const Tensor &out,
+                                             const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal,
+                                             std::optional<double> scale, bool enable_gqa,
+                                             c10::string_view causal_alignment,
+                                             const std::optional<Tensor> &out_residual,
+                                             const AttentionVariants &variants,
+                                             const std::optional<Tensor> &grad_lse) {
+  check_attention_backward(op, grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
+                           causal_alignment, out_residual, variants, grad_lse);
+  return attention_backward_differentiable(grad_out, query, key, value, attn_mask, is_causal, scale,
+                                           causal_alignment, variants.window_size, variants.softcap,
+                                           variants.alibi_slopes, variants.sinks, grad_lse);
+}
+
 std::tuple<Tensor, Tensor, Tensor> attention_backward_op_autograd(
     const Tensor &grad_out, const Tensor &query, const Tensor &key, const Tensor &value, const Tensor &out,
     const Tensor &lse, const std::optional<Tensor> &attn_mask, bool is_causal, std::optional<double> scale,
@@ -1783,13 +1800,10 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_op_autograd(
     const std::optional<Tensor> &grad_lse) {
   if (backward_builds_graph(grad_out, query, key, value, out, lse, attn_mask, out_residual, sinks, grad_lse,
                             dropout_p, keys_subset)) {
-    check_attention_backward("attention_backward", grad_out, query, key, value, out, lse, attn_mask, is_causal, scale,
-                             enable_gqa, causal_alignment, out_residual,
-                             AttentionVariants{window_size, softcap, alibi_slopes, sinks, dropout_p, &dropout_seed},
-                             grad_lse);
-    const std::vector<Tensor> g = attention_backward_differentiable(grad_out, query, key, value, attn_mask,
-                                                                    is_causal, scale, causal_alignment, window_size,
-                                                                    softcap, alibi_slopes, sinks, grad_lse);
+    const std::vector<Tensor> g = attention_backward_graph(
+        "attention_backward", grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
+        causal_alignment, out_residual,
+        AttentionVariants{window_size, softcap, alibi_slopes, sinks, dropout_p, &dropout_seed}, grad_lse);
     return {g[0], g[1], g[2]};
   }
   static const auto op = c10::Dispatcher::singleton()
@@ -1810,13 +1824,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_with_sinks_op_auto
   const std::optional<Tensor> sinks_opt(sinks);
   if (backward_builds_graph(grad_out, query, key, value, out, lse, attn_mask, out_residual, sinks_opt, grad_lse,
                             dropout_p, false)) {
-    check_attention_backward("attention_backward_with_sinks", grad_out, query, key, value, out, lse, attn_mask,
-                             is_causal, scale, enable_gqa, causal_alignment, out_residual,
-                             AttentionVariants{window_size, softcap, alibi_slopes, sinks_opt, dropout_p, &dropout_seed},
-                             grad_lse);
-    const std::vector<Tensor> g = attention_backward_differentiable(grad_out, query, key, value, attn_mask,
-                                                                    is_causal, scale, causal_alignment, window_size,
-                                                                    softcap, alibi_slopes, sinks_opt, grad_lse);
+    const std::vector<Tensor> g = attention_backward_graph(
+        "attention_backward_with_sinks", grad_out, query, key, value, out, lse, attn_mask, is_causal, scale,
+        enable_gqa, causal_alignment, out_residual,
+        AttentionVariants{window_size, softcap, alibi_slopes, sinks_opt, dropout_p, &dropout_seed}, grad_lse);
     return {g[0], g[1], g[2], g[3]};
   }
   static const auto op = c10::Dispatcher::singleton()
