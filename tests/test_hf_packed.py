@@ -8,10 +8,12 @@ given). Tiny Llama (grouped-query attention) and Mistral (a sliding window
 shorter than a document) models from random weights: logits and one training
 step's gradients against transformers' own packed handling ("sdpa" on the
 packed batch; float64 as the reference, the same dtype as PyTorch's peer) and
-against the "oss" model run on each document separately. Padded, unpacked
-and cached batches keep the dense path; torch.compile; the fallback of a
-packed call; the score variants (sinks, softcap, sliding-window layers) of
-gpt-oss, Gemma 2 and Qwen 2 models.
+against the "oss" model run on each document separately. A padded batch (a
+2-D attention_mask, no cache) runs its real tokens through attention_varlen,
+one sequence per row, after its mask is checked; unpacked and cached batches
+keep the dense path; torch.compile; the fallback of a packed call; the score
+variants (sinks, softcap, sliding-window layers) of gpt-oss, Gemma 2 and
+Qwen 2 models.
 
 Tolerance: tests/_util.py's rule (docs/testing.md)."""
 
@@ -46,6 +48,7 @@ def clean_state():
     torch_oss.disable()
     torch_oss.reset_fallback_stats()
     hf_oss._PACKED_CACHE.clear()
+    hf_oss._PADDED_CACHE.clear()
     yield
     torch_oss.disable()
     torch_oss.reset_fallback_stats()
@@ -250,12 +253,14 @@ def test_packed_rows_in_a_batch(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("family", ["llama", "mistral"])
-def test_unpacked_padded_and_cached_batches_stay_dense(device, family):
-    """No varlen call, and the logits of "sdpa", for: an unpacked batch; a
-    padded batch (a 2-D attention_mask), also with position_ids that restart
-    and with the FlashAttention kwargs (transformers does not pack-detect
-    with a padding mask: the documents see each other); a packed row run
-    with a cache (use_cache=True: transformers treats it as one sequence)."""
+def test_unpacked_padded_and_cached_batches_are_not_split_into_documents(device, family):
+    """The logits of "sdpa", and no documents split off, for: an unpacked
+    batch and a packed row run with a cache (use_cache=True: transformers
+    treats it as one sequence), both dense; a padded batch (a 2-D
+    attention_mask), also with position_ids that restart and with the
+    FlashAttention kwargs (transformers does not pack-detect with a padding
+    mask: the documents see each other), whose real tokens run through
+    attention_varlen one row per sequence."""
     ours, peer, ref = copies(build(family), torch.float32, device)
     g = torch.Generator().manual_seed(4)
     ids = torch.randint(3, VOCAB, (2, 17), generator=g).to(device)
@@ -282,7 +287,12 @@ def test_unpacked_padded_and_cached_batches_stay_dense(device, family):
             want = peer(**kw).logits
             ref_kw = {k: v for k, v in kw.items() if not k.startswith(("cu_", "max_length"))}
             want64 = ref(**ref_kw).logits
-        assert calls.varlen == 0 and calls.dense == LAYERS, (name, vars(calls))
+        if "attention_mask" in kw:
+            rows = kw["attention_mask"].shape[0]
+            assert calls.varlen == LAYERS and calls.dense == 0, (name, vars(calls))
+            assert all(len(c["cu_q"]) == rows + 1 for c in calls.varlen_args), (name, calls.varlen_args)
+        else:
+            assert calls.varlen == 0 and calls.dense == LAYERS, (name, vars(calls))
         valid = kw["attention_mask"].bool() if "attention_mask" in kw else torch.ones(got.shape[:2], dtype=torch.bool)
         assert_tolerance(f"{family} {name}", got[valid], want64[valid], want[valid], ATTENTION_ATOL[torch.float32])
     assert torch_oss.fallback_stats() == {}
@@ -343,10 +353,124 @@ def test_packed_mask_is_checked_before_it_is_replaced():
     with Calls() as calls:
         hf_oss.attention_forward(module, q, k, v, plain, position_ids=pos, sliding_window=4)
     assert calls.varlen == 0 and calls.dense == 1
-    # a padding mask leaves the mask untagged
+    # a padding mask is tagged as such: its real tokens run, as one sequence
+    # (the padding route), whatever position_ids say
     padded = hf_oss.mask(batch_size=1, q_length=17, kv_length=17, allow_is_causal_skip=False,
                          attention_mask=torch.ones(1, 17, dtype=torch.bool).index_fill_(1, torch.tensor([0]), False))
-    assert not hasattr(padded, hf_oss._MASK_KIND)
+    assert getattr(padded, hf_oss._MASK_KIND) == "padded"
+    with Calls() as calls:
+        out, _ = hf_oss.attention_forward(module, q, k, v, padded, position_ids=pos)
+    assert calls.varlen == 1 and calls.dense == 0 and calls.varlen_args[0]["cu_q"].tolist() == [0, 16]
+    torch.testing.assert_close(out[:, 1:], dense(padded)[:, 1:], atol=1e-12, rtol=1e-12)
+    assert not out[:, 0].any()
+
+
+def padding_rows(spec, length):
+    """A (len(spec), length) bool padding mask: each spec entry (left pad,
+    right pad) or a list of padded positions."""
+    real = torch.ones(len(spec), length, dtype=torch.bool)
+    for r, pads in enumerate(spec):
+        if isinstance(pads, tuple):
+            real[r, :pads[0]] = False
+            real[r, length - pads[1]:] = False
+        else:
+            real[r, pads] = False
+    return real
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_padded_batch_runs_its_real_tokens(device, causal, monkeypatch):
+    """The mask builder's mask for a padding mask: attention_varlen over each
+    row's real tokens, whose outputs are the dense call's on that mask, 0 at
+    the padding positions (where the dense mask lets a padding query after
+    the real tokens, or any of a bidirectional model, see them), gradients
+    included; one mask check and host synchronisation per mask object
+    however many layers use it. Rows with left, right, inner and complete
+    padding, GQA, dropout off, float64."""
+    torch.manual_seed(0)
+    module = torch.nn.Module()
+    module.is_causal = causal
+    module.config = transformers.LlamaConfig()  # no cross-attention
+    B, L = 5, 13
+    real = padding_rows([(0, 0), (3, 0), (0, 4), [2, 5, 6], (13, 0)], L).to(device)
+    fn = masking_utils.causal_mask_function if causal else masking_utils.bidirectional_mask_function
+    mask = hf_oss.mask(batch_size=B, q_length=L, kv_length=L, mask_function=fn, attention_mask=real,
+                       allow_is_causal_skip=causal, device=device)
+    assert getattr(mask, hf_oss._MASK_KIND) == "padded"
+    q = torch.randn(B, 4, L, 16, dtype=torch.float64, device=device, requires_grad=True)
+    k, v = (torch.randn(B, 2, L, 16, dtype=torch.float64, device=device, requires_grad=True) for _ in range(2))
+    derived = []
+    derive = hf_oss._derive_padded
+    monkeypatch.setattr(hf_oss, "_derive_padded", lambda *a: derived.append(1) or derive(*a))
+    for _ in range(3):  # three layers with one mask
+        with Calls() as calls:
+            out, _ = hf_oss.attention_forward(module, q, k, v, mask, scaling=0.3)
+        assert calls.varlen == 1 and calls.dense == 0
+        assert calls.varlen_args[0]["cu_q"].tolist() == [0, 13, 23, 32, 42, 42]
+        assert calls.varlen_args[0]["causal"] == causal
+    assert len(derived) == 1
+    want = torch_oss.attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True).transpose(1, 2)
+    keep = real[:, :, None, None]
+    torch.testing.assert_close(out, want * keep, atol=1e-12, rtol=1e-12)
+    assert not out[~real].any()
+    g = torch.randn_like(out) * keep  # the padding positions' outputs feed nothing
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    want_grads = torch.autograd.grad(want, (q, k, v), g)
+    for n, a, b in zip("qkv", grads, want_grads):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12, msg=f"d{n}")
+
+
+def test_padded_masks_that_are_not_the_rule_stay_dense():
+    """A padded mask the varlen call would not reproduce keeps the dense path:
+    a sliding window over a row with an inner hole (the window counts
+    positions, the packed tokens would count real tokens), a mask changed in
+    place, and a bidirectional call of a model with cross-attention (whose
+    padding may be the keys' alone)."""
+    torch.manual_seed(0)
+    module = torch.nn.Module()
+    module.is_causal = True
+    module.config = transformers.LlamaConfig()
+    B, L, W = 2, 12, 4
+    real = padding_rows([[3, 4], (2, 0)], L)
+    q, k, v = (torch.randn(B, 2, L, 16, dtype=torch.float64) for _ in range(3))
+
+    def dense(m):
+        return torch_oss.attention(q, k, v, attn_mask=m).transpose(1, 2)
+
+    windowed = hf_oss.mask(batch_size=B, q_length=L, kv_length=L, local_size=W, attention_mask=real,
+                           mask_function=masking_utils.sliding_window_causal_mask_function(W))
+    with Calls() as calls:
+        out, _ = hf_oss.attention_forward(module, q, k, v, windowed, sliding_window=W)
+    assert calls.varlen == 0 and calls.dense == 1
+    torch.testing.assert_close(out, dense(windowed), atol=1e-12, rtol=1e-12)
+    # without the hole the same window is the rule, and the varlen call runs
+    edges = padding_rows([(0, 3), (2, 0)], L)
+    windowed = hf_oss.mask(batch_size=B, q_length=L, kv_length=L, local_size=W, attention_mask=edges,
+                           mask_function=masking_utils.sliding_window_causal_mask_function(W))
+    with Calls() as calls:
+        out, _ = hf_oss.attention_forward(module, q, k, v, windowed, sliding_window=W)
+    assert calls.varlen == 1 and calls.dense == 0 and calls.varlen_args[0]["window"] == [W - 1, W - 1]
+    torch.testing.assert_close(out, dense(windowed) * edges[:, :, None, None], atol=1e-12, rtol=1e-12)
+
+    mask = hf_oss.mask(batch_size=B, q_length=L, kv_length=L, attention_mask=real)
+    with Calls() as calls:
+        hf_oss.attention_forward(module, q, k, v, mask)
+    assert calls.varlen == 1
+    mask[1, 0, 5, 0] = True  # a padding key made visible: the version moves on, the check fails
+    with Calls() as calls:
+        out, _ = hf_oss.attention_forward(module, q, k, v, mask)
+    assert calls.varlen == 0 and calls.dense == 1
+    torch.testing.assert_close(out, dense(mask), atol=1e-12, rtol=1e-12)
+
+    module.is_causal = False
+    module.config = transformers.BartConfig()  # encoder-decoder: cross-attention calls look the same
+    mask = hf_oss.mask(batch_size=B, q_length=L, kv_length=L, attention_mask=real,
+                       mask_function=masking_utils.bidirectional_mask_function, allow_is_causal_skip=False)
+    with Calls() as calls:
+        out, _ = hf_oss.attention_forward(module, q, k, v, mask)
+    assert calls.varlen == 0 and calls.dense == 1
+    torch.testing.assert_close(out, dense(mask), atol=1e-12, rtol=1e-12)
 
 
 def test_cu_seq_lens_checks_and_fallback():

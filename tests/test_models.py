@@ -45,17 +45,20 @@ def clean_state():
 
 class AttentionCalls(TorchDispatchMode):
     """Records the calls of torch.ops.oss.attention and of its training form
-    attention_with_residual (with their mask and causal arguments) and counts
-    PyTorch's attention kernels (fused SDPA ops, or the softmax of the math
-    path that SDPA with dropout decomposes into)."""
+    attention_with_residual (with their mask and causal arguments), counts
+    those of attention_varlen (with its tokens and causal flag) and PyTorch's
+    attention kernels (fused SDPA ops, or the softmax of the math path that
+    SDPA with dropout decomposes into)."""
 
     def __init__(self):
         super().__init__()
-        self.oss, self.torch_sdpa = [], 0
+        self.oss, self.varlen, self.torch_sdpa = [], [], 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func)
-        if name.split(".")[:2] in (["oss", "attention"], ["oss", "attention_with_residual"]):
+        if name.split(".")[:2] == ["oss", "attention_varlen"]:
+            self.varlen.append({"tokens": args[0].shape[0], "causal": len(args) > 7 and args[7]})
+        elif name.split(".")[:2] in (["oss", "attention"], ["oss", "attention_with_residual"]):
             # the dispatcher drops trailing arguments equal to their defaults
             full = list(args) + [None, False, None, False, "top_left"][len(args) - 3:]
             mask = full[3]
@@ -154,12 +157,14 @@ def test_logits_match_sdpa_and_float64(device, family, pad):
         want = peer(ids, attention_mask=mask).logits
         want64 = ref(ids, attention_mask=mask).logits
     layers = 2
-    assert len(calls.oss) == layers and calls.torch_sdpa == 0, calls.oss
-    if family == "llama":
-        assert all(c["gqa"] for c in calls.oss)  # 8 query heads on 2 K/V heads, no repeat_kv
-    if pad:
-        assert all(c["mask"] is not None for c in calls.oss)
+    assert calls.torch_sdpa == 0
+    if pad:  # the real tokens alone, through attention_varlen
+        assert not calls.oss and len(calls.varlen) == layers, (calls.oss, calls.varlen)
+        assert all(c["tokens"] == int(mask.sum()) and c["causal"] == (family != "bert") for c in calls.varlen)
     else:
+        assert len(calls.oss) == layers and not calls.varlen, calls.oss
+        if family == "llama":
+            assert all(c["gqa"] for c in calls.oss)  # 8 query heads on 2 K/V heads, no repeat_kv
         assert all(c["mask"] is None for c in calls.oss)
         assert all(c["is_causal"] == (family != "bert") for c in calls.oss)
     assert torch.isfinite(got).all()
@@ -180,7 +185,7 @@ def test_training_step_gradients_match(device, family):
         with AttentionCalls() as calls:
             model(ids, attention_mask=mask, labels=labels).loss.backward()
         if name == "ours":
-            assert len(calls.oss) == 2 and calls.torch_sdpa == 0
+            assert len(calls.varlen) == 2 and not calls.oss and calls.torch_sdpa == 0
         grads[name] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert grads["ours"].keys() == grads["ref"].keys() and len(grads["ours"]) > 10
     for n in grads["ref"]:
@@ -397,7 +402,7 @@ def test_registration_and_loading_paths(tmp_path):
     ids, mask = inputs(2, 9, "cpu", pad=2)
     with torch.no_grad(), AttentionCalls() as calls:
         got = loaded(ids, attention_mask=mask).logits
-    assert len(calls.oss) == 2 and calls.torch_sdpa == 0
+    assert len(calls.varlen) == 2 and calls.torch_sdpa == 0
     model.set_attn_implementation("oss")
     with torch.no_grad():
         torch.testing.assert_close(got, model(ids, attention_mask=mask).logits)

@@ -13,7 +13,8 @@ extension points:
   GPT-2, BERT, ... in transformers 5). It calls torch_oss.attention on the
   module's (B, H, L, D) tensors: grouped-query attention runs on the K/V heads
   as they are (enable_gqa, no repeat_kv), the module's ``scaling`` is the
-  softmax scale, padding and other masks are passed as the boolean mask.
+  softmax scale, masks are passed as the boolean mask (but for packed and
+  padded batches, below).
 * ``AttentionMaskInterface.register("oss", mask)``: the mask builder. Without
   it, transformers builds *no* mask at all for an unknown implementation (it
   returns None, leaving causality to the attention function), so it must be
@@ -42,9 +43,10 @@ rule) where no mask is passed; where a mask is passed, the mask builder has
 already put the window into it.
 
 Packed sequences (several documents in one row, as ``DataCollatorWithFlattening``
-makes them) run torch_oss.attention_varlen, with no dense mask: see
-:func:`attention_forward` for when, and for the rule that keeps padded and
-custom masks on the dense path.
+makes them) and padded batches (a 2-D ``attention_mask`` without a cache) run
+torch_oss.attention_varlen on the real tokens, with no dense mask: see
+:func:`attention_forward` for when, and for the rule that keeps other masks on
+the dense path.
 
 Importing this module does not import transformers; register_transformers()
 does.
@@ -149,12 +151,20 @@ def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function
                     kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                     local_size=local_size, allow_is_causal_skip=False,
                     allow_is_bidirectional_skip=allow_is_bidirectional_skip, **kwargs)
-    if out is not None and attention_mask is None and not kwargs.get("use_vmap", False) \
-            and _is_zero(q_offset) and _is_zero(kv_offset) and q_length == kv_length:
-        # See _MASK_KIND: a mask without a padding mask, without a custom (vmap)
-        # mask function and without cache offsets; "packed" where transformers
-        # refused the causal skip, as it does for packed position_ids.
-        setattr(out, _MASK_KIND, "unpadded" if allow_is_causal_skip else "packed")
+    if out is not None and not kwargs.get("use_vmap", False) and _is_zero(q_offset) and _is_zero(kv_offset) \
+            and q_length == kv_length:
+        if attention_mask is None:
+            # See _MASK_KIND: a mask without a padding mask, without a custom
+            # (vmap) mask function and without cache offsets; "packed" where
+            # transformers refused the causal skip, as it does for packed
+            # position_ids.
+            setattr(out, _MASK_KIND, "unpadded" if allow_is_causal_skip else "packed")
+        elif isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 \
+                and attention_mask.shape[-1] >= kv_length and not _is_tracing(attention_mask):
+            # a padding mask over the queries' own keys (no cache): the
+            # attention may run the real tokens alone (_padded_from_mask)
+            setattr(out, _MASK_KIND, "padded")
+            setattr(out, _PADDING, attention_mask)
     return out
 
 
@@ -171,9 +181,12 @@ def _is_zero(v):
 # without cache offsets: "unpadded", or "packed" where transformers also
 # refused the is_causal skip, which is what create_causal_mask does for packed
 # position_ids (find_packed_sequence_indices found a restart). A mask without
-# it (one built from a padding mask, a 4-D mask of the user's, a slice of a
-# mask, the masks of older transformers) never leaves the dense path.
+# it (a 4-D mask of the user's, a slice of a mask, the masks of older
+# transformers) never leaves the dense path. "padded": a mask built from a
+# 2-D padding mask (kept under _PADDING), without a custom mask function and
+# without cache offsets (see _padded_from_mask).
 _MASK_KIND = "_torch_oss_mask_kind"
+_PADDING = "_torch_oss_padding_mask"
 
 # Rows of the mask compared per step when checking a packed mask (bounds the
 # temporaries at this many elements).
@@ -211,6 +224,7 @@ class _TensorKeyedCache:
 
 
 _PACKED_CACHE = _TensorKeyedCache()
+_PADDED_CACHE = _TensorKeyedCache()
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
@@ -282,6 +296,74 @@ def _derive_packed(attention_mask, position_ids, B, L, window, device):
     return cu.to(device=device, dtype=torch.int32, non_blocking=True), max_seqlen
 
 
+def _padded_from_mask(query, key, attention_mask, causal, sliding_window):
+    """(indices, cu_seqlens, max_seqlen) of the real tokens of a padded
+    batch, or None.
+
+    Taken only where the mask is one the mask builder made from a 2-D padding
+    mask (_MASK_KIND "padded": no cache, no custom mask function) and,
+    checked on the device, every real query's row of it equals exactly what
+    attention_varlen computes over the row's real tokens taken in order: the
+    real keys, causal or not as the module is, within the layer's sliding
+    window (counted over real tokens; a window on a non-causal module keeps
+    the dense path). A padding query's row is not compared: attention_varlen
+    gives those positions output 0 (FlashAttention's convention), where the
+    dense mask lets a padding query after the real tokens (right padding, or
+    any padding of a bidirectional model) attend to them; a padding query
+    before them (left padding, causal) sees no key and gets 0 either way.
+    One host synchronisation per forward (the result is cached for the mask
+    object, which transformers builds once per forward and hands to every
+    layer); not while tracing, where the dense path runs.
+    """
+    padding = getattr(attention_mask, _PADDING, None)
+    if getattr(attention_mask, _MASK_KIND, None) != "padded" or not isinstance(padding, torch.Tensor) \
+            or attention_mask.dtype != torch.bool:
+        return None
+    if _is_tracing(query) or _is_tracing(attention_mask):
+        return None
+    B, _, L, _ = query.shape
+    if L < 1 or key.shape[2] != L or attention_mask.dim() != 4 or attention_mask.shape[1] != 1 \
+            or attention_mask.shape[-2:] != (L, L) or attention_mask.shape[0] not in (1, B) \
+            or attention_mask.device != query.device:
+        return None
+    if padding.dim() != 2 or padding.shape[0] != B or padding.shape[1] < L:
+        return None
+    window = None if sliding_window is None else int(sliding_window)
+    if window is not None and not causal:
+        return None
+    extra = (B, L, bool(causal), window, query.device)
+    hit, value = _PADDED_CACHE.get(attention_mask, extra)
+    if hit:
+        return value
+    value = _derive_padded(attention_mask, padding[:, :L].to(device=query.device, dtype=torch.bool), causal, window)
+    _PADDED_CACHE.put(attention_mask, extra, value)
+    return value
+
+
+def _derive_padded(attention_mask, real, causal, window):
+    B, L = real.shape
+    pos = real.to(torch.int64).cumsum(-1)  # a real token's place among its row's real tokens, plus 1
+    ok = torch.ones((), dtype=torch.bool, device=real.device)
+    rows = max(1, _CHECK_CHUNK // (B * L))
+    for r0 in range(0, L, rows):
+        pi, pj = pos[:, r0:r0 + rows, None], pos[:, None, :]
+        want = real[:, None, :] & ((pj <= pi) if causal else True)
+        if window is not None:
+            want = want & (pj > pi - window)
+        got = attention_mask[:, 0, r0:r0 + rows, :]
+        ok &= ((got == want) | ~real[:, r0:r0 + rows, None]).all()
+    host = torch.cat([ok.view(1), real.reshape(-1)]).cpu()  # the one synchronisation
+    if not bool(host[0]):
+        return None
+    real_h = host[1:].view(B, L)
+    lengths = real_h.sum(-1)
+    cu = torch.zeros(B + 1, dtype=torch.int32)
+    cu[1:] = lengths.cumsum(0)
+    indices = real_h.reshape(-1).nonzero().view(-1)
+    return (indices.to(real.device, non_blocking=True), cu.to(real.device, non_blocking=True),
+            int(lengths.max()) if B else 0)
+
+
 def _varlen_kwargs(query, key, attention_mask, kwargs):
     """(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) from
     the FlashAttention kwargs (cu_seq_lens_q, cu_seq_lens_k, max_length_q,
@@ -309,7 +391,7 @@ def _varlen_kwargs(query, key, attention_mask, kwargs):
     # kwargs in an encoder-decoder)
     if query.shape[0] != 1 or query.shape[2] != key.shape[2] or cu_q.shape != cu_k.shape:
         return None
-    if attention_mask is not None and getattr(attention_mask, _MASK_KIND, None) is None:
+    if attention_mask is not None and getattr(attention_mask, _MASK_KIND, None) not in ("unpadded", "packed"):
         return None
     total_q, total_k = query.shape[2], key.shape[2]
     max_q, max_k = _max_length(max_q, total_q), _max_length(max_k, total_k)
@@ -376,6 +458,33 @@ def _packed_attention(query, key, value, cu_q, cu_k, max_q, max_k, causal, dropo
                                    causal_alignment="bottom_right", window_size=window_size, softcap=float(softcap),
                                    sinks=sinks, dropout_p=float(dropout), validate=validate)
     return out.view(B, Lq, Hq, out.shape[-1])
+
+
+def _no_cross_attention(module):
+    """True where the module's model has no cross-attention (its config says
+    neither encoder-decoder nor add_cross_attention). A bidirectional padded
+    mask of a cross-attention call whose two sequences have one length looks
+    like a self-attention's, but its padding is the keys' alone; causal
+    modules are never cross-attention."""
+    cfg = getattr(module, "config", None)
+    return cfg is not None and getattr(cfg, "is_encoder_decoder", True) is False \
+        and not getattr(cfg, "add_cross_attention", False)
+
+
+def _unpadded_attention(query, key, value, indices, cu, max_seqlen, causal, dropout, scaling, window_size, softcap,
+                        sinks):
+    """attention_varlen on the real tokens (indices into the B * L
+    positions) of the (B, H, L, D) tensors; returns (B, L, Hq, Dv) like
+    attention_forward, 0 at the padding positions."""
+    B, Hq, L, D = query.shape
+    q, k, v = (t.transpose(1, 2).reshape(B * L, t.shape[1], t.shape[3]).index_select(0, indices)
+               for t in (query, key, value))
+    q, k, v, _ = _patching.autocast_attention_inputs(q, k, v, None)
+    out = _varlen.attention_varlen(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=causal, softmax_scale=scaling,
+                                   causal_alignment="bottom_right", window_size=window_size, softcap=float(softcap),
+                                   sinks=sinks, dropout_p=float(dropout), validate=False)
+    full = out.new_zeros(B * L, Hq, out.shape[-1]).index_copy(0, indices, out)
+    return full.view(B, L, Hq, out.shape[-1])
 
 
 # ---------------------------------------------------------------------------
@@ -520,7 +629,17 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     Either way the dense mask is not read by the kernel, the module's
     scaling, dropout, softcap, sinks and sliding window apply within each
     document, and grouped-query attention runs on the K/V heads as they are.
-    A padding mask, a cache or a custom mask keeps the dense path.
+
+    A padded batch (the mask builder's mask from a 2-D padding mask, no
+    cache) runs attention_varlen on its real tokens, gathered from the
+    (B, H, L, D) tensors and scattered back, after checking on the device
+    that the mask is exactly the causal (or, for a bidirectional module of a
+    model without cross-attention, full) mask over each row's real tokens,
+    with the sliding window if any:
+    one host synchronisation per forward (see _padded_from_mask). Padding
+    positions get output 0 there, as with FlashAttention.
+
+    A cache or a custom mask keeps the dense path.
     """
     softcap = kwargs.get("softcap") or 0.0
     sinks = kwargs.get("s_aux")
@@ -580,6 +699,14 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             cu, max_seqlen = packed
             out = _packed_attention(query, key, value, cu, cu, max_seqlen, max_seqlen, True, dropout, scaling,
                                     packed_window, softcap, sinks, validate=False)
+            return out, None
+
+    if attention_mask is not None and position_bias is None and (module_causal or _no_cross_attention(module)):
+        padded = _padded_from_mask(query, key, attention_mask, module_causal, sliding_window)
+        if padded is not None:
+            indices, cu, max_seqlen = padded
+            out = _unpadded_attention(query, key, value, indices, cu, max_seqlen, module_causal, dropout, scaling,
+                                      packed_window, softcap, sinks)
             return out, None
 
     if position_bias is not None:
