@@ -37,8 +37,14 @@ Generated tokens are not required to agree (bf16 argmax ties may go either
 way); how many of the first 32 agree between oss and sdpa is printed, for
 information. Results go to model_generate_<device>.json.
 
+--padded times a padded batch instead (a 2-D attention_mask, right padding,
+each row's length drawn from L/2 to L, the first row full; needs --batch of at
+least 2): the loss and the check count the real tokens only, tokens/s counts
+real tokens, and "oss" runs them packed (docs/models.md, padded batches).
+
     python bench/model.py                     # GPU if visible, else CPU
     python bench/model.py --seqlens 2048 4096 --batch 2
+    python bench/model.py --padded --batch 4 --seqlens 2048
     python bench/model.py --generate          # generation, GPU if visible, else CPU
     python bench/model.py --generate --prompt-len 4096 --new-tokens 128 --gen-batches 1 4 16
 """
@@ -81,6 +87,7 @@ def parse_args():
                    help="sequence length of the correctness check (default: the shortest timed one, at most 1024: the "
                    "float64 reference of the 1 B model must fit in 80 GB)")
     p.add_argument("--no-check", action="store_true", help="skip the float64 comparison")
+    p.add_argument("--padded", action="store_true", help="a right-padded batch with its attention_mask (see above)")
     p.add_argument("--generate", action="store_true", help="time model.generate() instead (see above)")
     p.add_argument("--prompt-len", type=int, default=None, help="--generate: default 2048 (cuda), 64 (cpu)")
     p.add_argument("--gen-runs", type=int, default=None, help="--generate: timed rounds, default 5 (cuda), 1 (cpu)")
@@ -96,6 +103,8 @@ def parse_args():
     args.prompt_len = args.prompt_len or (2048 if gpu else 64)
     args.new_tokens = args.new_tokens or (256 if gpu else 16)
     args.gen_batches = args.gen_batches or ([1, 16] if gpu else [1, 2])
+    if args.padded and (args.generate or args.batch < 2):
+        p.error("--padded times forward and forward+backward of a batch of at least 2 rows (--batch)")
     if args.new_tokens < 2:
         p.error("--new-tokens must be at least 2 (decode tokens/s counts the tokens after the first)")
     return args
@@ -118,6 +127,16 @@ def random_ids(model, shape, device, seed):
                          generator=torch.Generator(device).manual_seed(seed))
 
 
+def padding_mask(batch, length, device, seed):
+    """(batch, length) bool, right padding: row lengths from length // 2 to
+    length, the first row full; None for batch 1 (no padding)."""
+    if batch < 2:
+        return None
+    lengths = torch.randint(length // 2, length + 1, (batch,), generator=torch.Generator().manual_seed(seed))
+    lengths[0] = length
+    return (torch.arange(length)[None] < lengths[:, None]).to(device)
+
+
 def cast_with_reference(model, dtype):
     """Casts `model` to dtype; returns its float64 copy with "sdpa" (the same,
     rounded, weights computed in float64): the reference of the checks."""
@@ -137,19 +156,21 @@ def compare(name, ref, ours, peer, dtype):
     return good, [name, f"{e_peer:.3e}", f"{e_ours:.3e}", f"{bound:.3e}", "ok" if good else "FAIL"]
 
 
-def run_once(model, ids, params):
+def run_once(model, ids, params, mask=None):
     """Logits and the gradients of `params` (only those: the float64 copy of a
-    1 B model has no memory to spare) for the next-token cross-entropy of ids,
-    computed in float32 (float64 for the float64 reference: the library's loss
-    would round the reference to float32)."""
+    1 B model has no memory to spare) for the next-token cross-entropy of ids
+    (of the real tokens where `mask` pads the batch), computed in float32
+    (float64 for the float64 reference: the library's loss would round the
+    reference to float32)."""
     wanted = {id(p) for p in params}
     for p in model.parameters():
         p.grad = None
         p.requires_grad_(id(p) in wanted)
     try:
-        logits = model(ids, use_cache=False).logits
+        logits = model(ids, attention_mask=mask, use_cache=False).logits
         wide = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
-        loss = torch.nn.functional.cross_entropy(wide[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+        targets = ids[:, 1:] if mask is None else ids[:, 1:].masked_fill(~mask[:, 1:], -100)
+        loss = torch.nn.functional.cross_entropy(wide[:, :-1].flatten(0, 1), targets.flatten())
         loss.backward()
         return logits.detach(), [p.grad.detach().clone() for p in params]
     finally:
@@ -164,6 +185,7 @@ def check(model, args):
     check table)."""
     device = args.device
     ids = random_ids(model, (args.batch, args.check_seqlen), device, 1)
+    mask = padding_mask(args.batch, args.check_seqlen, device, 1) if args.padded else None
     layers = model.model.layers
     names = [f"layers.{i}.self_attn.{p}_proj.weight" for i in (0, len(layers) - 1) for p in ("q", "k", "v", "o")]
 
@@ -171,12 +193,15 @@ def check(model, args):
         return [m.get_parameter(f"model.{n}") for n in names]
 
     ref_model = cast_with_reference(model, args.dtype)
-    ref_logits, ref_grads = run_once(ref_model, ids, chosen(ref_model))
+    ref_logits, ref_grads = run_once(ref_model, ids, chosen(ref_model), mask)
     del ref_model
     results = {}
     for impl in ("sdpa", "oss"):
         model.set_attn_implementation(impl)
-        results[impl] = run_once(model, ids, chosen(model))
+        results[impl] = run_once(model, ids, chosen(model), mask)
+    if mask is not None:  # the logits of real positions (padding positions' differ by design)
+        ref_logits = ref_logits[mask]
+        results = {impl: (logits[mask], grads) for impl, (logits, grads) in results.items()}
     model.zero_grad(set_to_none=True)
     rows, ok = [], True
     tensors = [("logits", ref_logits, results["oss"][0], results["sdpa"][0])]
@@ -233,16 +258,17 @@ def check_generate(model, args):
     return ok, rows
 
 
-def timed(model, impl, mode, ids):
+def timed(model, impl, mode, ids, mask=None):
     model.set_attn_implementation(impl)
+    labels = ids if mask is None else ids.masked_fill(~mask, -100)
     if mode == "forward":
         def fn():
             with torch.no_grad():
-                model(ids, use_cache=False)
+                model(ids, attention_mask=mask, use_cache=False)
     else:
         def fn():
             model.zero_grad(set_to_none=True)
-            model(ids, labels=ids, use_cache=False).loss.backward()
+            model(ids, attention_mask=mask, labels=labels, use_cache=False).loss.backward()
     peak = None
     if ids.device.type == "cuda":
         fn()
@@ -297,11 +323,12 @@ def time_steps(model, args, title):
     rows, results = [], []
     for L in args.seqlens:
         ids = torch.randint(0, model.config.vocab_size, (args.batch, L), device=args.device)
+        mask = padding_mask(args.batch, L, args.device, 2) if args.padded else None
         for mode in ("forward", "forward+backward"):
-            t = {impl: timed(model, impl, mode, ids) for impl in ("sdpa", "oss")}
-            tokens = args.batch * L
+            t = {impl: timed(model, impl, mode, ids, mask) for impl in ("sdpa", "oss")}
+            tokens = args.batch * L if mask is None else int(mask.sum())
             tps = {impl: tokens / (t[impl][0] / 1e3) for impl in t}
-            results.append({"seqlen": L, "batch": args.batch, "mode": mode,
+            results.append({"seqlen": L, "batch": args.batch, "mode": mode, "padded": args.padded, "tokens": tokens,
                             **{f"{impl}_ms": t[impl][0] for impl in t},
                             **{f"{impl}_tokens_per_s": tps[impl] for impl in t},
                             **{f"{impl}_peak_gib": t[impl][1] for impl in t},
@@ -309,7 +336,8 @@ def time_steps(model, args, title):
             peak = lambda impl: "-" if t[impl][1] is None else f"{t[impl][1]:.1f}"  # noqa: E731
             rows.append([L, mode, f"{t['sdpa'][0]:.2f}", f"{t['oss'][0]:.2f}", f"{tps['sdpa']:.0f}",
                          f"{tps['oss']:.0f}", f"{t['sdpa'][0] / t['oss'][0]:.3f}", peak("sdpa"), peak("oss")])
-    print_table(f"{title}, batch {args.batch}) on {args.device}: attn_implementation 'oss' vs 'sdpa'",
+    padded = ", padded (tok/s: real tokens)" if args.padded else ""
+    print_table(f"{title}, batch {args.batch}{padded}) on {args.device}: attn_implementation 'oss' vs 'sdpa'",
                 ["seqlen", "mode", "sdpa ms", "oss ms", "sdpa tok/s", "oss tok/s", "oss speedup", "sdpa GiB",
                  "oss GiB"], rows)
     return results
