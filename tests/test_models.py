@@ -500,23 +500,41 @@ def _variant_model(family):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("family", ["gpt_oss", "gemma2", "mistral", "qwen2"])
-def test_variant_models_match_eager(family, device):
+@pytest.mark.parametrize("side", [None, "left", "right"], ids=["no_padding", "left_padding", "right_padding"])
+def test_variant_models_match_eager(family, device, side):
     """Models whose attention passes s_aux / softcap / sliding_window: logits and
-    every parameter's gradient (the sinks' included) as with 'eager', no fallback."""
+    every parameter's gradient (the sinks' included) as with 'eager', no fallback;
+    a padded batch (its real tokens through attention_varlen, the window longer
+    than some rows) at the real positions, the loss over the targets of real
+    positions."""
     torch_oss.register_transformers()
     torch.manual_seed(0)
     model = _variant_model(family).to(device)
-    ids = torch.randint(0, 101, (2, 13), device=device)
+    ids = torch.randint(0, 101, (3, 13), device=device)
+    mask = torch.ones(3, 13, dtype=torch.long, device=device)
+    if side == "left":
+        mask[1, :4] = mask[2, :9] = 0
+    elif side == "right":
+        mask[1, -4:] = mask[2, -9:] = 0
+    real = mask.bool()
+    # the loss over targets predicted from real positions: the last padding position before a row's
+    # first real token (left padding) sees no key, and "eager" gives it the mean of every value there
+    # (a softmax of equal masked scores), where torch_oss and SDPA give 0
+    predicted_from_real = torch.cat([real[:, :1], real[:, :-1]], 1)
+    labels = ids.masked_fill(~(real & predicted_from_real), -100)
     results = {}
     for impl in ("eager", "oss"):
         model.set_attn_implementation(impl)
         model.zero_grad()
         torch_oss.reset_fallback_stats()
-        out = model(ids, labels=ids)
-        out.loss.backward()
+        with AttentionCalls() as calls:
+            out = model(ids, attention_mask=mask if side else None, labels=labels)
+            out.loss.backward()
         assert torch_oss.fallback_stats() == {}
-        results[impl] = (out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
-                                               if p.grad is not None})
+        if impl == "oss" and side:
+            assert len(calls.varlen) == 2 and not calls.oss, (calls.varlen, calls.oss)
+        results[impl] = (out.logits.detach()[real], {n: p.grad.clone() for n, p in model.named_parameters()
+                                                     if p.grad is not None})
     torch.testing.assert_close(results["oss"][0], results["eager"][0], atol=2e-5, rtol=1e-4)
     assert results["oss"][1].keys() == results["eager"][1].keys()
     if family == "gpt_oss":
