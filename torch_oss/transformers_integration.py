@@ -635,9 +635,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     (B, H, L, D) tensors and scattered back, after checking on the device
     that the mask is exactly the causal (or, for a bidirectional module of a
     model without cross-attention, full) mask over each row's real tokens,
-    with the sliding window if any:
-    one host synchronisation per forward (see _padded_from_mask). Padding
-    positions get output 0 there, as with FlashAttention.
+    with the sliding window if any; one host synchronisation per forward
+    (see _padded_from_mask). Padding positions get output 0 there, as with
+    FlashAttention.
 
     A cache or a custom mask keeps the dense path.
     """
