@@ -446,17 +446,22 @@ def _varlen_dense_mask(cu_q, cu_k, total_q, total_k, causal, window_size, device
 
 
 def _packed_attention(query, key, value, cu_q, cu_k, max_q, max_k, causal, dropout, scaling, window_size, softcap,
-                      sinks, validate):
+                      sinks, validate, indices=None):
     """attention_varlen on the (B, H, L, D) tensors flattened to one packed
-    row of B * L tokens; returns (B, L, Hq, Dv) like attention_forward."""
+    row of B * L tokens, or, with indices, on those of the B * L positions
+    alone (a padded batch's real tokens, gathered, their outputs scattered
+    back); returns (B, L, Hq, Dv) like attention_forward, 0 at the positions
+    indices leaves out."""
     B, Hq, Lq, D = query.shape
-    q = query.transpose(1, 2).reshape(B * Lq, Hq, D)
-    k = key.transpose(1, 2).reshape(B * key.shape[2], key.shape[1], key.shape[3])
-    v = value.transpose(1, 2).reshape(B * value.shape[2], value.shape[1], value.shape[3])
+    q, k, v = (t.transpose(1, 2).reshape(B * t.shape[2], t.shape[1], t.shape[3]) for t in (query, key, value))
+    if indices is not None:
+        q, k, v = (t.index_select(0, indices) for t in (q, k, v))
     q, k, v, _ = _patching.autocast_attention_inputs(q, k, v, None)
     out = _varlen.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, softmax_scale=scaling,
                                    causal_alignment="bottom_right", window_size=window_size, softcap=float(softcap),
                                    sinks=sinks, dropout_p=float(dropout), validate=validate)
+    if indices is not None:
+        out = out.new_zeros(B * Lq, Hq, out.shape[-1]).index_copy(0, indices, out)
     return out.view(B, Lq, Hq, out.shape[-1])
 
 
@@ -469,22 +474,6 @@ def _no_cross_attention(module):
     cfg = getattr(module, "config", None)
     return cfg is not None and getattr(cfg, "is_encoder_decoder", True) is False \
         and not getattr(cfg, "add_cross_attention", False)
-
-
-def _unpadded_attention(query, key, value, indices, cu, max_seqlen, causal, dropout, scaling, window_size, softcap,
-                        sinks):
-    """attention_varlen on the real tokens (indices into the B * L
-    positions) of the (B, H, L, D) tensors; returns (B, L, Hq, Dv) like
-    attention_forward, 0 at the padding positions."""
-    B, Hq, L, D = query.shape
-    q, k, v = (t.transpose(1, 2).reshape(B * L, t.shape[1], t.shape[3]).index_select(0, indices)
-               for t in (query, key, value))
-    q, k, v, _ = _patching.autocast_attention_inputs(q, k, v, None)
-    out = _varlen.attention_varlen(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=causal, softmax_scale=scaling,
-                                   causal_alignment="bottom_right", window_size=window_size, softcap=float(softcap),
-                                   sinks=sinks, dropout_p=float(dropout), validate=False)
-    full = out.new_zeros(B * L, Hq, out.shape[-1]).index_copy(0, indices, out)
-    return full.view(B, L, Hq, out.shape[-1])
 
 
 # ---------------------------------------------------------------------------
@@ -705,8 +694,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         padded = _padded_from_mask(query, key, attention_mask, module_causal, sliding_window)
         if padded is not None:
             indices, cu, max_seqlen = padded
-            out = _unpadded_attention(query, key, value, indices, cu, max_seqlen, module_causal, dropout, scaling,
-                                      packed_window, softcap, sinks)
+            out = _packed_attention(query, key, value, cu, cu, max_seqlen, max_seqlen, module_causal, dropout,
+                                    scaling, packed_window, softcap, sinks, validate=False, indices=indices)
             return out, None
 
     if position_bias is not None:
