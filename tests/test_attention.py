@@ -3,6 +3,7 @@ gradients) over dtypes, head dims, causal alignments, masks, GQA ratios and
 awkward lengths; SDPA semantics; opcheck and torch.compile."""
 
 import functools
+import math
 
 import pytest
 import torch
@@ -137,6 +138,35 @@ def test_kernel_families(device_kernel, dtype, is_causal, alignment, case):
     family = "mma" if kernel == "mma" else "best"
     with attention_kernels(forward=family, backward=family):
         check_kernel_family(device, dtype, is_causal, alignment, case, f"{dtype} {device_kernel}")
+
+
+# Rises of each row's largest score from one run of 40 keys to the next, in log2
+# units: below, at and above the 8 by which the Hopper forward lets a row's running
+# max lag behind (P up to 2^8 until the max moves), then a fall, so that both the
+# kept max and the moved one carry across key tiles of 64, 80 and 128.
+RISES_LOG2 = [0.0, 3.0, 7.9, 8.1, 2.0, 20.0, -30.0, 9.0, 0.5, 12.0, -5.0, 16.0, 1.0, 30.0, 4.0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_scores_rising_along_the_keys(device, dtype, head_dim, is_causal):
+    if not head_dim_supported(device, head_dim, head_dim):
+        pytest.skip("head dim not compiled into this build")
+    g = torch.Generator().manual_seed(head_dim)
+    B, H, L, D = 1, 2, 40 * len(RISES_LOG2), head_dim
+    u = torch.randn(D, generator=g, dtype=torch.float64)
+    u /= u.norm()
+    # q . u = sqrt(D), so key j's score (scale 1/sqrt(D), log2 units) is about level[j] plus noise
+    level = torch.tensor(RISES_LOG2, dtype=torch.float64).cumsum(0).repeat_interleave(40)
+    q = 0.1 * torch.randn(B, H, L, D, generator=g, dtype=torch.float64) + D ** 0.5 * u
+    k = 0.3 * torch.randn(B, H, L, D, generator=g, dtype=torch.float64) + (level / math.log2(math.e))[:, None] * u
+    v = torch.randn(B, H, L, D, generator=g, dtype=torch.float64)
+    q, k, v = (t.to(dtype=dtype, device=device) for t in (q, k, v))
+    label = f"{dtype} {device} d={D} causal={is_causal}"
+    check_forward(q, k, v, is_causal=is_causal, label=label)
+    check_backward(q, k, v, is_causal=is_causal, label=label)
 
 
 def test_attention_kernels_checks_its_choices():
