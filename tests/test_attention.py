@@ -141,9 +141,8 @@ def test_kernel_families(device_kernel, dtype, is_causal, alignment, case):
 
 
 # Rises of each row's largest score from one run of 40 keys to the next, in log2
-# units: below, at and above the 8 by which the Hopper forward lets a row's running
-# max lag behind (P up to 2^8 until the max moves), then a fall, so that both the
-# kept max and the moved one carry across key tiles of 64, 80 and 128.
+# units, small and large, with falls between: across key tiles of 64, 80 and 128 a
+# row's running max moves at some tiles and stays at others.
 RISES_LOG2 = [0.0, 3.0, 7.9, 8.1, 2.0, 20.0, -30.0, 9.0, 0.5, 12.0, -5.0, 16.0, 1.0, 30.0, 4.0]
 
 

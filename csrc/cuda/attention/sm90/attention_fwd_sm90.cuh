@@ -162,20 +162,11 @@ __host__ __device__ constexpr size_t oss_attn_fwd_sm90_smem_bytes() {
          oss_attn_fwd_sm90_out_stage_bytes<HD, DV, BR, BC, STAGES, VAR>();
 }
 
-/* A row's running max m (log2 units) moves only when a tile's max passes it
- * by more than this: until then P = exp2(c s - m) stays below 2^8 (exact as
- * a scale: out and lse divide by sums of the same P, and the key that set m
- * keeps P = 1, so lr >= 1), the row's alpha is 1, and a warp none of whose
- * rows moved skips O's rescale (oss_sm90_softmax_pack). After a row's first
- * tiles its max seldom moves that far, so most tiles rescale nothing. */
-#define OSS_SM90_MAX_SLACK 8.f
-
 /* Softmax of one tile, first half (S landed, the previous P V may still run):
  * scale and mask were applied by oss_attn_fwd_mask_scores (c its factor); the
- * row max m where it moves (OSS_SM90_MAX_SLACK), alpha = exp2(m_old - m_new)
- * per row (1 where m stays), P = exp2(c s - m) in place of s, and l = alpha l
- * + rowsum(P). Rows g and g + 8 of the warp's 16; a row's 4 owners are one
- * quad. */
+ * new row max m, alpha = exp2(m_old - m_new) per row, P = exp2(c s - m) in
+ * place of s, and l = alpha l + rowsum(P). Rows g and g + 8 of the warp's 16;
+ * a row's 4 owners are one quad. */
 template <int NT>
 __device__ __forceinline__ void oss_sm90_softmax_exp(float (&s)[NT][4], float (&m)[2], float (&l)[2],
                                                      float (&alpha)[2], float c) {
@@ -186,11 +177,9 @@ __device__ __forceinline__ void oss_sm90_softmax_exp(float (&s)[NT][4], float (&
     for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[n][2 * hi], s[n][2 * hi + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    /* -inf + slack is -inf: a row's first visible tile always sets m */
-    const bool moves = mx * c > m[hi] + OSS_SM90_MAX_SLACK;
-    const float m_new = moves ? mx * c : m[hi];
+    const float m_new = fmaxf(m[hi], mx * c);
     const float m_use = m_new == -INFINITY ? 0.f : m_new; /* fully masked so far: p = 0 */
-    alpha[hi] = moves ? oss_ex2(m[hi] - m_use) : 1.f;
+    alpha[hi] = oss_ex2(m[hi] - m_use);
     m[hi] = m_new;
     float sum = 0.f;
 #pragma unroll
@@ -204,11 +193,10 @@ __device__ __forceinline__ void oss_sm90_softmax_exp(float (&s)[NT][4], float (&
 }
 
 /* Second half (the previous P V completed, so O and P's registers are free):
- * O *= alpha (skipped where the warp's alphas are all 1), P packed to T as
- * the A fragments of P V (pa[kk] holds n-tiles 2kk and 2kk + 1), and, with
- * SUM_ROUNDED, lr = alpha lr + the row sum of the rounded P, which out is
- * normalised by (see oss_attn_online_softmax; without, the ones column of O
- * holds it: oss_attn_fwd_sm90_ones). */
+ * O *= alpha, P packed to T as the A fragments of P V (pa[kk] holds n-tiles
+ * 2kk and 2kk + 1), and, with SUM_ROUNDED, lr = alpha lr + the row sum of the
+ * rounded P, which out is normalised by (see oss_attn_online_softmax;
+ * without, the ones column of O holds it: oss_attn_fwd_sm90_ones). */
 template <typename T, int NT, int NO, bool SUM_ROUNDED>
 __device__ __forceinline__ void oss_sm90_softmax_pack(const float (&s)[NT][4], float (&o)[NO][4], float (&lr)[2],
                                                       const float (&alpha)[2], uint32_t (&pa)[NT / 2][4]) {
@@ -225,16 +213,11 @@ __device__ __forceinline__ void oss_sm90_softmax_pack(const float (&s)[NT][4], f
       }
     }
     if (SUM_ROUNDED) lr[hi] = lr[hi] * alpha[hi] + sum_rounded;
-  }
-  /* warp-uniform: no wgmma under it */
-  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int hi = 0; hi < 2; hi++)
-#pragma unroll
-      for (int n = 0; n < NO; n++) {
-        o[n][2 * hi] *= alpha[hi];
-        o[n][2 * hi + 1] *= alpha[hi];
-      }
+    for (int n = 0; n < NO; n++) {
+      o[n][2 * hi] *= alpha[hi];
+      o[n][2 * hi + 1] *= alpha[hi];
+    }
   }
 }
 
