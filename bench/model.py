@@ -129,9 +129,7 @@ def random_ids(model, shape, device, seed):
 
 def padding_mask(batch, length, device, seed):
     """(batch, length) bool, right padding: row lengths from length // 2 to
-    length, the first row full; None for batch 1 (no padding)."""
-    if batch < 2:
-        return None
+    length, the first row full (--padded takes a batch of at least 2)."""
     lengths = torch.randint(length // 2, length + 1, (batch,), generator=torch.Generator().manual_seed(seed))
     lengths[0] = length
     return (torch.arange(length)[None] < lengths[:, None]).to(device)
