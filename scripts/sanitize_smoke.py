@@ -298,7 +298,7 @@ def cross_entropy_cases():
     backward), against the CPU kernels."""
     torch.manual_seed(3)
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 2e-3)):
-        for rows, classes in ((7, 5), (33, 1000), (4, 50257), (2, 262147)):
+        for rows, classes in ((7, 5), (33, 1000), (3, 30001), (4, 50257), (3, 128256), (2, 262147)):
             x = torch.randn(rows, classes, device="cuda", dtype=dtype) * 3
             t = torch.randint(0, classes, (rows,), device="cuda")
             t[0] = -100

@@ -175,9 +175,11 @@ def test_forward_backward_ops(device, dtype, shape):
         assert torch.all(grad[t == IGNORE] == 0) and torch.all(loss[t == IGNORE] == 0)
 
 
-# rows held in shared memory on sm_90 by one CTA or clusters of 2 to 8 (16-bit:
-# 1, 2, 4, 8; float32: 3, 4, 8; float64: 5, 8), and past the largest cluster
-# (float32 at 262144 classes, float64 from 128256: the L2 path)
+# rows held on chip on sm_90 by one CTA or a cluster of 2 to 8 (16-bit: a
+# 512-thread CTA, clusters of 4 and 7; float32: clusters of 3, 4 and 7, then
+# the L2 path at 262144 classes; float64: clusters of 6 and 8, then the L2
+# path from 128256 classes); smaller rows, one CTA of 128 to 256 threads, run
+# in the shapes above
 ONCHIP_SHAPES = [(6, 40001), (3, 60001), (2, 128256), (2, 262144)]
 
 
@@ -216,6 +218,40 @@ def test_forward_backward_op_wide_rows(device, dtype, shape, offset):
     peer_rows, _ = rows_reference(xq, t, 0.1, 1e-3)
     (peer_grad,) = torch.autograd.grad(peer_rows, xq, g.to(peer_rows.dtype))
     assert_tolerance("wide grad", grad, ref_grad, peer_grad, SOFTMAX_ATOL[dtype])
+
+
+@pytest.mark.parametrize("device", [cuda_param("cuda")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("classes", [30001, 60001, 128256])
+def test_forward_backward_op_targets_across_the_row(device, dtype, classes):
+    """The target's gradient wherever the target lies: one row per target
+    position, the positions spread evenly over the row (every CTA of a
+    cluster, the part of a chunk held in registers and the part in shared
+    memory) plus the head and tail elements of rows 3 elements off the
+    16-byte boundaries; the fused op and its in-place form against the
+    float64 references."""
+    positions = torch.cat([torch.linspace(0, classes - 1, 61).long(), torch.tensor([1, 2, 3, classes - 2])])
+    N = positions.numel()
+    base = awkward_randn((N, classes + 3), dtype, device)
+    x = base[:, 3:]
+    t = positions.to(device)
+    g = (torch.rand(N, dtype=torch.float64, device=device) + 0.5).to(peer_dtype(dtype))
+    args = (IGNORE, 0.1, 0.0)
+    loss, lse, grad = torch.ops.oss.cross_entropy_forward_backward(g, x, t, *args)
+    xi = base.clone()
+    i_loss, i_lse = torch.ops.oss.cross_entropy_forward_backward_(g, xi[:, 3:], t, *args)
+    assert torch.equal(i_loss, loss) and torch.equal(i_lse, lse) and torch.equal(xi[:, 3:], grad)
+    x64 = x.double()
+    ref_loss, _ = rows_reference(x64, t, 0.1, 0.0)
+    peer_loss, _ = rows_reference(x.to(peer_dtype(dtype)), t, 0.1, 0.0)
+    assert_tolerance("targets loss", loss, ref_loss, peer_loss, SOFTMAX_ATOL[peer_dtype(dtype)])
+    ref_grad = grad_reference(x64, t, g.double(), 0.1, 0.0)
+    xq = x.detach().requires_grad_()
+    peer_rows, _ = rows_reference(xq, t, 0.1, 0.0)
+    (peer_grad,) = torch.autograd.grad(peer_rows, xq, g.to(peer_rows.dtype))
+    assert_tolerance("targets grad", grad, ref_grad, peer_grad, SOFTMAX_ATOL[dtype])
+    rows = torch.arange(N, device=device)
+    assert torch.all(grad[rows, t] < 0)  # -(1 - eps) g dominates at the target
 
 
 @pytest.mark.parametrize("device", [cuda_param("cuda")])
@@ -334,18 +370,27 @@ def test_loss_gradient_written_over_the_input(device, dtype, reduction, upstream
     """inplace_backward=True: the forward writes the gradient of the loss for
     an upstream gradient of 1 over the input (a non-leaf here, as logits out of
     a model are), the backward scales that buffer and hands it on. Its values
-    equal the out-of-place fused form's (bitwise for an upstream gradient of
-    1), the loss too, and the gradient that reaches the leaf is the
-    overwritten buffer's, against float64 by the rule."""
+    equal the fused op's out of place (bitwise for an upstream gradient of 1;
+    a mean out of place runs that op too, a sum out of place the two ops, whose
+    reductions may differ in the last bits on CUDA), the loss too, and the
+    gradient that reaches the leaf is the overwritten buffer's, against
+    float64 by the rule."""
     N, C = 37, 5003
     x = awkward_randn((N, C), dtype, device)
     t = random_target((N,), C, device, ignored_every=4)
     for label_smoothing, z_loss in SMOOTHING_Z[::3]:
         kw = dict(reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss)
-        xa = x.detach().requires_grad_()
-        loss = torch_oss.cross_entropy(xa, t, **kw)
+        counted = t != IGNORE
+        row_grad = counted.to(peer_dtype(dtype))
+        if reduction == "mean":
+            row_grad = row_grad / counted.sum()
+        f_loss, _, grad = torch.ops.oss.cross_entropy_forward_backward(row_grad, x, t, IGNORE, label_smoothing, z_loss)
+        loss = f_loss.sum(dtype=torch.float64).to(f_loss.dtype)
+        if reduction == "mean":
+            loss = loss / counted.sum()
+            xa = x.detach().requires_grad_()
+            assert torch.equal(torch_oss.cross_entropy(xa, t, **kw), loss)  # the same op out of place
         up = torch.tensor(upstream, dtype=loss.dtype, device=device)
-        (grad,) = torch.autograd.grad(loss, xa, up)
         leaf = x.detach().requires_grad_()
         logits = leaf * 1  # a non-leaf whose buffer the loss may overwrite (MulBackward saves no output)
         i_loss = torch_oss.cross_entropy(logits, t, inplace_backward=True, **kw)
@@ -355,7 +400,7 @@ def test_loss_gradient_written_over_the_input(device, dtype, reduction, upstream
         assert i_grad.dtype == dtype
         if upstream == 1.0:
             assert torch.equal(i_grad, grad) and torch.equal(logits.detach(), grad)
-        x64 = x.double().requires_grad_()
+        x64 = x.detach().double().requires_grad_()  # (not x itself for float64)
         ref = full_reference(x64, t, **kw)
         (ref_grad,) = torch.autograd.grad(ref, x64, up.double())
         xq = x.detach().to(peer_dtype(dtype)).requires_grad_()

@@ -2,8 +2,8 @@
  * common.cuh - small helpers shared by the CUDA kernel files: status
  * conversion for CUDA errors, launch checks, device attributes, the
  * load/convert/store of the element types (computation happens in float, or
- * double for float64 tensors), programmatic dependent launch, and the
- * shared-memory addresses, mbarriers and bulk copies of the sm_90 kernels
+ * double for float64 tensors), programmatic dependent launch, cp.async, and
+ * the shared-memory addresses, mbarriers and bulk copies of the sm_90 kernels
  * (used only inside sm_90 code).
  */
 #ifndef OSS_CUDA_COMMON_CUH
@@ -154,6 +154,19 @@ template <> __device__ __forceinline__ __nv_bfloat16 oss_from_float<__nv_bfloat1
 
 __device__ __forceinline__ uint32_t oss_smem_u32(const void *p) {
   return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* cp.async (sm_80): a 16-byte global->shared copy by the issuing thread,
+ * bytes past src_bytes (0..16) zero-filled; commit closes a group of them,
+ * wait<N> blocks until at most N groups are pending. The wrappers carry no
+ * memory clobber: a reader of the copied bytes orders its loads after the
+ * wait itself (a __syncthreads, or a compiler fence for the issuing thread). */
+__device__ __forceinline__ void oss_cp_async16(uint32_t dst, const void *src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void oss_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void oss_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 /* mbarrier (PTX ISA, "mbarrier"): a shared-memory barrier object completing a

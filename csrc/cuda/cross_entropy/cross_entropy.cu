@@ -53,9 +53,9 @@
  * (always for the contiguous gradient of contiguous logits, and in place),
  * element by element otherwise.
  * Forward + backward in one launch: on sm_90, rows of more than
- * CE_WARP_MAX_CLASSES classes up to 512 KB run ce_onchip_kernel (its own
- * comment below), which holds the row in the shared memory of a CTA or a
- * cluster and reads it once; elsewhere the forward's pass, the reduction,
+ * CE_WARP_MAX_CLASSES classes up to 608 KB (float64 480 KB) run
+ * ce_onchip_kernel (its own comment below), which holds the row in the
+ * registers and shared memory of a CTA or a cluster and reads it once; elsewhere the forward's pass, the reduction,
  * then the backward's pass over the same row (read again, from L2 where the
  * rows in flight fit there).
  *
@@ -135,12 +135,14 @@ template <> __device__ __forceinline__ __nv_bfloat16 ce_from_acc<__nv_bfloat16>(
   return __float2bfloat16_rn(x);
 }
 
-/* Element e of a vector in the compute type (bfloat16 from its 32-bit word:
- * a shift or a mask, exact). */
+/* Element e of a vector in the compute type (16-bit elements from their
+ * 32-bit word, so that a vector stays four registers; bfloat16 by a shift or
+ * a mask, exact). */
 template <typename T> __device__ __forceinline__ typename ce_acc<T>::type ce_elem(const ce_vec &v, int e) {
   if constexpr (sizeof(T) == 8) return v.d[e];
   else if constexpr (sizeof(T) == 4) return v.f[e];
-  else if constexpr (ce_same<T, __half>::value) return __half2float(__ushort_as_half(v.h[e]));
+  else if constexpr (ce_same<T, __half>::value)
+    return __half2float(__ushort_as_half((unsigned short)((e & 1) ? v.w[e >> 1] >> 16 : v.w[e >> 1] & 0xffffu)));
   else return __uint_as_float((e & 1) ? v.w[e >> 1] & 0xffff0000u : v.w[e >> 1] << 16);
 }
 
@@ -594,33 +596,51 @@ template <typename T, int MODE> __global__ void __launch_bounds__(CE_MAX_THREADS
 
 // ---- forward + backward with the row on chip (sm_90) ------------------------------------
 
-/* The fused pass reading each logit from DRAM once: a row (its 16-byte
- * vectors) is split over a cluster of `cluster` CTAs (one CTA for rows up to
- * CE_ONCHIP_ONE_CTA_BYTES), each copying its chunk into shared memory with
- * one bulk copy that completes on an mbarrier. The chunk's statistics are the
- * forward's (ce_fold_vecs, ce_group_reduce); the CTAs of a cluster then write
- * theirs into every CTA's shared memory and each merges them in rank order
- * (the same bits everywhere). The gradient pass reads the chunk from shared
- * memory and writes the gradient, so nothing is read twice and in place needs
- * no ordering beyond the exchange. Head and tail elements go to the first
- * threads of the first and last CTAs, x_t for the loss to thread 0 of the
- * first CTA, read from global memory before the exchange. One cluster per
- * row (grid.x = rows x cluster); two to three chunks share an SM, so that one
- * CTA loads while the others compute or write. Limits: rows up to
- * CE_ONCHIP_MAX_CLUSTER x CE_ONCHIP_CLUSTER_CHUNK_BYTES (512 KB), rows x
- * cluster < 2^31. */
+/* The fused pass reading each logit from DRAM once. A row's 16-byte vectors
+ * are split into chunks of `chunk_vecs`, one per CTA of a cluster of
+ * `cluster` CTAs (a lone CTA for rows up to CE_ONCHIP_LARGE_SMEM plus its
+ * register part). Of a CTA's chunk, the first blockDim.x x S vectors (S =
+ * ce_onchip_slots) stay in registers: thread i holds vectors i, i +
+ * blockDim.x, ..., in static slots loaded with plain loads; the rest is copied
+ * into shared memory, where thread i owns vectors i, i + blockDim.x, ... too.
+ * A lone CTA copies it with one bulk copy completing on an mbarrier; the CTAs
+ * of a cluster copy it per thread with cp.async (each thread later reads only
+ * what it copied itself, so its own wait orders the reads). Registers take
+ * the part of the row that shared memory would otherwise cap: with 64
+ * registers a thread, an SM then holds four 256-thread CTAs of up to 76 KB
+ * (24 KB in registers, 52 KB in shared memory) or two 512-thread CTAs of up to
+ * 148 KB, so a row is in flight on fewer, larger CTAs than shared memory alone
+ * allows, with more bytes in flight per SM.
+ * The chunk's statistics are the forward's (ce_fold_vecs, ce_group_reduce);
+ * the CTAs of a cluster then write theirs into every CTA's shared memory and
+ * each merges them in rank order (the same bits everywhere). The gradient
+ * pass reads the vectors again from registers and shared memory and writes the
+ * gradient, so nothing is read twice from DRAM, and in place needs no ordering
+ * beyond the exchange. Head and tail elements go to the first threads of the
+ * first and last CTAs (kept in shared memory for the gradient pass); x_t is
+ * read by thread 0 of every CTA before the exchange, for the loss (rank 0)
+ * and for the target's gradient, formed in double and written over the
+ * formula's value by the thread that wrote the target's vector. One cluster per row (grid.x =
+ * rows x cluster). Limits: chunks up to 256 x S vectors plus
+ * CE_ONCHIP_SMALL_SMEM in clusters of up to CE_ONCHIP_MAX_CLUSTER CTAs (608 KB
+ * rows; float64 480 KB), rows x cluster < 2^31. */
 enum {
-  CE_ONCHIP_ONE_CTA_BYTES = 108 * 1024,      /* a row up to this size: one CTA, two per SM */
-  CE_ONCHIP_CLUSTER_CHUNK_BYTES = 64 * 1024, /* wider rows: chunks up to this size, three per SM */
-  CE_ONCHIP_MAX_CLUSTER = 8,                 /* the portable cluster size */
-  CE_ONCHIP_VECS_PER_THREAD = 16, /* threads grow (128 to 512) until each holds at most this many vectors */
-  CE_ONCHIP_MAX_THREADS = 512,
+  CE_ONCHIP_SMALL_THREADS = 256,       /* a CTA of at most this many threads ... */
+  CE_ONCHIP_SMALL_SMEM = 52 * 1024,    /* ... and this much shared memory: four per SM */
+  CE_ONCHIP_LARGE_THREADS = 512,       /* a lone CTA of this many threads ... */
+  CE_ONCHIP_LARGE_SMEM = 100 * 1024,   /* ... and up to this much shared memory: two per SM */
+  CE_ONCHIP_MAX_CLUSTER = 8,           /* the portable cluster size */
+  CE_ONCHIP_VECS_PER_THREAD = 16,      /* small rows: threads grow from 128 until each holds at most this many */
 };
 
+/* Register vectors per thread: six 16-byte vectors fit 64 registers next to
+ * the statistics and the shared-memory loop's four in flight (seven measured
+ * no faster, eight spill); float64's exp needs more registers: two. */
+template <typename T> __host__ __device__ constexpr int ce_onchip_slots() { return sizeof(T) == 8 ? 2 : 6; }
+
 /* A CTA's chunk statistics (its n vectors in shared memory). */
-template <bool FAST, bool SUM_X, typename T, typename Acc>
+template <bool FAST, bool SUM_X, typename T, int U, typename Acc>
 __device__ __forceinline__ void ce_chunk_stats(ce_stat<Acc> &st, const ce_vec *chunk, int n) {
-  constexpr int U = ce_unroll<T>();
   const int tid = threadIdx.x, nt = blockDim.x;
   int k = tid;
   for (; k + (U - 1) * nt < n; k += U * nt) {
@@ -635,79 +655,161 @@ __device__ __forceinline__ void ce_chunk_stats(ce_stat<Acc> &st, const ce_vec *c
   }
 }
 
-template <typename T> __global__ void __launch_bounds__(CE_ONCHIP_MAX_THREADS) ce_onchip_kernel(ce_args A) {
+/* The register slots' statistics: all S at once where the thread holds S
+ * vectors, one by one otherwise (the last CTA of a row, small rows). */
+template <bool FAST, bool SUM_X, typename T, int S, typename Acc>
+__device__ __forceinline__ void ce_slot_stats(ce_stat<Acc> &st, ce_vec (&r)[S], int held) {
+  if (held == S) {
+    ce_fold_vecs<FAST, SUM_X, T>(st, r);
+  } else {
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+      if (s < held) {
+        ce_vec v[1] = {r[s]};
+        ce_fold_vecs<FAST, SUM_X, T>(st, v);
+      }
+    }
+  }
+}
+
+/* Where a CTA's chunk lies in its row. Read from the special registers again
+ * where it is needed (volatile moves), so that the compiler recomputes it
+ * instead of holding it across the loops next to the register slots. */
+typedef struct ce_chunk_place {
+  int rank;    /* the CTA's rank in its cluster */
+  int64_t row; /* the cluster's row */
+} ce_chunk_place;
+
+__device__ __forceinline__ ce_chunk_place ce_onchip_locate() {
+  unsigned rank, row;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(row));
+  ce_chunk_place p;
+  p.rank = (int)rank;
+  p.row = (int64_t)row;
+  return p;
+}
+
+/* The gradient of one vector of logits, written at dst (16-byte stores where
+ * the gradient row has the logits' 16-byte phase, element by element
+ * otherwise). */
+template <bool FAST, typename T, typename Acc>
+__device__ __forceinline__ void ce_grad_vec(const ce_grad_row<Acc> &R, const ce_vec &xv, T *dst, bool zero,
+                                            bool vec_out) {
+  constexpr int VEC = ce_vec_len<T>();
+  ce_vec v;
+  if (zero) {
+    v.u = make_uint4(0, 0, 0, 0);
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; e += 2)
+      ce_set2<T>(v, e >> 1, ce_grad_elem<FAST>(R, ce_elem<T>(xv, e)), ce_grad_elem<FAST>(R, ce_elem<T>(xv, e + 1)));
+  }
+  if (vec_out) {
+    ce_st(dst, v);
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; e++) dst[e] = ce_from_acc<T>(ce_elem<T>(v, e));
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(CE_ONCHIP_LARGE_THREADS, 2) ce_onchip_kernel(ce_args A) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   typedef typename ce_acc<T>::type Acc;
   constexpr bool FAST = sizeof(T) == 2;
   constexpr bool F64 = sizeof(T) == 8;
-  constexpr int VEC = ce_vec_len<T>();
+  constexpr int VEC = ce_vec_len<T>(), S = ce_onchip_slots<T>();
+  /* vectors in flight in the shared-memory loop: float16 takes two, its
+   * conversions need the registers that four would (they spill next to the
+   * slots) */
+  constexpr int SU = ce_same<T, __half>::value ? 2 : ce_unroll<T>();
   extern __shared__ __align__(16) ce_vec ce_chunk[];
-  __shared__ uint64_t loaded; /* the mbarrier of the bulk copy */
+  __shared__ uint64_t loaded; /* the mbarrier of a lone CTA's bulk copy */
   __shared__ ce_smem<Acc> sh;
   __shared__ ce_stat<Acc> xch[CE_ONCHIP_MAX_CLUSTER]; /* every rank's statistics */
   __shared__ ce_stat<Acc> merged;
+  __shared__ Acc x_target;      /* x_t, for the loss */
+  __shared__ Acc x_edge[2][8];  /* the row's head and tail elements */
   const int tid = threadIdx.x, nt = blockDim.x, CR = A.cluster, C = A.classes;
-  unsigned rank_u, row_u; /* the rank in the cluster and the cluster (the row) */
-  asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank_u));
-  asm("mov.u32 %0, %%clusterid.x;\n" : "=r"(row_u));
-  const int rank = (int)rank_u;
-  const int64_t row = (int64_t)row_u;
   /* every CTA of the cluster must be running before its shared memory is
    * written: arrive now, wait just before the exchange */
   if (CR > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 
-  const T *x = (const T *)A.x + row * A.x_stride;
-  const ce_row_layout L = ce_layout(x, C);
-  const int v0 = min(rank * A.chunk_vecs, L.nvec);
-  const int n = min(A.chunk_vecs, L.nvec - v0); /* this CTA's vectors */
-  if (tid == 0) {
-    oss_mbar_init(&loaded, 1);
-    oss_fence_mbar_init();
-    if (n > 0) {
-      oss_mbar_arrive_expect_tx(&loaded, (uint32_t)n * 16u);
-      oss_bulk_load(oss_smem_u32(ce_chunk), (const ce_vec *)(x + L.head) + v0, (uint32_t)n * 16u, &loaded);
+  ce_chunk_place P = ce_onchip_locate();
+  const T *x = (const T *)A.x + P.row * A.x_stride;
+  ce_row_layout L = ce_layout(x, C);
+  int v0 = min(P.rank * A.chunk_vecs, L.nvec);
+  int n = min(A.chunk_vecs, L.nvec - v0); /* this CTA's vectors: registers first, then shared memory */
+  const int ns = n - min(n, nt * S);      /* in shared memory */
+  const ce_vec *xv = (const ce_vec *)(x + L.head) + v0;
+  if (CR == 1) {
+    if (tid == 0) {
+      oss_mbar_init(&loaded, 1);
+      oss_fence_mbar_init();
+      if (ns > 0) {
+        oss_mbar_arrive_expect_tx(&loaded, (uint32_t)ns * 16u);
+        oss_bulk_load(oss_smem_u32(ce_chunk), xv + nt * S, (uint32_t)ns * 16u, &loaded);
+      }
     }
+  } else {
+    for (int k = tid; k < ns; k += nt) oss_cp_async16(oss_smem_u32(ce_chunk + k), xv + nt * S + k, 16);
+    oss_cp_async_commit();
   }
-  const int64_t t = A.target[row];
+  ce_vec r[S];
+  const int held = n <= tid ? 0 : min(S, (n - tid + nt - 1) / nt); /* register slots this thread fills */
+#pragma unroll
+  for (int s = 0; s < S; s++)
+    if (s < held) r[s] = ce_ld(xv + tid + s * nt);
+
+  const int64_t t = A.target[P.row];
   const bool ignored = t == A.ignore_index;
   const bool valid = ignored || (t >= 0 && t < C);
-  /* the loss's x_t (before the exchange: in place, its owner overwrites it
-   * after), and the head / tail elements, kept for the gradient pass */
-  Acc xt = 0, xh = 0, xe = 0;
-  if (rank == 0 && tid == 0 && !ignored && valid) xt = ce_to_acc(x[t]);
+  /* x_t, read by every CTA before the exchange (in place, its owner
+   * overwrites it after): rank 0 forms the loss, the owner its gradient */
+  if (tid == 0) x_target = !ignored && valid ? ce_to_acc(x[t]) : (Acc)0;
   ce_stat<Acc> st;
   st.m = (Acc)-INFINITY;
   st.d = 0;
   st.sx = 0;
-  const bool has_head = rank == 0 && tid < L.head, has_tail = rank == CR - 1 && tid < C - L.tail;
-  if (has_head) {
-    xh = ce_to_acc(x[tid]);
+  if (P.rank == 0 && tid < L.head) {
+    const Acc xh = ce_to_acc(x[tid]);
+    x_edge[0][tid] = xh;
     ce_fold1<FAST>(st, xh);
   }
-  if (has_tail) {
-    xe = ce_to_acc(x[L.tail + tid]);
+  if (P.rank == CR - 1 && tid < C - L.tail) {
+    const Acc xe = ce_to_acc(x[L.tail + tid]);
+    x_edge[1][tid] = xe;
     ce_fold1<FAST>(st, xe);
   }
-  __syncthreads(); /* the mbarrier is initialised before anyone waits on it */
-  if (n > 0) oss_mbar_wait(&loaded, 0);
-  if (A.eps != 0) ce_chunk_stats<FAST, true, T>(st, ce_chunk, n);
-  else ce_chunk_stats<FAST, false, T>(st, ce_chunk, n);
+  if (A.eps != 0) ce_slot_stats<FAST, true, T>(st, r, held);
+  else ce_slot_stats<FAST, false, T>(st, r, held);
+  if (CR == 1) {
+    __syncthreads(); /* the mbarrier is initialised before anyone waits on it */
+    if (ns > 0) oss_mbar_wait(&loaded, 0);
+  } else {
+    oss_cp_async_wait<0>();
+    asm volatile("" ::: "memory"); /* this thread's reads of its copied vectors stay after the wait */
+  }
+  if (A.eps != 0) ce_chunk_stats<FAST, true, T, SU>(st, ce_chunk, ns);
+  else ce_chunk_stats<FAST, false, T, SU>(st, ce_chunk, ns);
   st = ce_group_reduce(st, nt, &sh);
   if (CR > 1) {
     cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+    const int rank = ce_onchip_locate().rank;
     if (tid < CR) *cl.map_shared_rank(&xch[rank], (unsigned)tid) = st;
     cl.sync();
     if (tid < 32) {
       /* the ranks' statistics merged as ce_group_reduce merges threads' */
-      ce_stat<Acc> r;
-      r.m = (Acc)-INFINITY;
-      r.d = 0;
-      r.sx = 0;
-      if (tid < CR) r = xch[tid];
-      const Acc m = ce_warp_max(r.m);
-      double d = r.m == (Acc)-INFINITY ? 0.0 : r.d * exp((double)r.m - (double)ce_safe(m));
-      double sx = r.sx;
+      ce_stat<Acc> q;
+      q.m = (Acc)-INFINITY;
+      q.d = 0;
+      q.sx = 0;
+      if (tid < CR) q = xch[tid];
+      const Acc m = ce_warp_max(q.m);
+      double d = q.m == (Acc)-INFINITY ? 0.0 : q.d * exp((double)q.m - (double)ce_safe(m));
+      double sx = q.sx;
       ce_warp_sum2(d, sx);
       if (tid == 0) {
         merged.m = m;
@@ -718,48 +820,51 @@ template <typename T> __global__ void __launch_bounds__(CE_ONCHIP_MAX_THREADS) c
     __syncthreads();
     st = merged;
   }
+  P = ce_onchip_locate();
   const double lse = (double)st.m + log(st.d);
-  if (rank == 0 && tid == 0) ce_write_loss<F64>(A, row, C, lse, st.sx, xt, valid, ignored);
+  if (P.rank == 0 && tid == 0) ce_write_loss<F64>(A, P.row, C, lse, st.sx, x_target, valid, ignored);
 
-  /* the gradient: every element by the Acc formula, the target's in double
-   * (patched into its vector before the store) */
+  /* the gradient: every element by the Acc formula, then the target's, in
+   * double, over it by the thread that stored its vector */
   const double g = ignored ? 0.0
-                   : F64   ? ((const double *)A.grad_loss)[row]
-                           : (double)((const float *)A.grad_loss)[row];
+                   : F64   ? ((const double *)A.grad_loss)[P.row]
+                           : (double)((const float *)A.grad_loss)[P.row];
   const ce_grad_row<Acc> R = ce_grad_setup<Acc>(g, lse, t, valid, A.eps, A.z, C);
-  T *y = (T *)A.y + row * A.y_stride;
-  if (has_head) y[tid] = ce_from_acc<T>(ignored ? (Acc)0 : tid == R.t ? ce_grad_target(R, xh) : ce_grad_elem<FAST>(R, xh));
-  if (has_tail) {
-    const int j = L.tail + tid;
-    y[j] = ce_from_acc<T>(ignored ? (Acc)0 : j == R.t ? ce_grad_target(R, xe) : ce_grad_elem<FAST>(R, xe));
+  x = (const T *)A.x + P.row * A.x_stride;
+  L = ce_layout(x, C);
+  v0 = min(P.rank * A.chunk_vecs, L.nvec);
+  n = min(A.chunk_vecs, L.nvec - v0);
+  T *y = (T *)A.y + P.row * A.y_stride;
+  if (P.rank == 0 && tid < L.head) {
+    const Acc xh = x_edge[0][tid];
+    y[tid] = ce_from_acc<T>(ignored ? (Acc)0 : ce_grad_elem<FAST>(R, xh));
+  }
+  if (P.rank == CR - 1 && tid < C - L.tail) {
+    const Acc xe = x_edge[1][tid];
+    y[L.tail + tid] = ce_from_acc<T>(ignored ? (Acc)0 : ce_grad_elem<FAST>(R, xe));
   }
   const bool vec_out = (((uintptr_t)(y + L.head)) & 15) == 0;
-  /* the target's vector in this chunk (or none) and its element */
-  const int tv = R.t >= L.head && R.t < L.tail ? (R.t - L.head) / VEC - v0 : -1, te = (R.t - L.head) % VEC;
   T *y0 = y + L.head + (int64_t)v0 * VEC;
+#pragma unroll
+  for (int s = 0; s < S; s++)
+    if (s < held) ce_grad_vec<FAST, T>(R, r[s], y0 + (int64_t)(tid + s * nt) * VEC, ignored, vec_out);
+  T *ys = y0 + (int64_t)nt * S * VEC;
 #pragma unroll 4
-  for (int k = tid; k < n; k += nt) {
-    const ce_vec xv = ce_chunk[k];
-    ce_vec v;
-    if (ignored) {
-      v.u = make_uint4(0, 0, 0, 0);
+  for (int k = tid; k < ns; k += nt) ce_grad_vec<FAST, T>(R, ce_chunk[k], ys + (int64_t)k * VEC, ignored, vec_out);
+  /* the target's element, owned by the thread that wrote its vector (or
+   * its head / tail element) */
+  bool own = false;
+  if (!ignored && R.t >= 0) {
+    if (R.t < L.head) {
+      own = P.rank == 0 && tid == R.t;
+    } else if (R.t >= L.tail) {
+      own = P.rank == CR - 1 && tid == R.t - L.tail;
     } else {
-#pragma unroll
-      for (int e = 0; e < VEC; e += 2)
-        ce_set2<T>(v, e >> 1, ce_grad_elem<FAST>(R, ce_elem<T>(xv, e)), ce_grad_elem<FAST>(R, ce_elem<T>(xv, e + 1)));
-      if (k == tv) { /* (static element indices: a dynamic one would put v in local memory) */
-#pragma unroll
-        for (int e = 0; e < VEC; e++)
-          if (e == te) ce_set<T>(v, e, ce_grad_target(R, ce_elem<T>(xv, e)));
-      }
-    }
-    if (vec_out) {
-      ce_st(y0 + (int64_t)k * VEC, v);
-    } else {
-#pragma unroll
-      for (int e = 0; e < VEC; e++) y0[(int64_t)k * VEC + e] = ce_from_acc<T>(ce_elem<T>(v, e));
+      const int k = (R.t - L.head) / VEC - v0; /* the target's vector in this chunk */
+      own = k >= 0 && k < n && (k < nt * S ? k : k - nt * S) % nt == tid;
     }
   }
+  if (own) y[R.t] = ce_from_acc<T>(ce_grad_target(R, x_target));
 #else
   __trap(); /* launched only on sm_90 and later (ce_onchip_plan) */
 #endif
@@ -860,41 +965,48 @@ static int ce_onchip_built(int device) {
 }
 
 /* The on-chip plan of a forward + backward launch (ce_onchip_kernel): on
- * sm_90 and later, for rows wider than a warp's. A row of at most
- * CE_ONCHIP_ONE_CTA_BYTES takes one CTA (two per SM); a wider one the
- * smallest cluster whose chunks fit CE_ONCHIP_CLUSTER_CHUNK_BYTES (three CTAs
- * of 256 threads per SM: the chunks of a cluster wait for each other at the
- * exchange, and a third CTA keeps loads in flight; on an H200 that measured
- * 2-5 points of copy above two larger chunks per SM). Threads grow from 128
- * until each holds at most CE_ONCHIP_VECS_PER_THREAD vectors (twice the
- * threads with half the vectors each measured 10-20 points lower).
+ * sm_90 and later, for rows wider than a warp's. With S register vectors a
+ * thread (ce_onchip_slots): a row of at most 256 x S vectors plus
+ * CE_ONCHIP_SMALL_SMEM takes one CTA of 128 to 256 threads (threads grow
+ * until each holds at most CE_ONCHIP_VECS_PER_THREAD vectors); one of at most
+ * 512 x S plus CE_ONCHIP_LARGE_SMEM one CTA of 512 threads; a wider one the
+ * smallest cluster of 256-thread CTAs whose chunks fit the first bound.
  * Returns 0 where the L2 path (ce_kernel) runs instead. */
 static int ce_onchip_plan(const oss_device_info *info, int64_t classes, int64_t rows, oss_dtype dtype, int *cluster,
-                          int *chunk_vecs, int *threads) {
+                          int *chunk_vecs, int *threads, size_t *smem) {
   if (info->cc_major < 9 || classes <= CE_WARP_MAX_CLASSES || !ce_onchip_built(info->device)) return 0;
+  const int64_t slots = dtype == OSS_FLOAT64 ? ce_onchip_slots<double>() : ce_onchip_slots<float>();
   const int64_t nvec = classes / (16 / (int64_t)ce_dtype_size(dtype)); /* at least any row's whole vectors */
-  int c = 1;
-  if (nvec * 16 > CE_ONCHIP_ONE_CTA_BYTES) {
+  const int64_t small = CE_ONCHIP_SMALL_THREADS * slots + CE_ONCHIP_SMALL_SMEM / 16;
+  const int64_t large = CE_ONCHIP_LARGE_THREADS * slots + CE_ONCHIP_LARGE_SMEM / 16;
+  int c = 1, t;
+  if (nvec <= small) {
+    t = 128;
+    while (t < CE_ONCHIP_SMALL_THREADS && (int64_t)t * CE_ONCHIP_VECS_PER_THREAD < nvec) t *= 2;
+  } else if (nvec <= large) {
+    t = CE_ONCHIP_LARGE_THREADS;
+  } else {
+    t = CE_ONCHIP_SMALL_THREADS;
     c = 2;
-    while (c < CE_ONCHIP_MAX_CLUSTER && (nvec + c - 1) / c * 16 > CE_ONCHIP_CLUSTER_CHUNK_BYTES) c++;
+    while (c < CE_ONCHIP_MAX_CLUSTER && (nvec + c - 1) / c > small) c++;
+    if ((nvec + c - 1) / c > small) return 0;
   }
+  if (rows > INT32_MAX / c) return 0;
   const int64_t chunk = (nvec + c - 1) / c;
-  if (chunk * 16 > (c == 1 ? CE_ONCHIP_ONE_CTA_BYTES : CE_ONCHIP_CLUSTER_CHUNK_BYTES) || rows > INT32_MAX / c)
-    return 0;
-  /* a GPU with less shared memory per CTA (the chunk and about 1 KB of the
-   * kernel's own) takes the L2 path */
-  if (chunk * 16 + 2048 > info->max_smem_per_block_optin) return 0;
-  int t = CE_MIN_THREADS;
-  while (t < CE_ONCHIP_MAX_THREADS && (int64_t)t * CE_ONCHIP_VECS_PER_THREAD < chunk) t *= 2;
+  const int64_t shared_vecs = chunk > t * slots ? chunk - t * slots : 0;
+  /* a GPU with less shared memory per CTA (the chunk's shared part and about
+   * 1 KB of the kernel's own) takes the L2 path */
+  if (shared_vecs * 16 + 2048 > info->max_smem_per_block_optin) return 0;
   *cluster = c;
   *chunk_vecs = (int)chunk;
   *threads = t;
+  *smem = (size_t)shared_vecs * 16;
   return 1;
 }
 
-template <typename T> static oss_status ce_onchip_launch_typed(const ce_args &A, int threads, cudaStream_t stream) {
+template <typename T>
+static oss_status ce_onchip_launch_typed(const ce_args &A, int threads, size_t smem, cudaStream_t stream) {
   const void *kern = (const void *)ce_onchip_kernel<T>;
-  const size_t smem = (size_t)A.chunk_vecs * 16;
   OSS_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   cudaLaunchConfig_t cfg;
   cudaLaunchAttribute attr;
@@ -914,12 +1026,12 @@ template <typename T> static oss_status ce_onchip_launch_typed(const ce_args &A,
   return oss_check_launch("ce_onchip_kernel");
 }
 
-static oss_status ce_onchip_launch(oss_dtype dtype, const ce_args &A, int threads, cudaStream_t stream) {
+static oss_status ce_onchip_launch(oss_dtype dtype, const ce_args &A, int threads, size_t smem, cudaStream_t stream) {
   switch (dtype) {
-  case OSS_FLOAT32: return ce_onchip_launch_typed<float>(A, threads, stream);
-  case OSS_FLOAT64: return ce_onchip_launch_typed<double>(A, threads, stream);
-  case OSS_FLOAT16: return ce_onchip_launch_typed<__half>(A, threads, stream);
-  case OSS_BFLOAT16: return ce_onchip_launch_typed<__nv_bfloat16>(A, threads, stream);
+  case OSS_FLOAT32: return ce_onchip_launch_typed<float>(A, threads, smem, stream);
+  case OSS_FLOAT64: return ce_onchip_launch_typed<double>(A, threads, smem, stream);
+  case OSS_FLOAT16: return ce_onchip_launch_typed<__half>(A, threads, smem, stream);
+  case OSS_BFLOAT16: return ce_onchip_launch_typed<__nv_bfloat16>(A, threads, smem, stream);
   default: return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "cross_entropy: logits have dtype code %d", (int)dtype);
   }
 }
@@ -986,10 +1098,11 @@ static oss_status ce_backward(const char *op, const oss_cross_entropy_backward_p
     st = oss_get_device_info(&info);
     if (st != OSS_OK) return st;
     int cluster, chunk_vecs, onchip_threads;
-    if (ce_onchip_plan(&info, p->classes, p->rows, p->dtype, &cluster, &chunk_vecs, &onchip_threads)) {
+    size_t smem;
+    if (ce_onchip_plan(&info, p->classes, p->rows, p->dtype, &cluster, &chunk_vecs, &onchip_threads, &smem)) {
       A.cluster = cluster;
       A.chunk_vecs = chunk_vecs;
-      return ce_onchip_launch(p->dtype, A, onchip_threads, stream);
+      return ce_onchip_launch(p->dtype, A, onchip_threads, smem, stream);
     }
   }
   return fused ? ce_launch<CE_FWD_BWD>(p->dtype, A, threads, stream) : ce_launch<CE_BWD>(p->dtype, A, threads, stream);
