@@ -860,8 +860,8 @@ __global__ void __launch_bounds__(CE_ONCHIP_LARGE_THREADS, 2) ce_onchip_kernel(c
     } else if (R.t >= L.tail) {
       own = P.rank == CR - 1 && tid == R.t - L.tail;
     } else {
-      const int k = (R.t - L.head) / VEC - v0; /* the target's vector in this chunk */
-      own = k >= 0 && k < n && (k < nt * S ? k : k - nt * S) % nt == tid;
+      const int k = (R.t - L.head) / VEC - v0; /* the target's vector in this chunk (nt x S is a multiple of nt) */
+      own = k >= 0 && k < n && k % nt == tid;
     }
   }
   if (own) y[R.t] = ce_from_acc<T>(ce_grad_target(R, x_target));
