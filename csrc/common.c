@@ -49,6 +49,16 @@ const char *oss_build_config(void) {
   return config;
 }
 
+oss_status oss_cross_entropy_check_glue(const char *op, int64_t rows, oss_dtype dtype, const void *rows_a,
+                                        const void *rows_b, const void *one) {
+  if (rows < 0) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: rows=%lld is negative", op, (long long)rows);
+  if (dtype != OSS_FLOAT32 && dtype != OSS_FLOAT64)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: dtype code %d is neither float32 nor float64", op, (int)dtype);
+  if ((rows > 0 && (rows_a == NULL || rows_b == NULL)) || one == NULL)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: a pointer is NULL", op);
+  return OSS_OK;
+}
+
 oss_status oss_cross_entropy_check_params(const char *op, const oss_cross_entropy_params *p) {
   if (p == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: params is NULL", op);
   if (p->dtype != OSS_FLOAT32 && p->dtype != OSS_FLOAT64 && p->dtype != OSS_FLOAT16 && p->dtype != OSS_BFLOAT16)

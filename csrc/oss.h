@@ -402,10 +402,33 @@ oss_status oss_cross_entropy_backward_cuda(const oss_cross_entropy_backward_para
 /* Both in one launch: writes p->fwd.loss and p->fwd.lse as the forward does
  * and the gradient for the given grad_loss as the backward does (from the
  * lse it just computed; p->fwd.lse is only written). On sm_90 a row of up to
- * 512 KB is held in shared memory (a CTA's or a cluster's) and read once;
+ * 608 KB is held on chip (a CTA's or a cluster's registers and shared memory)
+ * and read once;
  * other rows are read once for the statistics and once more for the
  * gradient. p->grad_scale must be NULL. */
 oss_status oss_cross_entropy_forward_backward_cuda(const oss_cross_entropy_backward_params *p, void *cuda_stream);
+
+/* The glue of a mean (or summed) loss around the ops above, two small
+ * reductions:
+ * row_weights: count = the rows whose target is not ignore_index (one int64),
+ * and weights[i] = c_i / count (mean != 0) or c_i (mean == 0), c_i = 1 where
+ * target[i] != ignore_index else 0, in `dtype` (OSS_FLOAT32 or OSS_FLOAT64),
+ * the division in that dtype with count converted to it (0 / 0 = NaN when no
+ * row counts). target and weights are contiguous [rows].
+ * total: *total = the sum of loss[0, rows) (contiguous, OSS_FLOAT32 or
+ * OSS_FLOAT64) accumulated in double and rounded once to the loss's dtype,
+ * then divided by *count (converted to that dtype) where count is not NULL.
+ * CUDA: one CTA each on the caller's stream, count and total in device memory,
+ * the sum's order fixed (bitwise reproducible). */
+oss_status oss_cross_entropy_row_weights_cpu(const int64_t *target, int64_t rows, int64_t ignore_index, oss_dtype dtype,
+                                             int mean, void *weights, int64_t *count);
+oss_status oss_cross_entropy_total_cpu(const void *loss, int64_t rows, oss_dtype dtype, const int64_t *count,
+                                       void *total);
+oss_status oss_cross_entropy_row_weights_cuda(const int64_t *target, int64_t rows, int64_t ignore_index,
+                                              oss_dtype dtype, int mean, void *weights, int64_t *count,
+                                              void *cuda_stream);
+oss_status oss_cross_entropy_total_cuda(const void *loss, int64_t rows, oss_dtype dtype, const int64_t *count,
+                                        void *total, void *cuda_stream);
 
 #ifdef __cplusplus
 }

@@ -1523,6 +1523,69 @@ void cross_entropy_backward_scaled_op(const Tensor &grad_logits, const Tensor &g
                              label_smoothing, z_loss, grad_logits, grad_scale_in);
 }
 
+// The mean loss's glue (oss.h): the rows' weights and count from the targets,
+// and the loss's total, each one small launch on CUDA.
+std::tuple<Tensor, Tensor> cross_entropy_row_weights_op(const Tensor &target_in, int64_t ignore_index,
+                                                        at::ScalarType dtype, bool mean) {
+  const char *op = "cross_entropy_row_weights";
+  check_device_supported(op, target_in, "target");
+  OSS_CHECK(target_in.scalar_type() == at::kLong, Type, "%s: target has dtype %s but must be int64 class indices", op,
+            dtype_name(target_in.scalar_type()));
+  OSS_CHECK(target_in.dim() == 1, Value, "%s: target has shape %s but must be 1-D (N,)", op,
+            shape_str(target_in.sizes()).c_str());
+  OSS_CHECK(dtype == at::kFloat || dtype == at::kDouble, Type, "%s: dtype is %s but must be float32 or float64", op,
+            dtype_name(dtype));
+  const Tensor target = target_in.contiguous();
+  Tensor weights = at::empty({target.size(0)}, target.options().dtype(dtype));
+  Tensor count = at::empty({}, target.options());
+#ifdef OSS_WITH_CUDA
+  if (target.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(target.device());
+    check_status(op, oss_cross_entropy_row_weights_cuda(target.data_ptr<int64_t>(), target.size(0), ignore_index,
+                                                        to_oss_dtype(dtype), mean, weights.data_ptr(),
+                                                        count.data_ptr<int64_t>(),
+                                                        at::cuda::getCurrentCUDAStream().stream()));
+    return {weights, count};
+  }
+#endif
+  check_status(op, oss_cross_entropy_row_weights_cpu(target.data_ptr<int64_t>(), target.size(0), ignore_index,
+                                                     to_oss_dtype(dtype), mean, weights.data_ptr(),
+                                                     count.data_ptr<int64_t>()));
+  return {weights, count};
+}
+
+Tensor cross_entropy_total_op(const Tensor &loss_in, const std::optional<Tensor> &count_in) {
+  const char *op = "cross_entropy_total";
+  check_device_supported(op, loss_in, "loss");
+  OSS_CHECK(loss_in.scalar_type() == at::kFloat || loss_in.scalar_type() == at::kDouble, Type,
+            "%s: loss has dtype %s but must be float32 or float64", op, dtype_name(loss_in.scalar_type()));
+  OSS_CHECK(loss_in.dim() == 1, Value, "%s: loss has shape %s but must be 1-D (N,)", op,
+            shape_str(loss_in.sizes()).c_str());
+  const int64_t *count = nullptr;
+  if (count_in.has_value()) {
+    const Tensor &n = *count_in;
+    OSS_CHECK(n.device() == loss_in.device(), Value, "%s: count is on %s but loss is on %s", op, device_str(n).c_str(),
+              device_str(loss_in).c_str());
+    OSS_CHECK(n.scalar_type() == at::kLong && n.dim() == 0, Type,
+              "%s: count has dtype %s and shape %s but must be a 0-dim int64 tensor", op, dtype_name(n.scalar_type()),
+              shape_str(n.sizes()).c_str());
+    count = n.data_ptr<int64_t>();
+  }
+  const Tensor loss = loss_in.contiguous();
+  Tensor total = at::empty({}, loss.options());
+#ifdef OSS_WITH_CUDA
+  if (loss.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(loss.device());
+    check_status(op, oss_cross_entropy_total_cuda(loss.data_ptr(), loss.size(0), to_oss_dtype(loss.scalar_type()),
+                                                  count, total.data_ptr(), at::cuda::getCurrentCUDAStream().stream()));
+    return total;
+  }
+#endif
+  check_status(op, oss_cross_entropy_total_cpu(loss.data_ptr(), loss.size(0), to_oss_dtype(loss.scalar_type()), count,
+                                               total.data_ptr()));
+  return total;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -1987,6 +2050,17 @@ void cross_entropy_backward_scaled_autograd(const Tensor &grad_logits, const Ten
   grad_logits.unsafeGetTensorImpl()->bump_version();
 }
 
+Tensor cross_entropy_total_autograd(const Tensor &loss, const std::optional<Tensor> &count) {
+  OSS_CHECK(!will_differentiate(loss), NotImplemented,
+            "cross_entropy_total is not differentiable (loss requires grad); sum the loss with torch ops instead, or "
+            "call it on a detached tensor");
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("oss::cross_entropy_total", "")
+                             .typed<decltype(cross_entropy_total_op)>();
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return op.call(loss, count);
+}
+
 // ---------------------------------------------------------------------------
 // Registration
 // ---------------------------------------------------------------------------
@@ -2054,6 +2128,10 @@ TORCH_LIBRARY(oss, m) {
   m.def(
       "cross_entropy_backward_scaled_(Tensor(a!) grad_logits, Tensor grad_loss, Tensor grad_scale, Tensor logits, "
       "Tensor target, Tensor lse, int ignore_index, float label_smoothing, float z_loss) -> ()");
+  m.def(
+      "cross_entropy_row_weights(Tensor target, int ignore_index, ScalarType dtype, bool mean) -> (Tensor weights, "
+      "Tensor count)");
+  m.def("cross_entropy_total(Tensor loss, Tensor? count=None) -> Tensor");
 }
 
 // The same entry points serve CPU and CUDA tensors: each op picks the C API
@@ -2075,6 +2153,8 @@ static void impl_device_kernels(torch::Library &m) {
   m.impl("cross_entropy_forward_backward", &cross_entropy_forward_backward_op);
   m.impl("cross_entropy_forward_backward_", &cross_entropy_forward_backward_inplace_op);
   m.impl("cross_entropy_backward_scaled_", &cross_entropy_backward_scaled_op);
+  m.impl("cross_entropy_row_weights", &cross_entropy_row_weights_op);
+  m.impl("cross_entropy_total", &cross_entropy_total_op);
 }
 
 TORCH_LIBRARY_IMPL(oss, CPU, m) { impl_device_kernels(m); }
@@ -2092,6 +2172,7 @@ TORCH_LIBRARY_IMPL(oss, Autograd, m) {
   m.impl("cross_entropy_forward_backward", &cross_entropy_forward_backward_autograd);
   m.impl("cross_entropy_forward_backward_", &cross_entropy_forward_backward_inplace_autograd);
   m.impl("cross_entropy_backward_scaled_", &cross_entropy_backward_scaled_autograd);
+  m.impl("cross_entropy_total", &cross_entropy_total_autograd);
 }
 
 #ifdef OSS_WITH_CUDA

@@ -298,6 +298,63 @@ def two_ops_loss(x, t, reduction, label_smoothing, z_loss):
     return total if reduction == "sum" else total / (t != IGNORE).sum()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows", [0, 1, 37, 100003])
+def test_row_weights_and_total_ops(device, dtype, rows):
+    """The mean loss's glue: the row weights equal [t != ignore_index] (over
+    their count for a mean) as ATen forms them, bit for bit, and the count is
+    exact; the total is the float64 sum rounded once to the loss's dtype (then
+    over the count), within that rounding (and the two float64 sums' own
+    error) of ATen's sum; no counted row gives
+    NaN weights and a NaN mean, as F.cross_entropy's mean; the same bits from
+    call to call."""
+    t = random_target((rows,), 1000, device, ignored_every=3)
+    counted = t != IGNORE
+    for mean in (True, False):
+        w, n = torch.ops.oss.cross_entropy_row_weights(t, IGNORE, dtype, mean)
+        assert w.dtype == dtype and w.shape == (rows,) and n.dtype == torch.int64 and n.shape == ()
+        assert n.item() == counted.sum().item()
+        want = counted.to(dtype) / counted.sum() if mean else counted.to(dtype)
+        torch.testing.assert_close(w, want, rtol=0, atol=0, equal_nan=True)  # (NaN: no counted row)
+    loss = (torch.rand(rows, dtype=torch.float64, device=device) * 10).to(dtype)
+    loss[~counted] = 0
+    for count in (None, n):
+        total = torch.ops.oss.cross_entropy_total(loss, count)
+        assert total.dtype == dtype and total.shape == ()
+        want = loss.sum(dtype=torch.float64).to(dtype)
+        want = want if count is None else want / count
+        # (the two float64 sums in different orders, each within rows x eps of the exact one)
+        rtol = torch.finfo(dtype).eps + 2 * rows * torch.finfo(torch.float64).eps
+        torch.testing.assert_close(total, want, rtol=rtol, atol=0, equal_nan=True)
+        torch.testing.assert_close(torch.ops.oss.cross_entropy_total(loss, count), total, rtol=0, atol=0,
+                                   equal_nan=True)
+    t_none = torch.full((5,), IGNORE, device=device)
+    w, n = torch.ops.oss.cross_entropy_row_weights(t_none, IGNORE, dtype, True)
+    assert n.item() == 0 and torch.isnan(w).all()
+    assert torch.isnan(torch.ops.oss.cross_entropy_total(torch.zeros(5, dtype=dtype, device=device), n))
+
+
+def test_row_weights_and_total_errors():
+    t = torch.tensor([0, 1, IGNORE])
+    with pytest.raises(TypeError, match="target has dtype"):
+        torch.ops.oss.cross_entropy_row_weights(t.int(), IGNORE, torch.float32, True)
+    with pytest.raises(ValueError, match="target has shape"):
+        torch.ops.oss.cross_entropy_row_weights(t[None], IGNORE, torch.float32, True)
+    with pytest.raises(TypeError, match="dtype"):
+        torch.ops.oss.cross_entropy_row_weights(t, IGNORE, torch.float16, True)
+    with pytest.raises(TypeError, match="loss has dtype"):
+        torch.ops.oss.cross_entropy_total(torch.ones(3, dtype=torch.float16))
+    with pytest.raises(ValueError, match="loss has shape"):
+        torch.ops.oss.cross_entropy_total(torch.ones(3, 1))
+    with pytest.raises(TypeError, match="count"):
+        torch.ops.oss.cross_entropy_total(torch.ones(3), torch.tensor(3.0))
+    with pytest.raises(TypeError, match="count"):
+        torch.ops.oss.cross_entropy_total(torch.ones(3), torch.tensor([3]))
+    with pytest.raises(NotImplementedError, match="not differentiable"):
+        torch.ops.oss.cross_entropy_total(torch.ones(3, requires_grad=True))
+
+
 def test_which_losses_form_the_gradient_in_the_forward():
     """Only a differentiated, unweighted mean in eager mode takes the fused
     form; the other cases keep the two ops' graph."""
@@ -357,9 +414,13 @@ def test_loss_gradient_formed_in_the_forward(device, dtype, reduction, upstream,
         (peer_grad,) = torch.autograd.grad(peer, xq, up.to(peer.dtype))
         assert_tolerance("loss", loss, ref.detach(), peer.detach(), SOFTMAX_ATOL[peer_dtype(dtype)])
         assert_tolerance("grad", grad, ref_grad, peer_grad.to(dtype), SOFTMAX_ATOL[dtype], per_element_eps=True)
-        # (a mean's two ops scale by upstream / n, this by (1 / n) * upstream)
+        # On the CPU both forms run the same row kernels: the same gradient bit
+        # for bit (a mean's two ops scale by upstream / n, this by (1 / n) *
+        # upstream), the same total up to the order of its float64 sum
+        # (cross_entropy_total's against ATen's), so within one rounding.
         if device == "cpu" and (upstream == 1.0 or reduction == "sum"):
-            assert torch.equal(loss, two) and torch.equal(grad, two_grad)
+            assert torch.equal(grad, two_grad)
+            torch.testing.assert_close(loss, two, rtol=torch.finfo(loss.dtype).eps, atol=0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -385,9 +446,8 @@ def test_loss_gradient_written_over_the_input(device, dtype, reduction, upstream
         if reduction == "mean":
             row_grad = row_grad / counted.sum()
         f_loss, _, grad = torch.ops.oss.cross_entropy_forward_backward(row_grad, x, t, IGNORE, label_smoothing, z_loss)
-        loss = f_loss.sum(dtype=torch.float64).to(f_loss.dtype)
+        loss = torch.ops.oss.cross_entropy_total(f_loss, counted.sum() if reduction == "mean" else None)
         if reduction == "mean":
-            loss = loss / counted.sum()
             xa = x.detach().requires_grad_()
             assert torch.equal(torch_oss.cross_entropy(xa, t, **kw), loss)  # the same op out of place
         up = torch.tensor(upstream, dtype=loss.dtype, device=device)
@@ -766,6 +826,12 @@ def test_opcheck():
             torch.library.opcheck(torch.ops.oss.cross_entropy_backward_scaled_,
                                   (torch.zeros_like(xd.detach()), g, torch.tensor(scale, dtype=g.dtype), xd.detach(),
                                    t, lse, IGNORE, 0.1, 0.01))
+    for dtype in (torch.float32, torch.float64):
+        for mean in (True, False):
+            torch.library.opcheck(torch.ops.oss.cross_entropy_row_weights, (t, IGNORE, dtype, mean))
+        loss = torch.rand(6, dtype=dtype)
+        torch.library.opcheck(torch.ops.oss.cross_entropy_total, (loss, torch.tensor(4)))
+        torch.library.opcheck(torch.ops.oss.cross_entropy_total, (loss, None))
 
 
 def test_compile_fullgraph():

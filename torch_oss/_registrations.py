@@ -369,6 +369,26 @@ def _cross_entropy_backward_scaled_fake(grad_logits, grad_loss, grad_scale, logi
     return None
 
 
+def _cross_entropy_row_weights_fake(target, ignore_index, dtype, mean):
+    torch._check(target.dtype == torch.int64,
+                 lambda: f"cross_entropy_row_weights: target has dtype {target.dtype} but must be int64 class indices")
+    torch._check_value(target.dim() == 1,
+                       lambda: f"cross_entropy_row_weights: target has shape {tuple(target.shape)} but must be 1-D")
+    torch._check(dtype in (torch.float32, torch.float64),
+                 lambda: f"cross_entropy_row_weights: dtype is {dtype} but must be float32 or float64")
+    return target.new_empty(target.shape, dtype=dtype), target.new_empty(())
+
+
+def _cross_entropy_total_fake(loss, count=None):
+    if count is not None:
+        _check_same_device("cross_entropy_total", [("loss", loss), ("count", count)])
+    torch._check(loss.dtype in (torch.float32, torch.float64),
+                 lambda: f"cross_entropy_total: loss has dtype {loss.dtype} but must be float32 or float64")
+    torch._check_value(loss.dim() == 1, lambda: f"cross_entropy_total: loss has shape {tuple(loss.shape)} but must "
+                       "be 1-D")
+    return loss.new_empty(())
+
+
 def _cross_entropy_setup_context(ctx, inputs, output):
     logits, target, ignore_index, label_smoothing, z_loss = inputs
     _, lse = output
@@ -455,6 +475,8 @@ def register():
     torch.library.register_fake(f"{lib}::cross_entropy_forward_backward_",
                                 _cross_entropy_forward_backward_inplace_fake)
     torch.library.register_fake(f"{lib}::cross_entropy_backward_scaled_", _cross_entropy_backward_scaled_fake)
+    torch.library.register_fake(f"{lib}::cross_entropy_row_weights", _cross_entropy_row_weights_fake)
+    torch.library.register_fake(f"{lib}::cross_entropy_total", _cross_entropy_total_fake)
     # cross_entropy's formulas are here: the op is called once per loss, not per layer
     torch.library.register_autograd(f"{lib}::cross_entropy", _cross_entropy_backward,
                                     setup_context=_cross_entropy_setup_context)

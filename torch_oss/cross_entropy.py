@@ -105,11 +105,9 @@ class _FusedLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, target, ignore_index, label_smoothing, z_loss, mean, inplace):
-        counted = target != ignore_index
-        denominator = counted.sum()
-        row_grad = counted.to(_stat_dtype(logits.dtype))
-        if mean:
-            row_grad = row_grad / denominator
+        # [t != ignore_index] (/ their count for a mean) per row, one launch on CUDA
+        row_grad, denominator = torch.ops.oss.cross_entropy_row_weights(target, ignore_index,
+                                                                        _stat_dtype(logits.dtype), mean)
         args = (ignore_index, label_smoothing, z_loss)
         if inplace:
             loss, _ = torch.ops.oss.cross_entropy_forward_backward_(row_grad, logits, target, *args)
@@ -117,9 +115,8 @@ class _FusedLoss(torch.autograd.Function):
         else:
             loss, lse, grad = torch.ops.oss.cross_entropy_forward_backward(row_grad, logits, target, *args)
             ctx.save_for_backward(logits, target, row_grad, lse)
-        total = loss.sum(dtype=torch.float64).to(loss.dtype)  # the sum rounded once
-        if mean:
-            total = total / denominator
+        # the sum in float64 rounded once (then / the count for a mean), one launch on CUDA
+        total = torch.ops.oss.cross_entropy_total(loss, denominator if mean else None)
         ctx.args = args
         ctx.inplace = inplace
         ctx.grad = grad  # handed on by the first backward

@@ -21,6 +21,8 @@
  * dominant class) and the gradient there keeps float accuracy.
  * The backward may write in place (grad_logits the logits themselves, with
  * the same row stride): each chunk is read before it is written.
+ * Also the mean loss's glue (row weights from the targets, the loss's total),
+ * serial loops.
  * Limits: rows must be contiguous (unit stride along classes); loss and
  * grad_loss are contiguous and float64 exactly when logits are.
  */
@@ -82,6 +84,34 @@ oss_status oss_cross_entropy_backward_cpu(const oss_cross_entropy_backward_param
     return OSS_OK; /* grad_logits already holds this gradient */
   oss_cpu_parallel_for(exec, p->fwd.rows, ce_grain(p->fwd.classes), (void *)p,
                        f64 ? ce_bwd_rows_f64 : ce_bwd_rows_f32);
+  return OSS_OK;
+}
+
+/* ---- the mean loss's glue (oss.h): serial, O(rows) ------------------------------ */
+
+oss_status oss_cross_entropy_row_weights_cpu(const int64_t *target, int64_t rows, int64_t ignore_index, oss_dtype dtype,
+                                             int mean, void *weights, int64_t *count) {
+  const oss_status st = oss_cross_entropy_check_glue("cross_entropy_row_weights", rows, dtype, target, weights, count);
+  if (st != OSS_OK) return st;
+  int64_t n = 0;
+  for (int64_t i = 0; i < rows; i++) n += target[i] != ignore_index;
+  *count = n;
+  for (int64_t i = 0; i < rows; i++) {
+    const int c = target[i] != ignore_index;
+    if (dtype == OSS_FLOAT64) ((double *)weights)[i] = mean ? (double)c / (double)n : (double)c;
+    else ((float *)weights)[i] = mean ? (float)c / (float)n : (float)c;
+  }
+  return OSS_OK;
+}
+
+oss_status oss_cross_entropy_total_cpu(const void *loss, int64_t rows, oss_dtype dtype, const int64_t *count,
+                                       void *total) {
+  const oss_status st = oss_cross_entropy_check_glue("cross_entropy_total", rows, dtype, loss, loss, total);
+  if (st != OSS_OK) return st;
+  double s = 0;
+  for (int64_t i = 0; i < rows; i++) s += dtype == OSS_FLOAT64 ? ((const double *)loss)[i] : ((const float *)loss)[i];
+  if (dtype == OSS_FLOAT64) *(double *)total = count ? s / (double)*count : s;
+  else *(float *)total = count ? (float)s / (float)*count : (float)s;
   return OSS_OK;
 }
 

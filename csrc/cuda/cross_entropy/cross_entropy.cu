@@ -2,7 +2,9 @@
  * cross_entropy.cu - CUDA cross-entropy over class indices (oss.h): the
  * forward (per-row loss and float64 lse), the backward (the logits' gradient
  * from the saved lse) and both in one launch (loss, lse and gradient), with
- * the CPU kernel's semantics (csrc/cpu/cross_entropy.c):
+ * the CPU kernel's semantics (csrc/cpu/cross_entropy.c), plus the mean loss's
+ * glue (row weights from the targets, the loss's total: one CTA each, at the
+ * end of the file):
  *   lse    = log sum_j exp(x_j)
  *   loss   = (1 - eps) (lse - x_t) + eps (lse - mean_j x_j) + z lse^2   (0 on ignored rows)
  *   grad_j = g (softmax_j (1 + 2 z lse) - (1 - eps) [j == t] - eps / C)  (0 on ignored rows)
@@ -872,6 +874,55 @@ __global__ void __launch_bounds__(CE_ONCHIP_LARGE_THREADS, 2) ce_onchip_kernel(c
 #endif
 }
 
+// ---- the mean loss's glue (oss.h: row_weights, total) ------------------------------
+
+/* One CTA of CE_GLUE_THREADS: thread i takes entries i, i + CE_GLUE_THREADS,
+ * ...; warp butterflies, then the warps' partials added by warp 0 in warp
+ * order (a fixed order: bitwise reproducible). The result is returned to
+ * every thread. */
+enum { CE_GLUE_THREADS = 1024 };
+
+template <typename V> __device__ __forceinline__ V ce_cta_sum(V v) {
+  __shared__ V part[CE_GLUE_THREADS / 32];
+  __shared__ V all;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    V w = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : (V)0;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) w += __shfl_xor_sync(0xffffffffu, w, off);
+    if (threadIdx.x == 0) all = w;
+  }
+  __syncthreads();
+  return all;
+}
+
+/* count, then the weights (a second read of the targets) */
+template <typename W>
+__global__ void __launch_bounds__(CE_GLUE_THREADS)
+    ce_row_weights_kernel(const int64_t *target, int64_t rows, int64_t ignore_index, int mean, W *weights,
+                          int64_t *count) {
+  long long c = 0;
+  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) c += target[i] != ignore_index;
+  const long long n = ce_cta_sum(c);
+  if (threadIdx.x == 0) *count = n;
+  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
+    const W ci = target[i] != ignore_index ? (W)1 : (W)0;
+    weights[i] = mean ? ci / (W)n : ci;
+  }
+}
+
+template <typename L>
+__global__ void __launch_bounds__(CE_GLUE_THREADS)
+    ce_total_kernel(const L *loss, int64_t rows, const int64_t *count, L *total) {
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) s += (double)loss[i];
+  s = ce_cta_sum(s);
+  if (threadIdx.x == 0) *total = count ? (L)s / (L)*count : (L)s;
+}
+
 // ---- host side ----------------------------------------------------------------------------
 
 static size_t ce_dtype_size(oss_dtype t) { return t == OSS_FLOAT64 ? 8 : t == OSS_FLOAT32 ? 4 : 2; }
@@ -1134,4 +1185,31 @@ extern "C" oss_status oss_cross_entropy_backward_cuda(const oss_cross_entropy_ba
 extern "C" oss_status oss_cross_entropy_forward_backward_cuda(const oss_cross_entropy_backward_params *p,
                                                               void *cuda_stream) {
   return ce_backward("cross_entropy_forward_backward", p, 1, cuda_stream);
+}
+
+extern "C" oss_status oss_cross_entropy_row_weights_cuda(const int64_t *target, int64_t rows, int64_t ignore_index,
+                                                         oss_dtype dtype, int mean, void *weights, int64_t *count,
+                                                         void *cuda_stream) {
+  const oss_status st = oss_cross_entropy_check_glue("cross_entropy_row_weights", rows, dtype, target, weights, count);
+  if (st != OSS_OK) return st;
+  const cudaStream_t stream = (cudaStream_t)cuda_stream;
+  if (dtype == OSS_FLOAT64)
+    ce_row_weights_kernel<double><<<1, CE_GLUE_THREADS, 0, stream>>>(target, rows, ignore_index, mean,
+                                                                     (double *)weights, count);
+  else
+    ce_row_weights_kernel<float><<<1, CE_GLUE_THREADS, 0, stream>>>(target, rows, ignore_index, mean,
+                                                                    (float *)weights, count);
+  return oss_check_launch("ce_row_weights_kernel");
+}
+
+extern "C" oss_status oss_cross_entropy_total_cuda(const void *loss, int64_t rows, oss_dtype dtype,
+                                                   const int64_t *count, void *total, void *cuda_stream) {
+  const oss_status st = oss_cross_entropy_check_glue("cross_entropy_total", rows, dtype, loss, loss, total);
+  if (st != OSS_OK) return st;
+  const cudaStream_t stream = (cudaStream_t)cuda_stream;
+  if (dtype == OSS_FLOAT64)
+    ce_total_kernel<double><<<1, CE_GLUE_THREADS, 0, stream>>>((const double *)loss, rows, count, (double *)total);
+  else
+    ce_total_kernel<float><<<1, CE_GLUE_THREADS, 0, stream>>>((const float *)loss, rows, count, (float *)total);
+  return oss_check_launch("ce_total_kernel");
 }
