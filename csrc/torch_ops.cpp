@@ -2050,6 +2050,16 @@ void cross_entropy_backward_scaled_autograd(const Tensor &grad_logits, const Ten
   grad_logits.unsafeGetTensorImpl()->bump_version();
 }
 
+// (its input, int64 targets, is never differentiated: the weights are constants)
+std::tuple<Tensor, Tensor> cross_entropy_row_weights_autograd(const Tensor &target, int64_t ignore_index,
+                                                              at::ScalarType dtype, bool mean) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("oss::cross_entropy_row_weights", "")
+                             .typed<decltype(cross_entropy_row_weights_op)>();
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return op.call(target, ignore_index, dtype, mean);
+}
+
 Tensor cross_entropy_total_autograd(const Tensor &loss, const std::optional<Tensor> &count) {
   OSS_CHECK(!will_differentiate(loss), NotImplemented,
             "cross_entropy_total is not differentiable (loss requires grad); sum the loss with torch ops instead, or "
@@ -2172,6 +2182,7 @@ TORCH_LIBRARY_IMPL(oss, Autograd, m) {
   m.impl("cross_entropy_forward_backward", &cross_entropy_forward_backward_autograd);
   m.impl("cross_entropy_forward_backward_", &cross_entropy_forward_backward_inplace_autograd);
   m.impl("cross_entropy_backward_scaled_", &cross_entropy_backward_scaled_autograd);
+  m.impl("cross_entropy_row_weights", &cross_entropy_row_weights_autograd);
   m.impl("cross_entropy_total", &cross_entropy_total_autograd);
 }
 
