@@ -18,7 +18,9 @@
  * two 512-thread CTAs, so that one streams while the other is between rows
  * (its reduction, its first loads); for forward + backward one row per SM, so
  * that the rows in flight (132 on an H100: 33 MB of 128k bfloat16 classes)
- * stay in L2 for the second read. Groups walk the rows grid-stride.
+ * stay in L2 for the second read. Groups walk the rows grid-stride (the
+ * backward with a scale read on the device launches one wave of CTAs, which
+ * all return at once where the scale is 1).
  * Inside a row, the elements before the first 16-byte boundary (the head) and
  * after the last whole 16-byte vector (the tail), fewer than 16 / sizeof(T)
  * each, are read one by one by the group's first threads; the 16-byte vectors
@@ -1018,20 +1020,25 @@ static void ce_shape(int64_t classes, oss_dtype dtype, int fused, int *threads, 
   *group = t;
 }
 
-template <typename T, int MODE> static oss_status ce_launch_typed(const ce_args &A, int threads, cudaStream_t stream) {
+/* One CTA per `threads / group` rows, or at most max_ctas (0: no cap) CTAs
+ * walking the rows grid-stride. */
+template <typename T, int MODE>
+static oss_status ce_launch_typed(const ce_args &A, int threads, int64_t max_ctas, cudaStream_t stream) {
   const int64_t per_cta = threads / A.group;
-  const int64_t ctas = (A.rows + per_cta - 1) / per_cta;
+  int64_t ctas = (A.rows + per_cta - 1) / per_cta;
+  if (max_ctas > 0 && ctas > max_ctas) ctas = max_ctas;
   const unsigned grid = (unsigned)(ctas < INT32_MAX ? ctas : INT32_MAX);
   ce_kernel<T, MODE><<<grid, threads, 0, stream>>>(A);
   return oss_check_launch("ce_kernel");
 }
 
-template <int MODE> static oss_status ce_launch(oss_dtype dtype, const ce_args &A, int threads, cudaStream_t stream) {
+template <int MODE>
+static oss_status ce_launch(oss_dtype dtype, const ce_args &A, int threads, int64_t max_ctas, cudaStream_t stream) {
   switch (dtype) {
-  case OSS_FLOAT32: return ce_launch_typed<float, MODE>(A, threads, stream);
-  case OSS_FLOAT64: return ce_launch_typed<double, MODE>(A, threads, stream);
-  case OSS_FLOAT16: return ce_launch_typed<__half, MODE>(A, threads, stream);
-  case OSS_BFLOAT16: return ce_launch_typed<__nv_bfloat16, MODE>(A, threads, stream);
+  case OSS_FLOAT32: return ce_launch_typed<float, MODE>(A, threads, max_ctas, stream);
+  case OSS_FLOAT64: return ce_launch_typed<double, MODE>(A, threads, max_ctas, stream);
+  case OSS_FLOAT16: return ce_launch_typed<__half, MODE>(A, threads, max_ctas, stream);
+  case OSS_BFLOAT16: return ce_launch_typed<__nv_bfloat16, MODE>(A, threads, max_ctas, stream);
   default: return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "cross_entropy: logits have dtype code %d", (int)dtype);
   }
 }
@@ -1153,7 +1160,7 @@ extern "C" oss_status oss_cross_entropy_forward_cuda(const oss_cross_entropy_par
   if (p->rows == 0) return OSS_OK;
   int threads, group;
   ce_shape(p->classes, p->dtype, 0, &threads, &group);
-  return ce_launch<CE_FWD>(p->dtype, ce_args_from(p, group), threads, (cudaStream_t)cuda_stream);
+  return ce_launch<CE_FWD>(p->dtype, ce_args_from(p, group), threads, 0, (cudaStream_t)cuda_stream);
 }
 
 /* The backward (fused = 0) or the forward and backward in one pass (fused = 1). */
@@ -1190,7 +1197,19 @@ static oss_status ce_backward(const char *op, const oss_cross_entropy_backward_p
       return ce_onchip_launch(p->dtype, A, onchip_threads, smem, stream);
     }
   }
-  return fused ? ce_launch<CE_FWD_BWD>(p->dtype, A, threads, stream) : ce_launch<CE_BWD>(p->dtype, A, threads, stream);
+  if (fused) return ce_launch<CE_FWD_BWD>(p->dtype, A, threads, 0, stream);
+  int64_t max_ctas = 0;
+  if (A.grad_scale != NULL) {
+    /* the scale is read on the device, and where it is 1 every CTA returns
+     * at once: one wave of CTAs (1024 threads an SM, as the kernel's 64
+     * registers allow), not one per row, so that this case costs
+     * microseconds */
+    oss_device_info info;
+    st = oss_get_device_info(&info);
+    if (st != OSS_OK) return st;
+    max_ctas = (int64_t)info.sm_count * (threads < 1024 ? 1024 / threads : 1);
+  }
+  return ce_launch<CE_BWD>(p->dtype, A, threads, max_ctas, stream);
 }
 
 extern "C" oss_status oss_cross_entropy_backward_cuda(const oss_cross_entropy_backward_params *p, void *cuda_stream) {
