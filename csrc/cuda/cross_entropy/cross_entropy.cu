@@ -901,17 +901,24 @@ template <typename V> __device__ __forceinline__ V ce_cta_sum(V v) {
   return all;
 }
 
+/* This thread's entries base, base + blockDim.x, ... (CE_GLUE_UNROLL of them;
+ * fill past the end). */
+template <typename X>
+__device__ __forceinline__ void ce_glue_load(X (&v)[CE_GLUE_UNROLL], const X *x, int64_t n, int64_t base, X fill) {
+#pragma unroll
+  for (int u = 0; u < CE_GLUE_UNROLL; u++) {
+    const int64_t i = base + (int64_t)u * blockDim.x;
+    v[u] = i < n ? x[i] : fill;
+  }
+}
+
 /* The sum over this thread's entries of f(x[i]) (f(fill) past the end). */
 template <typename V, typename X, typename F>
 __device__ __forceinline__ V ce_thread_sum(const X *x, int64_t n, X fill, F f) {
   V s = 0;
   for (int64_t base = threadIdx.x; base < n; base += (int64_t)CE_GLUE_UNROLL * blockDim.x) {
     X v[CE_GLUE_UNROLL];
-#pragma unroll
-    for (int u = 0; u < CE_GLUE_UNROLL; u++) {
-      const int64_t i = base + (int64_t)u * blockDim.x;
-      v[u] = i < n ? x[i] : fill;
-    }
+    ce_glue_load(v, x, n, base, fill);
 #pragma unroll
     for (int u = 0; u < CE_GLUE_UNROLL; u++) s += f(v[u]);
   }
@@ -937,11 +944,7 @@ __global__ void __launch_bounds__(CE_GLUE_THREADS)
   const W one = mean ? (W)1 / (W)n : (W)1, zero = mean ? (W)0 / (W)n : (W)0; /* (0 / 0 is NaN) */
   for (int64_t base = threadIdx.x; base < rows; base += (int64_t)CE_GLUE_UNROLL * blockDim.x) {
     int64_t v[CE_GLUE_UNROLL];
-#pragma unroll
-    for (int u = 0; u < CE_GLUE_UNROLL; u++) {
-      const int64_t i = base + (int64_t)u * blockDim.x;
-      v[u] = i < rows ? target[i] : ignore_index;
-    }
+    ce_glue_load(v, target, rows, base, ignore_index);
 #pragma unroll
     for (int u = 0; u < CE_GLUE_UNROLL; u++) {
       const int64_t i = base + (int64_t)u * blockDim.x;
