@@ -878,7 +878,7 @@ __global__ void __launch_bounds__(CE_ONCHIP_LARGE_THREADS, 2) ce_onchip_kernel(c
 
 /* One CTA of CE_GLUE_THREADS: thread i takes entries i, i + CE_GLUE_THREADS,
  * ..., CE_GLUE_UNROLL of them loaded before any is used (the loop is bound by
- * the loads' latency: one at a time, 16384 rows took 10 us); warp
+ * the loads' latency, paid once per batch instead of once per entry); warp
  * butterflies, then the warps' partials added by warp 0 in warp order (a
  * fixed order: bitwise reproducible). The result is returned to every
  * thread. */
