@@ -748,6 +748,24 @@ at::ScalarType lse_dtype(at::ScalarType input) { return input == at::kDouble ? a
 
 bool is_half(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
+// The forward's out: in query's layout where query is (B, L, H, D) memory seen
+// as (B, H, L, D) (a projection's .view(B, L, H, D).transpose(1, 2)), as
+// SDPA's kernels return it, so that a caller's out.transpose(1, 2).contiguous()
+// copies nothing; contiguous otherwise. (_registrations.py's fake follows the
+// same rule.)
+Tensor attention_out_like(const Tensor &query, int64_t head_dim_v) {
+  const int64_t B = query.size(0), H = query.size(1), L = query.size(2);
+  if (query.stride(1) < query.stride(2)) return at::empty({B, L, H, head_dim_v}, query.options()).transpose(1, 2);
+  return at::empty({B, H, L, head_dim_v}, query.options());
+}
+
+// A gradient in its input's layout (empty_like) where the input's last dim is
+// contiguous, so dq, dk, dv of (B, L, H, D) views need no copy on their way
+// back to the projections; contiguous otherwise. (The fakes follow it.)
+Tensor grad_like(const Tensor &input) {
+  return input.stride(-1) == 1 ? at::empty_like(input) : at::empty(input.sizes(), input.options());
+}
+
 // out's rounding residual as oss.h out_residual takes it: int8 codes with
 // out's shape and strides, or an empty int8 tensor where none is kept.
 Tensor residual_for(const Tensor &out, bool keep) {
@@ -764,7 +782,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_forward(const char *op, const Tenso
   AttentionInputs in =
       prepare_attention(op, query, key, value, attn_mask, is_causal, scale, enable_gqa, causal_alignment, variants);
   oss_attention_params &p = in.p;
-  Tensor out = at::empty({p.batch, p.heads_q, p.len_q, p.head_dim_v}, query.options());
+  Tensor out = attention_out_like(query, p.head_dim_v);
   Tensor lse = at::empty({p.batch, p.heads_q, p.len_q}, query.options().dtype(lse_dtype(query.scalar_type())));
   Tensor residual = residual_for(out, keep_residual && is_half(query.scalar_type()));
   if (out.numel() == 0) return {out, lse, residual};
@@ -914,18 +932,21 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_impl(
   oss_attention_backward_params bp{};
   bp.fwd = in.p;
   const oss_attention_params &p = bp.fwd;
-  // the residual is read with out's strides: both contiguous when it is used
+  // the residual is read with out's strides: both as given where they share
+  // them (as the forward returns them), else both contiguous
   const bool use_residual =
       check_backward_tensors(op, "query", query, grad_out, out, lse, out_residual,
                              {p.batch, p.heads_q, p.len_q, p.head_dim_v}, {p.batch, p.heads_q, p.len_q});
-  Tensor o = use_residual ? out.contiguous() : last_dim_contiguous(out);
-  Tensor o_res = use_residual ? out_residual->contiguous() : Tensor();
+  const bool residual_as_given =
+      use_residual && out.stride(-1) == 1 && out_residual->strides() == out.strides();
+  Tensor o = use_residual && !residual_as_given ? out.contiguous() : last_dim_contiguous(out);
+  Tensor o_res = use_residual ? (residual_as_given ? *out_residual : out_residual->contiguous()) : Tensor();
   Tensor dout = last_dim_contiguous(grad_out.to(query.scalar_type()));
   Tensor lse_c = lse.contiguous();
   Tensor dlse = lse_gradient(op, lse, grad_lse);
-  Tensor dq = at::empty(query.sizes(), query.options());
-  Tensor dk = at::empty(key.sizes(), key.options());
-  Tensor dv = at::empty(value.sizes(), value.options());
+  Tensor dq = grad_like(query);
+  Tensor dk = grad_like(key);
+  Tensor dv = grad_like(value);
   Tensor dsinks = want_dsinks ? at::zeros({p.heads_q}, query.options().dtype(at::kFloat)) : Tensor();
   auto result = [&]() -> std::tuple<Tensor, Tensor, Tensor, Tensor> {
     return {dq, dk, dv, want_dsinks ? dsinks.to(variants.sinks->scalar_type()) : Tensor()};

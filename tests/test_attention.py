@@ -357,6 +357,34 @@ def test_strided_inputs_blhd_layout(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_outputs_keep_the_blhd_layout(device, dtype):
+    """(B, L, H, D) memory seen as (B, H, L, D), as a projection's
+    .view(B, L, H, D).transpose(1, 2) gives it: out comes back as the same view
+    of (B, L, H, Dv) memory (as SDPA's kernels return it), so that
+    out.transpose(1, 2) is contiguous, and dq, dk, dv in their inputs'
+    layouts; contiguous inputs keep contiguous results. The values are the
+    contiguous call's, bit for bit (deterministic backward)."""
+    B, L, Hq, Hkv, D, Dv = 2, 37, 4, 2, 64, 32
+    xs = [torch.randn(B, L, h, d, dtype=dtype, device=device) for h, d in ((Hq, D), (Hkv, D), (Hkv, Dv))]
+    q, k, v = (x.transpose(1, 2).requires_grad_() for x in xs)
+    out = torch_oss.attention(q, k, v, is_causal=True, enable_gqa=True, deterministic=True)
+    assert out.shape == (B, Hq, L, Dv) and out.transpose(1, 2).is_contiguous(), out.stride()
+    dout = torch.randn(B, L, Hq, Dv, dtype=dtype, device=device).transpose(1, 2)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    for name, g, t in zip(("dq", "dk", "dv"), grads, (q, k, v)):
+        assert g.stride() == t.stride(), f"{name}: strides {g.stride()}, input {t.stride()}"
+    qc, kc, vc = (t.detach().contiguous().requires_grad_() for t in (q, k, v))
+    out_c = torch_oss.attention(qc, kc, vc, is_causal=True, enable_gqa=True, deterministic=True)
+    assert out_c.is_contiguous() and torch.equal(out_c, out)
+    grads_c = torch.autograd.grad(out_c, (qc, kc, vc), dout.contiguous())
+    for name, g, g_c in zip(("dq", "dk", "dv"), grads, grads_c):
+        assert g_c.is_contiguous() and torch.equal(g_c, g), name
+    # the Hugging Face attention function's transpose back is then free
+    assert out.transpose(1, 2).contiguous().data_ptr() == out.data_ptr()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_misaligned_pointers(device):
     buf = torch.randn(1 + 2 * 3 * 50 * 40, dtype=torch.float16, device=device)
     q = buf[1:].view(2, 3, 50, 40)  # data pointer off 16-byte alignment
@@ -527,7 +555,14 @@ def attention_samples(device):
             elif mask == "float":
                 m = torch.randn(case[0], 1, case[3], case[4], dtype=dtype, device=device)
             samples.append((q, k, v, m, causal, 0.5 if mask else None, gqa, align))
+    q, k, v, *rest = samples[2]
+    samples.append((*(blhd(t) for t in (q, k, v)), *rest))  # out and the gradients in that layout
     return samples
+
+
+def blhd(t):
+    """t's values in (B, L, H, D) memory, seen as (B, H, L, D)."""
+    return t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(t.requires_grad)
 
 
 def residual_samples(device):
@@ -539,6 +574,8 @@ def residual_samples(device):
             q, k, v = make_qkv(case, dtype, device, requires_grad=True)
             m = torch.rand(case[3], case[4], device=device) > 0.3 if mask == "bool" else None
             samples.append((q, k, v, m, causal, None, gqa, align))
+    q, k, v, *rest = samples[-1]
+    samples.append((*(blhd(t) for t in (q, k, v)), *rest))  # out and its residual in that layout
     return samples
 
 

@@ -107,7 +107,11 @@ def _attention_fake(query, key, value, attn_mask=None, is_causal=False, scale=No
         lambda: f"attention: key.size(-1)={key.shape[-1]} must equal query.size(-1)={query.shape[-1]}",
     )
     B, Hq, Lq, _ = query.shape
-    out = query.new_empty((B, Hq, Lq, value.shape[-1]))
+    # in query's layout where query is (B, L, H, D) memory seen as (B, H, L, D), as the kernel's op allocates it
+    if query.stride(1) < query.stride(2):
+        out = query.new_empty((B, Lq, Hq, value.shape[-1])).transpose(1, 2)
+    else:
+        out = query.new_empty((B, Hq, Lq, value.shape[-1]))
     lse = query.new_empty((B, Hq, Lq), dtype=_lse_dtype(query.dtype))
     return out, lse
 
@@ -115,7 +119,7 @@ def _attention_fake(query, key, value, attn_mask=None, is_causal=False, scale=No
 def _residual_like(out, keep):
     """The output residual as the ops return it: int8 codes of out's shape, or
     an empty int8 tensor where none is kept."""
-    return out.new_empty(out.shape if keep else (0,), dtype=torch.int8)
+    return torch.empty_like(out, dtype=torch.int8) if keep else out.new_empty((0,), dtype=torch.int8)
 
 
 def _attention_with_residual_fake(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
@@ -138,7 +142,13 @@ def _attention_backward_fake(grad_out, query, key, value, out, lse, attn_mask, i
                                               ("dropout_seed", dropout_seed), ("grad_lse", grad_lse)])
     _check_dropout("attention_backward", dropout_p, dropout_seed)
     _check_lse_gradient("attention_backward", lse, grad_lse)
-    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+    return _grad_like(query), _grad_like(key), _grad_like(value)
+
+
+def _grad_like(t):
+    """A gradient as the backward op allocates it: in its input's layout
+    where the input's last dim is contiguous, else contiguous."""
+    return torch.empty_like(t) if t.stride(-1) == 1 else t.new_empty(t.shape)
 
 
 def _attention_backward_with_sinks_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale,
