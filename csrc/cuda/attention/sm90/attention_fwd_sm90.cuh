@@ -637,8 +637,13 @@ __global__ void __launch_bounds__(384, 1)
         const bool leader = (tid & 127) == 0;
         const uint32_t stage = oss_smem_u32(sO) + (uint32_t)(wg * (OUT_STAGE / 2));
         float inv[1][2];
-        oss_attn_fwd_write<T, 1, NO, RUN, WIDE, false>(a, o_out, m, l, lr, qb.b, qb.h, qb.bh, i0 + wrow, lane, 1.f,
-                                                       inv);
+        /* the residual (training calls) in 8-byte stores after the quad's
+         * exchange at every head dim here: with out left to the copy engine
+         * the registers hold it, and 2-byte stores (8 bytes of a row per
+         * warp store) held the epilogue of short sequences */
+        constexpr bool RES_WIDE = !WINDOW && NO % 4 == 0;
+        oss_attn_fwd_write<T, 1, NO, RUN, RES_WIDE, false>(a, o_out, m, l, lr, qb.b, qb.h, qb.bh, i0 + wrow, lane,
+                                                           1.f, inv);
         if (leader) oss_bulk_wait_read<0>();
         oss_named_sync(3 + wg, 128);
         oss_sm90_stage_acc<T, NO>(stage, o_out[0], inv[0], warp & 3, lane);
