@@ -893,6 +893,20 @@ class TinyBlock(torch.nn.Module):
         return self.o(y) * sm(self.gate(x), -1).sum(-1, keepdim=True)
 
 
+def test_compile_caches_carry_the_fakes_tag():
+    """torch.compile's cache keys carry a hash of the fake functions, so a graph
+    compiled against other fakes (another output layout, say) is compiled
+    again rather than reused; the tag joins a user's own tag once."""
+    from torch_oss import _registrations
+
+    tag = _registrations.cache_tag()
+    assert tag.startswith("torch_oss-") and tag in torch.compiler.config.cache_key_tag.split()
+    with torch.compiler.config.patch(cache_key_tag="mine"):
+        _registrations._tag_compile_caches()
+        _registrations._tag_compile_caches()
+        assert torch.compiler.config.cache_key_tag.split() == ["mine", tag]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_module_fullgraph(device):
     torch.manual_seed(0)

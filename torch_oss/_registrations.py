@@ -492,4 +492,30 @@ def register():
                                     setup_context=_cross_entropy_setup_context)
     torch.library.register_autograd(f"{lib}::cross_entropy_backward", _cross_entropy_double_backward,
                                     setup_context=_cross_entropy_backward_setup_context)
+    _tag_compile_caches()
+
+
+def cache_tag():
+    """This build's tag in torch.compile's cache keys: a hash of this file,
+    where the fake functions live."""
+    import hashlib
+
+    with open(__file__, "rb") as f:
+        return "torch_oss-" + hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+def _tag_compile_caches():
+    """torch.compile's on-disk caches key a graph by its ops and inputs, not by
+    the fake functions that gave the ops' outputs their shapes and strides: a
+    graph compiled against another version of these fakes would be reused and
+    fail its stride checks at run time (an output layout that changed, say).
+    cache_tag() joins torch.compiler.config.cache_key_tag, PyTorch's means to
+    separate caches, so graphs are compiled again when the fakes change and
+    reused while they do not."""
+    config = getattr(torch.compiler, "config", None)
+    if config is None or not hasattr(config, "cache_key_tag"):
+        return
+    tag = cache_tag()
+    if tag not in config.cache_key_tag.split():
+        config.cache_key_tag = " ".join(t for t in (config.cache_key_tag, tag) if t)
 
