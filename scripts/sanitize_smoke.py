@@ -132,6 +132,21 @@ def attention_cases(forward_only=False, kernels="all"):
     q, k, v = (torch.randn(1, 4, 100, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     torch_oss.attention(q, k, v, is_causal=True).sum().backward()
     torch.use_deterministic_algorithms(False)
+    # (B, L, H, D) memory seen as (B, H, L, D): out, its residual and the gradients in that layout
+    for D in (d for d in (64, 96, 128) if d in dims):
+        x = [torch.randn(2, 150, h, D, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2)]
+        leaves = [t.transpose(1, 2).requires_grad_() for t in x]
+        out, lse = torch_oss.attention_with_lse(*leaves, is_causal=True, enable_gqa=True)
+        cpu = [t.detach().cpu().float().requires_grad_() for t in leaves]
+        cout, clse = torch_oss.attention_with_lse(*cpu, is_causal=True, enable_gqa=True)
+        name = f"attention (B, L, H, D) layout, head dim {D}"
+        close(name + " out", out, cout, 3e-2)
+        close(name + " lse", lse, clse, 3e-2)
+        dout = torch.randn_like(out)
+        out.backward(dout)
+        cout.backward(dout.cpu().float())
+        for g, cg, n in zip(leaves, cpu, "qkv"):
+            close(name + f" d{n}", g.grad, cg.grad, 0.6)
 
 
 def decode_cases():
