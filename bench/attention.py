@@ -13,6 +13,10 @@ torch_oss against every SDPA backend in the same run. TFLOP/s: forward
     python bench/attention.py --with-deterministic  # also torch_oss with deterministic=True
     python bench/attention.py --kernels     # also each backward's kernels (us per call): torch_oss's
                                             # and cuDNN's (GPU)
+    python bench/attention.py --layout blhd --kv-heads 8 --hdims 64
+        # as a model's attention function calls it: q, k, v are (B, L, H, D) memory seen as
+        # (B, H, L, D), and each forward ends in out.transpose(1, 2).contiguous(); grouped-query
+        # attention with 8 key/value heads
 """
 
 import argparse
@@ -70,6 +74,10 @@ def main():
                     help="also time torch_oss with the Hopper forward on a persistent grid of one CTA per SM "
                          "and on a grid of one CTA per block of query rows (columns torch_oss-persistent, "
                          "torch_oss-per-block)")
+    ap.add_argument("--layout", choices=("bhld", "blhd"), default="bhld",
+                    help="blhd: inputs that are (B, L, H, D) memory seen as (B, H, L, D), and each forward "
+                         "followed by out.transpose(1, 2).contiguous(), as a model's attention function does")
+    ap.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: as many as query heads)")
     ap.add_argument("--kernels", action="store_true",
                     help="also the GPU time of each kernel of torch_oss's and SDPA cuDNN's backward "
                          "(torch.profiler, us per call)")
@@ -108,18 +116,29 @@ def main():
             H = width // D
             for N in seqlens:
                 B = max(1, tokens // N)
-                q, k, v = (torch.randn(B, H, N, D, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
-                dout = torch.randn(B, H, N, D, dtype=dtype, device=device)
+                Hkv = args.kv_heads or H
+                gqa = Hkv != H
+                blhd = args.layout == "blhd"
+                # leaves (B, L, H, D) where a model's projections would give them, viewed as (B, H, L, D)
+                q, k, v = ((torch.randn(B, N, h, D, dtype=dtype, device=device, requires_grad=True).transpose(1, 2)
+                            if blhd else torch.randn(B, h, N, D, dtype=dtype, device=device, requires_grad=True))
+                           for h in (H, Hkv, Hkv))
+                dout = torch.randn(B, N, H, D, dtype=dtype, device=device) if blhd else \
+                    torch.randn(B, H, N, D, dtype=dtype, device=device)
                 for causal in causals:
                     with torch.no_grad():
-                        expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                        expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+                        if blhd:
+                            expected = expected.transpose(1, 2)
                     for name, ctx in impls.items():
                         with ctx():  # the SDPA backend, or torch_oss's kernel choices
                             def fwd():
                                 if name.startswith("torch_oss"):
-                                    return torch_oss.attention(q, k, v, is_causal=causal,
-                                                               deterministic=name == "torch_oss-deterministic")
-                                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                                    out = torch_oss.attention(q, k, v, is_causal=causal, enable_gqa=gqa,
+                                                              deterministic=name == "torch_oss-deterministic")
+                                else:
+                                    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+                                return out.transpose(1, 2).contiguous() if blhd else out
 
                             try:
                                 with torch.no_grad():
@@ -142,8 +161,11 @@ def main():
                                         with torch.no_grad():
                                             fwd()
                                 else:
+                                    leaves = [t._base if blhd else t for t in (q, k, v)]
+
                                     def run():
-                                        q.grad = k.grad = v.grad = None
+                                        for t in leaves:
+                                            t.grad = None
                                         fwd().backward(dout)
                                 if gpu:
                                     torch.cuda.synchronize()
@@ -152,8 +174,9 @@ def main():
                                 ms = common.bench(run, device)
                                 peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if gpu else None
                                 tflops = flops(B, H, N, D, causal, mode) / (ms * 1e-3) / 1e12
-                                records.append(dict(dtype=dname, hdim=D, heads=H, batch=B, seqlen=N, causal=causal,
-                                                    mode=mode, impl=name, ms=ms, tflops=tflops, peak_extra_mib=peak))
+                                records.append(dict(dtype=dname, hdim=D, heads=H, kv_heads=Hkv, layout=args.layout,
+                                                    batch=B, seqlen=N, causal=causal, mode=mode, impl=name, ms=ms,
+                                                    tflops=tflops, peak_extra_mib=peak))
                             if args.kernels and name in ("torch_oss", "sdpa-cudnn"):
                                 out = fwd()
                                 kernels = common.kernel_breakdown_us(
