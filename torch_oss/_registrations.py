@@ -107,7 +107,7 @@ def _attention_fake(query, key, value, attn_mask=None, is_causal=False, scale=No
         lambda: f"attention: key.size(-1)={key.shape[-1]} must equal query.size(-1)={query.shape[-1]}",
     )
     B, Hq, Lq, _ = query.shape
-    # in query's layout where query is (B, L, H, D) memory seen as (B, H, L, D), as the kernel's op allocates it
+    # in query's layout where query is (B, L, H, D) memory seen as (B, H, L, D), as the op allocates it
     if query.stride(1) < query.stride(2):
         out = query.new_empty((B, Lq, Hq, value.shape[-1])).transpose(1, 2)
     else:
