@@ -13,6 +13,12 @@ torch_oss against every SDPA backend in the same run. TFLOP/s: forward
     python bench/attention.py --with-deterministic  # also torch_oss with deterministic=True
     python bench/attention.py --kernels     # also each backward's kernels (us per call): torch_oss's
                                             # and cuDNN's (GPU)
+    python bench/attention.py --mask padding --causal 0
+        # with a mask tensor: padding (B, 1, 1, N) bool, bool (B, 1, N, N), or additive
+        # (1, H, N, N) in the inputs' dtype (a position bias); SDPA takes no causal flag with one
+    python bench/attention.py --mask bool --causal 0 --with-mask-elementwise
+        # also torch_oss given the same mask in rows the copy engine cannot address (16 bytes
+        # + one element apart), which the kernel reads element by element from global memory
     python bench/attention.py --layout blhd --kv-heads 8 --hdims 64
         # as a model's attention function calls it: q, k, v are (B, L, H, D) memory seen as
         # (B, H, L, D), and each forward ends in out.transpose(1, 2).contiguous(); grouped-query
@@ -44,6 +50,20 @@ def sdpa_backends(device):
                           ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION)):
         out[name] = lambda b=backend: sdpa_kernel(b)
     return out
+
+
+def make_mask(kind, B, H, N, dtype, device):
+    """The --mask tensor (None for "none"); every row keeps some keys."""
+    g = torch.Generator().manual_seed(0)
+    if kind == "none":
+        return None
+    if kind == "padding":  # each sequence keeps its first N - r keys, r < N / 4
+        cut = torch.randint(0, max(1, N // 4), (B,), generator=g)
+        return (torch.arange(N) < (N - cut)[:, None]).view(B, 1, 1, N).to(device)
+    if kind == "bool":
+        m = torch.rand(B, 1, N, N, generator=g) > 0.1
+        return (m | torch.eye(N, dtype=torch.bool)).to(device)
+    return torch.randn(1, H, N, N, generator=g).to(dtype=dtype, device=device)
 
 
 def flops(B, H, N, D, causal, mode):
@@ -78,6 +98,10 @@ def main():
                     help="blhd: inputs that are (B, L, H, D) memory seen as (B, H, L, D), and each forward "
                          "followed by out.transpose(1, 2).contiguous(), as a model's attention function does")
     ap.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: as many as query heads)")
+    ap.add_argument("--mask", choices=("none", "padding", "bool", "additive"), default="none",
+                    help="a mask tensor with every call (see above)")
+    ap.add_argument("--with-mask-elementwise", action="store_true",
+                    help="also torch_oss with the mask in rows the copy engine cannot address")
     ap.add_argument("--kernels", action="store_true",
                     help="also the GPU time of each kernel of torch_oss's and SDPA cuDNN's backward "
                          "(torch.profiler, us per call)")
@@ -106,6 +130,10 @@ def main():
                                                                   forward_ctas_per_sm=1)
         impls["torch_oss-per-block"] = lambda: attention_kernels(forward="best", backward="best", dq_centring=True,
                                                                  forward_ctas_per_sm=-1)
+    if args.with_mask_elementwise:  # the same kernel choices; fwd() passes the mask in unaligned rows
+        if args.mask == "none":
+            ap.error("--with-mask-elementwise needs --mask")
+        impls["torch_oss-elementwise-mask"] = impls["torch_oss"]
     if args.with_deterministic:  # the same kernel choices; fwd() passes deterministic=True
         impls["torch_oss-deterministic"] = impls["torch_oss"]
     impls.update(sdpa_backends(device))
@@ -125,19 +153,30 @@ def main():
                            for h in (H, Hkv, Hkv))
                 dout = torch.randn(B, N, H, D, dtype=dtype, device=device) if blhd else \
                     torch.randn(B, H, N, D, dtype=dtype, device=device)
+                mask = make_mask(args.mask, B, H, N, dtype, device)
+                unaligned = None
+                if mask is not None and args.with_mask_elementwise:
+                    pitch = N + 16 // mask.element_size() + 1
+                    unaligned = mask.new_zeros(*mask.shape[:-1], pitch)[..., :N]
+                    unaligned.copy_(mask)
                 for causal in causals:
+                    if mask is not None and causal:
+                        continue
                     with torch.no_grad():
-                        expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+                        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                                  enable_gqa=gqa)
                         if blhd:
                             expected = expected.transpose(1, 2)
                     for name, ctx in impls.items():
                         with ctx():  # the SDPA backend, or torch_oss's kernel choices
                             def fwd():
                                 if name.startswith("torch_oss"):
-                                    out = torch_oss.attention(q, k, v, is_causal=causal, enable_gqa=gqa,
+                                    m = unaligned if name == "torch_oss-elementwise-mask" else mask
+                                    out = torch_oss.attention(q, k, v, attn_mask=m, is_causal=causal, enable_gqa=gqa,
                                                               deterministic=name == "torch_oss-deterministic")
                                 else:
-                                    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+                                    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                                         enable_gqa=gqa)
                                 return out.transpose(1, 2).contiguous() if blhd else out
 
                             try:
@@ -175,6 +214,7 @@ def main():
                                 peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if gpu else None
                                 tflops = flops(B, H, N, D, causal, mode) / (ms * 1e-3) / 1e12
                                 records.append(dict(dtype=dname, hdim=D, heads=H, kv_heads=Hkv, layout=args.layout,
+                                                    mask=args.mask,
                                                     batch=B, seqlen=N, causal=causal, mode=mode, impl=name, ms=ms,
                                                     tflops=tflops, peak_extra_mib=peak))
                             if args.kernels and name in ("torch_oss", "sdpa-cudnn"):
@@ -184,7 +224,7 @@ def main():
                                 breakdowns.append(dict(dtype=dname, hdim=D, seqlen=N, causal=causal, impl=name,
                                                        kernels=kernels))
                                 del out
-                del q, k, v, dout, expected
+                del q, k, v, dout, expected, mask, unaligned
 
     names = list(dict.fromkeys(r["impl"] for r in records))
     peers = [n for n in names if not n.startswith("torch_oss")]
@@ -200,7 +240,8 @@ def main():
         for peer in peers:
             line.append(f"{ours['tflops'] / by[peer]['tflops']:.2f}x" if ours and peer in by else "-")
         rows.append(line)
-    common.print_table("attention TFLOP/s ('vs X' = torch_oss speed / X's speed)", header, rows)
+    masked = "" if args.mask == "none" else f", {args.mask} mask"
+    common.print_table(f"attention TFLOP/s{masked} ('vs X' = torch_oss speed / X's speed)", header, rows)
     for b in breakdowns:
         rows = [[name, f"{us:.1f}"] for name, us in sorted(b["kernels"].items(), key=lambda kv: -kv[1])]
         rows.append(["total", f"{sum(b['kernels'].values()):.1f}"])

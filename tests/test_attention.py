@@ -321,6 +321,31 @@ def test_masks(device, dtype, is_causal, alignment, mask_name):
         assert (out[:, :, row] == 0).all() and torch.isneginf(lse[:, :, row]).all()
 
 
+@pytest.mark.parametrize("device", [cuda_param("cuda")])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("is_causal,alignment", [(False, "top_left"), (True, "bottom_right")], ids=["none", "causal"])
+@pytest.mark.parametrize("mask_name", ["bool_full", "bool_broadcast_2d", "bool_padding", "additive", "additive_f32"])
+def test_masks_with_aligned_rows(device, dtype, head_dim, is_causal, alignment, mask_name):
+    """Masks whose strides the copy engine can address (272 keys: rows of 16-byte multiples
+    in every mask dtype) reach the Hopper forward in tiles through shared memory where they
+    fit there: against float64 by the tolerance rule, over several query blocks and key
+    tiles (the last of each partial), and bit for bit equal to the same mask read element by
+    element (its rows 16 bytes + one element apart, which the copy engine cannot address)."""
+    B, Hq, Lq, Lk = 2, 4, 150, 272
+    q, k, v = make_qkv((B, Hq, 2, Lq, Lk, head_dim, head_dim), dtype, device)
+    mask = mask_variants(B, Hq, Lq, Lk, dtype, device)[mask_name]
+    label = f"{dtype} hd{head_dim} mask={mask_name} causal={is_causal}"
+    out, lse = check_forward(q, k, v, mask=mask, is_causal=is_causal, alignment=alignment, label=label)
+    check_backward(q, k, v, mask=mask, is_causal=is_causal, alignment=alignment, label=label)
+    pitch = Lk + 16 // mask.element_size() + 1
+    unaligned = torch.zeros(*mask.shape[:-1], pitch, dtype=mask.dtype, device=device)[..., :Lk]
+    unaligned.copy_(mask)
+    out2, lse2 = torch_oss.attention_with_lse(q, k, v, attn_mask=unaligned, is_causal=is_causal, enable_gqa=True,
+                                              causal_alignment=alignment)
+    assert torch.equal(out, out2) and torch.equal(lse, lse2), label
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_fully_masked_rows_give_zero_output_and_gradients(device, dtype):
@@ -1017,8 +1042,9 @@ def test_hopper_forward_does_not_spill():
     """The Hopper forward's consumers hold O, S and P in registers (up to 240
     per thread after setmaxnreg); a spill would put local-memory traffic into
     every key tile. The instantiations without a window (head dims 64, 96,
-    128, 192, 256; with and without a mask tensor; (192, 128) for a narrower
-    v) must compile with no stack frame.
+    128, 192, 256; without a mask tensor, with one read element by element
+    and with one read in tiles; (192, 128) for a narrower v) must compile
+    with no stack frame.
     The ones for a window alone, instantiated apart so that these need not,
     hold the block's first key tile in one more register, which may spill a
     few of the block's arguments, stored at its start and reloaded once by
@@ -1028,9 +1054,9 @@ def test_hopper_forward_does_not_spill():
 
     frames = re.findall(r"Function properties for (\S*oss_attn_fwd_sm90_kernel\S*)\s+(\d+) bytes stack frame",
                         sm90_ptxas_report())
-    assert len(frames) == 15, f"expected 15 Hopper forward kernels in ptxas's report, found {len(frames)}"
-    # template arguments ..., MASK_TENSOR, VAR, WINDOW: the window kernels end in false, false, true
-    window = [(name, size) for name, size in frames if "Lb0ELb0ELb1EEv" in name]
+    assert len(frames) == 20, f"expected 20 Hopper forward kernels in ptxas's report, found {len(frames)}"
+    # template arguments ..., MASK, VAR, WINDOW: the window kernels end in 0, false, true
+    window = [(name, size) for name, size in frames if "Li0ELb0ELb1EEv" in name]
     assert len(window) == 4, f"expected 4 window kernels, found {[n for n, _ in frames]}"
     spilled = [f"{name}: {size} bytes" for name, size in frames if (name, size) not in window and int(size) != 0]
     spilled += [f"{name}: {size} bytes (window)" for name, size in window if int(size) > 32]

@@ -28,8 +28,13 @@
  *     every stage and P V runs with N = HD + 8 (oss_attn_fwd_sm90_ones).
  *     With PINGPONG the two warpgroups also take turns issuing their products
  *     (named barriers), so one's softmax runs under the other's products.
- *   - a mask tensor is read element-wise from global memory by the variant
- *     built for it (MASK_TENSOR); the variant without holds fewer registers.
+ *   - a mask tensor is read by the variant built for it (MASK_TENSOR; the
+ *     variant without holds fewer registers): where the copy engine can
+ *     address it and its stages fit, the producer copies each key tile's
+ *     mask tile (BR rows, or one row where every query row has the same
+ *     mask) with K's into shared memory (oss_sm90_load_mask) and the
+ *     consumers release it with K once masked (oss_sm90_mask_scores_tile);
+ *     otherwise element by element from global memory.
  *   - a window's key tiles only (producer and consumers both walk jt0 ..
  *     ntiles - 1). The kernel without a mask tensor applies a window as it
  *     applies the causal rule (on the tiles across its edges), so a window
@@ -132,8 +137,11 @@ template <int DV, bool VAR> __host__ __device__ constexpr int oss_attn_fwd_sm90_
  * out, boxes of 64 columns by 64 rows, where out_tma says the kernel stores
  * out with it (oss_attn_fwd_sm90_out_stage_bytes). */
 typedef struct oss_attn_sm90_maps {
-  CUtensorMap q, k, v, o;
+  CUtensorMap q, k, v, o, m;
   int out_tma;
+  /* the mask tensor's tiles (tensor map m), where the kernel takes them by
+   * the copy engine (oss_attn_fwd_sm90_kernel's MASK = 2) */
+  oss_attn_sm90_mask_tiles mask;
 } oss_attn_sm90_maps;
 
 /* Q and the K and V stages, + room to align the tiles to 1024 bytes. */
@@ -263,6 +271,90 @@ __device__ __forceinline__ void oss_sm90_alibi(float (&s)[NT][4], float c, float
       s[n][e] = fmaf(s[n][e], c, -slope * fabsf(d0 + (float)(8 * (e >> 1) - 8 * n - (e & 1))));
 }
 
+/* The mask tile of key tile j0 for the query block at row i0 of (batch b,
+ * head h) into one stage at dst (maps.mask: boxes of t.cols keys by t.rows
+ * rows). Its bytes join the phase of `full` before the K tile's copy arrives
+ * on it, so that phase completes once both landed. */
+__device__ __forceinline__ void oss_sm90_load_mask(unsigned char *dst, const oss_attn_sm90_maps &maps, uint64_t *full,
+                                                   int bc, int j0, int i0, int h, int b) {
+  const oss_attn_sm90_mask_tiles &t = maps.mask;
+  oss_mbar_expect_tx(full, (uint32_t)t.tx);
+  for (int c = 0; c < bc; c += t.cols)
+    oss_tma_load_4d(oss_smem_u32(dst + c / t.cols * t.box_bytes), &maps.m, full, j0 + c, t.rows == 1 ? 0 : i0,
+                    (t.bcast & 2) ? 0 : h, (t.bcast & 1) ? 0 : b);
+}
+
+/* A tile of scores (raw products) masked by a mask tile in shared memory
+ * (oss_sm90_load_mask; M its element: bool bytes, float or the 16-bit T):
+ * scaled to log2 units, the mask's value added (a bool's 0 or -inf, an
+ * additive one times log2(e)), and -inf past the keys or the causal
+ * diagonal, as oss_attn_mask_frag does from global memory. r0: the global
+ * row of the thread's first (row g of its warp's 16), rl0: that row in the
+ * block. The element at (row r, key c) of the tile lies in box c / COLS at
+ * row r (row 0 when the mask is the same for every row), in the copy
+ * engine's swizzle: the 16-byte chunks of a SPAN-byte row XORed with the
+ * row's index (bits 7.. of the offset into bits 4..). A thread's pair of
+ * keys never straddles a chunk. */
+template <typename M, typename T, int NT>
+__device__ __forceinline__ void oss_sm90_mask_from_tile(float (&s)[NT][4], const oss_attn_args &a, uint32_t tile,
+                                                        const oss_attn_sm90_mask_tiles &t, int r0, int rl0, int j0,
+                                                        int lane) {
+  constexpr int ES = (int)sizeof(M), BC = NT * 8, COLS = BC * ES < 128 ? BC : 128 / ES, SPAN = COLS * ES;
+  constexpr int SWZ = SPAN == 128 ? 0x70 : 0x30;
+  const int g = lane >> 2, t2 = (lane & 3) * 2;
+  const bool same_rows = t.rows == 1;
+#pragma unroll
+  for (int hi = 0; hi < 2; hi++) {
+    const int R = r0 + g + hi * 8;
+    const int64_t last = a.causal ? (int64_t)R + a.causal_off : (int64_t)a.lk - 1;
+    const int cmax = (int)(last < (int64_t)a.lk - 1 ? (last < -1 ? -1 : last) : (int64_t)a.lk - 1);
+    const bool row_in = R < a.lq;
+    const int row_off = same_rows ? 0 : (rl0 + g + hi * 8) * SPAN;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+      const int cl = n * 8 + t2, off = cl / COLS * t.box_bytes + row_off + cl % COLS * ES;
+      const uint32_t p = tile + (uint32_t)(off ^ ((off >> 3) & SWZ));
+      float v0, v1;
+      if constexpr (ES == 1) {
+        uint16_t w;
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(w) : "r"(p) : "memory");
+        v0 = (w & 0xffu) ? 0.f : -INFINITY;
+        v1 = (w >> 8) ? 0.f : -INFINITY;
+      } else if constexpr (ES == 2) {
+        uint32_t w;
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(w) : "r"(p) : "memory");
+        const float2 f = oss_mma_op<T>::unpack(w);
+        v0 = f.x * (float)OSS_LOG2E;
+        v1 = f.y * (float)OSS_LOG2E;
+      } else {
+        float2 f;
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(f.x), "=f"(f.y) : "r"(p) : "memory");
+        v0 = f.x * (float)OSS_LOG2E;
+        v1 = f.y * (float)OSS_LOG2E;
+      }
+      const int C = j0 + cl;
+      s[n][2 * hi] = row_in && C <= cmax ? s[n][2 * hi] + v0 : -INFINITY;
+      s[n][2 * hi + 1] = row_in && C + 1 <= cmax ? s[n][2 * hi + 1] + v1 : -INFINITY;
+    }
+  }
+}
+
+/* oss_attn_fwd_mask_scores for a mask whose tile is in shared memory: the
+ * factor c of the exponent is 1 (the scores are scaled here). */
+template <typename T, int NT>
+__device__ __forceinline__ float oss_sm90_mask_scores_tile(float (&s)[NT][4], const oss_attn_args &a, uint32_t tile,
+                                                           const oss_attn_sm90_mask_tiles &t, int r0, int rl0,
+                                                           int j0, int lane) {
+#pragma unroll
+  for (int n = 0; n < NT; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) s[n][e] *= a.scale_log2;
+  if (a.mask_dtype == OSS_BOOL) oss_sm90_mask_from_tile<unsigned char, T, NT>(s, a, tile, t, r0, rl0, j0, lane);
+  else if (a.mask_dtype == OSS_FLOAT32) oss_sm90_mask_from_tile<float, T, NT>(s, a, tile, t, r0, rl0, j0, lane);
+  else oss_sm90_mask_from_tile<T, T, NT>(s, a, tile, t, r0, rl0, j0, lane);
+  return 1.f;
+}
+
 /* A divisor fixed for a kernel's run as a multiply and a shift: n / d for
  * 0 <= n < 2^31 (d >= 1) in three instructions, where a 32-bit division is a
  * chain of some twenty and a 64-bit one a call; the block loop divides by the
@@ -380,12 +472,15 @@ template <bool DIVIDE> __device__ __forceinline__ int oss_sm90_next_block(int w,
 }
 
 
-template <typename T, int HD, int DV, int BC, int STAGES, bool PINGPONG, bool MASK_TENSOR, bool VAR = false,
+template <typename T, int HD, int DV, int BC, int STAGES, bool PINGPONG, int MASK, bool VAR = false,
           bool WINDOW = false>
 __global__ void __launch_bounds__(384, 1)
     oss_attn_fwd_sm90_kernel(const __grid_constant__ oss_attn_args args, const __grid_constant__ oss_attn_sm90_maps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BR = 128, NT = BC / 8, NO = DV / 8, NWARPS = 8;
+  /* MASK: 0 no mask tensor, 1 one read element by element from global
+   * memory, 2 one whose tiles the copy engine brings (maps.m, maps.mask) */
+  constexpr bool MASK_TENSOR = MASK != 0, MASK_TILES = MASK == 2;
   constexpr bool ONES = oss_attn_fwd_sm90_ones<DV, VAR>();
   /* a window moves a block's first key tile (jt0) off 0: the kernels for
    * windows (VAR, or WINDOW: a window alone) keep it in a register, the
@@ -407,6 +502,9 @@ __global__ void __launch_bounds__(384, 1)
   constexpr size_t OUT_STAGE = oss_attn_fwd_sm90_out_stage_bytes<HD, DV, BR, BC, STAGES, VAR>();
   constexpr bool TMA_OUT = OUT_STAGE > 0 && !MASK_TENSOR;
   T *sO = sV + STAGES * BC * VC;
+  /* the kernel that reads a mask tensor stores out from registers; where the
+   * copy engine brings its mask tiles, their stages take out's place */
+  unsigned char *sM = reinterpret_cast<unsigned char *>(sO);
 
   /* q_full: Q landed; q_empty: every consumer warp issued its last Q K^T of
    * the block; k_full / v_full[stage]: that stage's tile landed (one producer
@@ -453,6 +551,7 @@ __global__ void __launch_bounds__(384, 1)
       oss_tma_prefetch_map(&maps.q);
       oss_tma_prefetch_map(&maps.k);
       oss_tma_prefetch_map(&maps.v);
+      if (MASK_TILES) oss_tma_prefetch_map(&maps.m);
       int blocks = 0, tiles = 0; /* Q and K/V uses so far */
 #pragma unroll 1
       for (int w = oss_sm90_first_block<MASK_TENSOR>(sched); w >= 0; w = oss_sm90_next_block<MASK_TENSOR>(w, sched)) {
@@ -471,6 +570,8 @@ __global__ void __launch_bounds__(384, 1)
         for (int j = jt0; j < qb.ntiles; j++, tiles++) {
           const int st = tiles % STAGES, use = tiles / STAGES, j0 = (int)a.seq_k0 + j * BC;
           if (use > 0) oss_mbar_wait_backoff(&k_empty[st], (use - 1) & 1);
+          if (MASK_TILES) /* the mask tile with K's (a mask never comes with packed rows) */
+            oss_sm90_load_mask(sM + st * maps.mask.stage_bytes, maps, &k_full[st], BC, j0, qb.i0, qb.h, qb.b);
           oss_sm90_load_tile<KD, BC>(sK + st * BC * KD, &maps.k, &k_full[st], j0, qb.hk, tb);
           if (use > 0) oss_mbar_wait_backoff(&v_empty[st], (use - 1) & 1);
           oss_sm90_load_tile<oss_sm90_cols(DV), BC>(sV + st * BC * VC, &maps.v, &v_full[st], j0, qb.hk, tb);
@@ -489,6 +590,9 @@ __global__ void __launch_bounds__(384, 1)
     const int my_bar = 1 + wg, other_bar = 2 - wg;
     if (PINGPONG && wg == 1) oss_named_arrive(other_bar, 256);
     const bool drop = VAR && a.drop_seed != nullptr; /* dropout (VAR kernels) */
+    /* the mask's tiles in shared memory, in K's stages: released with K once read */
+    constexpr bool mask_tiles = MASK_TILES;
+    const uint32_t sMa = oss_smem_u32(sM);
     const uint64_t seed = VAR ? oss_attn_drop_seed(a) : 0;
     oss_attn_keep<1, NT> keep; /* the kept weights of the tile being packed */
     int blocks = 0, tiles = 0;
@@ -536,11 +640,18 @@ __global__ void __launch_bounds__(384, 1)
         oss_wgmma_fence_operand<NT>(s[0]);
         __syncwarp();
         if (lane == 0) {
-          oss_mbar_arrive(&k_empty[st]);
+          if (!mask_tiles) oss_mbar_arrive(&k_empty[st]);
           if (ntiles == 1) oss_mbar_arrive(&q_empty);
         }
         float c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, jt0 * BC, lane)
+                  : mask_tiles
+                      ? oss_sm90_mask_scores_tile<T, NT>(s[0], a, sMa + st * maps.mask.stage_bytes, maps.mask,
+                                                         i0 + wrow, wrow, jt0 * BC, lane)
                       : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR, WINDOW>(s, a, mbase, i0 + wrow, jt0 * BC, lane);
+        if (mask_tiles) {
+          __syncwarp();
+          if (lane == 0) oss_mbar_arrive(&k_empty[st]);
+        }
         if constexpr (WINDOW)
           if (slope != 0.f) {
             oss_sm90_alibi<NT>(s[0], c, slope, (float)(d_row - jt0 * BC));
@@ -573,11 +684,17 @@ __global__ void __launch_bounds__(384, 1)
           oss_wgmma_fence_operand<NT>(s[0]);
           __syncwarp();
           if (lane == 0) {
-            oss_mbar_arrive(&k_empty[st]);
+            if (!mask_tiles) oss_mbar_arrive(&k_empty[st]);
             if (j == ntiles - 1) oss_mbar_arrive(&q_empty);
           }
           c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, j0, lane)
-                  : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR, WINDOW>(s, a, mbase, i0 + wrow, j0, lane);
+              : mask_tiles ? oss_sm90_mask_scores_tile<T, NT>(s[0], a, sMa + st * maps.mask.stage_bytes, maps.mask,
+                                                              i0 + wrow, wrow, j0, lane)
+                           : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR, WINDOW>(s, a, mbase, i0 + wrow, j0, lane);
+          if (mask_tiles) {
+            __syncwarp();
+            if (lane == 0) oss_mbar_arrive(&k_empty[st]);
+          }
           if constexpr (WINDOW)
             if (slope != 0.f) {
               oss_sm90_alibi<NT>(s[0], c, slope, (float)(d_row - j0));
@@ -679,7 +796,9 @@ __global__ void __launch_bounds__(384, 1)
 template <typename T, int HD, int DV, int BC, bool VAR>
 oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_attn_sm90_maps), int regs,
                                  oss_attn_launch_fn fallback, bool persistent, const oss_attn_args *a,
-                                 cudaStream_t stream, const oss_device_info *dev) {
+                                 cudaStream_t stream, const oss_device_info *dev,
+                                 void (*tiles_kernel)(const oss_attn_args, const oss_attn_sm90_maps) = nullptr,
+                                 int tiles_regs = 0) {
   typedef oss_attn_fwd_sm90_cfg<HD> C;
   /* The budgets of setmaxnreg hold only if the kernel launches with the
    * registers assumed above; a compiler that allots fewer would make the
@@ -700,7 +819,22 @@ oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_a
   maps.out_tma = oss_attn_fwd_sm90_out_stage_bytes<HD, DV, C::BR, BC, C::STAGES, VAR>() > 0 &&
                  a->mask_kind == OSS_MASK_NONE && !packed &&
                  oss_attn_sm90_map<T>(&maps.o, a->out, a->batch, a->hq, a->lq, a->dv, a->o_s, 64);
-  const size_t smem = oss_attn_fwd_sm90_smem_bytes<HD, DV, C::BR, BC, C::STAGES, VAR>();
+  size_t smem = oss_attn_fwd_sm90_smem_bytes<HD, DV, C::BR, BC, C::STAGES, VAR>();
+  /* tiles_kernel (a mask tensor's tiles by the copy engine) where the copy
+   * engine can address the mask and its stages fit beside the tiles (bool
+   * masks at every head dim; 16-bit and float32 ones where the head dim
+   * leaves room); else `kernel`, which reads the mask element by element
+   * from global memory. *Reason:* each element's load, its 64-bit address
+   * and its wait held the kernel at a fraction of the plain one's speed. */
+  if (tiles_kernel != nullptr && tiles_regs >= OSS_SM90_LAUNCH_REGS && !packed &&
+      oss_attn_sm90_mask_map(&maps.m, &maps.mask, a, BC, C::BR)) {
+    const size_t with = oss_attn_fwd_sm90_tile_bytes<HD, DV, C::BR, BC, C::STAGES, VAR>() +
+                        (size_t)C::STAGES * (size_t)maps.mask.stage_bytes;
+    if (with <= 225 * 1024) {
+      kernel = tiles_kernel;
+      if (with > smem) smem = with;
+    }
+  }
   if (smem > (size_t)dev->max_smem_per_block_optin) return fallback(a, stream, dev);
   OSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   /* The grid: one CTA per work block, or, where the caller's `persistent`
@@ -724,10 +858,12 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
   /* a kernel without the registers for reading a mask tensor where there is
    * none; the one that reads it has no registers left for ping-pong */
   static const int plain_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false>);
-  static const int mask_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC_MASK, C::STAGES, false, true>);
+  static const int mask_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC_MASK, C::STAGES, false, 1>);
+  static const int tiles_regs = oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC_MASK, C::STAGES, C::PINGPONG, 2>);
   if (a->mask_kind != OSS_MASK_NONE)
     return oss_attn_fwd_sm90_run<T, HD, HD, C::BC_MASK, false>(
-        oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC_MASK, C::STAGES, false, true>, mask_regs, mma, false, a, stream, dev);
+        oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC_MASK, C::STAGES, false, 1>, mask_regs, mma, false, a, stream, dev,
+        oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC_MASK, C::STAGES, C::PINGPONG, 2>, tiles_regs);
   const bool persistent = C::persistent(a);
   /* a call with a window, sinks or ALiBi (oss_attn_fwd_sm90_var_launch sends
    * them here) falls back to the mma.sync kernel with the variants */

@@ -102,6 +102,13 @@ __device__ __forceinline__ void oss_cp_async_arrive(uint64_t *bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(oss_smem_u32(bar)) : "memory");
 }
 
+/* Adds `bytes` to the transaction count of bar's current phase without
+ * arriving (for copies that join a phase another thread's arrival opens). */
+__device__ __forceinline__ void oss_mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(oss_smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+
 /* Bulk tensor copy (PTX ISA, "cp.async.bulk.tensor"): the box of the 4-D
  * tensor map at coordinates {c0, c1, c2, c3} (innermost first) lands in shared
  * memory at dst in the map's swizzled layout, out-of-bounds elements as zeros,
@@ -385,6 +392,57 @@ static inline int oss_attn_sm90_map(CUtensorMap *map, const void *base, int64_t 
   return encode(map, oss_tma_dtype<T>::value, 4, const_cast<void *>(base), dims, strides, box, elem_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* A mask tensor's tiles for the copy engine (oss_attn_sm90_mask_map): boxes
+ * of `cols` key columns (128 bytes, or the whole tile where it is narrower)
+ * by `rows` query rows (the block's BR, or 1 where the mask is the same for
+ * every query row), each box at a 1024-byte boundary so that its swizzle
+ * follows its rows; `bcast` bit 0: one batch for all, bit 1: one head for
+ * all (those coordinates are 0). */
+typedef struct oss_attn_sm90_mask_tiles {
+  int cols, rows, box_bytes, stage_bytes, bcast;
+  int tx; /* bytes a stage's copies deliver */
+  int span; /* the swizzle's span in bytes: 128 or 64 (a box's row) */
+} oss_attn_sm90_mask_tiles;
+
+/* Tensor map of a call's mask tensor (bool, float32 or 16-bit; last dim
+ * contiguous): 4-D (keys, queries, heads, batch) with the mask's strides, a
+ * broadcast dim (stride 0) of size 1, boxes of t->cols x t->rows elements in
+ * the 128-byte swizzle (64-byte for a 64-byte row). Returns 0 where the copy
+ * engine cannot address it (16-byte rule on the base and strides); the
+ * kernel then reads the mask from global memory element by element. */
+static inline int oss_attn_sm90_mask_map(CUtensorMap *map, oss_attn_sm90_mask_tiles *t, const oss_attn_args *a,
+                                         int bc, int br) {
+  oss_encode_tiled_fn encode = oss_encode_tiled();
+  if (encode == NULL || a->mask_kind == OSS_MASK_NONE || ((uintptr_t)a->mask) % 16 != 0 || a->m_s[3] != 1)
+    return 0;
+  const int esize = a->mask_dtype == OSS_BOOL ? 1 : a->mask_dtype == OSS_FLOAT32 ? 4 : 2;
+  const CUtensorMapDataType type = esize == 1   ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : esize == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16
+                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  const int64_t sizes[3] = {a->lq, a->hq, a->batch}, want[3] = {a->m_s[2], a->m_s[1], a->m_s[0]};
+  cuuint64_t dims[4] = {(cuuint64_t)a->lk, 1, 1, 1}, strides[3];
+  int64_t prev = (int64_t)a->lk * esize;
+  for (int i = 0; i < 3; i++) {
+    dims[i + 1] = want[i] == 0 ? 1 : (cuuint64_t)sizes[i];
+    /* a dimension of size 1 is never stepped along: any legal stride will do */
+    const int64_t st = dims[i + 1] == 1 ? (prev + 15) / 16 * 16 : want[i] * esize;
+    if (st <= 0 || st % 16 != 0 || st >= ((int64_t)1 << 40)) return 0;
+    strides[i] = (cuuint64_t)st;
+    prev = st * (int64_t)dims[i + 1];
+  }
+  t->cols = bc * esize < 128 ? bc : 128 / esize;
+  t->span = t->cols * esize;
+  t->rows = dims[1] == 1 ? 1 : br;
+  t->box_bytes = (t->cols * esize * t->rows + 1023) / 1024 * 1024;
+  t->stage_bytes = bc / t->cols * t->box_bytes;
+  t->tx = bc * esize * t->rows;
+  t->bcast = (a->m_s[0] == 0 ? 1 : 0) | (a->m_s[1] == 0 ? 2 : 0);
+  const cuuint32_t box[4] = {(cuuint32_t)t->cols, (cuuint32_t)t->rows, 1, 1}, elem_strides[4] = {1, 1, 1, 1};
+  return encode(map, type, 4, const_cast<void *>(a->mask), dims, strides, box, elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, t->span == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 /* Registers per thread the kernel launches with (0 if the runtime cannot say). */
