@@ -81,6 +81,44 @@ def softmax_cases():
               torch_oss.log_softmax(x.cpu().float(), -1), tol)
 
 
+def attention_mask_tile_cases():
+    """Mask tensors whose rows the copy engine can address (272 keys: 16-byte rows in every
+    mask dtype), which the Hopper kernels take in tiles through shared memory: a full mask,
+    one the same for every query (a padding mask), 16-bit and float32 additive ones; several
+    query blocks and key tiles, the last of each partial; forward and gradients against the
+    CPU."""
+    torch.manual_seed(2)
+    dims = torch_oss.build_info()["attention_head_dims"]
+    B, Hq, Hkv, Lq, Lk = 2, 2, 1, 150, 272
+    for D in (64, 96, 128, 256):
+        if D > max(dims):
+            continue
+        q = torch.randn(B, Hq, Lq, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=torch.bfloat16)
+        full = torch.rand(B, 1, Lq, Lk, device="cuda") > 0.2
+        full[..., 0, :] = False
+        masks = {"bool": full, "keys": torch.rand(B, 1, 1, Lk, device="cuda") > 0.3,
+                 "bf16": torch.randn(1, Hq, Lq, Lk, device="cuda", dtype=torch.bfloat16),
+                 "float32": torch.randn(1, Hq, Lq, Lk, device="cuda")}
+        for name, m in masks.items():
+            for causal in (False, True):
+                args = dict(attn_mask=m, is_causal=causal, enable_gqa=True, causal_alignment="bottom_right")
+                leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+                out, lse = torch_oss.attention_with_lse(*leaves, **args)
+                cpu = [t.detach().cpu().float().requires_grad_() for t in (q, k, v)]
+                cout, clse = torch_oss.attention_with_lse(*cpu, **dict(args, attn_mask=m.cpu() if m.dtype == torch.bool
+                                                                        else m.cpu().float()))
+                label = f"attention mask tiles hd{D} {name} causal={causal}"
+                close(label + " out", out, cout, 3e-2)
+                close(label + " lse", lse, clse, 3e-2)
+                dout = torch.randn_like(out)
+                out.backward(dout)
+                cout.backward(dout.cpu().float())
+                for g, cg, n in zip(leaves, cpu, "qkv"):
+                    close(label + f" d{n}", g.grad, cg.grad, 0.6)
+
+
 def attention_cases(forward_only=False, kernels="all"):
     """kernels: "all", "tc" (float16/bfloat16), "simt" (float32/float64) or
     "simt_small" (float32, one shape with several key tiles and query blocks)."""
@@ -330,11 +368,14 @@ def cross_entropy_cases():
 
 
 if __name__ == "__main__":
-    parts = sys.argv[1:] or ["softmax", "attention", "decode", "cross_entropy", "variants", "dropout", "varlen"]
+    parts = sys.argv[1:] or ["softmax", "attention", "attention_masks", "decode", "cross_entropy", "variants", "dropout",
+                             "varlen"]
     if "softmax" in parts:
         softmax_cases()
     if "attention" in parts:
         attention_cases()
+    if "attention_masks" in parts:
+        attention_mask_tile_cases()
     if "attention_forward" in parts:
         attention_cases(forward_only=True)
     if "attention_tc" in parts:

@@ -92,6 +92,10 @@ template <int HD> struct oss_attn_bwd_sm90_cfg {
  * tensors' strides, boxes of 64 columns by BR rows. */
 typedef struct oss_attn_bwd_sm90_maps {
   CUtensorMap q, dout;
+  /* the mask tensor's tiles (tensor map m), where the key-split kernel takes
+   * them by the copy engine (its MASK = 2) */
+  CUtensorMap m;
+  oss_attn_sm90_mask_tiles mask;
 } oss_attn_bwd_sm90_maps;
 
 /* float pitch of the dQ staging rows: 32 bytes of padding, so that rows start
@@ -189,6 +193,58 @@ __device__ __forceinline__ void oss_attn_bwd_sm90_init_stages(uint64_t *full, ui
   __syncthreads();
 }
 
+/* A warpgroup's S^T (raw scores of keys kw0 + g, + 8 of warp k, kl0 the
+ * first of them in the CTA's block; queries q0 + 8n + 2t, + 1) masked by the
+ * query block's mask tile in shared memory at `tile` (maps.mask: boxes of
+ * t.cols keys by t.rows query rows, or one row where every query has the same
+ * mask; the copy engine's swizzle as in the forward's oss_sm90_mask_from_tile):
+ * scaled to log2 units, the mask's value added, -inf where the causal rule or
+ * the end of the keys hides the pair, as oss_attn_mask_frag does (key-major)
+ * from global memory. A thread's elements of one key are queries apart, a
+ * row of the tile each: one load per element, or, for a mask the same for
+ * every query, one per key. */
+template <typename M, typename T, int NTQ>
+__device__ __forceinline__ void oss_attn_bwd_sm90_mask_from_tile(float (&sT)[NTQ][4], const oss_attn_args &a,
+                                                                 uint32_t tile, const oss_attn_sm90_mask_tiles &t,
+                                                                 int kw0, int kl0, int q0, int lane) {
+  constexpr int ES = (int)sizeof(M), COLS = 128 / ES, SPAN = 128; /* key blocks of 128: boxes of 128-byte rows */
+  const int g = lane >> 2, t2 = (lane & 3) * 2;
+  const bool same_rows = t.rows == 1;
+  auto value = [&](int kl, int ql) {
+    const int off = kl / COLS * t.box_bytes + ql * SPAN + kl % COLS * ES;
+    const uint32_t p = tile + (uint32_t)(off ^ ((off >> 3) & 0x70));
+    float v;
+    if constexpr (ES == 1) {
+      uint32_t w;
+      asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(w) : "r"(p) : "memory");
+      v = w ? 0.f : -INFINITY;
+    } else if constexpr (ES == 2) {
+      uint16_t w;
+      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(w) : "r"(p) : "memory");
+      v = oss_mma_op<T>::unpack((uint32_t)w).x * (float)OSS_LOG2E;
+    } else {
+      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(p) : "memory");
+      v *= (float)OSS_LOG2E;
+    }
+    return v;
+  };
+#pragma unroll
+  for (int hi = 0; hi < 2; hi++) {
+    const int R = kw0 + g + hi * 8, kl = kl0 + g + hi * 8;
+    const int64_t lo = a.causal ? (int64_t)R - a.causal_off : 0;
+    const int cmin = (int)(lo < 0 ? 0 : (lo > a.lq ? a.lq : lo)), cmax = R < a.lk ? a.lq - 1 : -1;
+    const float key_v = same_rows ? value(kl, 0) : 0.f;
+#pragma unroll
+    for (int n = 0; n < NTQ; n++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int C = q0 + n * 8 + t2 + e;
+        const float v = same_rows ? key_v : value(kl, n * 8 + t2 + e);
+        sT[n][2 * hi + e] = C >= cmin && C <= cmax ? sT[n][2 * hi + e] + v : -INFINITY;
+      }
+  }
+}
+
 /* P^T in place of the scores S^T of a warpgroup's 64 keys (warp k: keys kw0
  * .. kw0 + 15, kw0 its first) and NTQ * 8 queries from q0 (cL: their lse):
  * element (key r, query c) = exp2(c s - lse) with one fused multiply-add,
@@ -197,9 +253,12 @@ __device__ __forceinline__ void oss_attn_bwd_sm90_init_stages(uint64_t *full, ui
  * positive.
  * With a mask tensor (added to scaled scores) or a scale that is not
  * positive, the scores are scaled first and c = 1. */
-template <typename T, int NTQ, bool MASK_TENSOR>
+template <typename T, int NTQ, int MASK>
 __device__ __forceinline__ void oss_attn_bwd_sm90_probs(float (&sT)[NTQ][4], const oss_attn_args &a, bool need_mask,
-                                                        int b, int h, int kw0, int q0, const float *cL, int lane) {
+                                                        int b, int h, int kw0, int q0, const float *cL, int lane,
+                                                        uint32_t mask_tile = 0,
+                                                        const oss_attn_sm90_mask_tiles *mt = nullptr, int kl0 = 0) {
+  constexpr bool MASK_TENSOR = MASK != 0;
   const int t2 = (lane & 3) * 2;
   const bool scaled = MASK_TENSOR || !(a.scale_log2 > 0.f);
   if (scaled)
@@ -208,7 +267,14 @@ __device__ __forceinline__ void oss_attn_bwd_sm90_probs(float (&sT)[NTQ][4], con
 #pragma unroll
       for (int e = 0; e < 4; e++) sT[n][e] *= a.scale_log2;
   const float c = scaled ? 1.f : a.scale_log2;
-  if (MASK_TENSOR)
+  if constexpr (MASK == 2) {
+    if (a.mask_dtype == OSS_BOOL)
+      oss_attn_bwd_sm90_mask_from_tile<unsigned char, T, NTQ>(sT, a, mask_tile, *mt, kw0, kl0, q0, lane);
+    else if (a.mask_dtype == OSS_FLOAT32)
+      oss_attn_bwd_sm90_mask_from_tile<float, T, NTQ>(sT, a, mask_tile, *mt, kw0, kl0, q0, lane);
+    else
+      oss_attn_bwd_sm90_mask_from_tile<T, T, NTQ>(sT, a, mask_tile, *mt, kw0, kl0, q0, lane);
+  } else if (MASK_TENSOR)
     oss_attn_mask_tile<T, true, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a, oss_attn_mask_base(a, b, h), kw0,
                                         q0, lane);
   else if (need_mask)
@@ -256,12 +322,15 @@ __device__ __forceinline__ void oss_attn_bwd_sm90_var_probs(float (&sT)[NTQ][4],
  * 128-byte swizzled, rows past the queries zero), lse and D by bulk copies,
  * all completing on full[stage]; a stage is refilled once every consumer
  * thread arrived on its empty mbarrier. */
-template <typename T, int KD, int BR, int STAGES>
+template <typename T, int KD, int BR, int STAGES, bool MASK_TILES = false>
 __device__ __forceinline__ void oss_attn_bwd_sm90_produce(const oss_attn_args &a, const oss_attn_bwd_sm90_maps &maps,
                                                           uint64_t *full, uint64_t *empty, T *sQ, T *sdO, float *sL,
-                                                          float *sD, int b, int hk, int qb0, int nqe, int niter) {
+                                                          float *sD, int b, int hk, int qb0, int nqe, int niter,
+                                                          int j0 = 0, unsigned char *sM = nullptr,
+                                                          uint64_t *mfull = nullptr, uint64_t *mempty = nullptr) {
   oss_tma_prefetch_map(&maps.q);
   oss_tma_prefetch_map(&maps.dout);
+  if (MASK_TILES) oss_tma_prefetch_map(&maps.m);
   const int tb = a.cu_q != nullptr ? 0 : b; /* the copies' batch: packed rows are one */
 #pragma unroll 1
   for (int it = 0; it < niter; it++) {
@@ -280,15 +349,28 @@ __device__ __forceinline__ void oss_attn_bwd_sm90_produce(const oss_attn_args &a
     const int64_t ro = oss_attn_ws_row(a, b, h) + i0;
     oss_bulk_load(oss_smem_u32(sL + st * BR), (const float *)a.lse_adj + ro, BR * 4, &full[st]);
     oss_bulk_load(oss_smem_u32(sD + st * BR), (const float *)a.dsum + ro, BR * 4, &full[st]);
+    if constexpr (MASK_TILES) { /* the block's mask tile: one buffer, free once the previous block was masked */
+      const oss_attn_sm90_mask_tiles &t = maps.mask;
+      if (it > 0) oss_mbar_wait_backoff(mempty, (it - 1) & 1);
+      oss_mbar_arrive_expect_tx(mfull, (uint32_t)t.tx);
+      for (int c = 0; c < 128; c += t.cols)
+        oss_tma_load_4d(oss_smem_u32(sM + c / t.cols * t.box_bytes), &maps.m, mfull, j0 + c, t.rows == 1 ? 0 : i0,
+                        (t.bcast & 2) ? 0 : h, (t.bcast & 1) ? 0 : b);
+    }
   }
 }
 
-template <typename T, int HD, int BR, int BC, int STAGES, bool VAR = false, bool MASK_TENSOR = false>
+template <typename T, int HD, int BR, int BC, int STAGES, bool VAR = false, int MASK = 0>
 __global__ void __launch_bounds__(384, 1)
     oss_attn_bwd_sm90_kernel(const __grid_constant__ oss_attn_args args,
                              const __grid_constant__ oss_attn_bwd_sm90_maps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int NCONS = 256, NTQ = BR / 8, NO = HD / 8;
+  /* MASK: 0 no mask tensor, 1 one read element by element from global
+   * memory, 2 one whose tiles the copy engine brings (maps.m, maps.mask) into
+   * one buffer after the tile of ones, refilled once every consumer thread
+   * masked the block (mfull, mempty) */
+  constexpr bool MASK_TENSOR = MASK != 0, MASK_TILES = MASK == 2;
   /* KD: the columns of the K, V, Q and dO tiles in shared memory (whole
    * boxes); the products read HD of them */
   constexpr int KD = oss_sm90_cols(HD);
@@ -314,12 +396,13 @@ __global__ void __launch_bounds__(384, 1)
   float *sL = sdQ + BR * oss_attn_bwd_sm90_dq_pitch<HD>();   /* [STAGES][BR] */
   float *sD = sL + STAGES * BR;                             /* [STAGES][BR] */
   T *sOnes = reinterpret_cast<T *>(sD + STAGES * BR);       /* 8 x 64 ones: B of the dS' row sums */
+  unsigned char *sM = reinterpret_cast<unsigned char *>(sOnes) + 1024; /* the mask tile (MASK_TILES) */
 
   /* full[st]: stage st's Q, dO, lse and D landed (one producer arrival plus
    * the copies' bytes); empty[st]: every consumer thread is done with it
    * (each arrives after its own last read: racecheck then follows the
    * order from its reads of lse and D to the next copy into the stage) */
-  __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+  __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES], mfull, mempty;
 
   /* wg known uniform (oss_warpgroup) except in the kernels that read a mask
    * tensor, where the uniform registers it takes make the kernel spill */
@@ -342,6 +425,10 @@ __global__ void __launch_bounds__(384, 1)
   const int niter = a.group * nqe;
   const bool atomic_dq = a.dq_acc != nullptr;
 
+  if (MASK_TILES && tid == 0) { /* made visible by the fence and barrier of init_stages */
+    oss_mbar_init(&mfull, 1);
+    oss_mbar_init(&mempty, NCONS);
+  }
   oss_attn_bwd_sm90_init_stages<STAGES>(full, empty, NCONS); /* the only CTA-wide barrier */
 
   if (wg == 2) {
@@ -349,7 +436,8 @@ __global__ void __launch_bounds__(384, 1)
      * 9 adds the staged dQ blocks to the accumulator */
     oss_setmaxnreg_dec<OSS_SM90_PRODUCER_REGS>();
     if (warp == 8 && lane == 0 && niter > 0) {
-      oss_attn_bwd_sm90_produce<T, KD, BR, STAGES>(a, maps, full, empty, sQ, sdO, sL, sD, b, hk, qb0, nqe, niter);
+      oss_attn_bwd_sm90_produce<T, KD, BR, STAGES, MASK_TILES>(a, maps, full, empty, sQ, sdO, sL, sD, b, hk, qb0, nqe,
+                                                               niter, j0, sM, &mfull, &mempty);
     } else if (warp == 9 && atomic_dq && niter > 0) {
       oss_named_arrive(BAR_DQ_EMPTY, DQ_BAR_THREADS); /* sdQ starts free */
 #pragma unroll 1
@@ -470,7 +558,14 @@ __global__ void __launch_bounds__(384, 1)
       const bool need_mask = MASK_TENSOR || j0 + BC > a.lk ||
                              (a.causal && (int64_t)(j0 + wg * 64 + 63) > (int64_t)i0 + a.causal_off) ||
                              !oss_attn_window_holds(a, i0, BR, j0 + wg * 64, 64);
-      oss_attn_bwd_sm90_probs<T, NTQ, MASK_TENSOR>(sT, a, need_mask, b, h, kw0, i0, cL, lane);
+      if constexpr (MASK_TILES) {
+        oss_mbar_wait(&mfull, it & 1);
+        oss_attn_bwd_sm90_probs<T, NTQ, MASK>(sT, a, need_mask, b, h, kw0, i0, cL, lane, oss_smem_u32(sM), &maps.mask,
+                                              kw0 - j0);
+        oss_mbar_arrive(&mempty); /* after this thread's reads of the tile */
+      } else {
+        oss_attn_bwd_sm90_probs<T, NTQ, MASK>(sT, a, need_mask, b, h, kw0, i0, cL, lane);
+      }
       oss_wgmma_wait<0>(); /* dP^T done */
       oss_wgmma_fence_operand<NTQ>(pT);
 #pragma unroll
@@ -700,7 +795,7 @@ __global__ void __launch_bounds__(384, 1)
       /* P^T; the scores to mask: the causal rule and the end of the keys */
       const bool need_mask =
           j0 + BC > a.lk || (a.causal && (int64_t)(j0 + BC - 1) > (int64_t)(i0 + q0) + a.causal_off);
-      oss_attn_bwd_sm90_probs<T, NTQ, false>(sT, a, need_mask, b, h, kw0, i0 + q0, cL, lane);
+      oss_attn_bwd_sm90_probs<T, NTQ, 0>(sT, a, need_mask, b, h, kw0, i0 + q0, cL, lane);
       oss_wgmma_wait<0>();
       oss_wgmma_fence_operand<NTQ>(pT);
 #pragma unroll
@@ -785,6 +880,7 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
                                  oss_attn_launch_fn dq_det, oss_attn_launch_fn fallback) {
   typedef oss_attn_bwd_sm90_cfg<HD> C;
   static_assert(!C::WIDE || !MASK_TENSOR, "the column-split kernel reads no mask tensor");
+  oss_attn_bwd_sm90_maps maps;
   void (*kernel)(const oss_attn_args, const oss_attn_bwd_sm90_maps);
   size_t smem;
   if constexpr (C::WIDE) {
@@ -795,14 +891,28 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
     kernel = oss_attn_bwd_sm90_wide_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR>;
     smem = oss_attn_bwd_sm90_wide_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
   } else {
-    kernel = oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR, MASK_TENSOR>;
+    kernel = oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR, MASK_TENSOR ? 1 : 0>;
     smem = oss_attn_bwd_sm90_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
   }
   /* the setmaxnreg budgets hold only if the kernel launches with the
    * registers they assume (see OSS_SM90_LAUNCH_REGS) */
   static const int regs = oss_kernel_regs(kernel);
+  if constexpr (MASK_TENSOR && !C::WIDE) {
+    /* the mask's tiles by the copy engine (MASK = 2) where it can address the
+     * mask and one tile fits beside the others (bool masks; 16-bit ones at
+     * head dims 96 and 128); else the mask is read element by element.
+     * *Reason:* as in the forward, each element's load from global memory
+     * held the kernel, which also spilled for the registers they took. */
+    void (*tiles_kernel)(const oss_attn_args, const oss_attn_bwd_sm90_maps) =
+        oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR, 2>;
+    static const int tiles_regs = oss_kernel_regs(tiles_kernel);
+    if (tiles_regs >= OSS_SM90_LAUNCH_REGS && a->cu_q == NULL &&
+        oss_attn_sm90_mask_map(&maps.m, &maps.mask, a, C::BC, C::BR) && smem + maps.mask.stage_bytes <= 225 * 1024) {
+      kernel = tiles_kernel;
+      smem += maps.mask.stage_bytes;
+    }
+  }
   if (a->lk > 0) {
-    oss_attn_bwd_sm90_maps maps;
     const bool packed = a->cu_q != NULL; /* a variable-length batch: one batch of the packed rows */
     const int64_t mb = packed ? 1 : a->batch, mq = packed ? a->total_q : a->lq;
     const bool unsupported = !C::WIDE && ((a->dq_acc != NULL && a->dq_ld != oss_attn_bwd_sm90_dq_pitch<HD>()) ||
