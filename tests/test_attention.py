@@ -331,19 +331,31 @@ def test_masks_with_aligned_rows(device, dtype, head_dim, is_causal, alignment, 
     in every mask dtype) reach the Hopper forward in tiles through shared memory where they
     fit there: against float64 by the tolerance rule, over several query blocks and key
     tiles (the last of each partial), and bit for bit equal to the same mask read element by
-    element (its rows 16 bytes + one element apart, which the copy engine cannot address)."""
+    element (its rows 16 bytes + one element apart, which the copy engine cannot address):
+    out and lse, and with a bool mask dk and dv too."""
     B, Hq, Lq, Lk = 2, 4, 150, 272
     q, k, v = make_qkv((B, Hq, 2, Lq, Lk, head_dim, head_dim), dtype, device)
     mask = mask_variants(B, Hq, Lq, Lk, dtype, device)[mask_name]
     label = f"{dtype} hd{head_dim} mask={mask_name} causal={is_causal}"
-    out, lse = check_forward(q, k, v, mask=mask, is_causal=is_causal, alignment=alignment, label=label)
+    check_forward(q, k, v, mask=mask, is_causal=is_causal, alignment=alignment, label=label)
     check_backward(q, k, v, mask=mask, is_causal=is_causal, alignment=alignment, label=label)
     pitch = Lk + 16 // mask.element_size() + 1
     unaligned = torch.zeros(*mask.shape[:-1], pitch, dtype=mask.dtype, device=device)[..., :Lk]
     unaligned.copy_(mask)
-    out2, lse2 = torch_oss.attention_with_lse(q, k, v, attn_mask=unaligned, is_causal=is_causal, enable_gqa=True,
-                                              causal_alignment=alignment)
-    assert torch.equal(out, out2) and torch.equal(lse, lse2), label
+    dout = torch.randn(B, Hq, Lq, head_dim, dtype=dtype, device=device)
+    results = []
+    for m in (mask, unaligned):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out, lse = torch_oss.attention_with_lse(*leaves, attn_mask=m, is_causal=is_causal, enable_gqa=True,
+                                                causal_alignment=alignment)
+        out.backward(dout)
+        results.append((out, lse, leaves[1].grad, leaves[2].grad))  # dq's sums run in no fixed order
+    # an additive mask's values may join the scaled scores with or without a fused multiply-add
+    # in the backward's kernels (one rounding apart; check_backward judged both), bool masks'
+    # 0 and -inf the same either way
+    names = ("out", "lse", "dk", "dv") if mask.dtype == torch.bool else ("out", "lse")
+    for name, a, b in zip(names, *results):
+        assert torch.equal(a, b), f"{label}: {name} differs between the mask's tiles and its elements"
 
 
 @pytest.mark.parametrize("device", DEVICES)
