@@ -303,6 +303,9 @@ __device__ __forceinline__ void oss_sm90_mask_from_tile(float (&s)[NT][4], const
   constexpr int SWZ = SPAN == 128 ? 0x70 : 0x30;
   const int g = lane >> 2, t2 = (lane & 3) * 2;
   const bool same_rows = t.rows == 1;
+  /* a tile inside the keys and left of the causal diagonal for the warp's rows
+   * (rows past the queries are never stored): the mask's value alone */
+  const bool inside = j0 + BC <= a.lk && (!a.causal || (int64_t)(j0 + BC - 1) <= (int64_t)r0 + a.causal_off);
 #pragma unroll
   for (int hi = 0; hi < 2; hi++) {
     const int R = r0 + g + hi * 8;
@@ -333,8 +336,8 @@ __device__ __forceinline__ void oss_sm90_mask_from_tile(float (&s)[NT][4], const
         v1 = f.y * (float)OSS_LOG2E;
       }
       const int C = j0 + cl;
-      s[n][2 * hi] = row_in && C <= cmax ? s[n][2 * hi] + v0 : -INFINITY;
-      s[n][2 * hi + 1] = row_in && C + 1 <= cmax ? s[n][2 * hi + 1] + v1 : -INFINITY;
+      s[n][2 * hi] = inside || (row_in && C <= cmax) ? s[n][2 * hi] + v0 : -INFINITY;
+      s[n][2 * hi + 1] = inside || (row_in && C + 1 <= cmax) ? s[n][2 * hi + 1] + v1 : -INFINITY;
     }
   }
 }
@@ -481,6 +484,10 @@ __global__ void __launch_bounds__(384, 1)
   /* MASK: 0 no mask tensor, 1 one read element by element from global
    * memory, 2 one whose tiles the copy engine brings (maps.m, maps.mask) */
   constexpr bool MASK_TENSOR = MASK != 0, MASK_TILES = MASK == 2;
+  /* the element-wise kernel's registers are full: it divides instead of
+   * holding multipliers, keeps the warpgroup index per thread and stores out
+   * with a branch per pair above 128 columns */
+  constexpr bool TIGHT = MASK == 1;
   constexpr bool ONES = oss_attn_fwd_sm90_ones<DV, VAR>();
   /* a window moves a block's first key tile (jt0) off 0: the kernels for
    * windows (VAR, or WINDOW: a window alone) keep it in a register, the
@@ -514,7 +521,7 @@ __global__ void __launch_bounds__(384, 1)
 
   /* wg known uniform (oss_warpgroup) except in the kernels that read a mask
    * tensor, where the uniform registers it takes make the kernel spill */
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = MASK_TENSOR ? warp >> 2 : oss_warpgroup();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = TIGHT ? warp >> 2 : oss_warpgroup();
   /* the work blocks of this CTA: oss_sm90_first_block */
   const oss_sm90_sched sched = oss_sm90_sched_of<BR>(args);
   /* the current block's arguments: in a variable-length batch its sequence's
@@ -554,12 +561,12 @@ __global__ void __launch_bounds__(384, 1)
       if (MASK_TILES) oss_tma_prefetch_map(&maps.m);
       int blocks = 0, tiles = 0; /* Q and K/V uses so far */
 #pragma unroll 1
-      for (int w = oss_sm90_first_block<MASK_TENSOR>(sched); w >= 0; w = oss_sm90_next_block<MASK_TENSOR>(w, sched)) {
-        int64_t bh = oss_fastdiv_div<MASK_TENSOR>(w, sched.by_nqb);
+      for (int w = oss_sm90_first_block<TIGHT>(sched); w >= 0; w = oss_sm90_next_block<TIGHT>(w, sched)) {
+        int64_t bh = oss_fastdiv_div<TIGHT>(w, sched.by_nqb);
         int block = w - (int)bh * sched.nqb;
         if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, &bh, &block)) continue;
         oss_attn_query_block qb;
-        oss_sm90_query_block<BR, BC, MASK_TENSOR>(a, sched, bh, block, &qb);
+        oss_sm90_query_block<BR, BC, TIGHT>(a, sched, bh, block, &qb);
         const int jt0 = WIN ? qb.jt0 : 0;
         if (qb.ntiles <= jt0) continue;
         const int tb = a.cu_q != nullptr ? 0 : qb.b; /* the copies' batch */
@@ -597,12 +604,12 @@ __global__ void __launch_bounds__(384, 1)
     oss_attn_keep<1, NT> keep; /* the kept weights of the tile being packed */
     int blocks = 0, tiles = 0;
 #pragma unroll 1
-    for (int w = oss_sm90_first_block<MASK_TENSOR>(sched); w >= 0; w = oss_sm90_next_block<MASK_TENSOR>(w, sched)) {
-      int64_t bh = oss_fastdiv_div<MASK_TENSOR>(w, sched.by_nqb);
+    for (int w = oss_sm90_first_block<TIGHT>(sched); w >= 0; w = oss_sm90_next_block<TIGHT>(w, sched)) {
+      int64_t bh = oss_fastdiv_div<TIGHT>(w, sched.by_nqb);
       int block = w - (int)bh * sched.nqb;
       if (!MASK_TENSOR && !oss_sm90_block_view<T, BR>(a, args, &bh, &block)) continue;
       oss_attn_query_block qb;
-      oss_sm90_query_block<BR, BC, MASK_TENSOR>(a, sched, bh, block, &qb);
+      oss_sm90_query_block<BR, BC, TIGHT>(a, sched, bh, block, &qb);
       /* the block's key tiles jt0 .. jt0 + ntiles - 1 (a window's; else all up to the diagonal) */
       const int i0 = qb.i0, jt0 = WIN ? qb.jt0 : 0, ntiles = qb.ntiles > jt0 ? qb.ntiles - jt0 : 0;
       const int64_t mbase = MASK_TENSOR ? oss_attn_mask_base(a, qb.b, qb.h) : 0;
@@ -739,7 +746,7 @@ __global__ void __launch_bounds__(384, 1)
         if (a.sinks != nullptr)
           oss_sm90_sink_merge<NOA>(o[0], m[0], l[0], lr[0], a.sinks[qb.h] * (float)OSS_LOG2E, lane);
       /* the mask kernel at head dim 256 has no register to spare for the run of stores */
-      constexpr bool RUN = !(MASK_TENSOR && DV > 128);
+      constexpr bool RUN = !(TIGHT && DV > 128);
       /* 16-byte stores: the plain kernels of 128 to 192 columns (the variant kernels and
        * 256 spill with them; at 64 the exchange costs more than the stores save) */
       constexpr bool WIDE = !VAR && !MASK_TENSOR && !WINDOW && DV >= 128 && DV <= 192 && NO % 4 == 0;
@@ -833,6 +840,9 @@ oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_a
     if (with <= 225 * 1024) {
       kernel = tiles_kernel;
       if (with > smem) smem = with;
+      /* its blocks are of equal work (no causal rule) or paired by it, as the
+       * plain kernel's: the persistent grid, as for those */
+      persistent = !packed;
     }
   }
   if (smem > (size_t)dev->max_smem_per_block_optin) return fallback(a, stream, dev);
