@@ -28,13 +28,14 @@
  *     every stage and P V runs with N = HD + 8 (oss_attn_fwd_sm90_ones).
  *     With PINGPONG the two warpgroups also take turns issuing their products
  *     (named barriers), so one's softmax runs under the other's products.
- *   - a mask tensor is read by the variant built for it (MASK_TENSOR; the
+ *   - a mask tensor is read by the variants built for it (MASK; the
  *     variant without holds fewer registers): where the copy engine can
  *     address it and its stages fit, the producer copies each key tile's
  *     mask tile (BR rows, or one row where every query row has the same
  *     mask) with K's into shared memory (oss_sm90_load_mask) and the
- *     consumers release it with K once masked (oss_sm90_mask_scores_tile);
- *     otherwise element by element from global memory.
+ *     consumers release it with K once masked (oss_sm90_mask_scores_tile;
+ *     MASK = 2, on the persistent grid); otherwise element by element from
+ *     global memory (MASK = 1, one CTA per block, without ping-pong).
  *   - a window's key tiles only (producer and consumers both walk jt0 ..
  *     ntiles - 1). The kernel without a mask tensor applies a window as it
  *     applies the causal rule (on the tiles across its edges), so a window
