@@ -350,12 +350,8 @@ __device__ __forceinline__ void oss_attn_bwd_sm90_produce(const oss_attn_args &a
     oss_bulk_load(oss_smem_u32(sL + st * BR), (const float *)a.lse_adj + ro, BR * 4, &full[st]);
     oss_bulk_load(oss_smem_u32(sD + st * BR), (const float *)a.dsum + ro, BR * 4, &full[st]);
     if constexpr (MASK_TILES) { /* the block's mask tile: one buffer, free once the previous block was masked */
-      const oss_attn_sm90_mask_tiles &t = maps.mask;
       if (it > 0) oss_mbar_wait_backoff(mempty, (it - 1) & 1);
-      oss_mbar_arrive_expect_tx(mfull, (uint32_t)t.tx);
-      for (int c = 0; c < 128; c += t.cols)
-        oss_tma_load_4d(oss_smem_u32(sM + c / t.cols * t.box_bytes), &maps.m, mfull, j0 + c, t.rows == 1 ? 0 : i0,
-                        (t.bcast & 2) ? 0 : h, (t.bcast & 1) ? 0 : b);
+      oss_sm90_load_mask(oss_smem_u32(sM), &maps.m, maps.mask, mfull, 128, j0, i0, h, b);
     }
   }
 }

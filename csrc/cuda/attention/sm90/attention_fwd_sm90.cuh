@@ -30,12 +30,13 @@
  *     (named barriers), so one's softmax runs under the other's products.
  *   - a mask tensor is read by the variants built for it (MASK; the
  *     variant without holds fewer registers): where the copy engine can
- *     address it and its stages fit, the producer copies each key tile's
- *     mask tile (BR rows, or one row where every query row has the same
- *     mask) with K's into shared memory (oss_sm90_load_mask) and the
- *     consumers release it with K once masked (oss_sm90_mask_scores_tile;
- *     MASK = 2, on the persistent grid); otherwise element by element from
- *     global memory (MASK = 1, one CTA per block, without ping-pong).
+ *     address it and a stage fits, the producer copies each key tile's mask
+ *     tile into shared memory (oss_sm90_load_mask) as two halves, one per
+ *     warpgroup's 64 rows (or one row where every query row has the same
+ *     mask), each on its own mbarriers, in two stages or, where two do not
+ *     fit, one (oss_sm90_mask_scores_stage; MASK = 2, on the persistent
+ *     grid); otherwise element by element from global memory (MASK = 1, one
+ *     CTA per block, without ping-pong).
  *   - a window's key tiles only (producer and consumers both walk jt0 ..
  *     ntiles - 1). The kernel without a mask tensor applies a window as it
  *     applies the causal rule (on the tiles across its edges), so a window
@@ -272,19 +273,6 @@ __device__ __forceinline__ void oss_sm90_alibi(float (&s)[NT][4], float c, float
       s[n][e] = fmaf(s[n][e], c, -slope * fabsf(d0 + (float)(8 * (e >> 1) - 8 * n - (e & 1))));
 }
 
-/* The mask tile of key tile j0 for the query block at row i0 of (batch b,
- * head h) into one stage at dst (maps.mask: boxes of t.cols keys by t.rows
- * rows). Its bytes join the phase of `full` before the K tile's copy arrives
- * on it, so that phase completes once both landed. */
-__device__ __forceinline__ void oss_sm90_load_mask(unsigned char *dst, const oss_attn_sm90_maps &maps, uint64_t *full,
-                                                   int bc, int j0, int i0, int h, int b) {
-  const oss_attn_sm90_mask_tiles &t = maps.mask;
-  oss_mbar_expect_tx(full, (uint32_t)t.tx);
-  for (int c = 0; c < bc; c += t.cols)
-    oss_tma_load_4d(oss_smem_u32(dst + c / t.cols * t.box_bytes), &maps.m, full, j0 + c, t.rows == 1 ? 0 : i0,
-                    (t.bcast & 2) ? 0 : h, (t.bcast & 1) ? 0 : b);
-}
-
 /* A tile of scores (raw products) masked by a mask tile in shared memory
  * (oss_sm90_load_mask; M its element: bool bytes, float or the 16-bit T):
  * scaled to log2 units, the mask's value added (a bool's 0 or -inf, an
@@ -357,6 +345,23 @@ __device__ __forceinline__ float oss_sm90_mask_scores_tile(float (&s)[NT][4], co
   else if (a.mask_dtype == OSS_FLOAT32) oss_sm90_mask_from_tile<float, T, NT>(s, a, tile, t, r0, rl0, j0, lane);
   else oss_sm90_mask_from_tile<T, T, NT>(s, a, tile, t, r0, rl0, j0, lane);
   return 1.f;
+}
+
+/* oss_sm90_mask_scores_tile on key tile `tile_no` of the CTA's sequence of
+ * tiles, from warpgroup wg's half of its mask stage (`half`: the half of
+ * stage 0; stages t.stages, each two halves of t.stage_bytes): waits for the
+ * half to land, and gives it back once the warp has read it. */
+template <typename T, int NT>
+__device__ __forceinline__ float oss_sm90_mask_scores_stage(float (&s)[NT][4], const oss_attn_args &a, uint32_t half,
+                                                            const oss_attn_sm90_mask_tiles &t, uint64_t (*full)[2],
+                                                            uint64_t (*empty)[2], int wg, int tile_no, int r0, int rl0,
+                                                            int j0, int lane) {
+  const int ms = tile_no & (t.stages - 1);
+  oss_mbar_wait(&full[ms][wg], (tile_no >> (t.stages - 1)) & 1);
+  const float c = oss_sm90_mask_scores_tile<T, NT>(s, a, half + 2 * ms * t.stage_bytes, t, r0, rl0, j0, lane);
+  __syncwarp();
+  if (lane == 0) oss_mbar_arrive(&empty[ms][wg]);
+  return c;
 }
 
 /* A divisor fixed for a kernel's run as a multiply and a shift: n / d for
@@ -511,7 +516,8 @@ __global__ void __launch_bounds__(384, 1)
   constexpr bool TMA_OUT = OUT_STAGE > 0 && !MASK_TENSOR;
   T *sO = sV + STAGES * BC * VC;
   /* the kernel that reads a mask tensor stores out from registers; where the
-   * copy engine brings its mask tiles, their stages take out's place */
+   * copy engine brings its mask tiles, their stages take out's place: stage
+   * st's half for warpgroup w (its 64 rows) at sM + (2 st + w) stage_bytes */
   unsigned char *sM = reinterpret_cast<unsigned char *>(sO);
 
   /* q_full: Q landed; q_empty: every consumer warp issued its last Q K^T of
@@ -519,6 +525,11 @@ __global__ void __launch_bounds__(384, 1)
    * arrival plus the copy's bytes); k_empty / v_empty[stage]: every consumer
    * warp is done reading it. Phases count on across work blocks. */
   __shared__ __align__(8) uint64_t q_full, q_empty, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
+  /* m_full / m_empty[stage][w]: a mask stage's half of warpgroup w landed /
+   * read by its four warps (MASK = 2). A half per warpgroup, so that a
+   * single stage (where two do not fit) is refilled as soon as its
+   * warpgroup masked the tile, a whole tile's time before it needs the next */
+  __shared__ __align__(8) uint64_t m_full[MASK_TILES ? 2 : 1][2], m_empty[MASK_TILES ? 2 : 1][2];
 
   /* wg known uniform (oss_warpgroup) except in the kernels that read a mask
    * tensor, where the uniform registers it takes make the kernel spill */
@@ -548,6 +559,11 @@ __global__ void __launch_bounds__(384, 1)
       oss_mbar_init(&k_empty[i], NWARPS);
       oss_mbar_init(&v_empty[i], NWARPS);
     }
+    if (MASK_TILES)
+      for (int i = 0; i < 4; i++) {
+        oss_mbar_init(&m_full[i >> 1][i & 1], 1);
+        oss_mbar_init(&m_empty[i >> 1][i & 1], NWARPS / 2);
+      }
     oss_fence_mbar_init();
   }
   __syncthreads(); /* the only CTA-wide barrier */
@@ -578,11 +594,23 @@ __global__ void __launch_bounds__(384, 1)
         for (int j = jt0; j < qb.ntiles; j++, tiles++) {
           const int st = tiles % STAGES, use = tiles / STAGES, j0 = (int)a.seq_k0 + j * BC;
           if (use > 0) oss_mbar_wait_backoff(&k_empty[st], (use - 1) & 1);
-          if (MASK_TILES) /* the mask tile with K's (a mask never comes with packed rows) */
-            oss_sm90_load_mask(sM + st * maps.mask.stage_bytes, maps, &k_full[st], BC, j0, qb.i0, qb.h, qb.b);
           oss_sm90_load_tile<KD, BC>(sK + st * BC * KD, &maps.k, &k_full[st], j0, qb.hk, tb);
+          /* the mask's halves (a mask never comes with packed rows): the first
+           * warpgroup's between K and V, which wait on the warpgroups' previous
+           * tiles in their order */
+          const int ms = MASK_TILES ? tiles & (maps.mask.stages - 1) : 0, muse = tiles >> (maps.mask.stages - 1);
+          if (MASK_TILES) {
+            if (muse > 0) oss_mbar_wait_backoff(&m_empty[ms][0], (muse - 1) & 1);
+            oss_sm90_load_mask(oss_smem_u32(sM) + 2 * ms * maps.mask.stage_bytes, &maps.m, maps.mask, &m_full[ms][0],
+                               BC, j0, qb.i0, qb.h, qb.b);
+          }
           if (use > 0) oss_mbar_wait_backoff(&v_empty[st], (use - 1) & 1);
           oss_sm90_load_tile<oss_sm90_cols(DV), BC>(sV + st * BC * VC, &maps.v, &v_full[st], j0, qb.hk, tb);
+          if (MASK_TILES) {
+            if (muse > 0) oss_mbar_wait_backoff(&m_empty[ms][1], (muse - 1) & 1);
+            oss_sm90_load_mask(oss_smem_u32(sM) + (2 * ms + 1) * maps.mask.stage_bytes, &maps.m, maps.mask,
+                               &m_full[ms][1], BC, j0, qb.i0 + 64, qb.h, qb.b);
+          }
         }
       }
     }
@@ -598,9 +626,9 @@ __global__ void __launch_bounds__(384, 1)
     const int my_bar = 1 + wg, other_bar = 2 - wg;
     if (PINGPONG && wg == 1) oss_named_arrive(other_bar, 256);
     const bool drop = VAR && a.drop_seed != nullptr; /* dropout (VAR kernels) */
-    /* the mask's tiles in shared memory, in K's stages: released with K once read */
+    /* this warpgroup's halves of the mask stages */
     constexpr bool mask_tiles = MASK_TILES;
-    const uint32_t sMa = oss_smem_u32(sM);
+    const uint32_t sMa = MASK_TILES ? oss_smem_u32(sM) + wg * maps.mask.stage_bytes : 0u;
     const uint64_t seed = VAR ? oss_attn_drop_seed(a) : 0;
     oss_attn_keep<1, NT> keep; /* the kept weights of the tile being packed */
     int blocks = 0, tiles = 0;
@@ -648,18 +676,14 @@ __global__ void __launch_bounds__(384, 1)
         oss_wgmma_fence_operand<NT>(s[0]);
         __syncwarp();
         if (lane == 0) {
-          if (!mask_tiles) oss_mbar_arrive(&k_empty[st]);
+          oss_mbar_arrive(&k_empty[st]);
           if (ntiles == 1) oss_mbar_arrive(&q_empty);
         }
         float c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, jt0 * BC, lane)
-                  : mask_tiles
-                      ? oss_sm90_mask_scores_tile<T, NT>(s[0], a, sMa + st * maps.mask.stage_bytes, maps.mask,
-                                                         i0 + wrow, wrow, jt0 * BC, lane)
-                      : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR, WINDOW>(s, a, mbase, i0 + wrow, jt0 * BC, lane);
-        if (mask_tiles) {
-          __syncwarp();
-          if (lane == 0) oss_mbar_arrive(&k_empty[st]);
-        }
+                  : mask_tiles ? oss_sm90_mask_scores_stage<T, NT>(s[0], a, sMa, maps.mask, m_full, m_empty, wg,
+                                                                   tiles, i0 + wrow, wrow - wg * 64, jt0 * BC, lane)
+                               : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR, WINDOW>(s, a, mbase, i0 + wrow,
+                                                                                         jt0 * BC, lane);
         if constexpr (WINDOW)
           if (slope != 0.f) {
             oss_sm90_alibi<NT>(s[0], c, slope, (float)(d_row - jt0 * BC));
@@ -692,17 +716,13 @@ __global__ void __launch_bounds__(384, 1)
           oss_wgmma_fence_operand<NT>(s[0]);
           __syncwarp();
           if (lane == 0) {
-            if (!mask_tiles) oss_mbar_arrive(&k_empty[st]);
+            oss_mbar_arrive(&k_empty[st]);
             if (j == ntiles - 1) oss_mbar_arrive(&q_empty);
           }
           c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, j0, lane)
-              : mask_tiles ? oss_sm90_mask_scores_tile<T, NT>(s[0], a, sMa + st * maps.mask.stage_bytes, maps.mask,
-                                                              i0 + wrow, wrow, j0, lane)
+              : mask_tiles ? oss_sm90_mask_scores_stage<T, NT>(s[0], a, sMa, maps.mask, m_full, m_empty, wg,
+                                                               tiles + j, i0 + wrow, wrow - wg * 64, j0, lane)
                            : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR, WINDOW>(s, a, mbase, i0 + wrow, j0, lane);
-          if (mask_tiles) {
-            __syncwarp();
-            if (lane == 0) oss_mbar_arrive(&k_empty[st]);
-          }
           if constexpr (WINDOW)
             if (slope != 0.f) {
               oss_sm90_alibi<NT>(s[0], c, slope, (float)(d_row - j0));
@@ -835,9 +855,12 @@ oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_a
    * from global memory. *Reason:* each element's load, its 64-bit address
    * and its wait held the kernel at a fraction of the plain one's speed. */
   if (tiles_kernel != nullptr && tiles_regs >= OSS_SM90_LAUNCH_REGS && !packed &&
-      oss_attn_sm90_mask_map(&maps.m, &maps.mask, a, BC, C::BR)) {
-    const size_t with = oss_attn_fwd_sm90_tile_bytes<HD, DV, C::BR, BC, C::STAGES, VAR>() +
-                        (size_t)C::STAGES * (size_t)maps.mask.stage_bytes;
+      oss_attn_sm90_mask_map(&maps.m, &maps.mask, a, BC, C::BR / 2)) {
+    /* two stages of the two warpgroups' halves where they fit, else one */
+    const size_t tiles = oss_attn_fwd_sm90_tile_bytes<HD, DV, C::BR, BC, C::STAGES, VAR>(),
+                 stage = 2 * (size_t)maps.mask.stage_bytes;
+    maps.mask.stages = tiles + 2 * stage <= 225 * 1024 ? 2 : 1;
+    const size_t with = tiles + maps.mask.stages * stage;
     if (with <= 225 * 1024) {
       kernel = tiles_kernel;
       if (with > smem) smem = with;

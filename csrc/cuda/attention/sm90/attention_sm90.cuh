@@ -102,13 +102,6 @@ __device__ __forceinline__ void oss_cp_async_arrive(uint64_t *bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(oss_smem_u32(bar)) : "memory");
 }
 
-/* Adds `bytes` to the transaction count of bar's current phase without
- * arriving (for copies that join a phase another thread's arrival opens). */
-__device__ __forceinline__ void oss_mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
-  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(oss_smem_u32(bar)), "r"(bytes)
-               : "memory");
-}
-
 /* Bulk tensor copy (PTX ISA, "cp.async.bulk.tensor"): the box of the 4-D
  * tensor map at coordinates {c0, c1, c2, c3} (innermost first) lands in shared
  * memory at dst in the map's swizzled layout, out-of-bounds elements as zeros,
@@ -404,6 +397,7 @@ typedef struct oss_attn_sm90_mask_tiles {
   int cols, rows, box_bytes, stage_bytes, bcast;
   int tx; /* bytes a stage's copies deliver */
   int span; /* the swizzle's span in bytes: 128 or 64 (a box's row) */
+  int stages; /* the forward's mask stages (1 or 2; its launcher's choice) */
 } oss_attn_sm90_mask_tiles;
 
 /* Tensor map of a call's mask tensor (bool, float32 or 16-bit; last dim
@@ -439,10 +433,24 @@ static inline int oss_attn_sm90_mask_map(CUtensorMap *map, oss_attn_sm90_mask_ti
   t->stage_bytes = bc / t->cols * t->box_bytes;
   t->tx = bc * esize * t->rows;
   t->bcast = (a->m_s[0] == 0 ? 1 : 0) | (a->m_s[1] == 0 ? 2 : 0);
+  t->stages = 1;
   const cuuint32_t box[4] = {(cuuint32_t)t->cols, (cuuint32_t)t->rows, 1, 1}, elem_strides[4] = {1, 1, 1, 1};
   return encode(map, type, 4, const_cast<void *>(a->mask), dims, strides, box, elem_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, t->span == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* The mask tile of key columns j0 .. j0 + bc - 1 and query rows from i0 (one
+ * row where the mask is the same for every row) of (batch b, head h) into
+ * shared memory at dst: t.cols-column boxes, completing on full (one
+ * arrival with the copies' bytes). */
+__device__ __forceinline__ void oss_sm90_load_mask(uint32_t dst, const CUtensorMap *map,
+                                                   const oss_attn_sm90_mask_tiles &t, uint64_t *full, int bc, int j0,
+                                                   int i0, int h, int b) {
+  oss_mbar_arrive_expect_tx(full, (uint32_t)t.tx);
+  for (int c = 0; c < bc; c += t.cols)
+    oss_tma_load_4d(dst + c / t.cols * t.box_bytes, map, full, j0 + c, t.rows == 1 ? 0 : i0, (t.bcast & 2) ? 0 : h,
+                    (t.bcast & 1) ? 0 : b);
 }
 
 /* Registers per thread the kernel launches with (0 if the runtime cannot say). */
