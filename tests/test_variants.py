@@ -489,6 +489,26 @@ def test_window_with_inner_and_edge_tiles(device_kernel, dtype, is_causal, other
                                 f"shape={shape} {sorted(kw)}")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("scale", [None, 0.5, 0.0, -0.2], ids=["default", "large", "zero", "negative"])
+def test_softcap_over_inner_and_edge_tiles_any_scale(device, dtype, scale):
+    """A softcap alone and with ALiBi over several query blocks and key tiles (inner tiles,
+    the diagonal, the end of the keys) at head dims 64 and 128, causal or not: on Hopper
+    the plain forward caps the scores where the scale is positive, the variant kernels
+    run the others. With scale 0.5 most scores pass the cap. Forward and gradients
+    against float64."""
+    torch.manual_seed(zlib.crc32(f"softcap {scale} {dtype}".encode()))
+    for shape in ((2, 4, 2, 300, 400, 64, 64), (1, 2, 1, 260, 333, 128, 128)):
+        q, k, v = make_qkv(shape, dtype, device)
+        for kw in ({"softcap": 5.0}, {"softcap": 5.0, "alibi_slopes": torch.rand(shape[1], device=device) * 0.1}):
+            kw["scale"] = scale
+            for is_causal in (False, True):
+                check_variant(q, k, v, kw, is_causal=is_causal, alignment="bottom_right",
+                              label=f"softcap scale={scale} {dtype} {device} causal={is_causal} shape={shape} "
+                                    f"{sorted(kw)}")
+
+
 # ---------------------------------------------------------------------------
 # deterministic=
 # ---------------------------------------------------------------------------

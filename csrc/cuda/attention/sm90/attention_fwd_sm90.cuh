@@ -43,11 +43,11 @@
  *     alone runs it, instantiated apart (WINDOW: jt0 in a register, and
  *     ALiBi's slope and distances; the others know jt0 = 0 and have no
  *     ALiBi); a window's blocks go on the persistent grid by stride.
- *   - sinks without the score-changing variants: the plain kernels merge a
- *     row's sink into its statistics after its last key tile
- *     (oss_sm90_sink_merge). ALiBi (with or without a window or sinks, no
- *     other variant) runs the WINDOW instantiation, which adds a tile's
- *     biases after masking it (oss_sm90_alibi).
+ *   - sinks without dropout: the plain kernels merge a row's sink into its
+ *     statistics after its last key tile (oss_sm90_sink_merge). A softcap
+ *     and ALiBi (with or without a window or sinks, no dropout) run the
+ *     WINDOW instantiation, which caps a tile's scores before masking it
+ *     (oss_sm90_plain_scores) and adds its biases after (oss_sm90_alibi).
  *   - VAR (a separate instantiation): the other score variants of oss.h
  *     through oss_attn_fwd_var_scores (as in the mma.sync kernel), a row's
  *     softmax starting at its sink; calls that also carry a mask tensor run
@@ -257,6 +257,27 @@ __device__ __forceinline__ void oss_sm90_sink_merge(float (&o)[NO][4], float (&m
       o[n][2 * hi + 1] *= alpha;
     }
   }
+}
+
+/* A tile of raw products scored and masked as oss_attn_fwd_mask_scores does
+ * (c, the softmax's factor, returned), or, with a softcap (cap: the softcap
+ * times log2(e), 0: off; cap_k as oss_attn_var_consts'), capped first, in
+ * log2 units, by the arithmetic of oss_attn_var_value, so that the backward
+ * recomputes the same scores, then masked (c = 1). A softcap comes here only
+ * with a positive scale, under which masking leaves the visible scores as
+ * they are. */
+template <typename T, int NT, bool WINDOW>
+__device__ __forceinline__ float oss_sm90_plain_scores(float (&s)[1][NT][4], const oss_attn_args &a, int r0, int j0,
+                                                       int lane, float cap, float cap_k) {
+  if (WINDOW && cap > 0.f) {
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[0][n][e] = fmaf(-2.f * cap, oss_rcp(oss_ex2(s[0][n][e] * cap_k) + 1.f), cap);
+    oss_attn_fwd_mask_scores<T, 1, NT, false, WINDOW>(s, a, 0, r0, j0, lane);
+    return 1.f;
+  }
+  return oss_attn_fwd_mask_scores<T, 1, NT, false, WINDOW>(s, a, 0, r0, j0, lane);
 }
 
 /* ALiBi on a tile of scores masked as raw products (oss_attn_fwd_mask_scores,
@@ -631,6 +652,9 @@ __global__ void __launch_bounds__(384, 1)
     const uint32_t sMa = MASK_TILES ? oss_smem_u32(sM) + wg * maps.mask.stage_bytes : 0u;
     const uint64_t seed = VAR ? oss_attn_drop_seed(a) : 0;
     oss_attn_keep<1, NT> keep; /* the kept weights of the tile being packed */
+    /* a softcap in the WINDOW instantiation (oss_sm90_plain_scores) */
+    const float cap = WINDOW ? a.softcap_l2 : 0.f;
+    const float cap_k = cap > 0.f ? (float)(2.0 * OSS_LOG2E) * a.scale_log2 / cap : 0.f;
     int blocks = 0, tiles = 0;
 #pragma unroll 1
     for (int w = oss_sm90_first_block<TIGHT>(sched); w >= 0; w = oss_sm90_next_block<TIGHT>(w, sched)) {
@@ -682,8 +706,9 @@ __global__ void __launch_bounds__(384, 1)
         float c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, jt0 * BC, lane)
                   : mask_tiles ? oss_sm90_mask_scores_stage<T, NT>(s[0], a, sMa, maps.mask, m_full, m_empty, wg,
                                                                    tiles, i0 + wrow, wrow - wg * 64, jt0 * BC, lane)
-                               : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR, WINDOW>(s, a, mbase, i0 + wrow,
-                                                                                         jt0 * BC, lane);
+                  : MASK_TENSOR ? oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR, WINDOW>(s, a, mbase, i0 + wrow,
+                                                                                          jt0 * BC, lane)
+                               : oss_sm90_plain_scores<T, NT, WINDOW>(s, a, i0 + wrow, jt0 * BC, lane, cap, cap_k);
         if constexpr (WINDOW)
           if (slope != 0.f) {
             oss_sm90_alibi<NT>(s[0], c, slope, (float)(d_row - jt0 * BC));
@@ -722,7 +747,8 @@ __global__ void __launch_bounds__(384, 1)
           c = VAR ? oss_attn_fwd_var_scores<1, NT, false>(s, a, vc, mbase, i0 + wrow, j0, lane)
               : mask_tiles ? oss_sm90_mask_scores_stage<T, NT>(s[0], a, sMa, maps.mask, m_full, m_empty, wg,
                                                                tiles + j, i0 + wrow, wrow - wg * 64, j0, lane)
-                           : oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR, WINDOW>(s, a, mbase, i0 + wrow, j0, lane);
+              : MASK_TENSOR ? oss_attn_fwd_mask_scores<T, 1, NT, MASK_TENSOR, WINDOW>(s, a, mbase, i0 + wrow, j0, lane)
+                           : oss_sm90_plain_scores<T, NT, WINDOW>(s, a, i0 + wrow, j0, lane, cap, cap_k);
           if constexpr (WINDOW)
             if (slope != 0.f) {
               oss_sm90_alibi<NT>(s[0], c, slope, (float)(d_row - j0));
@@ -902,9 +928,9 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
   /* a call with a window, sinks or ALiBi (oss_attn_fwd_sm90_var_launch sends
    * them here) falls back to the mma.sync kernel with the variants */
   const oss_attn_launch_fn fallback = a->variants ? mma_var : mma;
-  if (a->win_left >= 0 || a->win_right >= 0 || a->alibi != NULL) {
-    /* a window or ALiBi: the instantiation that moves a block's first key
-     * tile and adds ALiBi's biases */
+  if (a->win_left >= 0 || a->win_right >= 0 || a->alibi != NULL || a->softcap_l2 > 0.f) {
+    /* a window, ALiBi or a softcap: the instantiation that moves a block's
+     * first key tile, caps the scores and adds ALiBi's biases */
     if constexpr (C::WINDOW_KERNEL) {
       static const int window_regs =
           oss_kernel_regs(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, false, true>);
@@ -929,14 +955,14 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
 }
 
 /* The score variants on Hopper (oss_attn_fwd_var_scores per tile, a window's
- * key tiles only, sinks in the row statistics). A window, sinks and ALiBi
- * without the other variants (oss_attn_fwd_plain_scores) run `plain`, the
+ * key tiles only, sinks in the row statistics). A window, sinks, a softcap
+ * and ALiBi without dropout (oss_attn_fwd_plain_scores) run `plain`, the
  * launcher above (its own generated file's; NULL where the build has no plain
  * Hopper kernel of this head dim), whose kernels apply a window where they
  * apply the causal rule, merge the sinks after the keys
- * (oss_sm90_sink_merge), add ALiBi's biases to a masked tile
- * (oss_sm90_alibi), and keep the ones column and, without ALiBi, the scale
- * folded into the exponent; calls that also pass a mask tensor run mma_var, the
+ * (oss_sm90_sink_merge), cap the scores (oss_sm90_plain_scores), add ALiBi's
+ * biases to a masked tile (oss_sm90_alibi), and keep the ones column and,
+ * without a softcap or ALiBi, the scale folded into the exponent; calls that also pass a mask tensor run mma_var, the
  * mma.sync kernel with the variants (its own generated file's launcher),
  * which reads it. */
 template <typename T, int HD>

@@ -466,13 +466,14 @@ template <typename K> static inline int oss_kernel_regs(K *kernel) {
 /* Calls whose variants the plain Hopper kernels serve. They apply a window
  * where they apply the causal rule; the forward merges the sinks into each
  * row's statistics after its keys, and the backward finds them in lse. The
- * forward's window instantiation adds ALiBi's biases too; the backward's
- * kernels do not. */
+ * forward's window instantiation also caps the scores (with a positive
+ * scale, see oss_sm90_plain_scores) and adds ALiBi's biases; the backward's
+ * kernels do neither. */
 static inline bool oss_attn_fwd_plain_scores(const oss_attn_args *a) {
-  return a->softcap_l2 == 0.f && a->drop_seed == NULL;
+  return a->drop_seed == NULL && (a->softcap_l2 == 0.f || a->scale_log2 > 0.f);
 }
 static inline bool oss_attn_bwd_plain_scores(const oss_attn_args *a) {
-  return oss_attn_fwd_plain_scores(a) && a->alibi == NULL;
+  return a->drop_seed == NULL && a->softcap_l2 == 0.f && a->alibi == NULL;
 }
 
 #endif /* OSS_ATTENTION_SM90_CUH */
