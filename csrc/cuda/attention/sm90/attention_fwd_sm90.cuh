@@ -925,8 +925,8 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
         oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC_MASK, C::STAGES, false, 1>, mask_regs, mma, false, a, stream, dev,
         oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC_MASK, C::STAGES, C::PINGPONG, 2>, tiles_regs);
   const bool persistent = C::persistent(a);
-  /* a call with a window, sinks or ALiBi (oss_attn_fwd_sm90_var_launch sends
-   * them here) falls back to the mma.sync kernel with the variants */
+  /* a call with a window, sinks, a softcap or ALiBi (oss_attn_fwd_sm90_var_launch
+   * sends them here) falls back to the mma.sync kernel with the variants */
   const oss_attn_launch_fn fallback = a->variants ? mma_var : mma;
   if (a->win_left >= 0 || a->win_right >= 0 || a->alibi != NULL || a->softcap_l2 > 0.f) {
     /* a window, ALiBi or a softcap: the instantiation that moves a block's
