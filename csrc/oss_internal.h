@@ -106,9 +106,9 @@ static inline OSS_HOST_DEVICE float oss_log_softmax_grad_near_one(float y, float
  * Every kernel (CPU and CUDA, forward and backward) drops the same weights:
  * weight (bh = b * heads_q + h, query i, key j) takes 16 random bits from
  * Philox4x32-7 (Salmon et al., SC'11; seven rounds, as FlashAttention's
- * dropout draws them: the paper finds seven rounds pass BigCrush and
- * recommends ten as a margin, which cost a dropout forward 15 % more)
- * keyed by the 64-bit seed, with the
+ * dropout draws them: the paper finds seven pass BigCrush and recommends ten
+ * as a margin, and the rounds are the dropout's main cost) keyed by the
+ * 64-bit seed, with the
  * counter (i & ~8, j & ~9, low and high words of bh): one call gives the
  * eight weights {i, i | 8} x {j, j | 1, j | 8, j | 9}, half (j & 1) of word
  * ((i >> 3) & 1) * 2 + ((j >> 3) & 1). That group is what one thread holds of

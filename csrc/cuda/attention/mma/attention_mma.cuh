@@ -448,6 +448,13 @@ __device__ __forceinline__ float oss_rcp(float x) {
   return y;
 }
 
+/* The softcap of a raw product: r = 1 / (2^(raw cap_k) + 1) (cap_k:
+ * oss_attn_var_consts') by one ex2.approx and one rcp.approx; the capped score is
+ * then oss_attn_capped(r, cap) = cap (1 - 2 r) in log2 units (cap: the
+ * softcap times log2(e)), and tanh = 1 - 2 r. */
+__device__ __forceinline__ float oss_attn_cap_r(float raw, float cap_k) { return oss_rcp(oss_ex2(raw * cap_k) + 1.f); }
+__device__ __forceinline__ float oss_attn_capped(float r, float cap) { return fmaf(-2.f * cap, r, cap); }
+
 /* A visible pair's score in log2 units from its raw product q.k: scaled,
  * capped (s = cap tanh(s / cap)) where cap, minus ALiBi's slope |dist| where
  * alibi (dist = i + off - j, exact in float below 2^24). The capped score is
@@ -461,8 +468,8 @@ __device__ __forceinline__ float oss_attn_var_value(const oss_attn_var_consts &v
   float x;
   *dcap = 1.f;
   if (cap) {
-    const float r = oss_rcp(oss_ex2(raw * v.cap_k) + 1.f);
-    x = fmaf(-2.f * v.cap, r, v.cap);
+    const float r = oss_attn_cap_r(raw, v.cap_k);
+    x = oss_attn_capped(r, v.cap);
     const float t = fmaf(-2.f, r, 1.f);
     *dcap = 1.f - t * t;
   } else {
