@@ -31,8 +31,10 @@
  *   S^T = K_w Q^T and dP^T = V_w dO^T (wgmma, both operands in shared memory,
  *   K-major); P^T and dS'^T in registers, key-major, so they are directly the
  *   A operands of dV += P^T dO and dK += dS'^T Q (B = dO, Q read MN-major).
- *   dQ: dS'^T goes to shared memory (two buffers, so one consumer barrier
- *   per block suffices) and warpgroup w computes a 64 x 64 piece of
+ *   dQ: dS'^T goes to shared memory (one buffer: a warpgroup stores the
+ *   next block's only after the barrier at which both hand their dQ pieces
+ *   to the dQ warp, which each reaches after its dQ product has read the
+ *   buffer) and warpgroup w computes a 64 x 64 piece of
  *   dQ_blk = dS' K (A = dS' read MN-major from dS'^T, B = K MN-major;
  *   BR = 64: head-dim columns [64w, 64w + 64), BR = 128: query rows
  *   [64w, 64w + 64)), staged in shared memory for the dQ warp (named
@@ -106,7 +108,7 @@ template <int HD> __host__ __device__ constexpr int oss_attn_bwd_sm90_dq_pitch()
 
 template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size_t oss_attn_bwd_sm90_tiles_bytes() {
   return (size_t)(2 * BC + 2 * STAGES * BR) * oss_sm90_cols(HD) * 2 /* K, V, STAGES x (Q, dO): whole boxes */
-         + (size_t)2 * BC * BR * 2                           /* 2 x dS'^T */
+         + (size_t)BC * BR * 2                               /* dS'^T */
          + (size_t)BR * oss_attn_bwd_sm90_dq_pitch<HD>() * 4 /* dQ block (float) */
          + (size_t)2 * STAGES * BR * 4;                      /* STAGES x (lse, D) */
 }
@@ -125,13 +127,13 @@ template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size
  * past the keys are zero there): thread t sums column t % HD over the rows
  * t / HD, t / HD + G, ... (G = 256 / HD groups; four float32 partial sums in a
  * fixed order), the groups' sums meet in float64 in `scratch` (the dS'^T
- * buffers, free before the first query block) and are added in group order.
+ * buffer, free before the first query block) and are added in group order.
  * The consumers meet twice at `bar`, so the scratch is free again after. */
 template <typename T, int HD, int BC, int BR>
 __device__ __forceinline__ void oss_attn_bwd_sm90_ksum(const oss_attn_args &a, const T *sK, T *scratch, int b, int hk,
                                                        int block, int chunks, int tid, int bar) {
   static_assert(BC == OSS_ATTN_MEAN_CHUNK && HD <= 256 && BC % (4 * (256 / HD)) == 0, "a CTA's keys are one chunk");
-  static_assert((size_t)(256 / HD) * HD * 8 <= (size_t)2 * BC * BR * 2, "the groups' sums fit the dS'^T buffers");
+  static_assert((size_t)(256 / HD) * HD * 8 <= (size_t)BC * BR * 2, "the groups' sums fit the dS'^T buffer");
   constexpr int G = 256 / HD; /* threads G HD .. 255 (head dim 96: 64 of them) sit out */
   const int col = tid % HD, grp = tid / HD;
   const T *base = sK + (col >> 6) * BC * 64 + (col & 7); /* column col of row r: + r * 64 + chunk swizzle */
@@ -387,8 +389,8 @@ __global__ void __launch_bounds__(384, 1)
   T *sV = sK + BC * KD;
   T *sQ = sV + BC * KD;            /* [STAGES][BR x KD] */
   T *sdO = sQ + STAGES * BR * KD;  /* [STAGES][BR x KD] */
-  T *sdS = sdO + STAGES * BR * KD; /* [2][dS'^T: BC rows (keys) x BR columns (queries)] */
-  float *sdQ = reinterpret_cast<float *>(sdS + 2 * BC * BR); /* [BR][dq pitch] */
+  T *sdS = sdO + STAGES * BR * KD; /* dS'^T: BC rows (keys) x BR columns (queries) */
+  float *sdQ = reinterpret_cast<float *>(sdS + BC * BR); /* [BR][dq pitch] */
   float *sL = sdQ + BR * oss_attn_bwd_sm90_dq_pitch<HD>();   /* [STAGES][BR] */
   float *sD = sL + STAGES * BR;                             /* [STAGES][BR] */
   T *sOnes = reinterpret_cast<T *>(sD + STAGES * BR);       /* 8 x 64 ones: B of the dS' row sums */
@@ -586,9 +588,15 @@ __global__ void __launch_bounds__(384, 1)
     oss_wgmma_commit();
 
     if (atomic_dq) {
-      /* double buffered: the other buffer may still be read by the other
-       * warpgroup's dQ product of the previous block */
-      T *tdS = sdS + (it & 1) * BC * BR;
+      /* one buffer: both warpgroups' dQ products of the previous block have
+       * read it, as each waited for its product before the BAR_DQ_EMPTY
+       * barrier that this warpgroup passed there. Its address takes an
+       * offset the compiler cannot see is 0, so that the stores' addresses
+       * and the descriptors are formed in each block (hoisted out of the
+       * loop, they held registers and the kernel spilled) */
+      int opaque0 = 0;
+      asm volatile("" : "+r"(opaque0));
+      T *tdS = sdS + opaque0;
       /* dS'^T rows (keys) kw0 - j0 + g (+8), columns (queries) 16kk + t2 (+1, +8, +9), swizzled */
 #pragma unroll
       for (int kk = 0; kk < NTQ / 2; kk++)
@@ -895,8 +903,9 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
   static const int regs = oss_kernel_regs(kernel);
   if constexpr (MASK_TENSOR && !C::WIDE) {
     /* the mask's tiles by the copy engine (MASK = 2) where it can address the
-     * mask and one tile fits beside the others (bool masks; 16-bit ones at
-     * head dims 96 and 128); else the mask is read element by element.
+     * mask and one tile fits beside the others (bool and 16-bit masks;
+     * float32 ones at head dims 96 and 128); else the mask is read element
+     * by element.
      * *Reason:* as in the forward, each element's load from global memory
      * held the kernel, which also spilled for the registers they took. */
     void (*tiles_kernel)(const oss_attn_args, const oss_attn_bwd_sm90_maps) =
