@@ -15,7 +15,8 @@ torch_oss against every SDPA backend in the same run. TFLOP/s: forward
                                             # and cuDNN's (GPU)
     python bench/attention.py --mask padding --causal 0
         # with a mask tensor: padding (B, 1, 1, N) bool, bool (B, 1, N, N), or additive
-        # (1, H, N, N) in the inputs' dtype (a position bias); SDPA takes no causal flag with one
+        # (1, H, N, N) in the inputs' dtype (a position bias), or causal-padding (B, 1, N, N) in the
+        # inputs' dtype (Hugging Face's causal mask with padding); SDPA takes no causal flag with one
     python bench/attention.py --mask bool --causal 0 --with-mask-elementwise
         # also torch_oss given the same mask in rows the copy engine cannot address (16 bytes
         # + one element apart), which the kernel reads element by element from global memory
@@ -63,6 +64,10 @@ def make_mask(kind, B, H, N, dtype, device):
     if kind == "bool":
         m = torch.rand(B, 1, N, N, generator=g) > 0.1
         return (m | torch.eye(N, dtype=torch.bool)).to(device)
+    if kind == "causal-padding":  # Hugging Face's mask for SDPA with padding: 0 where a key is visible
+        cut = torch.randint(0, max(1, N // 4), (B,), generator=g)
+        keep = (torch.arange(N) < (N - cut)[:, None]).view(B, 1, 1, N) & torch.ones(N, N, dtype=torch.bool).tril()
+        return torch.zeros(B, 1, N, N, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min).to(device)
     return torch.randn(1, H, N, N, generator=g).to(dtype=dtype, device=device)
 
 
@@ -98,7 +103,7 @@ def main():
                     help="blhd: inputs that are (B, L, H, D) memory seen as (B, H, L, D), and each forward "
                          "followed by out.transpose(1, 2).contiguous(), as a model's attention function does")
     ap.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: as many as query heads)")
-    ap.add_argument("--mask", choices=("none", "padding", "bool", "additive"), default="none",
+    ap.add_argument("--mask", choices=("none", "padding", "bool", "additive", "causal-padding"), default="none",
                     help="a mask tensor with every call (see above)")
     ap.add_argument("--with-mask-elementwise", action="store_true",
                     help="also torch_oss with the mask in rows the copy engine cannot address")

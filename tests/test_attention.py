@@ -146,6 +146,51 @@ def test_kernel_families(device_kernel, dtype, is_causal, alignment, case):
 RISES_LOG2 = [0.0, 3.0, 7.9, 8.1, 2.0, 20.0, -30.0, 9.0, 0.5, 12.0, -5.0, 16.0, 1.0, 30.0, 4.0]
 
 
+def neutral_tile_masks(B, Hq, Lq, Lk, dtype, device):
+    """Masks whose tiles are mostly neutral (all True, or all zero), as models build them:
+    padding by sequence length (bool and additive, one row broadcast or expanded over the
+    queries), an explicit causal rule, and a full mask that is True but for one block."""
+    lengths = torch.tensor([Lk, Lk * 5 // 8])
+    keys = torch.arange(Lk)
+    pad = (keys[None, :] < lengths[:, None]).view(B, 1, 1, Lk)
+    low = torch.finfo(dtype).min if dtype.is_floating_point else float("-inf")
+    pad_add = torch.zeros(B, 1, 1, Lk, dtype=dtype).masked_fill(~pad, low)
+    causal = keys[None, :] <= torch.arange(Lq)[:, None] + (Lk - Lq)
+    hf = torch.zeros(B, 1, Lq, Lk, dtype=dtype).masked_fill(~(causal & pad), low)
+    block = torch.ones(B, Hq, Lq, Lk, dtype=torch.bool)
+    block[:, 1, 40:90, 150:170] = False
+    return {
+        "padding": pad.to(device),
+        "padding_expanded": pad.expand(B, 1, Lq, Lk).to(device),
+        "padding_additive": pad_add.to(device),
+        "padding_additive_f32": pad_add.float().to(device),
+        "causal_2d": causal.to(device),
+        "causal_padding_additive": hf.to(device),
+        "block": block.to(device),
+    }
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["none", "causal"])
+@pytest.mark.parametrize("scale", [None, -0.3], ids=["scale_default", "scale_negative"])
+@pytest.mark.parametrize("mask_name", ["padding", "padding_expanded", "padding_additive", "padding_additive_f32",
+                                       "causal_2d", "causal_padding_additive", "block"])
+def test_masks_with_neutral_tiles(device, dtype, head_dim, is_causal, scale, mask_name):
+    """Masks that leave whole tiles unchanged (padding, causal and block masks) over several
+    query blocks and key tiles, alone and with is_causal: where a tile's mask changes no
+    score and no bound cuts it, the Hopper kernels skip it (the forward then takes the plain
+    arithmetic while the scale is positive); forward and gradients against float64 by the
+    tolerance rule, with a positive and a negative scale."""
+    B, Hq, Lq, Lk = 2, 4, 300, 400
+    q, k, v = make_qkv((B, Hq, 2, Lq, Lk, head_dim, head_dim), dtype, device)
+    mask = neutral_tile_masks(B, Hq, Lq, Lk, dtype, device)[mask_name]
+    label = f"{dtype} hd{head_dim} mask={mask_name} causal={is_causal} scale={scale}"
+    check_forward(q, k, v, mask=mask, is_causal=is_causal, alignment="bottom_right", scale=scale, label=label)
+    check_backward(q, k, v, mask=mask, is_causal=is_causal, alignment="bottom_right", scale=scale, label=label)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])

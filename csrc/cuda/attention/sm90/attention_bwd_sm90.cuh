@@ -70,8 +70,10 @@
  * 96 the tiles are stored as 128 columns, the copy engine and the K/V loads
  * zero-filling columns 96 .. 127, which the products over HD skip, and the
  * second warpgroup's dQ piece computes columns 64 .. 127 and stages those
- * below 96); a mask tensor only in the MASK_TENSOR instantiation (which
- * spills) and not with VAR; q and dout with 16-byte aligned base and strides (the
+ * below 96); a mask tensor only in the instantiations that read it (MASK:
+ * 1 element by element, which spills; 2 the query block's tile through
+ * shared memory, skipped for a warp whose keys it leaves unchanged, see
+ * oss_attn_bwd_sm90_mask_neutral) and not with VAR; q and dout with 16-byte aligned base and strides (the
  * tensor maps' rule; else the mma.sync backward runs); built only for sm_90a
  * (elsewhere the body traps and the launcher is not in the dispatch table).
  */
@@ -247,6 +249,30 @@ __device__ __forceinline__ void oss_attn_bwd_sm90_mask_from_tile(float (&sT)[NTQ
   }
 }
 
+/* Whether a warp's part of the query block's mask tile (its 16 keys from
+ * kl0 in the CTA's block, every query row, or the one row of a mask the
+ * same for every query; as oss_attn_bwd_sm90_mask_from_tile reads it) is
+ * neutral (oss_sm90_mask_chunk_neutral). A row's 16 keys are ES whole
+ * 16-byte chunks (the swizzle keeps a chunk whole); each lane tests its
+ * first chunk before the others, so that a tile which is not neutral mostly
+ * costs one load and one vote. */
+template <int ES, int BR>
+__device__ __forceinline__ bool oss_attn_bwd_sm90_mask_neutral(uint32_t tile, const oss_attn_sm90_mask_tiles &t,
+                                                               int kl0, int lane) {
+  constexpr int COLS = 128 / ES, N = BR * ES / 32; /* key blocks of 128: boxes of 128-byte rows */
+  static_assert(BR * ES % 32 == 0, "a warp's worth of chunks");
+  auto at = [&](int q) { /* chunk q % ES of the warp's keys in row q / ES */
+    const int off = kl0 / COLS * t.box_bytes + q / ES * 128 + kl0 % COLS * ES + q % ES * 16;
+    return tile + (uint32_t)(off ^ ((off >> 3) & 0x70));
+  };
+  if (t.rows == 1) return __all_sync(0xffffffffu, lane >= ES || oss_sm90_mask_chunk_neutral<ES>(at(lane)));
+  if (!__all_sync(0xffffffffu, oss_sm90_mask_chunk_neutral<ES>(at(lane)))) return false;
+  bool neutral = true;
+#pragma unroll 1
+  for (int k = 1; k < N; k++) neutral &= oss_sm90_mask_chunk_neutral<ES>(at(lane + 32 * k));
+  return __all_sync(0xffffffffu, neutral);
+}
+
 /* P^T in place of the scores S^T of a warpgroup's 64 keys (warp k: keys kw0
  * .. kw0 + 15, kw0 its first) and NTQ * 8 queries from q0 (cL: their lse):
  * element (key r, query c) = exp2(c s - lse) with one fused multiply-add,
@@ -254,15 +280,25 @@ __device__ __forceinline__ void oss_attn_bwd_sm90_mask_from_tile(float (&sT)[NTQ
  * end of the keys and a window) set to -inf, which c leaves -inf while it is
  * positive.
  * With a mask tensor (added to scaled scores) or a scale that is not
- * positive, the scores are scaled first and c = 1. */
+ * positive, the scores are scaled first and c = 1. With a mask tile (MASK =
+ * 2, where need_mask says whether the bounds hide pairs of the tile), a tile
+ * without hidden pairs whose mask is neutral for the warp's keys skips the
+ * mask (its scores are still scaled first, as a c other than 1 there made
+ * the kernel spill; adding the neutral mask would change no bit). */
 template <typename T, int NTQ, int MASK>
 __device__ __forceinline__ void oss_attn_bwd_sm90_probs(float (&sT)[NTQ][4], const oss_attn_args &a, bool need_mask,
                                                         int b, int h, int kw0, int q0, const float *cL, int lane,
                                                         uint32_t mask_tile = 0,
                                                         const oss_attn_sm90_mask_tiles *mt = nullptr, int kl0 = 0) {
-  constexpr bool MASK_TENSOR = MASK != 0;
+  constexpr int BR = NTQ * 8;
   const int t2 = (lane & 3) * 2;
-  const bool scaled = MASK_TENSOR || !(a.scale_log2 > 0.f);
+  bool neutral = false; /* the mask changes none of the tile's scores */
+  if constexpr (MASK == 2)
+    if (!need_mask)
+      neutral = a.mask_dtype == OSS_BOOL      ? oss_attn_bwd_sm90_mask_neutral<1, BR>(mask_tile, *mt, kl0, lane)
+                : a.mask_dtype == OSS_FLOAT32 ? oss_attn_bwd_sm90_mask_neutral<4, BR>(mask_tile, *mt, kl0, lane)
+                                              : oss_attn_bwd_sm90_mask_neutral<2, BR>(mask_tile, *mt, kl0, lane);
+  const bool scaled = MASK != 0 || !(a.scale_log2 > 0.f);
   if (scaled)
 #pragma unroll
     for (int n = 0; n < NTQ; n++)
@@ -270,13 +306,15 @@ __device__ __forceinline__ void oss_attn_bwd_sm90_probs(float (&sT)[NTQ][4], con
       for (int e = 0; e < 4; e++) sT[n][e] *= a.scale_log2;
   const float c = scaled ? 1.f : a.scale_log2;
   if constexpr (MASK == 2) {
-    if (a.mask_dtype == OSS_BOOL)
-      oss_attn_bwd_sm90_mask_from_tile<unsigned char, T, NTQ>(sT, a, mask_tile, *mt, kw0, kl0, q0, lane);
-    else if (a.mask_dtype == OSS_FLOAT32)
-      oss_attn_bwd_sm90_mask_from_tile<float, T, NTQ>(sT, a, mask_tile, *mt, kw0, kl0, q0, lane);
-    else
-      oss_attn_bwd_sm90_mask_from_tile<T, T, NTQ>(sT, a, mask_tile, *mt, kw0, kl0, q0, lane);
-  } else if (MASK_TENSOR)
+    if (!neutral) {
+      if (a.mask_dtype == OSS_BOOL)
+        oss_attn_bwd_sm90_mask_from_tile<unsigned char, T, NTQ>(sT, a, mask_tile, *mt, kw0, kl0, q0, lane);
+      else if (a.mask_dtype == OSS_FLOAT32)
+        oss_attn_bwd_sm90_mask_from_tile<float, T, NTQ>(sT, a, mask_tile, *mt, kw0, kl0, q0, lane);
+      else
+        oss_attn_bwd_sm90_mask_from_tile<T, T, NTQ>(sT, a, mask_tile, *mt, kw0, kl0, q0, lane);
+    }
+  } else if (MASK == 1)
     oss_attn_mask_tile<T, true, 1, NTQ>(reinterpret_cast<float(&)[1][NTQ][4]>(sT), a, oss_attn_mask_base(a, b, h), kw0,
                                         q0, lane);
   else if (need_mask)
@@ -553,16 +591,16 @@ __global__ void __launch_bounds__(384, 1)
     } else {
       /* P^T; the scores to mask: the causal rule, the end of the keys and a
        * window's edges (a window alone runs this kernel) */
-      const bool need_mask = MASK_TENSOR || j0 + BC > a.lk ||
-                             (a.causal && (int64_t)(j0 + wg * 64 + 63) > (int64_t)i0 + a.causal_off) ||
-                             !oss_attn_window_holds(a, i0, BR, j0 + wg * 64, 64);
+      const bool bounds = j0 + BC > a.lk ||
+                          (a.causal && (int64_t)(j0 + wg * 64 + 63) > (int64_t)i0 + a.causal_off) ||
+                          !oss_attn_window_holds(a, i0, BR, j0 + wg * 64, 64);
       if constexpr (MASK_TILES) {
         oss_mbar_wait(&mfull, it & 1);
-        oss_attn_bwd_sm90_probs<T, NTQ, MASK>(sT, a, need_mask, b, h, kw0, i0, cL, lane, oss_smem_u32(sM), &maps.mask,
+        oss_attn_bwd_sm90_probs<T, NTQ, MASK>(sT, a, bounds, b, h, kw0, i0, cL, lane, oss_smem_u32(sM), &maps.mask,
                                               kw0 - j0);
         oss_mbar_arrive(&mempty); /* after this thread's reads of the tile */
       } else {
-        oss_attn_bwd_sm90_probs<T, NTQ, MASK>(sT, a, need_mask, b, h, kw0, i0, cL, lane);
+        oss_attn_bwd_sm90_probs<T, NTQ, MASK>(sT, a, MASK_TENSOR || bounds, b, h, kw0, i0, cL, lane);
       }
       oss_wgmma_wait<0>(); /* dP^T done */
       oss_wgmma_fence_operand<NTQ>(pT);

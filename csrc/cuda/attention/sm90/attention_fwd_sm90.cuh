@@ -35,8 +35,10 @@
  *     warpgroup's 64 rows (or one row where every query row has the same
  *     mask), each on its own mbarriers, in two stages or, where two do not
  *     fit, one (oss_sm90_mask_scores_stage; MASK = 2, on the persistent
- *     grid); otherwise element by element from global memory (MASK = 1, one
- *     CTA per block, without ping-pong).
+ *     grid; a warp's tile whose mask changes no score and which no bound
+ *     cuts takes the plain arithmetic: oss_sm90_mask_rows_neutral);
+ *     otherwise element by element from global memory (MASK = 1, one CTA
+ *     per block, without ping-pong).
  *   - a window's key tiles only (producer and consumers both walk jt0 ..
  *     ntiles - 1). The kernel without a mask tensor applies a window as it
  *     applies the causal rule (on the tiles across its edges), so a window
@@ -352,12 +354,52 @@ __device__ __forceinline__ void oss_sm90_mask_from_tile(float (&s)[NT][4], const
   }
 }
 
+/* Whether a mask tile (as oss_sm90_mask_from_tile reads it; M's size ES,
+ * BC keys) is neutral (oss_sm90_mask_chunk_neutral) on a warp's 16 rows
+ * from rl0, or on its one row where the mask is the same for every row. A
+ * box's bytes of consecutive rows are one range whatever the swizzle (it
+ * permutes the chunks within a row); each lane tests 16-byte chunks of the
+ * ranges, its first before the others, so that a tile which is not neutral
+ * mostly costs one load and one vote. */
+template <int ES, int BC>
+__device__ __forceinline__ bool oss_sm90_mask_rows_neutral(uint32_t tile, const oss_attn_sm90_mask_tiles &t, int rl0,
+                                                           int lane) {
+  constexpr int COLS = BC * ES < 128 ? BC : 128 / ES, SPAN = COLS * ES, BOXES = BC / COLS;
+  /* other tile widths (the plain kernels' 80 and 96 keys) never take a mask tile */
+  if constexpr (BC % COLS != 0 || BOXES * SPAN % 32 != 0 || BOXES * SPAN / 16 > 32) return false;
+  if (t.rows == 1) { /* one row: BOXES * SPAN / 16 chunks, at most one a lane */
+    constexpr int PER_BOX = SPAN / 16;
+    return __all_sync(0xffffffffu, lane >= BOXES * PER_BOX ||
+                                       oss_sm90_mask_chunk_neutral<ES>(tile + (uint32_t)(lane / PER_BOX * t.box_bytes +
+                                                                                        lane % PER_BOX * 16)));
+  }
+  constexpr int PER_BOX = SPAN, N = BOXES * PER_BOX / 32; /* 16 rows of SPAN bytes: SPAN chunks a box */
+  const uint32_t rows = tile + (uint32_t)(rl0 * SPAN);
+  auto at = [&](int q) { return rows + (uint32_t)(q / PER_BOX * t.box_bytes + q % PER_BOX * 16); };
+  if (!__all_sync(0xffffffffu, oss_sm90_mask_chunk_neutral<ES>(at(lane)))) return false;
+  bool neutral = true;
+#pragma unroll
+  for (int k = 1; k < N; k++) neutral &= oss_sm90_mask_chunk_neutral<ES>(at(lane + 32 * k));
+  return __all_sync(0xffffffffu, neutral);
+}
+
 /* oss_attn_fwd_mask_scores for a mask whose tile is in shared memory: the
- * factor c of the exponent is 1 (the scores are scaled here). */
+ * factor c of the exponent is 1 (the scores are scaled here), except on a
+ * tile inside the keys and left of the causal diagonal for the warp's rows
+ * whose mask is neutral there (a padding mask's whole keys, the inside of a
+ * causal or block mask), which takes the plain kernel's arithmetic: raw
+ * scores and c = the scale (while it is positive). */
 template <typename T, int NT>
 __device__ __forceinline__ float oss_sm90_mask_scores_tile(float (&s)[NT][4], const oss_attn_args &a, uint32_t tile,
                                                            const oss_attn_sm90_mask_tiles &t, int r0, int rl0,
                                                            int j0, int lane) {
+  constexpr int BC = NT * 8;
+  if (a.scale_log2 > 0.f && j0 + BC <= a.lk &&
+      (!a.causal || (int64_t)(j0 + BC - 1) <= (int64_t)r0 + a.causal_off) &&
+      (a.mask_dtype == OSS_BOOL      ? oss_sm90_mask_rows_neutral<1, BC>(tile, t, rl0, lane)
+       : a.mask_dtype == OSS_FLOAT32 ? oss_sm90_mask_rows_neutral<4, BC>(tile, t, rl0, lane)
+                                     : oss_sm90_mask_rows_neutral<2, BC>(tile, t, rl0, lane)))
+    return a.scale_log2;
 #pragma unroll
   for (int n = 0; n < NT; n++)
 #pragma unroll

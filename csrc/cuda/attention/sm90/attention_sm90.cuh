@@ -453,6 +453,17 @@ __device__ __forceinline__ void oss_sm90_load_mask(uint32_t dst, const CUtensorM
                     (t.bcast & 1) ? 0 : b);
 }
 
+/* Whether the 16 bytes of a mask tile at shared-memory address `at` leave
+ * the scores they mask unchanged: bool bytes all 1 (true), float or 16-bit
+ * values all +0 (their bits 0). Other encodings of those values (a bool byte
+ * above 1, -0) read as not neutral, which only costs the masking. */
+template <int ES> __device__ __forceinline__ bool oss_sm90_mask_chunk_neutral(uint32_t at) {
+  uint32_t w0, w1, w2, w3;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3) : "r"(at) : "memory");
+  if constexpr (ES == 1) return (w0 & w1 & w2 & w3) == 0x01010101u && (w0 | w1 | w2 | w3) == 0x01010101u;
+  else return (w0 | w1 | w2 | w3) == 0u;
+}
+
 /* Registers per thread the kernel launches with (0 if the runtime cannot say). */
 template <typename K> static inline int oss_kernel_regs(K *kernel) {
   cudaFuncAttributes attr;
