@@ -261,6 +261,9 @@ __device__ __forceinline__ bool oss_attn_bwd_sm90_mask_neutral(uint32_t tile, co
                                                                int kl0, int lane) {
   constexpr int COLS = 128 / ES, N = BR * ES / 32; /* key blocks of 128: boxes of 128-byte rows */
   static_assert(BR * ES % 32 == 0, "a warp's worth of chunks");
+  /* the addresses formed here in each block (hoisted out of the loop, their
+   * base took a register, and the kernel spilled at head dim 128) */
+  asm volatile("" : "+r"(kl0));
   auto at = [&](int q) { /* chunk q % ES of the warp's keys in row q / ES */
     const int off = kl0 / COLS * t.box_bytes + q / ES * 128 + kl0 % COLS * ES + q % ES * 16;
     return tile + (uint32_t)(off ^ ((off >> 3) & 0x70));
