@@ -684,6 +684,72 @@ def test_cross_entropy_matches_float64(device, dtype, reduction, shape, weighted
         assert_tolerance(f"grad ls={label_smoothing} z={z_loss}", g, ref_g, peer_g, SOFTMAX_ATOL[dtype])
 
 
+def probability_reference(x, target, weight=None, reduction="mean", label_smoothing=0.0, z_loss=0.0):
+    """torch_oss.cross_entropy's definition for class probabilities from
+    F.cross_entropy, in x's dtype: plus z * lse^2 per row, a mean over the rows."""
+    loss = F.cross_entropy(x, target, weight=weight, reduction=reduction, label_smoothing=label_smoothing)
+    if not z_loss:
+        return loss
+    z = z_loss * torch.logsumexp(x, dim=1 if x.dim() > 1 else 0) ** 2
+    return loss + (z if reduction == "none" else z.sum() if reduction == "sum" else z.mean())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("shape", [(37, 129), (4, 11, 3, 5), (300,)])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_probability_targets_match_float64(device, dtype, reduction, shape, weighted):
+    """Class probabilities as the target (normalised rows, and rows that do not sum to 1, which
+    F.cross_entropy accepts too): loss and the gradients of the input and of the target
+    against float64, F.cross_entropy in float32 (the input's dtype for the input's gradient)
+    on the same values as the peer."""
+    for (label_smoothing, z_loss), normalised in zip(SMOOTHING_Z, (True, False, True, False)):
+        x = awkward_randn(shape, dtype, device)
+        t = torch.rand(shape, dtype=torch.float64, device=device)
+        if normalised:
+            t = t / t.sum(1 if len(shape) > 1 else 0, keepdim=True)
+        t = t.to(dtype)
+        w = torch.rand(shape[1] if len(shape) > 1 else shape[0], dtype=torch.float64, device=device) + 0.25
+        w = w if weighted else None
+        kwargs = dict(reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss)
+        label = f"{dtype} {shape} {reduction} ls={label_smoothing} z={z_loss} normalised={normalised}"
+        pd = peer_dtype(dtype)
+        x_ours, t_ours = x.detach().requires_grad_(), t.detach().requires_grad_()
+        ours = torch_oss.cross_entropy(x_ours, t_ours, weight=None if w is None else w.to(pd), **kwargs)
+        x64, t64 = x.double().requires_grad_(), t.double().requires_grad_()
+        ref = probability_reference(x64, t64, weight=w, **kwargs)
+        xp, tp = x.to(pd).requires_grad_(), t.to(pd).requires_grad_()
+        peer = probability_reference(xp, tp, weight=None if w is None else w.to(pd), **kwargs)
+        assert ours.shape == ref.shape and ours.dtype == pd, label
+        assert_tolerance(f"loss {label}", ours, ref, peer, SOFTMAX_ATOL[ours.dtype])
+
+        up = torch.rand(ref.shape, dtype=torch.float64, device=device) + 0.5
+        g, g_t = torch.autograd.grad(ours, (x_ours, t_ours), up.to(ours.dtype))
+        ref_g, ref_g_t = torch.autograd.grad(ref, (x64, t64), up)
+        xq, tq = x.detach().requires_grad_(), t.detach().requires_grad_()
+        peer_out = probability_reference(xq, tq, weight=None if w is None else w.to(dtype), **kwargs)
+        peer_g, peer_g_t = torch.autograd.grad(peer_out, (xq, tq), up.to(peer_out.dtype))
+        assert_tolerance(f"grad {label}", g, ref_g, peer_g, SOFTMAX_ATOL[dtype])
+        assert_tolerance(f"target grad {label}", g_t, ref_g_t, peer_g_t, SOFTMAX_ATOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_probability_targets_extremes(device):
+    """Logits of -inf and 1e4 with class probabilities: NaN exactly where F.cross_entropy
+    gives NaN (a -inf logit whose target is 0: 0 * -inf), finite and equal to it elsewhere."""
+    x = torch.randn(4, 6, dtype=torch.float64, device=device)
+    x[0, 1] = float("-inf")
+    x[1, 2] = 1e4
+    x[2, 3] = float("-inf")
+    t = torch.rand(4, 6, dtype=torch.float64, device=device).softmax(-1)
+    t[0, 1] = 0.0
+    ours = torch_oss.cross_entropy(x, t, reduction="none")
+    ref = F.cross_entropy(x, t, reduction="none")
+    assert torch.equal(torch.isnan(ours), torch.isnan(ref)) and torch.isnan(ours).any()
+    assert torch.allclose(ours[~torch.isnan(ref)], ref[~torch.isnan(ref)], rtol=1e-12, atol=1e-9)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_all_rows_ignored(device):
     x = awkward_randn((5, 7), torch.float32, device).requires_grad_()
@@ -852,6 +918,16 @@ def test_compile_fullgraph():
     x64 = x.double().requires_grad_()
     ref = full_reference(x64, t, label_smoothing=0.1, z_loss=1e-3)
     assert_tolerance("compiled loss", out, ref, full_reference(x, t, label_smoothing=0.1, z_loss=1e-3), None)
+    # class probabilities
+    probs = torch.rand(8, 3, 50).softmax(1)
+    out = compiled(xa, probs)
+    ref = probability_reference(x64, probs.double(), label_smoothing=0.1, z_loss=1e-3)
+    assert_tolerance("compiled loss, probabilities", out, ref,
+                     probability_reference(x, probs, label_smoothing=0.1, z_loss=1e-3), None)
+    (ga,) = torch.autograd.grad(out, xa)
+    (ref_g,) = torch.autograd.grad(ref, x64)
+    (peer_g,) = torch.autograd.grad(probability_reference(xb, probs, label_smoothing=0.1, z_loss=1e-3), xb)
+    assert_tolerance("compiled gradient, probabilities", ga, ref_g, peer_g, None)
 
 
 def test_errors_name_the_argument():
@@ -861,7 +937,15 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"target\[0\] = -1"):
         torch_oss.cross_entropy(x, torch.tensor([-1, 1, 1, 2]))
     with pytest.raises(NotImplementedError, match="target"):
-        torch_oss.cross_entropy(x, torch.softmax(x, 1))
+        torch_oss.linear_cross_entropy(torch.randn(3, 4), torch.randn(5, 4), torch.rand(3, 5))
+    with pytest.raises(ValueError, match="target of class probabilities has shape"):
+        torch_oss.cross_entropy(x, torch.softmax(x, 1)[:, :9])
+    with pytest.raises(ValueError, match="ignore_index=3"):
+        torch_oss.cross_entropy(x, torch.softmax(x, 1), ignore_index=3)
+    with pytest.raises(ValueError, match="weight"):
+        torch_oss.cross_entropy(x, torch.softmax(x, 1), weight=torch.ones(9))
+    with pytest.raises(ValueError, match="reduction"):
+        torch_oss.cross_entropy(x, torch.softmax(x, 1), reduction="avg")
     with pytest.raises(TypeError, match="target"):
         torch_oss.cross_entropy(x, torch.tensor([0, 1, 2, 3], dtype=torch.int32))
     with pytest.raises(ValueError, match="target"):

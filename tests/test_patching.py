@@ -304,7 +304,8 @@ def fallback_cases(device):
     probs, labels = torch.rand(4, 10, device=device).softmax(-1), torch.randint(0, 10, (4,), device=device)
     return [
         # (function, reason substring, call, compare the value with PyTorch's)
-        (CROSS_ENTROPY, "probability targets", lambda: F.cross_entropy(x, probs), True),
+        (CROSS_ENTROPY, "probability targets of dtype torch.float64", lambda: F.cross_entropy(x, probs.double()),
+         True),
         (CROSS_ENTROPY, "size_average", lambda: F.cross_entropy(x, labels, size_average=False), True),
         (SDPA, "head dim 300 >", lambda: F.scaled_dot_product_attention(q300, q300, q300), True),
         ("torch.softmax", "out=", lambda: torch.softmax(x, -1, out=buf), True),
@@ -559,6 +560,35 @@ def test_cross_entropy_routes_to_oss(device, dtype):
             out.backward(grad.to(out.dtype))
         assert leaves["ours"].grad.dtype == dtype
         assert_tolerance(f"grad {label}", leaves["ours"].grad, leaves["ref"].grad, leaves["peer"].grad, atol)
+    assert torch_oss.fallback_stats() == {}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cross_entropy_probability_targets_route_to_oss(device, dtype):
+    """F.cross_entropy with class probabilities of the input's dtype while
+    enabled: torch_oss's log_softmax kernel serves it; value, result dtype and
+    gradient against float64 with PyTorch's own result as the peer."""
+    x = awkward_randn((37, 1000), dtype, device)
+    probs = torch.rand(37, 1000, device=device).softmax(-1).to(dtype)
+    for kwargs in ({}, {"reduction": "none", "label_smoothing": 0.1},
+                   {"weight": torch.rand(1000, dtype=dtype, device=device) + 0.5, "reduction": "sum"}):
+        wide = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+        leaves = {name: x.detach().to(torch.float64 if name == "ref" else dtype).requires_grad_()
+                  for name in ("ours", "peer", "ref")}
+        peer = F.cross_entropy(leaves["peer"], probs, **kwargs)
+        ref = F.cross_entropy(leaves["ref"], probs.double(), **wide)
+        with enabled(), OpRecorder() as rec:
+            ours = F.cross_entropy(leaves["ours"], probs, **kwargs)
+        label = f"{dtype} {device} {sorted(kwargs)}"
+        assert rec.has("oss.log_softmax"), (label, rec.ops)
+        assert ours.dtype == peer.dtype and ours.shape == peer.shape, label
+        assert_tolerance(f"loss {label}", ours, ref, peer, SOFTMAX_ATOL[dtype])
+        grad = torch.randn_like(ref)
+        for out in (ours, peer, ref):
+            out.backward(grad.to(out.dtype))
+        assert_tolerance(f"grad {label}", leaves["ours"].grad, leaves["ref"].grad, leaves["peer"].grad,
+                         SOFTMAX_ATOL[dtype])
     assert torch_oss.fallback_stats() == {}
 
 

@@ -1,7 +1,9 @@
-"""Cross-entropy over class indices on the torch.ops.oss kernels.
+"""Cross-entropy on the torch.ops.oss kernels.
 
-- cross_entropy: F.cross_entropy's semantics for class-index targets, plus an
-  optional z-loss (z_loss * logsumexp(logits)**2 per counted row).
+- cross_entropy: F.cross_entropy's semantics, plus an optional z-loss
+  (z_loss * logsumexp(logits)**2 per counted row). Class-index targets run
+  the kernels below; class-probability targets the log_softmax kernel and a
+  product with the target.
 - linear_cross_entropy: the LM head's matrix product and that loss fused by
   chunks of tokens, so the full (tokens x vocabulary) logits never exist.
 
@@ -49,6 +51,10 @@ def _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss
         )
     if target.dtype != torch.int64:
         raise TypeError(f"{name}: target has dtype {target.dtype} but must be int64 class indices")
+    _check_options(name, ignore_index, reduction, label_smoothing, z_loss)
+
+
+def _check_options(name, ignore_index, reduction, label_smoothing, z_loss):
     if reduction not in REDUCTIONS:
         raise ValueError(f"{name}: reduction={reduction!r} must be one of {REDUCTIONS}")
     if not 0.0 <= label_smoothing <= 1.0:
@@ -57,6 +63,59 @@ def _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss
         raise ValueError(f"{name}: z_loss={z_loss} must be >= 0")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"{name}: ignore_index must be an int, got {type(ignore_index).__name__}")
+
+
+def _check_weight(name, weight, classes):
+    if weight is not None:
+        if not isinstance(weight, torch.Tensor) or weight.shape != (classes,):
+            got = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+            raise ValueError(f"{name}: weight must be a tensor of shape ({classes},), got {got}")
+        if not weight.is_floating_point():
+            raise TypeError(f"{name}: weight has dtype {weight.dtype} but must be floating point")
+
+
+def _probability_loss(input, target, weight, ignore_index, reduction, label_smoothing, z_loss):
+    """F.cross_entropy with class probabilities as the target (floating point,
+    of the input's shape): row n's loss is -sum_c w_c t'_nc log_softmax(x_n)_c
+    with t' = (1 - eps) t + eps / C (w = 1 without weights), plus z_loss *
+    logsumexp(x_n)**2; "mean" divides by the number of rows, as PyTorch's
+    does (not by weights). The log-probabilities come from the log_softmax
+    kernel, for 16-bit input converted to float32 in it, and the products
+    with the target are summed as F.cross_entropy sums them, in float32
+    (float64 for float64 input or target), the loss's dtype; like
+    F.cross_entropy, a logit of
+    -inf with a target of 0 gives NaN (0 * -inf). Gradients reach the input
+    and, where it requires one, the target."""
+    name = "cross_entropy"
+    if ignore_index != -100:
+        raise ValueError(f"{name}: ignore_index={ignore_index} applies to class-index targets, not to class "
+                         "probabilities")
+    _check_options(name, ignore_index, reduction, label_smoothing, z_loss)
+    if input.dim() == 0:
+        raise ValueError(f"{name}: input must have at least 1 dimension (the classes), got a 0-D tensor")
+    if target.shape != input.shape:
+        raise ValueError(f"{name}: target of class probabilities has shape {tuple(target.shape)} but must have the "
+                         f"input's shape {tuple(input.shape)}")
+    classes = input.shape[1] if input.dim() > 1 else input.shape[0]
+    _check_weight(name, weight, classes)
+    stat = torch.float64 if torch.float64 in (input.dtype, target.dtype) else torch.float32
+    # the classes last
+    x = torch.movedim(input, 1, -1) if input.dim() > 2 else input
+    t = torch.movedim(target, 1, -1) if target.dim() > 2 else target
+    log_p = torch.ops.oss.log_softmax(x, -1, stat if input.dtype != stat else None)
+    t = t.to(stat)
+    if label_smoothing:
+        t = t * (1 - label_smoothing) + label_smoothing / classes
+    if weight is not None:
+        t = t * weight.to(stat)
+    loss = -(t * log_p).sum(-1)
+    if z_loss:
+        lse = torch.logsumexp(x.to(stat), -1)
+        loss = loss + z_loss * lse * lse
+    if reduction == "none":
+        return loss
+    total = loss.sum(dtype=torch.float64).to(stat)  # rounded once
+    return total if reduction == "sum" else total / loss.numel()
 
 
 def _rows(input, target):
@@ -194,8 +253,11 @@ def _overwritable(logits):
 
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, z_loss=0.0,
                   inplace_backward=False):
-    """Drop-in for torch.nn.functional.cross_entropy with class-index targets
-    (int64), plus z_loss: each counted row adds z_loss * logsumexp(row)**2.
+    """Drop-in for torch.nn.functional.cross_entropy, plus z_loss: each
+    counted row adds z_loss * logsumexp(row)**2. Targets are int64 class
+    indices, or class probabilities (a floating-point tensor of the input's
+    shape; see _probability_loss: no ignore_index, "mean" over the rows, and
+    the flags below change nothing for them).
 
     input: (N, C), (C,) or (N, C, d1, ...); float16/bfloat16/float32/float64.
     The loss is float32 for 16-bit input (float64 for float64), not rounded
@@ -226,17 +288,16 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     name = "cross_entropy"
     if not isinstance(input, torch.Tensor):
         raise TypeError(f"{name}: input must be a tensor, got {type(input).__name__}")
+    if not isinstance(inplace_backward, bool):
+        raise TypeError(f"{name}: inplace_backward must be a bool, got {type(inplace_backward).__name__}")
+    if isinstance(target, torch.Tensor) and target.is_floating_point():
+        if not input.is_floating_point():
+            raise TypeError(f"{name}: input has dtype {input.dtype} but must be floating point")
+        return _probability_loss(input, target, weight, ignore_index, reduction, label_smoothing, z_loss)
     _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss)
     logits, flat_target, shape = _rows(input, target)
     classes = logits.shape[1]
-    if weight is not None:
-        if not isinstance(weight, torch.Tensor) or weight.shape != (classes,):
-            got = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
-            raise ValueError(f"{name}: weight must be a tensor of shape ({classes},), got {got}")
-        if not weight.is_floating_point():
-            raise TypeError(f"{name}: weight has dtype {weight.dtype} but must be floating point")
-    if not isinstance(inplace_backward, bool):
-        raise TypeError(f"{name}: inplace_backward must be a bool, got {type(inplace_backward).__name__}")
+    _check_weight(name, weight, classes)
     inplace = inplace_backward and _overwritable(logits)
     aten = _needs_aten(logits)
     if not aten and _fuses_backward(logits, weight, reduction, inplace):

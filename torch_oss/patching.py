@@ -12,7 +12,7 @@ ops when they can serve the call and PyTorch's implementation otherwise:
     torch.Tensor.softmax               torch.Tensor.log_softmax
     torch.special.softmax              torch.special.log_softmax
     torch.nn.functional.scaled_dot_product_attention
-    torch.nn.functional.cross_entropy  (class-index targets; torch_oss.cross_entropy)
+    torch.nn.functional.cross_entropy  (class indices, or probabilities of the input's dtype; torch_oss.cross_entropy)
 
 Hugging Face models compute their language-modelling loss with
 ``nn.functional.cross_entropy``, looked up at each call, so their losses take
@@ -301,7 +301,7 @@ def _attention_reason(query, key, value, attn_mask, dropout_p, is_causal, scale,
     return None
 
 
-def _cross_entropy_reason(input, target, weight, size_average, reduce, reduction):
+def _cross_entropy_reason(input, target, weight, size_average, reduce, reduction, ignore_index):
     for name, t in (("input", input), ("target", target), ("weight", weight)):
         if t is None and name == "weight":
             continue
@@ -315,8 +315,14 @@ def _cross_entropy_reason(input, target, weight, size_average, reduce, reduction
     if input.dtype not in _FLOAT_DTYPES:
         return f"input dtype {input.dtype}"
     if target.dtype.is_floating_point:
-        return "probability targets (torch_oss takes class indices)"
-    if target.dtype != torch.int64:
+        # class probabilities: as PyTorch's where the target has the input's
+        # dtype and shape and ignore_index its default (PyTorch promotes mixed
+        # dtypes and raises on the others)
+        if target.dtype != input.dtype:
+            return f"probability targets of dtype {target.dtype} for input of dtype {input.dtype}"
+        if target.shape != input.shape or ignore_index != -100:
+            return "probability targets of another shape than the input's, or with ignore_index"
+    elif target.dtype != torch.int64:
         return f"target dtype {target.dtype}"
     if input.dim() < 1 or reduction not in ("none", "mean", "sum"):
         return "input shape or reduction outside F.cross_entropy's class-index forms"
@@ -466,7 +472,7 @@ _CROSS_ENTROPY = "torch.nn.functional.cross_entropy"
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
                   label_smoothing=0.0):
     """torch_oss-routed torch.nn.functional.cross_entropy (see torch_oss.enable)."""
-    reason = _cross_entropy_reason(input, target, weight, size_average, reduce, reduction)
+    reason = _cross_entropy_reason(input, target, weight, size_average, reduce, reduction, ignore_index)
     if reason is None:
         loss = _oss_cross_entropy(input, target, weight=weight, ignore_index=ignore_index, reduction=reduction,
                                   label_smoothing=label_smoothing)
