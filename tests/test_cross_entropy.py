@@ -653,11 +653,16 @@ def test_op_strided_logits(device, dtype, width):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
-@pytest.mark.parametrize("shape", [(37, 129), (4, 11, 3, 5), (300,)])
-@pytest.mark.parametrize("weighted", [False, True])
+def loss_grid(test):
+    """The grid of the whole-loss tests: devices, dtypes, reductions, the 2-D, (N, C, d1, d2)
+    and unbatched forms, with and without class weights."""
+    for name, values in (("weighted", [False, True]), ("shape", [(37, 129), (4, 11, 3, 5), (300,)]),
+                         ("reduction", ["none", "mean", "sum"]), ("dtype", FLOAT_DTYPES), ("device", DEVICES)):
+        test = pytest.mark.parametrize(name, values)(test)
+    return test
+
+
+@loss_grid
 def test_cross_entropy_matches_float64(device, dtype, reduction, shape, weighted):
     C = shape[1] if len(shape) > 1 else shape[0]
     tshape = (shape[0],) + shape[2:] if len(shape) > 1 else ()
@@ -694,11 +699,7 @@ def probability_reference(x, target, weight=None, reduction="mean", label_smooth
     return loss + (z if reduction == "none" else z.sum() if reduction == "sum" else z.mean())
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
-@pytest.mark.parametrize("shape", [(37, 129), (4, 11, 3, 5), (300,)])
-@pytest.mark.parametrize("weighted", [False, True])
+@loss_grid
 def test_probability_targets_match_float64(device, dtype, reduction, shape, weighted):
     """Class probabilities as the target (normalised rows, and rows that do not sum to 1, which
     F.cross_entropy accepts too): loss and the gradients of the input and of the target
