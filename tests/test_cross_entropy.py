@@ -749,6 +749,14 @@ def test_probability_targets_extremes(device):
     ref = F.cross_entropy(x, t, reduction="none")
     assert torch.equal(torch.isnan(ours), torch.isnan(ref)) and torch.isnan(ours).any()
     assert torch.allclose(ours[~torch.isnan(ref)], ref[~torch.isnan(ref)], rtol=1e-12, atol=1e-9)
+    # no rows, or no classes: a mean over no rows is NaN, as PyTorch's
+    for shape in ((0, 6), (2, 0, 3)):
+        x, t = torch.randn(shape, device=device), torch.rand(shape, device=device)
+        for reduction in ("mean", "sum", "none"):
+            ours = torch_oss.cross_entropy(x, t, reduction=reduction)
+            ref = F.cross_entropy(x, t, reduction=reduction)
+            assert ours.shape == ref.shape and torch.equal(torch.isnan(ours), torch.isnan(ref)), (shape, reduction)
+            assert torch.equal(ours.nan_to_num(), ref.nan_to_num().abs()), (shape, reduction)
 
 
 @pytest.mark.parametrize("device", DEVICES)

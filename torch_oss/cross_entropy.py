@@ -115,7 +115,8 @@ def _probability_loss(input, target, weight, ignore_index, reduction, label_smoo
     if reduction == "none":
         return loss
     total = loss.sum(dtype=torch.float64).to(stat)  # rounded once
-    return total if reduction == "sum" else total / loss.numel()
+    # PyTorch's count of rows, numel / C: none without classes (nan, as there)
+    return total if reduction == "sum" else total / (loss.numel() if classes else 0)
 
 
 def _rows(input, target):
