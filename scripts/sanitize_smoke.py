@@ -84,9 +84,10 @@ def softmax_cases():
 def attention_mask_tile_cases():
     """Mask tensors whose rows the copy engine can address (272 keys: 16-byte rows in every
     mask dtype), which the Hopper kernels take in tiles through shared memory: a full mask,
-    one the same for every query (a padding mask), 16-bit and float32 additive ones; several
-    query blocks and key tiles, the last of each partial; forward and gradients against the
-    CPU."""
+    one the same for every query (a padding mask), 16-bit and float32 additive ones, and masks
+    whose tiles are mostly left unchanged (a padding mask by lengths, a causal mask with
+    padding in zeros and -inf), which the kernels skip; several query blocks and key tiles,
+    the last of each partial; forward and gradients against the CPU."""
     torch.manual_seed(2)
     dims = torch_oss.build_info()["attention_head_dims"]
     B, Hq, Hkv, Lq, Lk = 2, 2, 1, 150, 272
@@ -98,9 +99,14 @@ def attention_mask_tile_cases():
         v = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=torch.bfloat16)
         full = torch.rand(B, 1, Lq, Lk, device="cuda") > 0.2
         full[..., 0, :] = False
+        prefix = (torch.arange(Lk, device="cuda") < torch.tensor([Lk, 200], device="cuda")[:, None]).view(B, 1, 1, Lk)
+        causal_rule = torch.ones(Lq, Lk, device="cuda", dtype=torch.bool).tril(Lk - Lq)
         masks = {"bool": full, "keys": torch.rand(B, 1, 1, Lk, device="cuda") > 0.3,
                  "bf16": torch.randn(1, Hq, Lq, Lk, device="cuda", dtype=torch.bfloat16),
-                 "float32": torch.randn(1, Hq, Lq, Lk, device="cuda")}
+                 "float32": torch.randn(1, Hq, Lq, Lk, device="cuda"),
+                 "lengths": prefix,
+                 "bf16 causal padding": torch.zeros(B, 1, Lq, Lk, device="cuda", dtype=torch.bfloat16).masked_fill(
+                     ~(prefix & causal_rule), float("-inf"))}
         for name, m in masks.items():
             for causal in (False, True):
                 args = dict(attn_mask=m, is_causal=causal, enable_gqa=True, causal_alignment="bottom_right")
