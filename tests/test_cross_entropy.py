@@ -955,6 +955,8 @@ def test_errors_name_the_argument():
         torch_oss.cross_entropy(x, torch.softmax(x, 1), weight=torch.ones(9))
     with pytest.raises(ValueError, match="reduction"):
         torch_oss.cross_entropy(x, torch.softmax(x, 1), reduction="avg")
+    with pytest.raises(TypeError, match="input has dtype torch.int64"):
+        torch_oss.cross_entropy(x.long(), torch.softmax(x, 1))
     with pytest.raises(TypeError, match="target"):
         torch_oss.cross_entropy(x, torch.tensor([0, 1, 2, 3], dtype=torch.int32))
     with pytest.raises(ValueError, match="target"):
