@@ -83,9 +83,8 @@ def _probability_loss(input, target, weight, ignore_index, reduction, label_smoo
     kernel, for 16-bit input converted to float32 in it, and the products
     with the target are summed as F.cross_entropy sums them, in float32
     (float64 for float64 input or target), the loss's dtype; like
-    F.cross_entropy, a logit of
-    -inf with a target of 0 gives NaN (0 * -inf). Gradients reach the input
-    and, where it requires one, the target."""
+    F.cross_entropy, a logit of -inf with a target of 0 gives NaN (0 * -inf).
+    Gradients reach the input and, where it requires one, the target."""
     name = "cross_entropy"
     if ignore_index != -100:
         raise ValueError(f"{name}: ignore_index={ignore_index} applies to class-index targets, not to class "

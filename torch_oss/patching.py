@@ -325,7 +325,7 @@ def _cross_entropy_reason(input, target, weight, size_average, reduce, reduction
     elif target.dtype != torch.int64:
         return f"target dtype {target.dtype}"
     if input.dim() < 1 or reduction not in ("none", "mean", "sum"):
-        return "input shape or reduction outside F.cross_entropy's class-index forms"
+        return "input shape or reduction outside F.cross_entropy's forms"
     if target.device != input.device or (weight is not None and weight.device != input.device):
         return "input, target and weight are on different devices"
     return None
