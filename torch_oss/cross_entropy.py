@@ -80,7 +80,7 @@ def _probability_loss(input, target, weight, ignore_index, reduction, label_smoo
     with t' = (1 - eps) t + eps / C (w = 1 without weights), plus z_loss *
     logsumexp(x_n)**2; "mean" divides by the number of rows, as PyTorch's
     does (not by weights). The log-probabilities come from the log_softmax
-    kernel, for 16-bit input converted to float32 in it, and the products
+    kernel on the input converted to float32 (float64), and the products
     with the target are summed as F.cross_entropy sums them, in float32
     (float64 for float64 input or target), the loss's dtype; like
     F.cross_entropy, a logit of -inf with a target of 0 gives NaN (0 * -inf).
@@ -98,10 +98,13 @@ def _probability_loss(input, target, weight, ignore_index, reduction, label_smoo
     classes = input.shape[1] if input.dim() > 1 else input.shape[0]
     _check_weight(name, weight, classes)
     stat = torch.float64 if torch.float64 in (input.dtype, target.dtype) else torch.float32
-    # the classes last
-    x = torch.movedim(input, 1, -1) if input.dim() > 2 else input
+    # the classes last, in the loss's dtype: the log-softmax's and the z-loss's
+    # gradients then add up in it and reach a 16-bit input rounded once (added
+    # in the input's dtype, two roundings where the terms cancel pass twice
+    # F.cross_entropy's error)
+    x = (torch.movedim(input, 1, -1) if input.dim() > 2 else input).to(stat)
     t = torch.movedim(target, 1, -1) if target.dim() > 2 else target
-    log_p = torch.ops.oss.log_softmax(x, -1, stat if input.dtype != stat else None)
+    log_p = torch.ops.oss.log_softmax(x, -1)
     t = t.to(stat)
     if label_smoothing:
         t = t * (1 - label_smoothing) + label_smoothing / classes
@@ -109,7 +112,7 @@ def _probability_loss(input, target, weight, ignore_index, reduction, label_smoo
         t = t * weight.to(stat)
     loss = -(t * log_p).sum(-1)
     if z_loss:
-        lse = torch.logsumexp(x.to(stat), -1)
+        lse = torch.logsumexp(x, -1)
         loss = loss + z_loss * lse * lse
     if reduction == "none":
         return loss
