@@ -27,6 +27,7 @@ torch_oss against every SDPA backend in the same run. TFLOP/s: forward
 """
 
 import argparse
+import functools
 import sys
 from contextlib import nullcontext
 
@@ -95,6 +96,10 @@ def main():
     ap.add_argument("--with-deterministic", action="store_true",
                     help="also time torch_oss with deterministic=True (bitwise reproducible backward; "
                          "column torch_oss-deterministic)")
+    ap.add_argument("--with-block-rows", action="store_true",
+                    help="also time torch_oss with the Hopper forward's blocks of 128 and of 192 query rows where "
+                         "kernels of both serve the call (head dim 64; columns torch_oss-rows128, "
+                         "torch_oss-rows192)")
     ap.add_argument("--with-persistent", action="store_true",
                     help="also time torch_oss with the Hopper forward on a persistent grid of one CTA per SM "
                          "and on a grid of one CTA per block of query rows (columns torch_oss-persistent, "
@@ -135,6 +140,10 @@ def main():
                                                                   forward_ctas_per_sm=1)
         impls["torch_oss-per-block"] = lambda: attention_kernels(forward="best", backward="best", dq_centring=True,
                                                                  forward_ctas_per_sm=-1)
+    if args.with_block_rows:
+        for rows in (128, 192):
+            impls[f"torch_oss-rows{rows}"] = functools.partial(attention_kernels, forward="best", backward="best",
+                                                               dq_centring=True, forward_block_rows=rows)
     if args.with_mask_elementwise:  # the same kernel choices; fwd() passes the mask in unaligned rows
         if args.mask == "none":
             ap.error("--with-mask-elementwise needs --mask")

@@ -330,6 +330,8 @@ typedef struct oss_attention_cuda_options {
   int forward_ctas_per_sm; /* the Hopper forward's grid: 0 by the launcher's rule, -1 one CTA
                               per work block, n > 0 a persistent grid of n CTAs per SM, each
                               looping over blocks */
+  int forward_block_rows; /* the Hopper forward's query rows per block where kernels of
+                             two sizes serve a call: 0 by the launcher's rule, 128 or 192 */
 } oss_attention_cuda_options;
 oss_attention_cuda_options oss_attention_cuda_get_options(void);
 void oss_attention_cuda_set_options(const oss_attention_cuda_options *options);

@@ -2218,26 +2218,27 @@ TORCH_LIBRARY_IMPL(oss, CUDA, m) { impl_device_kernels(m); }
 static PyObject *py_build_config(PyObject *, PyObject *) { return PyUnicode_FromString(oss_build_config()); }
 
 // attention_kernels(forward_mma_only, backward_mma_only, dq_centring,
-// decode_splits, forward_ctas_per_sm): sets each choice of
-// oss_attention_cuda_options that is not kKeep and returns the previous five
-// (a build without CUDA has none to set: (0, 0, 1, 0, 0)).
+// decode_splits, forward_ctas_per_sm, forward_block_rows): sets each choice of
+// oss_attention_cuda_options that is not kKeep and returns the previous six
+// (a build without CUDA has none to set: (0, 0, 1, 0, 0, 0)).
 static PyObject *py_attention_kernels(PyObject *, PyObject *args) {
   constexpr int kKeep = -1000;
-  int set[5];
-  if (!PyArg_ParseTuple(args, "iiiii", &set[0], &set[1], &set[2], &set[3], &set[4])) return nullptr;
+  int set[6];
+  if (!PyArg_ParseTuple(args, "iiiiii", &set[0], &set[1], &set[2], &set[3], &set[4], &set[5])) return nullptr;
 #ifdef OSS_WITH_CUDA
   oss_attention_cuda_options o = oss_attention_cuda_get_options();
-  PyObject *previous = Py_BuildValue("(iiiii)", o.forward_mma_only, o.backward_mma_only, o.dq_centring,
-                                     o.decode_splits, o.forward_ctas_per_sm);
+  PyObject *previous = Py_BuildValue("(iiiiii)", o.forward_mma_only, o.backward_mma_only, o.dq_centring,
+                                     o.decode_splits, o.forward_ctas_per_sm, o.forward_block_rows);
   if (set[0] != kKeep) o.forward_mma_only = set[0];
   if (set[1] != kKeep) o.backward_mma_only = set[1];
   if (set[2] != kKeep) o.dq_centring = set[2];
   if (set[3] != kKeep) o.decode_splits = set[3];
   if (set[4] != kKeep) o.forward_ctas_per_sm = set[4];
+  if (set[5] != kKeep) o.forward_block_rows = set[5];
   oss_attention_cuda_set_options(&o);
   return previous;
 #else
-  return Py_BuildValue("(iiiii)", 0, 0, 1, 0, 0);
+  return Py_BuildValue("(iiiiii)", 0, 0, 1, 0, 0, 0);
 #endif
 }
 
@@ -2245,7 +2246,7 @@ static PyMethodDef oss_methods[] = {
     {"build_config", py_build_config, METH_NOARGS, "Describe what this build of torch_oss compiled."},
     {"attention_kernels", py_attention_kernels, METH_VARARGS,
      "Set the CUDA attention's kernel choices (forward_mma_only, backward_mma_only, dq_centring, decode_splits, "
-     "forward_ctas_per_sm; -1000 keeps one); returns the previous ones."},
+     "forward_ctas_per_sm, forward_block_rows; -1000 keeps one); returns the previous ones."},
     {nullptr, nullptr, 0, nullptr},
 };
 

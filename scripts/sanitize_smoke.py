@@ -7,6 +7,8 @@ the CPU kernels. Small enough to run under compute-sanitizer:
     compute-sanitizer --tool racecheck python3 scripts/sanitize_smoke.py attention   # one part only
 Parts: softmax, attention, attention_forward (the attention cases, forward only),
 attention_tc (the attention cases in float16/bfloat16 only: the tensor-core kernels),
+attention_rows192 (the attention_tc forward cases on the Hopper forward's blocks of 192
+query rows, where kernels of 128 and 192 serve a call: head dim 64),
 attention_simt (the attention cases in float32/float64 only: the SIMT kernels),
 attention_simt_small (float32 only, one shape with several key tiles and query blocks:
 for racecheck, which finished neither attention_simt in 120 s nor three shapes in 90 s on
@@ -380,6 +382,10 @@ if __name__ == "__main__":
         attention_cases(forward_only=True)
     if "attention_tc" in parts:
         attention_cases(kernels="tc")
+    if "attention_rows192" in parts:
+        from torch_oss._kernels import attention_kernels
+        with attention_kernels(forward_block_rows=192):
+            attention_cases(forward_only=True, kernels="tc")
     if "attention_simt" in parts:
         attention_cases(kernels="simt")
     if "attention_simt_small" in parts:

@@ -3,6 +3,7 @@ gradients) over dtypes, head dims, causal alignments, masks, GQA ratios and
 awkward lengths; SDPA semantics; opcheck and torch.compile."""
 
 import functools
+import itertools
 import math
 
 import pytest
@@ -107,11 +108,13 @@ def test_forward_and_backward(device, dtype, is_causal, alignment, case):
 # backward (256: the column-split backward, then the query-major dQ kernel), 192
 # its forward and 256's backward; the other head dims run the kernels of the next
 # of them, zero-padded (32 -> 64, 160 -> 192, 200 -> 256; Lq > Lk bottom-right
-# leaves whole query blocks seeing no key); attention_kernels(forward="mma", backward="mma") forces mma.sync. Both families are checked
+# leaves whole query blocks seeing no key); attention_kernels(forward="mma", backward="mma") forces mma.sync,
+# forward_block_rows=192 the Hopper forward of three consumer warpgroups (head dim 64; elsewhere it
+# changes nothing), which by default serves only lengths its blocks pad little. The families are checked
 # on the same cases: lengths across several tiles and off the tile size,
 # Dv != D, GQA, padded head dims, one query, a mask, unaligned rows
 # (test_determinism.py runs the deterministic backward of the default family).
-KERNEL_FAMILY_PARAMS = ["cpu-default", cuda_param("cuda-default"), cuda_param("cuda-mma")]
+KERNEL_FAMILY_PARAMS = ["cpu-default", cuda_param("cuda-default"), cuda_param("cuda-mma"), cuda_param("cuda-rows192")]
 KERNEL_CASES = [
     (2, 4, 2, 300, 520, 64, 64),
     (1, 2, 1, 200, 333, 256, 256),
@@ -136,7 +139,7 @@ KERNEL_CASES = [
 def test_kernel_families(device_kernel, dtype, is_causal, alignment, case):
     device, kernel = device_kernel.split("-")
     family = "mma" if kernel == "mma" else "best"
-    with attention_kernels(forward=family, backward=family):
+    with attention_kernels(forward=family, backward=family, forward_block_rows=192 if kernel == "rows192" else 0):
         check_kernel_family(device, dtype, is_causal, alignment, case, f"{dtype} {device_kernel}")
 
 
@@ -215,7 +218,7 @@ def test_scores_rising_along_the_keys(device, dtype, head_dim, is_causal):
 
 def test_attention_kernels_checks_its_choices():
     for kw in (dict(forward="fast"), dict(decode_splits=-2), dict(forward_ctas_per_sm=-2),
-               dict(forward_ctas_per_sm=1.5)):
+               dict(forward_ctas_per_sm=1.5), dict(forward_block_rows=64), dict(forward_block_rows=True)):
         name = next(iter(kw))
         with pytest.raises(ValueError, match=name):
             with attention_kernels(**kw):
@@ -262,15 +265,16 @@ def test_persistent_forward_gives_the_same_bits(device, head_dim):
         # a narrower v (head dims (192, 128): its own Hopper kernel)
         "narrow v": lambda: torch_oss.attention_with_lse(q, k, v[..., :128], is_causal=True, enable_gqa=True),
     }
-    for name, call in calls.items():
-        with attention_kernels(forward_ctas_per_sm=-1):
+    # head dim 64: blocks of 128 and of 192 query rows (three consumer warpgroups)
+    for rows, (name, call) in itertools.product((128, 192) if head_dim == 64 else (0,), calls.items()):
+        with attention_kernels(forward_ctas_per_sm=-1, forward_block_rows=rows):
             torch.manual_seed(0)
             want = call()
-        with attention_kernels(forward_ctas_per_sm=1):
+        with attention_kernels(forward_ctas_per_sm=1, forward_block_rows=rows):
             torch.manual_seed(0)
             got = call()
         for what, a, b in zip(("out", "lse"), got, want):
-            assert torch.equal(a, b), f"{name} hd={head_dim}: {what} differs on the persistent grid"
+            assert torch.equal(a, b), f"{name} hd={head_dim} rows={rows}: {what} differs on the persistent grid"
 
 
 def check_kernel_family(device, dtype, is_causal, alignment, case, name):
@@ -1097,11 +1101,12 @@ def test_wgmma_kernels_are_not_serialised():
 @NVCC_SKIP
 def test_hopper_forward_does_not_spill():
     """The Hopper forward's consumers hold O, S and P in registers (up to 240
-    per thread after setmaxnreg); a spill would put local-memory traffic into
-    every key tile. The instantiations without a window (head dims 64, 96,
-    128, 192, 256; without a mask tensor, with one read element by element
-    and with one read in tiles; (192, 128) for a narrower v) must compile
-    with no stack frame.
+    per thread after setmaxnreg, 160 in the kernel of three consumer
+    warpgroups); a spill would put local-memory traffic into every key tile.
+    The instantiations without a window (head dims 64, 96, 128, 192, 256;
+    without a mask tensor, with one read element by element and with one
+    read in tiles; (192, 128) for a narrower v; three consumer warpgroups
+    at head dim 64) must compile with no stack frame.
     The ones for a window alone, instantiated apart so that these need not,
     hold the block's first key tile in one more register, which may spill a
     few of the block's arguments, stored at its start and reloaded once by
@@ -1111,9 +1116,9 @@ def test_hopper_forward_does_not_spill():
 
     frames = re.findall(r"Function properties for (\S*oss_attn_fwd_sm90_kernel\S*)\s+(\d+) bytes stack frame",
                         sm90_ptxas_report())
-    assert len(frames) == 20, f"expected 20 Hopper forward kernels in ptxas's report, found {len(frames)}"
-    # template arguments ..., MASK, VAR, WINDOW: the window kernels end in 0, false, true
-    window = [(name, size) for name, size in frames if "Li0ELb0ELb1EEv" in name]
+    assert len(frames) == 21, f"expected 21 Hopper forward kernels in ptxas's report, found {len(frames)}"
+    # template arguments ..., MASK, VAR, WINDOW, NWG: the window kernels end in 0, false, true, 2
+    window = [(name, size) for name, size in frames if "Li0ELb0ELb1ELi2EEv" in name]
     assert len(window) == 4, f"expected 4 window kernels, found {[n for n, _ in frames]}"
     spilled = [f"{name}: {size} bytes" for name, size in frames if (name, size) not in window and int(size) != 0]
     spilled += [f"{name}: {size} bytes (window)" for name, size in window if int(size) > 32]

@@ -110,6 +110,7 @@ static void oss_attn_options_from_env(void) {
   oss_attn_options.dq_centring = !oss_attn_env_is("TORCH_OSS_ATTENTION_DQ_CENTRING", "0");
   oss_attn_options.decode_splits = 0;
   oss_attn_options.forward_ctas_per_sm = 0;
+  oss_attn_options.forward_block_rows = 0;
 }
 
 static const oss_attention_cuda_options *oss_attn_opts(void) {

@@ -108,6 +108,13 @@ template <int HD> struct oss_attn_fwd_sm90_cfg {
   static constexpr int BC_NARROW = 112;
   static constexpr int STAGES = 2;
   static constexpr bool PINGPONG = HD <= 192;
+  /* Consumer warpgroups of a second plain kernel (0: none), 192 query rows a
+   * block. At head dim 64 a tile's exponentials (64 x BC per warpgroup, 16
+   * a clock on an SM) take about as long as its two products, so while two
+   * warpgroups take turns the tensor cores wait for the softmax; a third
+   * keeps them fed. Blocks of 192 rows waste more of a short sequence's last
+   * block: oss_attn_fwd_sm90_wide picks the kernel per call. */
+  static constexpr int NWG_WIDE = HD == 64 ? 3 : 0;
   /* A dense batch without a mask tensor (score variants included, causal or
    * not) runs on a persistent grid (a block's epilogue under the next block's
    * loads), which measured faster at every seqlen and head dim, most at short
@@ -164,7 +171,7 @@ __host__ __device__ constexpr size_t oss_attn_fwd_sm90_tile_bytes() {
  * (head dims 64 and 128, H200) and level from 2k keys up. */
 template <int HD, int DV, int BR, int BC, int STAGES, bool VAR>
 __host__ __device__ constexpr size_t oss_attn_fwd_sm90_out_stage_bytes() {
-  constexpr size_t stage = (size_t)2 * 64 * oss_sm90_cols(DV) * 2;
+  constexpr size_t stage = (size_t)BR * oss_sm90_cols(DV) * 2; /* every warpgroup's 64 rows */
   /* 2 KB of the 227 KB a CTA may take are left to the static shared memory */
   return !VAR && oss_attn_fwd_sm90_tile_bytes<HD, DV, BR, BC, STAGES, VAR>() + stage <= 225 * 1024 ? stage : 0;
 }
@@ -545,11 +552,13 @@ template <bool DIVIDE> __device__ __forceinline__ int oss_sm90_next_block(int w,
 
 
 template <typename T, int HD, int DV, int BC, int STAGES, bool PINGPONG, int MASK, bool VAR = false,
-          bool WINDOW = false>
-__global__ void __launch_bounds__(384, 1)
+          bool WINDOW = false, int NWG = 2>
+__global__ void __launch_bounds__(oss_sm90_regs<NWG>::THREADS, 1)
     oss_attn_fwd_sm90_kernel(const __grid_constant__ oss_attn_args args, const __grid_constant__ oss_attn_sm90_maps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BR = 128, NT = BC / 8, NO = DV / 8, NWARPS = 8;
+  /* NWG consumer warpgroups of 64 query rows each (NWARPS warps), then the producer's */
+  constexpr int BR = 64 * NWG, NT = BC / 8, NO = DV / 8, NWARPS = 4 * NWG, THREADS = oss_sm90_regs<NWG>::THREADS;
+  static_assert(NWG == 2 || (NWG == 3 && MASK == 0 && !VAR), "three consumer warpgroups: the plain kernels only");
   /* MASK: 0 no mask tensor, 1 one read element by element from global
    * memory, 2 one whose tiles the copy engine brings (maps.m, maps.mask) */
   constexpr bool MASK_TENSOR = MASK != 0, MASK_TILES = MASK == 2;
@@ -607,7 +616,7 @@ __global__ void __launch_bounds__(384, 1)
 
   if (ONES) { /* every V stage's ones box (swizzling moves ones among ones) */
     const uint32_t one2 = oss_mma_op<T>::pack(1.f, 1.f);
-    for (int c = tid; c < STAGES * BC * 64 / 8; c += 384) {
+    for (int c = tid; c < STAGES * BC * 64 / 8; c += THREADS) {
       const int st = c / (BC * 8), e = c % (BC * 8);
       reinterpret_cast<uint4 *>(sV + st * BC * VC + DV * BC)[e] = make_uint4(one2, one2, one2, one2);
     }
@@ -625,16 +634,16 @@ __global__ void __launch_bounds__(384, 1)
     if (MASK_TILES)
       for (int i = 0; i < 4; i++) {
         oss_mbar_init(&m_full[i >> 1][i & 1], 1);
-        oss_mbar_init(&m_empty[i >> 1][i & 1], NWARPS / 2);
+        oss_mbar_init(&m_empty[i >> 1][i & 1], 4);
       }
     oss_fence_mbar_init();
   }
   __syncthreads(); /* the only CTA-wide barrier */
 
-  if (wg == 2) {
+  if (wg == NWG) {
     /* producer warpgroup: one thread issues every copy */
     oss_setmaxnreg_dec<OSS_SM90_PRODUCER_REGS>();
-    if (tid == 256) {
+    if (tid == 128 * NWG) {
       oss_tma_prefetch_map(&maps.q);
       oss_tma_prefetch_map(&maps.k);
       oss_tma_prefetch_map(&maps.v);
@@ -679,15 +688,18 @@ __global__ void __launch_bounds__(384, 1)
     }
   } else {
     /* consumer warpgroups */
-    oss_setmaxnreg_inc<OSS_SM90_CONSUMER_REGS>();
+    oss_setmaxnreg_inc<oss_sm90_regs<NWG>::CONSUMER>();
     const int wrow = wg * 64 + (warp & 3) * 16; /* this warp's first row in the tile */
     const uint32_t sQa = oss_smem_u32(sQ) + wg * 64 * 128; /* this warpgroup's 64 rows */
     /* ping-pong: a warpgroup issues its products after syncing on its own
-     * barrier, then arrives on the other's. Both take the same turns; the
-     * second warpgroup arrives once more at the start, so the first goes
-     * first, and the first syncs once more at the end to take that arrival */
-    const int my_bar = 1 + wg, other_bar = 2 - wg;
-    if (PINGPONG && wg == 1) oss_named_arrive(other_bar, 256);
+     * barrier, then arrives on the next one's (warpgroups in a ring). All take
+     * the same turns; the last warpgroup arrives once more at the start, so
+     * the first goes first, and the first syncs once more at the end to take
+     * that arrival */
+    const int my_bar = 1 + wg, next_bar = wg + 1 == NWG ? 1 : 2 + wg;
+    if (PINGPONG && wg == NWG - 1) oss_named_arrive(next_bar, 256);
+    /* named barriers 1 .. NWG are the turns'; EPI_BAR + w a warpgroup's own */
+    constexpr int EPI_BAR = 1 + NWG;
     const bool drop = VAR && a.drop_seed != nullptr; /* dropout (VAR kernels) */
     /* this warpgroup's halves of the mask stages */
     constexpr bool mask_tiles = MASK_TILES;
@@ -737,7 +749,7 @@ __global__ void __launch_bounds__(384, 1)
         oss_wgmma_fence();
         oss_attn_sm90_qk<T, HD, BR, BC>(s[0], sQa, oss_smem_u32(sK + st * BC * KD));
         oss_wgmma_commit();
-        if (PINGPONG) oss_named_arrive(other_bar, 256);
+        if (PINGPONG) oss_named_arrive(next_bar, 256);
         oss_wgmma_wait<0>();
         oss_wgmma_fence_operand<NT>(s[0]);
         __syncwarp();
@@ -778,7 +790,7 @@ __global__ void __launch_bounds__(384, 1)
           oss_wgmma_fence();
           oss_attn_sm90_pv<T, NOA * 8, BC>(o[0], pa, oss_smem_u32(sV + pst * BC * VC));
           oss_wgmma_commit();
-          if (PINGPONG) oss_named_arrive(other_bar, 256);
+          if (PINGPONG) oss_named_arrive(next_bar, 256);
           oss_wgmma_wait<1>(); /* S_j done, P_{j-1} V_{j-1} may still run */
           oss_wgmma_fence_operand<NT>(s[0]);
           __syncwarp();
@@ -810,13 +822,14 @@ __global__ void __launch_bounds__(384, 1)
         /* the last tile's P V */
         oss_mbar_wait(&v_full[st], ((tiles + ntiles - 1) / STAGES) & 1);
         if (!MASK_TENSOR && a.cu_q != nullptr && (jt0 + ntiles) * BC > a.lk)
-          oss_sm90_zero_rows<T, oss_sm90_cols(DV), BC>(sV + st * BC * VC, a.lk - (jt0 + ntiles - 1) * BC, tid & 127, 3 + wg);
+          oss_sm90_zero_rows<T, oss_sm90_cols(DV), BC>(sV + st * BC * VC, a.lk - (jt0 + ntiles - 1) * BC, tid & 127,
+                                                       EPI_BAR + wg);
         if (PINGPONG) oss_named_sync(my_bar, 256);
         oss_wgmma_fence_operand<NOA>(o[0]);
         oss_wgmma_fence();
         oss_attn_sm90_pv<T, NOA * 8, BC>(o[0], pa, oss_smem_u32(sV + st * BC * VC));
         oss_wgmma_commit();
-        if (PINGPONG) oss_named_arrive(other_bar, 256);
+        if (PINGPONG) oss_named_arrive(next_bar, 256);
         oss_wgmma_wait<0>();
         oss_wgmma_fence_operand<NOA>(o[0]);
         oss_wgmma_fence_operand<NT / 2>(pa);
@@ -848,7 +861,7 @@ __global__ void __launch_bounds__(384, 1)
          * that copy has read it (the same thread's wait, then the barrier).
          * The copy clips rows past Lq and columns past Dv. */
         const bool leader = (tid & 127) == 0;
-        const uint32_t stage = oss_smem_u32(sO) + (uint32_t)(wg * (OUT_STAGE / 2));
+        const uint32_t stage = oss_smem_u32(sO) + (uint32_t)(wg * (OUT_STAGE / NWG));
         float inv[1][2];
         /* the residual (training calls) in 8-byte stores after the quad's
          * exchange at every head dim here: with out left to the copy engine
@@ -858,10 +871,10 @@ __global__ void __launch_bounds__(384, 1)
         oss_attn_fwd_write<T, 1, NO, RUN, RES_WIDE, false>(a, o_out, m, l, lr, qb.b, qb.h, qb.bh, i0 + wrow, lane,
                                                            1.f, inv);
         if (leader) oss_bulk_wait_read<0>();
-        oss_named_sync(3 + wg, 128);
+        oss_named_sync(EPI_BAR + wg, 128);
         oss_sm90_stage_acc<T, NO>(stage, o_out[0], inv[0], warp & 3, lane);
         oss_fence_proxy_async();
-        oss_named_sync(3 + wg, 128);
+        oss_named_sync(EPI_BAR + wg, 128);
         if (leader) {
 #pragma unroll
           for (int cb = 0; cb < oss_sm90_cols(DV) / 64; cb++)
@@ -889,43 +902,44 @@ __global__ void __launch_bounds__(384, 1)
  * persistent grid where `persistent`), or, where
  * the copy engine cannot address the inputs or the kernel's register budget
  * does not hold, `fallback` (the mma.sync kernel of the same result). */
-template <typename T, int HD, int DV, int BC, bool VAR>
+template <typename T, int HD, int DV, int BC, bool VAR, int NWG = 2>
 oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_attn_sm90_maps), int regs,
                                  oss_attn_launch_fn fallback, bool persistent, const oss_attn_args *a,
                                  cudaStream_t stream, const oss_device_info *dev,
                                  void (*tiles_kernel)(const oss_attn_args, const oss_attn_sm90_maps) = nullptr,
                                  int tiles_regs = 0) {
   typedef oss_attn_fwd_sm90_cfg<HD> C;
+  constexpr int BR = 64 * NWG; /* the kernel's query rows per block */
   /* The budgets of setmaxnreg hold only if the kernel launches with the
    * registers assumed above; a compiler that allots fewer would make the
    * consumers wait forever, so then the mma.sync kernel runs instead. */
-  const int64_t nwork = oss_sm90_row_blocks(*a, C::BR) * oss_sm90_work_rows(*a);
+  const int64_t nwork = oss_sm90_row_blocks(*a, BR) * oss_sm90_work_rows(*a);
   oss_attn_sm90_maps maps;
   /* a variable-length batch: one batch of the packed rows */
   const bool packed = a->cu_q != NULL;
   const int64_t mb = packed ? 1 : a->batch, mq = packed ? a->total_q : a->lq, mk = packed ? a->total_k : a->lk;
-  if (regs < OSS_SM90_LAUNCH_REGS || a->lk == 0 || nwork > INT_MAX || mq > INT_MAX || mk > INT_MAX ||
-      !oss_attn_sm90_map<T>(&maps.q, a->q, mb, a->hq, mq, a->d, a->q_s, C::BR) ||
+  if (regs < oss_sm90_regs<NWG>::LAUNCH || a->lk == 0 || nwork > INT_MAX || mq > INT_MAX || mk > INT_MAX ||
+      !oss_attn_sm90_map<T>(&maps.q, a->q, mb, a->hq, mq, a->d, a->q_s, BR) ||
       !oss_attn_sm90_map<T>(&maps.k, a->k, mb, a->hkv, mk, a->d, a->k_s, BC) ||
       !oss_attn_sm90_map<T>(&maps.v, a->v, mb, a->hkv, mk, a->dv, a->v_s, BC))
     return fallback(a, stream, dev);
   /* out by the copy engine where the kernel stages it: a dense batch (a
    * packed one's blocks end inside the next sequence's rows) whose out the
    * copy engine can address; else the kernel stores it from registers */
-  maps.out_tma = oss_attn_fwd_sm90_out_stage_bytes<HD, DV, C::BR, BC, C::STAGES, VAR>() > 0 &&
+  maps.out_tma = oss_attn_fwd_sm90_out_stage_bytes<HD, DV, BR, BC, C::STAGES, VAR>() > 0 &&
                  a->mask_kind == OSS_MASK_NONE && !packed &&
                  oss_attn_sm90_map<T>(&maps.o, a->out, a->batch, a->hq, a->lq, a->dv, a->o_s, 64);
-  size_t smem = oss_attn_fwd_sm90_smem_bytes<HD, DV, C::BR, BC, C::STAGES, VAR>();
+  size_t smem = oss_attn_fwd_sm90_smem_bytes<HD, DV, BR, BC, C::STAGES, VAR>();
   /* tiles_kernel (a mask tensor's tiles by the copy engine) where the copy
    * engine can address the mask and its stages fit beside the tiles (bool
    * masks at every head dim; 16-bit and float32 ones where the head dim
    * leaves room); else `kernel`, which reads the mask element by element
    * from global memory. *Reason:* each element's load, its 64-bit address
    * and its wait held the kernel at a fraction of the plain one's speed. */
-  if (tiles_kernel != nullptr && tiles_regs >= OSS_SM90_LAUNCH_REGS && !packed &&
-      oss_attn_sm90_mask_map(&maps.m, &maps.mask, a, BC, C::BR / 2)) {
+  if (tiles_kernel != nullptr && tiles_regs >= oss_sm90_regs<NWG>::LAUNCH && !packed &&
+      oss_attn_sm90_mask_map(&maps.m, &maps.mask, a, BC, 64)) {
     /* two stages of the two warpgroups' halves where they fit, else one */
-    const size_t tiles = oss_attn_fwd_sm90_tile_bytes<HD, DV, C::BR, BC, C::STAGES, VAR>(),
+    const size_t tiles = oss_attn_fwd_sm90_tile_bytes<HD, DV, BR, BC, C::STAGES, VAR>(),
                  stage = 2 * (size_t)maps.mask.stage_bytes;
     maps.mask.stages = tiles + 2 * stage <= 225 * 1024 ? 2 : 1;
     const size_t with = tiles + maps.mask.stages * stage;
@@ -945,8 +959,19 @@ oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_a
   const int forced = oss_attention_cuda_get_options().forward_ctas_per_sm;
   const int64_t per_sm = forced != 0 ? forced : persistent ? 1 : 0;
   const int64_t grid = per_sm > 0 && per_sm * dev->sm_count < nwork ? per_sm * dev->sm_count : nwork;
-  kernel<<<(unsigned)grid, 384, smem, stream>>>(*a, maps);
+  kernel<<<(unsigned)grid, oss_sm90_regs<NWG>::THREADS, smem, stream>>>(*a, maps);
   return oss_check_launch("attention forward (wgmma)");
+}
+
+/* Whether a plain call runs the kernel of nwg consumer warpgroups (64 nwg
+ * query rows a block) rather than the one of two: where oss.h's
+ * forward_block_rows names its rows, or, by default, where its blocks pad
+ * the queries to no more than 1/16 more rows than blocks of 128 do (every
+ * length from 2k up; 768 but not 512 or 1k). */
+static inline bool oss_attn_fwd_sm90_wide(const oss_attn_args *a, int nwg) {
+  const int forced = oss_attention_cuda_get_options().forward_block_rows, rows = 64 * nwg;
+  if (forced != 0) return forced == rows;
+  return (a->lq + rows - 1) / rows * rows * 16 <= (a->lq + 127) / 128 * 128 * 17;
 }
 
 /* Entry points instantiated once per (head dim, dtype) by the generator.
@@ -990,6 +1015,15 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
       return oss_attn_fwd_sm90_run<T, HD, C::DV_NARROW, C::BC_NARROW, false>(
           oss_attn_fwd_sm90_kernel<T, HD, C::DV_NARROW, C::BC_NARROW, C::STAGES, C::PINGPONG, false>, narrow_regs,
           fallback, persistent, a, stream, dev);
+    }
+  }
+  if constexpr (C::NWG_WIDE > 0) {
+    if (oss_attn_fwd_sm90_wide(a, C::NWG_WIDE)) {
+      static const int wide_regs = oss_kernel_regs(
+          oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, false, false, C::NWG_WIDE>);
+      return oss_attn_fwd_sm90_run<T, HD, HD, C::BC, false, C::NWG_WIDE>(
+          oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, false, false, C::NWG_WIDE>,
+          wide_regs, fallback, persistent, a, stream, dev);
     }
   }
   return oss_attn_fwd_sm90_run<T, HD, HD, C::BC, false>(oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false>,

@@ -204,6 +204,17 @@ __device__ __forceinline__ void oss_attn_sm90_pv(float (&o)[HD / 8][4], const ui
 enum { OSS_SM90_PRODUCER_REGS = 24, OSS_SM90_CONSUMER_REGS = 240, OSS_SM90_LAUNCH_REGS = 168 };
 static_assert(128 * OSS_SM90_PRODUCER_REGS + 256 * OSS_SM90_CONSUMER_REGS <= 384 * OSS_SM90_LAUNCH_REGS,
               "register budgets exceed the CTA's launch allocation");
+/* The same budgets for a CTA of NWG consumer warpgroups and one producer
+ * warpgroup (NWG = 2: the values above; NWG = 3: 128 at launch, 160 a
+ * consumer). */
+template <int NWG> struct oss_sm90_regs {
+  static constexpr int THREADS = 128 * (NWG + 1);
+  static constexpr int LAUNCH = 65536 / THREADS / 8 * 8;
+  static constexpr int CONSUMER = (LAUNCH * THREADS - 128 * OSS_SM90_PRODUCER_REGS) / (128 * NWG) / 8 * 8;
+  static_assert(128 * OSS_SM90_PRODUCER_REGS + 128 * NWG * CONSUMER <= THREADS * LAUNCH, "register budgets");
+};
+static_assert(oss_sm90_regs<2>::LAUNCH == OSS_SM90_LAUNCH_REGS && oss_sm90_regs<2>::CONSUMER == OSS_SM90_CONSUMER_REGS,
+              "two consumer warpgroups: the budgets above");
 
 /* Columns a tile of `cols` occupies in shared memory: whole 64-column boxes
  * (the copy engine zero-fills the columns past the tensor's). */
