@@ -110,7 +110,7 @@ def test_forward_and_backward(device, dtype, is_causal, alignment, case):
 # of them, zero-padded (32 -> 64, 160 -> 192, 200 -> 256; Lq > Lk bottom-right
 # leaves whole query blocks seeing no key); attention_kernels(forward="mma", backward="mma") forces mma.sync,
 # forward_block_rows=192 the Hopper forward of three consumer warpgroups (head dim 64; elsewhere it
-# changes nothing), which by default serves only lengths its blocks pad little. The families are checked
+# changes nothing), which by default serves calls without the causal rule and causal ones from 8k up. Checked
 # on the same cases: lengths across several tiles and off the tile size,
 # Dv != D, GQA, padded head dims, one query, a mask, unaligned rows
 # (test_determinism.py runs the deterministic backward of the default family).
