@@ -428,7 +428,7 @@ __device__ __forceinline__ void oss_attn_mask_frag(float (&s)[MT][NT][4], const 
 typedef struct oss_attn_var_consts {
   float scale_l2; /* the softmax scale times log2(e) */
   float cap;      /* the softcap times log2(e) (0: off) */
-  float cap_k;    /* 2 scale log2(e) / softcap: raw cap_k = 2 log2(e) raw scale / softcap (oss_attn_cap_tanh) */
+  float cap_k;    /* 2 scale log2(e) / softcap: tanh(raw scale / softcap) = 1 - 2 / (2^(raw cap_k) + 1) */
   float slope;    /* this (batch, query head)'s ALiBi slope times log2(e) (0: off) */
 } oss_attn_var_consts;
 
@@ -441,40 +441,37 @@ __device__ __forceinline__ oss_attn_var_consts oss_attn_var_consts_of(const oss_
   return v;
 }
 
-/* tanh(z) for the softcap, z = raw scale / softcap, from y = raw cap_k = 2 z
- * log2(e) (cap_k: oss_attn_var_consts'), with one MUFU operation: u = 2^-|y| (one
- * ex2.approx), tanh(|z|) = (1 - u) / (1 + u) = 2 q - 1 with q = 1 / (1 + u); 1 + u
- * lies in [1, 2], where a quadratic gives q to 1 % and two Newton steps to 7e-8
- * (relative), all fused multiply-adds; the sign is y's. Absolute error ~1e-7 in
- * tanh; NaN stays NaN, +-inf gives +-1. Reason: a capped score costs the softmax a
- * second ex2 beside its weight's, and a reciprocal by rcp.approx a third; the MUFU
- * unit gives 16 results per clock and SM against ~4k bf16 flops of the products (256
- * a score at head dim 64, 512 at 128), so three MUFU operations a score bound the
- * forward, while the FMA pipes (128 results per clock and SM) have room. */
-__device__ __forceinline__ float oss_attn_cap_tanh(float raw, float cap_k) {
-  const float y = raw * cap_k;
-  const float d = 1.f + oss_ex2(-fabsf(y));
-  float q = fmaf(fmaf(0.32321504f, d, -1.45446897f), d, 2.12113643f);
-  q = fmaf(q, fmaf(-d, q, 1.f), q);
-  q = fmaf(q, fmaf(-d, q, 1.f), q);
-  return copysignf(fmaf(2.f, q, -1.f), y);
+/* 1 / x in one MUFU op (x = inf gives 0). */
+__device__ __forceinline__ float oss_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
+/* The softcap of a raw product: r = 1 / (2^(raw cap_k) + 1) (cap_k:
+ * oss_attn_var_consts') by one ex2.approx and one rcp.approx; the capped score is
+ * then oss_attn_capped(r, cap) = cap (1 - 2 r) in log2 units (cap: the
+ * softcap times log2(e)), and tanh = 1 - 2 r. */
+__device__ __forceinline__ float oss_attn_cap_r(float raw, float cap_k) { return oss_rcp(oss_ex2(raw * cap_k) + 1.f); }
+__device__ __forceinline__ float oss_attn_capped(float r, float cap) { return fmaf(-2.f * cap, r, cap); }
+
 /* A visible pair's score in log2 units from its raw product q.k: scaled,
- * capped (s = cap tanh(s / cap), by oss_attn_cap_tanh; the cap scales its error
- * into the score's absolute error, ~5e-6 at cap 50, float32's own rounding of
- * such a score) where cap, minus ALiBi's slope |dist| where alibi (dist = i + off
- * - j, exact in float below 2^24); the backward recomputes the same value. *dcap:
- * the capped score's derivative by the scaled one, 1 - tanh^2 (1 without
- * softcap), for dS. */
+ * capped (s = cap tanh(s / cap)) where cap, minus ALiBi's slope |dist| where
+ * alibi (dist = i + off - j, exact in float below 2^24). The capped score is
+ * cap (1 - 2 r), r = 1 / (2^(raw cap_k) + 1), by one ex2.approx and one
+ * rcp.approx: absolute error ~1e-7 in tanh, which the cap scales into the
+ * score's absolute error (~5e-6 at cap 50, float32's own rounding of such a
+ * score); the backward recomputes the same value. *dcap: the capped score's
+ * derivative by the scaled one, 1 - tanh^2 (1 without softcap), for dS. */
 __device__ __forceinline__ float oss_attn_var_value(const oss_attn_var_consts &v, bool cap, bool alibi, float raw,
                                                     float dist, float *dcap) {
   float x;
   *dcap = 1.f;
   if (cap) {
-    const float t = oss_attn_cap_tanh(raw, v.cap_k);
-    x = v.cap * t;
-    *dcap = fmaf(-t, t, 1.f);
+    const float r = oss_attn_cap_r(raw, v.cap_k);
+    x = oss_attn_capped(r, v.cap);
+    const float t = fmaf(-2.f, r, 1.f);
+    *dcap = 1.f - t * t;
   } else {
     x = raw * v.scale_l2;
   }

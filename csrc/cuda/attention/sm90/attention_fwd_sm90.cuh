@@ -271,7 +271,7 @@ __device__ __forceinline__ void oss_sm90_sink_merge(float (&o)[NO][4], float (&m
 /* A tile of raw products scored and masked as oss_attn_fwd_mask_scores does
  * (c, the softmax's factor, returned), or, with a softcap (cap: the softcap
  * times log2(e), 0: off; cap_k as oss_attn_var_consts'), capped first, in log2
- * units, by oss_attn_cap_tanh, as the variant kernels'
+ * units, by oss_attn_cap_r and oss_attn_capped, as the variant kernels'
  * oss_attn_var_value, so that the backward recomputes the same scores, then
  * masked (c = 1). A softcap comes here only with a positive scale, under
  * which masking leaves the visible scores as they are. */
@@ -282,7 +282,7 @@ __device__ __forceinline__ float oss_sm90_plain_scores(float (&s)[1][NT][4], con
 #pragma unroll
     for (int n = 0; n < NT; n++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) s[0][n][e] = cap * oss_attn_cap_tanh(s[0][n][e], cap_k);
+      for (int e = 0; e < 4; e++) s[0][n][e] = oss_attn_capped(oss_attn_cap_r(s[0][n][e], cap_k), cap);
     oss_attn_fwd_mask_scores<T, 1, NT, false, WINDOW>(s, a, 0, r0, j0, lane);
     return 1.f;
   }
