@@ -318,9 +318,10 @@ def test_packed_mask_is_checked_before_it_is_replaced():
 
     def packed_mask(position_ids):
         docs = masking_utils.find_packed_sequence_indices(position_ids)
-        fn = masking_utils.and_masks(
-            masking_utils.remap_positions_for_packed_sequence(masking_utils.causal_mask_function, position_ids),
-            masking_utils.packed_sequence_mask_function(docs))
+        # causal within each document (positions rise by 1 inside one), with
+        # the mask functions every transformers release that packs has
+        fn = masking_utils.and_masks(masking_utils.causal_mask_function,
+                                     masking_utils.packed_sequence_mask_function(docs))
         return hf_oss.mask(batch_size=1, q_length=17, kv_length=17, mask_function=fn, allow_is_causal_skip=False)
 
     def dense(mask):

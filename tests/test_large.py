@@ -35,9 +35,11 @@ def need_memory(nbytes):
 
 
 def randn_(t, seed, scale=3.0):
-    """Fills t (any float dtype, on the GPU) with randn * scale, chunk by chunk."""
+    """Fills t (any float dtype, on the GPU, dense in some order of its dims,
+    as empty_like of a transposed view is) with randn * scale, chunk by chunk
+    in memory order."""
     g = torch.Generator(device=t.device).manual_seed(seed)
-    flat = t.view(-1)
+    flat = t.permute(sorted(range(t.dim()), key=lambda d: -t.stride(d))).view(-1)
     step = 2**28
     for i in range(0, flat.numel(), step):
         chunk = flat[i:i + step]
