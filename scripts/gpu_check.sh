@@ -17,6 +17,8 @@
 # BENCH_ARGS_ATTENTION (extra benchmark arguments), SANITIZE_TOOLS (default
 # "memcheck racecheck synccheck"), SANITIZE_PARTS (softmax and/or attention; default both),
 # STAGE_TIMEOUT (seconds per stage, default 900), FUZZ_SECONDS, FUZZ_CHUNK, FUZZ_TESTS,
+# TEST_SHARD (K/N: each pytest run keeps every N-th of its tests from the K-th on, so the
+# suite runs as N calls that together cover each test once, e.g. under a per-command limit),
 # TEST_DEADLINE (seconds after the script's start past which the test stage starts no
 # further file: those are listed as not run, so a run under a wall-clock limit still
 # reports what it did; each file's result is also printed as soon as it finishes).
@@ -86,7 +88,7 @@ for s in $STAGES; do
       (
         start=$(date +%s)
         COLUMNS=500 timeout ${FILE_TIMEOUT:-300} python3 -m pytest $(echo "$t" | tr , ' ') -q -rfE --tb=short -p no:cacheprovider \
-          ${PYTEST_ARGS:-} >"$(log_of "$t")" 2>&1
+          ${TEST_SHARD:+--shard "$TEST_SHARD"} ${PYTEST_ARGS:-} >"$(log_of "$t")" 2>&1
         rc=$?
         echo "$rc $(( $(date +%s) - start ))" >"$(log_of "$t").rc"
         echo "  finished $t: rc $rc, $(( $(date +%s) - start )) s, $(summary_of "$(log_of "$t")")"

@@ -2,6 +2,11 @@
 hypothesis profiles for the property-based tests (tests/test_fuzz.py) and CUDA
 memory hygiene.
 
+Shards: --shard K/N runs every N-th collected test from the K-th on, so a
+suite too long for one sitting (the GPU suite under a per-command limit) runs
+as N parts that together cover each test once (scripts/gpu_check.sh:
+TEST_SHARD).
+
 GPU-run guards (a GPU run must never pass by skipping its CUDA cases):
   - a visible GPU (torch.cuda.is_available()) with a build of torch_oss that has
     no CUDA kernels fails the run at its start, unless TORCH_OSS_CPU_ONLY=1
@@ -127,6 +132,41 @@ def pytest_sessionstart(session):
             "the CUDA tests were requested (TORCH_OSS_REQUIRE_CUDA=1 or -m cuda) but "
             + ("no CUDA GPU is visible" if not torch.cuda.is_available() else
                f"torch_oss ({torch_oss.__file__}) was built without CUDA kernels"))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="K/N",
+                     help="run the K-th of N shards of the collected tests (1 <= K <= N): every N-th "
+                          "test from the K-th on, so each shard takes a share of every file's slow and fast "
+                          "cases; the N shards together run each test once")
+
+
+def parse_shard(text):
+    """(k, n) from "K/N" with 1 <= K <= N; raises pytest.UsageError naming --shard."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard takes K/N (two integers, e.g. 1/3), got {text!r}") from None
+    if not 1 <= k <= n:
+        raise pytest.UsageError(f"--shard K/N needs 1 <= K <= N, got {text!r}")
+    return k, n
+
+
+def pytest_configure(config):
+    if config.getoption("shard") is not None:
+        parse_shard(config.getoption("shard"))  # refused before anything is collected
+
+
+def pytest_collection_modifyitems(config, items):
+    shard = config.getoption("shard")
+    if shard is None:
+        return
+    k, n = parse_shard(shard)
+    keep = [item for i, item in enumerate(items) if i % n == k - 1]
+    drop = [item for i, item in enumerate(items) if i % n != k - 1]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = keep
 
 
 _CUDA_TESTS_RAN = [0]
