@@ -95,7 +95,6 @@
  * shared memory; head dim 256 takes 80 (Q and two stages of 80 keys fill
  * 225 KB of it). */
 template <int HD> struct oss_attn_fwd_sm90_cfg {
-  static constexpr int BR = 128; /* query rows per CTA: two consumer warpgroups */
   static constexpr int BC = HD <= 128 ? 128 : HD <= 192 ? 96 : 80;
   /* the kernel that reads a mask tensor holds the more registers: above head
    * dim 128 it takes 64-key tiles (at 96 it spilled) */
@@ -634,7 +633,7 @@ __global__ void __launch_bounds__(oss_sm90_regs<NWG>::THREADS, 1)
     if (MASK_TILES)
       for (int i = 0; i < 4; i++) {
         oss_mbar_init(&m_full[i >> 1][i & 1], 1);
-        oss_mbar_init(&m_empty[i >> 1][i & 1], 4);
+        oss_mbar_init(&m_empty[i >> 1][i & 1], 4); /* the four warps of the half's warpgroup */
       }
     oss_fence_mbar_init();
   }

@@ -197,24 +197,21 @@ __device__ __forceinline__ void oss_attn_sm90_pv(float (&o)[HD / 8][4], const ui
     oss_wgmma<T, HD>::template rs<1>(o, pa[kk], oss_wgmma_desc_join(lv + ((kk * 16 * 128) >> 4), hi), 1);
 }
 
-/* Registers per thread after setmaxnreg. A CTA keeps the registers it was
- * launched with (168 per thread for 384 threads at one CTA per SM), so the
- * producer's and consumers' budgets must fit in them, or the consumers' request
- * waits forever. */
-enum { OSS_SM90_PRODUCER_REGS = 24, OSS_SM90_CONSUMER_REGS = 240, OSS_SM90_LAUNCH_REGS = 168 };
-static_assert(128 * OSS_SM90_PRODUCER_REGS + 256 * OSS_SM90_CONSUMER_REGS <= 384 * OSS_SM90_LAUNCH_REGS,
-              "register budgets exceed the CTA's launch allocation");
-/* The same budgets for a CTA of NWG consumer warpgroups and one producer
- * warpgroup (NWG = 2: the values above; NWG = 3: 128 at launch, 160 a
- * consumer). */
+/* Registers per thread after setmaxnreg, for a CTA of NWG consumer
+ * warpgroups and one producer warpgroup at one CTA per SM. A CTA keeps the
+ * registers it was launched with (65536 / threads in steps of 8: 168 for 384
+ * threads, 128 for 512), so the producer's 24 and the consumers' share of the
+ * rest (240 with two consumer warpgroups, 160 with three) must fit in them, or
+ * the consumers' request waits forever. */
+enum { OSS_SM90_PRODUCER_REGS = 24 };
 template <int NWG> struct oss_sm90_regs {
   static constexpr int THREADS = 128 * (NWG + 1);
   static constexpr int LAUNCH = 65536 / THREADS / 8 * 8;
   static constexpr int CONSUMER = (LAUNCH * THREADS - 128 * OSS_SM90_PRODUCER_REGS) / (128 * NWG) / 8 * 8;
   static_assert(128 * OSS_SM90_PRODUCER_REGS + 128 * NWG * CONSUMER <= THREADS * LAUNCH, "register budgets");
 };
-static_assert(oss_sm90_regs<2>::LAUNCH == OSS_SM90_LAUNCH_REGS && oss_sm90_regs<2>::CONSUMER == OSS_SM90_CONSUMER_REGS,
-              "two consumer warpgroups: the budgets above");
+/* the kernels of two consumer warpgroups (every backward kernel, and the forward's by default) */
+enum { OSS_SM90_CONSUMER_REGS = oss_sm90_regs<2>::CONSUMER, OSS_SM90_LAUNCH_REGS = oss_sm90_regs<2>::LAUNCH };
 
 /* Columns a tile of `cols` occupies in shared memory: whole 64-column boxes
  * (the copy engine zero-fills the columns past the tensor's). */
