@@ -98,7 +98,7 @@ def main():
                          "column torch_oss-deterministic)")
     ap.add_argument("--with-block-rows", action="store_true",
                     help="also time torch_oss with the Hopper forward's blocks of 128 and of 192 query rows where "
-                         "kernels of both serve the call (head dim 64; columns torch_oss-rows128, "
+                         "kernels of both serve the call (head dims 64 and 96; columns torch_oss-rows128, "
                          "torch_oss-rows192)")
     ap.add_argument("--with-persistent", action="store_true",
                     help="also time torch_oss with the Hopper forward on a persistent grid of one CTA per SM "

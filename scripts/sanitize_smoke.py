@@ -8,7 +8,7 @@ the CPU kernels. Small enough to run under compute-sanitizer:
 Parts: softmax, attention, attention_forward (the attention cases, forward only),
 attention_tc (the attention cases in float16/bfloat16 only: the tensor-core kernels),
 attention_rows192 (the attention_tc forward cases on the Hopper forward's blocks of 192
-query rows, where kernels of 128 and 192 serve a call: head dim 64),
+query rows, where kernels of 128 and 192 serve a call: head dims 64 and 96),
 attention_simt (the attention cases in float32/float64 only: the SIMT kernels),
 attention_simt_small (float32 only, one shape with several key tiles and query blocks:
 for racecheck, which finished neither attention_simt in 120 s nor three shapes in 90 s on

@@ -109,7 +109,7 @@ def test_forward_and_backward(device, dtype, is_causal, alignment, case):
 # its forward and 256's backward; the other head dims run the kernels of the next
 # of them, zero-padded (32 -> 64, 160 -> 192, 200 -> 256; Lq > Lk bottom-right
 # leaves whole query blocks seeing no key); attention_kernels(forward="mma", backward="mma") forces mma.sync,
-# forward_block_rows=192 the Hopper forward of three consumer warpgroups (head dim 64; elsewhere it
+# forward_block_rows=192 the Hopper forward of three consumer warpgroups (head dims 64 and 96; elsewhere it
 # changes nothing), which by default serves calls without the causal rule and causal ones from 8k up. Checked
 # on the same cases: lengths across several tiles and off the tile size,
 # Dv != D, GQA, padded head dims, one query, a mask, unaligned rows
@@ -265,8 +265,8 @@ def test_persistent_forward_gives_the_same_bits(device, head_dim):
         # a narrower v (head dims (192, 128): its own Hopper kernel)
         "narrow v": lambda: torch_oss.attention_with_lse(q, k, v[..., :128], is_causal=True, enable_gqa=True),
     }
-    # head dim 64: blocks of 128 and of 192 query rows (three consumer warpgroups)
-    for rows, (name, call) in itertools.product((128, 192) if head_dim == 64 else (0,), calls.items()):
+    # head dims 64 and 96: blocks of 128 and of 192 query rows (three consumer warpgroups)
+    for rows, (name, call) in itertools.product((128, 192) if head_dim in (64, 96) else (0,), calls.items()):
         with attention_kernels(forward_ctas_per_sm=-1, forward_block_rows=rows):
             torch.manual_seed(0)
             want = call()
@@ -1106,7 +1106,7 @@ def test_hopper_forward_does_not_spill():
     The instantiations without a window (head dims 64, 96, 128, 192, 256;
     without a mask tensor, with one read element by element and with one
     read in tiles; (192, 128) for a narrower v; three consumer warpgroups
-    at head dim 64) must compile with no stack frame.
+    at head dims 64 and 96) must compile with no stack frame.
     The ones for a window alone, instantiated apart so that these need not,
     hold the block's first key tile in one more register, which may spill a
     few of the block's arguments, stored at its start and reloaded once by
@@ -1116,7 +1116,7 @@ def test_hopper_forward_does_not_spill():
 
     frames = re.findall(r"Function properties for (\S*oss_attn_fwd_sm90_kernel\S*)\s+(\d+) bytes stack frame",
                         sm90_ptxas_report())
-    assert len(frames) == 21, f"expected 21 Hopper forward kernels in ptxas's report, found {len(frames)}"
+    assert len(frames) == 22, f"expected 22 Hopper forward kernels in ptxas's report, found {len(frames)}"
     # template arguments ..., MASK, VAR, WINDOW, NWG: the window kernels end in 0, false, true, 2
     window = [(name, size) for name, size in frames if "Li0ELb0ELb1ELi2EEv" in name]
     assert len(window) == 4, f"expected 4 window kernels, found {[n for n, _ in frames]}"

@@ -112,8 +112,12 @@ template <int HD> struct oss_attn_fwd_sm90_cfg {
    * a clock on an SM) take about as long as its two products, so while two
    * warpgroups take turns the tensor cores wait for the softmax; a third
    * keeps them fed. Causal blocks of 192 rows compute more masked tiles:
-   * oss_attn_fwd_sm90_wide picks the kernel per call. */
-  static constexpr int NWG_WIDE = HD == 64 ? 3 : 0;
+   * oss_attn_fwd_sm90_wide picks the kernel per call. Head dim 96 (products
+   * three quarters of 128's, the same softmax) too, with 112-key tiles
+   * (BC_WIDE): with 128 its consumers spilled 160 bytes under the
+   * 160-register budget. */
+  static constexpr int NWG_WIDE = HD == 64 || HD == 96 ? 3 : 0;
+  static constexpr int BC_WIDE = HD == 96 ? 112 : BC;
   /* A dense batch without a mask tensor (score variants included, causal or
    * not) runs on a persistent grid (a block's epilogue under the next block's
    * loads), which measured faster at every seqlen and head dim, most at short
@@ -968,7 +972,8 @@ oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_a
  * rule, and with it from 8k queries up. *Reason (H200, bf16, head dim 64):*
  * without the causal rule blocks of 192 ran 1.03-1.12x blocks of 128 from
  * 512 to 16k queries; with it 0.74x at 512 and 0.92x at 2k (a block's
- * diagonal tiles are computed by all three warpgroups), 1.03-1.05x at 8k-16k. */
+ * diagonal tiles are computed by all three warpgroups), 1.03-1.05x at 8k-16k;
+ * head dim 96 takes the same rule, not measured apart. */
 static inline bool oss_attn_fwd_sm90_wide(const oss_attn_args *a, int nwg) {
   const int forced = oss_attention_cuda_get_options().forward_block_rows;
   if (forced != 0) return forced == 64 * nwg;
@@ -1021,9 +1026,9 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
   if constexpr (C::NWG_WIDE > 0) {
     if (oss_attn_fwd_sm90_wide(a, C::NWG_WIDE)) {
       static const int wide_regs = oss_kernel_regs(
-          oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, false, false, C::NWG_WIDE>);
-      return oss_attn_fwd_sm90_run<T, HD, HD, C::BC, false, C::NWG_WIDE>(
-          oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC, C::STAGES, C::PINGPONG, false, false, false, C::NWG_WIDE>,
+          oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC_WIDE, C::STAGES, C::PINGPONG, false, false, false, C::NWG_WIDE>);
+      return oss_attn_fwd_sm90_run<T, HD, HD, C::BC_WIDE, false, C::NWG_WIDE>(
+          oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC_WIDE, C::STAGES, C::PINGPONG, false, false, false, C::NWG_WIDE>,
           wide_regs, fallback, persistent, a, stream, dev);
     }
   }
