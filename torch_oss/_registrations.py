@@ -505,7 +505,8 @@ def _cross_entropy_probs_backward(ctx, grad_loss, grad_lse, grad_target_sum):
     ATen ops, in the loss's dtype."""
     logits, target, weight, lse, target_sum = ctx.saved_tensors
     eps, z = ctx.args
-    want_x, want_t, want_w = ctx.needs_input_grad[:3]
+    # (the dispatcher drops trailing arguments equal to their defaults: weight=None among them)
+    want_x, want_t, want_w = (tuple(ctx.needs_input_grad) + (False,) * 3)[:3]
     grad_x = grad_t = grad_w = None
     if grad_loss is not None and (want_x or want_t):
         gx, gt = torch.ops.oss.cross_entropy_probs_backward(grad_loss, logits, target, weight, lse, target_sum, eps, z,

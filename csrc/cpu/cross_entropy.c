@@ -34,7 +34,9 @@
  * S lse - sum u_j x_j loses all digits when lse is large (1e4). The
  * products are formed in the compute type and summed in blocks of
  * OSS_SUM_BLOCK in it, the blocks in double (as the exp sums). Backward, one
- * pass: grad_x = a exp((x - hi) - lo) - g u_j with a = g (S + 2 z lse), and
+ * pass: grad_x = g ((S p - u_j) + 2 z lse p), p = exp((x - hi) - lo), u_j
+ * formed as the forward formed it (a one-class row's cross-entropy term is
+ * then 0 exactly, as F.cross_entropy's), and
  * (where wanted) grad_t = g (1 - eps) w_j ((hi - x) + lo), lse split as in
  * the class-index backward. Limits: rows unit-stride, gradients apart from
  * the inputs.
@@ -48,6 +50,20 @@
 /* OSS_CEP_CHUNK: the probability kernels hold four chunks (logits, target,
  * their two gradients) on the stack, 64 KB in double */
 enum { OSS_CE_CHUNK = 4096, OSS_CEP_CHUNK = 2048, OSS_SUM_BLOCK = 64 };
+
+/* Class probabilities: a double sum with Neumaier's compensation: a row's thousands of block sums
+ * added one after another would otherwise lose about one rounding per block
+ * (float64 rows of 128k classes then miss F.cross_entropy's pairwise sums'
+ * accuracy); value = sum + comp. */
+typedef struct cep_acc {
+  double sum, comp;
+} cep_acc;
+static inline void cep_add(cep_acc *acc, double v) {
+  const double t = acc->sum + v;
+  /* (an infinite sum keeps its comp: inf - inf would make it NaN) */
+  if (isfinite(t)) acc->comp += fabs(acc->sum) >= fabs(v) ? (acc->sum - t) + v : (v - t) + acc->sum;
+  acc->sum = t;
+}
 
 #define OSS_CE_BODY
 #define OSS_GENERIC_BODY "cross_entropy.c"
@@ -259,10 +275,11 @@ static void FN(ce_bwd_rows)(void *ctx, int64_t begin, int64_t end) {
 static inline REAL FN(cep_shift)(REAL m) { return m == -INFINITY ? (REAL)0 : m; }
 
 /* a += sum u_i (x_i - ms) and s += sum u_i over a chunk, u_i = w_i (c1 t_i +
- * c0) (w NULL: 1), each block of OSS_SUM_BLOCK summed in REAL, the blocks in
- * double. u_i = 0 at x_i = -inf gives NaN (0 * -inf), as F.cross_entropy. */
+ * c0) (w NULL: 1), each block of OSS_SUM_BLOCK summed in REAL, the blocks
+ * added in compensated double. u_i = 0 at x_i = -inf gives NaN (0 * -inf),
+ * as F.cross_entropy. */
 static inline void FN(cep_sums)(const REAL *x, const REAL *t, const REAL *w, int64_t n, REAL c1, REAL c0, REAL ms,
-                                double *a, double *s) {
+                                cep_acc *a, cep_acc *s) {
   for (int64_t b = 0; b < n; b += OSS_SUM_BLOCK) {
     const int64_t e = n - b < OSS_SUM_BLOCK ? n : b + OSS_SUM_BLOCK;
     REAL ba = 0, bs = 0;
@@ -281,8 +298,8 @@ static inline void FN(cep_sums)(const REAL *x, const REAL *t, const REAL *w, int
         bs += u;
       }
     }
-    *a += (double)ba;
-    *s += (double)bs;
+    cep_add(a, (double)ba);
+    cep_add(s, (double)bs);
   }
 }
 
@@ -296,7 +313,8 @@ static void FN(cep_fwd_rows)(void *ctx, int64_t begin, int64_t end) {
   for (int64_t row = begin; row < end; row++) {
     const int64_t xo = row * p->logits_stride_row, to = row * p->target_stride_row;
     REAL m = -INFINITY;
-    double d = 0, a = 0, s = 0;
+    double d = 0;
+    cep_acc a = {0, 0}, s = {0, 0};
     for (int64_t c = 0; c < C; c += OSS_CEP_CHUNK) {
       const int64_t len = C - c < OSS_CEP_CHUNK ? C - c : OSS_CEP_CHUNK;
       const REAL *x = FN(ce_read)(p->logits, p->dtype, xo + c, xbuf, len);
@@ -306,19 +324,20 @@ static void FN(cep_fwd_rows)(void *ctx, int64_t begin, int64_t end) {
       const REAL m_new = (cm > m || cm != cm) ? cm : m;
       if (m_new != m) {
         if (m != -INFINITY) d *= (double)EXP(m - m_new);
-        a += s * ((double)FN(cep_shift)(m) - (double)FN(cep_shift)(m_new)); /* the terms so far, rebased */
+        /* the terms so far, rebased */
+        cep_add(&a, (s.sum + s.comp) * ((double)FN(cep_shift)(m) - (double)FN(cep_shift)(m_new)));
       }
       m = m_new;
       if (m != -INFINITY) d += FN(sum_exp)(x, len, m);
       FN(cep_sums)(x, t, w ? w + c : NULL, len, c1, c0, FN(cep_shift)(m), &a, &s);
     }
-    const double log_d = log(d), lse = (double)m + log_d;
-    double loss = s * log_d - a;
+    const double log_d = log(d), lse = (double)m + log_d, S = s.sum + s.comp;
+    double loss = S * log_d - (a.sum + a.comp);
     if (p->z_loss != 0) loss += p->z_loss * lse * lse;
     if (NATIVE == OSS_FLOAT64) ((double *)p->loss)[row] = loss;
     else ((float *)p->loss)[row] = (float)loss;
     ((double *)p->lse)[row] = lse;
-    ((double *)p->target_sum)[row] = s;
+    ((double *)p->target_sum)[row] = S;
   }
 }
 
@@ -335,9 +354,12 @@ static void FN(cep_bwd_rows)(void *ctx, int64_t begin, int64_t end) {
     const double g = NATIVE == OSS_FLOAT64 ? ((const double *)b->grad_loss)[row]
                                            : (double)((const float *)b->grad_loss)[row];
     const double lse = ((const double *)p->lse)[row], S = ((const double *)p->target_sum)[row];
-    /* grad_x = a exp(x - lse) - (gc1 t + gc0) w;  grad_t = gt w (lse - x) */
-    const REAL a = (REAL)(g * (S + 2 * p->z_loss * lse)), gc1 = (REAL)(g * (1 - eps)),
-               gc0 = (REAL)(g * eps / (double)C), gt = gc1;
+    /* grad_x = g ((S p - u) + 2 z lse p), p = exp(x - lse), u = w (c1 t + c0)
+     * formed as the forward formed it, the z-loss's term apart: where p S is
+     * u (one class) the first term is exactly 0 and the second keeps its
+     * digits; grad_t = gt w (lse - x) */
+    const REAL gr = (REAL)g, sr = (REAL)S, zl = (REAL)(2 * p->z_loss * lse), c1 = (REAL)(1 - eps),
+               c0 = (REAL)(eps / (double)C), gt = (REAL)(g * (1 - eps));
     const REAL lse_hi = (REAL)lse, lse_lo = isfinite(lse) ? (REAL)(lse - (double)lse_hi) : 0;
     const int64_t xo = row * p->logits_stride_row, to = row * p->target_stride_row;
     const int64_t yo = row * b->grad_logits_stride_row, zo = row * b->grad_target_stride_row;
@@ -348,11 +370,17 @@ static void FN(cep_bwd_rows)(void *ctx, int64_t begin, int64_t end) {
       REAL *y = native ? (REAL *)b->grad_logits + yo + c : ybuf;
       if (w == NULL) {
 #pragma omp simd
-        for (int64_t i = 0; i < len; i++) y[i] = a * EXP((x[i] - lse_hi) - lse_lo) - (gc1 * t[i] + gc0);
+        for (int64_t i = 0; i < len; i++) {
+          const REAL e = EXP((x[i] - lse_hi) - lse_lo);
+          y[i] = gr * ((sr * e - (c1 * t[i] + c0)) + zl * e);
+        }
       } else {
         const REAL *wc = w + c;
 #pragma omp simd
-        for (int64_t i = 0; i < len; i++) y[i] = a * EXP((x[i] - lse_hi) - lse_lo) - wc[i] * (gc1 * t[i] + gc0);
+        for (int64_t i = 0; i < len; i++) {
+          const REAL e = EXP((x[i] - lse_hi) - lse_lo);
+          y[i] = gr * ((sr * e - wc[i] * (c1 * t[i] + c0)) + zl * e);
+        }
       }
       if (!native) STORE(b->grad_logits, p->dtype, yo + c, 1, y, len);
       if (b->grad_target != NULL) {

@@ -8,6 +8,10 @@
  *   lse    = log sum_j exp(x_j)
  *   loss   = (1 - eps) (lse - x_t) + eps (lse - mean_j x_j) + z lse^2   (0 on ignored rows)
  *   grad_j = g (softmax_j (1 + 2 z lse) - (1 - eps) [j == t] - eps / C)  (0 on ignored rows)
+ * and the class-probability forward and backward (oss_cross_entropy_probs_*:
+ * loss, lse and target_sum; the logits' and the target's gradients), which
+ * share the thread mapping, row layout, statistics and reductions below and
+ * have their own comment before cep_args.
  *
  * Thread mapping. A row is owned by a group of G threads: one warp (G = 32,
  * eight rows per CTA of 256 threads) when the row has at most
@@ -462,13 +466,16 @@ __device__ __forceinline__ ce_grad_row<Acc> ce_grad_setup(double g, double lse, 
   return R;
 }
 
+/* softmax_j = exp(x_j - lse), in Acc. */
+template <bool FAST, typename Acc> __device__ __forceinline__ Acc ce_grad_exp(const ce_grad_row<Acc> &R, Acc x) {
+  if constexpr (FAST && sizeof(Acc) == 4) return ce_ex2(fmaf(x - R.hi, (float)CE_LOG2E, -R.lo2)); /* x - hi exact */
+  else if constexpr (sizeof(Acc) == 4) return expf((x - R.hi) - R.lo);
+  else return exp((x - R.hi) - R.lo);
+}
+
 /* The gradient of an element other than the target, in Acc. */
 template <bool FAST, typename Acc> __device__ __forceinline__ Acc ce_grad_elem(const ce_grad_row<Acc> &R, Acc x) {
-  Acc ex;
-  if constexpr (FAST && sizeof(Acc) == 4) ex = ce_ex2(fmaf(x - R.hi, (float)CE_LOG2E, -R.lo2)); /* x - hi exact */
-  else if constexpr (sizeof(Acc) == 4) ex = expf((x - R.hi) - R.lo);
-  else ex = exp((x - R.hi) - R.lo);
-  return R.a * ex - R.s;
+  return R.a * ce_grad_exp<FAST>(R, x) - R.s;
 }
 
 /* The target element's gradient, in double from its value x. */
@@ -915,10 +922,10 @@ __global__ void __launch_bounds__(CE_ONCHIP_LARGE_THREADS, 2) ce_onchip_kernel(c
  * u >= 0, so nothing cancels at large logits (the textbook s lse - sum u x
  * would lose every digit at lse = 1e4). A u of 0 at x = -inf makes a NaN (0 *
  * -inf), F.cross_entropy's NaN.
- * Backward, one pass: grad_x = a' exp((x - hi) - lo) - w (gc1 t + gc0), a' =
- * g (S + 2 z lse), gc1 = g (1 - eps), gc0 = g eps / C (ce_grad_elem with
- * s = 0; lse split as there), and, where wanted, grad_t = gc1 w ((hi - x) +
- * lo). Both gradients go out as 16-byte vectors where their rows have the
+ * Backward, one pass: grad_x = g ((S p - u) + 2 z lse p), p = exp((x - hi) -
+ * lo) (ce_grad_exp, lse split as there), u formed as the forward formed it
+ * (cep_grad_elem says why), and, where wanted, grad_t = g (1 - eps) w
+ * ((hi - x) + lo). Both gradients go out as 16-byte vectors where their rows have the
  * logits' phase. Limits: those of the class-index kernels; the gradients may
  * not overlap the inputs. */
 typedef struct cep_args {
@@ -1106,19 +1113,23 @@ __global__ void __launch_bounds__(CE_MAX_THREADS, 2) cep_forward_kernel(cep_args
   }
 }
 
-/* What a row's backward needs: R gives a' exp(x - lse) (R.s = 0). */
+/* What a row's backward needs: R gives p_j = exp(x_j - lse). */
 template <typename Acc> struct cep_grad_row {
   ce_grad_row<Acc> R;
-  Acc gc1, gc0;
+  Acc S, zl, g, gt, c1, c0; /* target_sum, 2 z lse, g, g (1 - eps), 1 - eps, eps / C */
 };
 
-/* The two gradients of one element j. */
+/* The two gradients of one element j: g ((S p_j - u_j) + 2 z lse p_j), with
+ * u_j formed as the forward formed it (cep_u) and the z-loss's term added
+ * apart, so where p_j S is u_j (one class) the first is 0 exactly and the
+ * second keeps its own digits, as in F.cross_entropy plus the z-loss; and
+ * g (1 - eps) w_j (lse - x_j). */
 template <bool FAST, bool W, typename Acc>
 __device__ __forceinline__ void cep_grad_elem(const cep_grad_row<Acc> &Q, const Acc *w, int j, Acc x, Acc t, Acc &gx,
                                               Acc &gt) {
-  const Acc wj = W ? __ldg(w + j) : (Acc)1;
-  gx = ce_grad_elem<FAST>(Q.R, x) - wj * (Q.gc1 * t + Q.gc0);
-  gt = (Q.gc1 * wj) * ((Q.R.hi - x) + Q.R.lo);
+  const Acc p = ce_grad_exp<FAST>(Q.R, x);
+  gx = Q.g * ((Q.S * p - cep_u<W>(t, w, j, Q.c1, Q.c0)) + Q.zl * p);
+  gt = (W ? Q.gt * __ldg(w + j) : Q.gt) * ((Q.R.hi - x) + Q.R.lo);
 }
 
 /* Stores one gradient vector at dst: 16 bytes where vec_out, else element by element. */
@@ -1131,11 +1142,19 @@ template <typename T> __device__ __forceinline__ void cep_st(T *dst, const ce_ve
   }
 }
 
+/* Vectors of the logits (and as many of the target) a backward thread loads
+ * before using them: half the forward's (ce_unroll), as it holds the target's
+ * vectors and one or two gradient vectors too; at the forward's count they
+ * spill at the 64 registers of two 512-thread CTAs an SM. */
+template <typename T> __host__ __device__ constexpr int cep_bwd_unroll() { return ce_unroll<T>() / 2; }
+
+/* float64: one 512-thread CTA an SM (its double exp spills at 64 registers
+ * even with one vector in flight). */
 template <typename T, bool W, bool DT>
-__global__ void __launch_bounds__(CE_MAX_THREADS, 2) cep_backward_kernel(cep_args A) {
+__global__ void __launch_bounds__(CE_MAX_THREADS, sizeof(T) == 8 ? 1 : 2) cep_backward_kernel(cep_args A) {
   typedef typename ce_acc<T>::type Acc;
   constexpr bool FAST = sizeof(T) == 2;
-  constexpr int VEC = ce_vec_len<T>(), U = ce_unroll<T>();
+  constexpr int VEC = ce_vec_len<T>(), U = cep_bwd_unroll<T>();
   const int G = A.group, C = A.classes;
   const Acc *w = (const Acc *)A.w;
   CEP_FOR_ROWS(A, G, lane, row) {
@@ -1145,10 +1164,13 @@ __global__ void __launch_bounds__(CE_MAX_THREADS, 2) cep_backward_kernel(cep_arg
     const double g = sizeof(T) == 8 ? ((const double *)A.grad_loss)[row] : (double)((const float *)A.grad_loss)[row];
     const double lse = A.lse[row];
     cep_grad_row<Acc> Q;
-    Q.R = ce_grad_setup<Acc>(g, lse, -1, true, 0.0, A.z, C);
-    Q.R.a = (Acc)(g * (A.tsum[row] + 2 * A.z * lse));
-    Q.gc1 = (Acc)(g * (1 - A.eps));
-    Q.gc0 = (Acc)(g * A.eps / (double)C);
+    Q.R = ce_grad_setup<Acc>(1.0, lse, -1, true, 0.0, A.z, C);
+    Q.S = (Acc)A.tsum[row];
+    Q.zl = (Acc)(2 * A.z * lse);
+    Q.g = (Acc)g;
+    Q.gt = (Acc)(g * (1 - A.eps));
+    Q.c1 = (Acc)(1 - A.eps);
+    Q.c0 = (Acc)(A.eps / (double)C);
     Acc gx, gt;
     if (lane < L.head) {
       cep_grad_elem<FAST, W>(Q, w, lane, ce_to_acc(x[lane]), ce_to_acc(t[lane]), gx, gt);
