@@ -2,7 +2,10 @@
 
 - cross_entropy: F.cross_entropy's semantics, plus an optional z-loss
   (z_loss * logsumexp(logits)**2 per counted row). Class-index targets run
-  the kernels below; class-probability targets the log_softmax kernel and a
+  the kernels below; class-probability targets of the input's dtype run
+  torch.ops.oss.cross_entropy_probs and its backward (one pass over the
+  logits and the target each; oss.h and docs/cross-entropy.md give the
+  numerics), other class-probability targets the log_softmax kernel and a
   product with the target.
 - linear_cross_entropy: the LM head's matrix product and that loss fused by
   chunks of tokens, so the full (tokens x vocabulary) logits never exist.

@@ -947,6 +947,12 @@ typedef struct cep_args {
   const void *grad_loss; /* backward */
 } cep_args;
 
+/* Vectors of the logits (and as many of the target) a thread loads before
+ * using them: half the class-index kernels' (ce_unroll), so the bytes in
+ * flight are theirs; at their count the target's vectors spill at the 64
+ * registers of two 512-thread CTAs an SM. */
+template <typename T> __host__ __device__ constexpr int cep_unroll() { return ce_unroll<T>() / 2; }
+
 /* A thread's statistics: the forward's (m, d) and the target sums a and s. */
 template <typename Acc> struct cep_stat {
   ce_stat<Acc> e; /* e.sx unused */
@@ -1036,7 +1042,7 @@ __device__ __forceinline__ void cep_fold_vecs(cep_stat<Acc> &st, ce_vec (&xv)[U]
 template <bool FAST, bool W, typename T, typename Acc>
 __device__ __forceinline__ cep_stat<Acc> cep_thread_stats(const T *x, const T *t, const Acc *w, const ce_row_layout &L,
                                                           int C, int lane, int G, Acc c1, Acc c0) {
-  constexpr int U = ce_unroll<T>(), VEC = ce_vec_len<T>();
+  constexpr int U = cep_unroll<T>(), VEC = ce_vec_len<T>();
   cep_stat<Acc> st;
   st.e.m = (Acc)-INFINITY;
   st.e.d = 0;
@@ -1088,8 +1094,11 @@ __device__ __forceinline__ cep_stat<Acc> cep_group_reduce(const cep_stat<Acc> &s
   for (int64_t row = (int64_t)blockIdx.x * (int64_t)(blockDim.x / (unsigned)(G)) + threadIdx.x / (unsigned)(G); \
        row < (A).rows; row += (int64_t)gridDim.x * (int64_t)(blockDim.x / (unsigned)(G)))
 
+/* One 512-thread CTA an SM (up to 128 registers) for float64 and with
+ * weights (their index arithmetic and, in float64, the double exp spill at
+ * 64), two otherwise. */
 template <typename T, bool W>
-__global__ void __launch_bounds__(CE_MAX_THREADS, 2) cep_forward_kernel(cep_args A) {
+__global__ void __launch_bounds__(CE_MAX_THREADS, sizeof(T) == 8 || W ? 1 : 2) cep_forward_kernel(cep_args A) {
   typedef typename ce_acc<T>::type Acc;
   constexpr bool FAST = sizeof(T) == 2;
   __shared__ ce_smem<Acc, 3> sh;
@@ -1142,19 +1151,15 @@ template <typename T> __device__ __forceinline__ void cep_st(T *dst, const ce_ve
   }
 }
 
-/* Vectors of the logits (and as many of the target) a backward thread loads
- * before using them: half the forward's (ce_unroll), as it holds the target's
- * vectors and one or two gradient vectors too; at the forward's count they
- * spill at the 64 registers of two 512-thread CTAs an SM. */
-template <typename T> __host__ __device__ constexpr int cep_bwd_unroll() { return ce_unroll<T>() / 2; }
-
-/* float64: one 512-thread CTA an SM (its double exp spills at 64 registers
- * even with one vector in flight). */
+/* One 512-thread CTA an SM (up to 128 registers) for float64 (its double exp
+ * spills at 64 even with one vector in flight) and where the target's
+ * gradient is written too (two gradient vectors and the target's in flight
+ * spill at 64); two otherwise. */
 template <typename T, bool W, bool DT>
-__global__ void __launch_bounds__(CE_MAX_THREADS, sizeof(T) == 8 ? 1 : 2) cep_backward_kernel(cep_args A) {
+__global__ void __launch_bounds__(CE_MAX_THREADS, sizeof(T) == 8 || DT ? 1 : 2) cep_backward_kernel(cep_args A) {
   typedef typename ce_acc<T>::type Acc;
   constexpr bool FAST = sizeof(T) == 2;
-  constexpr int VEC = ce_vec_len<T>(), U = cep_bwd_unroll<T>();
+  constexpr int VEC = ce_vec_len<T>(), U = cep_unroll<T>();
   const int G = A.group, C = A.classes;
   const Acc *w = (const Acc *)A.w;
   CEP_FOR_ROWS(A, G, lane, row) {
@@ -1197,11 +1202,15 @@ __global__ void __launch_bounds__(CE_MAX_THREADS, sizeof(T) == 8 ? 1 : 2) cep_ba
         const int kk = k + u * G;
         if (kk < L.nvec) {
           ce_vec yv, zv;
+          /* element pairs: one conversion instruction per pair of 16-bit values */
 #pragma unroll
-          for (int e = 0; e < VEC; e++) {
-            cep_grad_elem<FAST, W>(Q, w, L.head + kk * VEC + e, ce_elem<T>(xv[u], e), ce_elem<T>(tv[u], e), gx, gt);
-            ce_set<T>(yv, e, gx);
-            if (DT) ce_set<T>(zv, e, gt);
+          for (int e = 0; e < VEC; e += 2) {
+            const int j = L.head + kk * VEC + e;
+            Acc gx1, gt1;
+            cep_grad_elem<FAST, W>(Q, w, j, ce_elem<T>(xv[u], e), ce_elem<T>(tv[u], e), gx, gt);
+            cep_grad_elem<FAST, W>(Q, w, j + 1, ce_elem<T>(xv[u], e + 1), ce_elem<T>(tv[u], e + 1), gx1, gt1);
+            ce_set2<T>(yv, e >> 1, gx, gx1);
+            if (DT) ce_set2<T>(zv, e >> 1, gt, gt1);
           }
           cep_st(y0 + (int64_t)kk * VEC, yv, y_vec);
           if (DT) cep_st(z0 + (int64_t)kk * VEC, zv, z_vec);
