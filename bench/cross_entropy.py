@@ -10,6 +10,7 @@ logits twice (a forward, then a backward that reads them again) is at most at
     python3 bench/cross_entropy.py                       # GPU: vocab 32000, 50257, 128256, 262144; 16384 rows; bf16
     python3 bench/cross_entropy.py --tokens 32768 --vocabs 128256 --rounds 3
     python3 bench/cross_entropy.py --smoke                # tiny shapes on the CPU (checks the script runs)
+    python3 bench/cross_entropy.py --probs [--smoke]      # class-probability targets
 
 Implementations, each timed for forward + backward of the same mean loss:
   torch_oss          torch_oss.cross_entropy(x, t) then autograd: the forward
@@ -24,6 +25,15 @@ Implementations, each timed for forward + backward of the same mean loss:
   compile            torch.compile(F.cross_entropy), then autograd
 Every implementation's gradient is checked against a float64 reference (some
 rows) before it is timed. Results: a table on stdout and results/cross_entropy.json.
+
+--probs: class-probability targets (a softmax of the input's dtype and
+shape), forward + backward of a mean loss: torch_oss.cross_entropy (the fused
+probability kernels: a forward pass over the logits and the target, a
+backward pass reading both again and writing the gradient) against
+F.cross_entropy and torch.compile(F.cross_entropy), same run. Bytes per call:
+the logits and the target read once plus the gradient written once (so a
+forward + backward that reads both twice is at most at 3/5 of the copy
+ceiling). Results in results/cross_entropy_probs.json.
 
 --linear: the LM head and the loss, forward + backward of a mean loss over
 8 x 4096 tokens, hidden 4096, vocabulary 128256 (GPU; tiny shapes with
@@ -90,6 +100,64 @@ def check(name, grad, x, t, peer_grad):
         raise AssertionError(f"{name}: gradient error {err:.3e} > {2 * peer_err + atol:.3e}; not timing it")
 
 
+def probs_main(args, device, dtype, vocabs, tokens, rounds):
+    """--probs: class-probability targets (the module docstring)."""
+    def autograd_of(loss_fn):
+        def run(x, t):
+            loss = loss_fn(x, t)
+            (g,) = torch.autograd.grad(loss, x)
+            return loss, g
+        return run
+
+    impls = {"torch_oss": autograd_of(lambda x, t: torch_oss.cross_entropy(x, t)),
+             "F.cross_entropy": autograd_of(lambda x, t: F.cross_entropy(x, t))}
+    if not args.no_compile:
+        torch._dynamo.config.recompile_limit = 1024
+        impls["compile"] = autograd_of(torch.compile(lambda x, t: F.cross_entropy(x, t), dynamic=False))
+    env = common.environment(device)
+    copy_gbs = common.copy_bandwidth_gbs(device)
+    print(f"cross-entropy with class probabilities, forward+backward on {env.get('gpu', env.get('cpu'))}, torch "
+          f"{env['torch']}, commit {env['commit']}; {args.dtype}, {tokens} rows")
+    print(f"copy ceiling: {copy_gbs:.0f} GB/s (read + write); bytes = logits and target read once + gradient "
+          "written once")
+    records, table = [], []
+    for vocab in vocabs:
+        torch.manual_seed(0)
+        x = (torch.randn(tokens, vocab, device=device) * 3).to(dtype).requires_grad_()
+        t = torch.randn(tokens, vocab, device=device).softmax(1).to(dtype)
+        nbytes = 3 * x.numel() * x.element_size()
+        _, peer_grad = impls["F.cross_entropy"](x, t)
+        rows = slice(0, min(CHECK_ROWS, tokens))
+        x64, t64 = x[rows].detach().double(), t[rows].double()
+        ref = (torch.softmax(x64, 1) * t64.sum(1, keepdim=True) - t64) / tokens
+        peer_err = (peer_grad[rows].double() - ref).abs().max().item()
+        timed = {}
+        for name, fn in impls.items():
+            _, g = fn(x, t)
+            eps = torch.finfo(g.dtype).eps
+            err = ((g[rows].double() - ref).abs() - eps * ref.abs()).max().item()
+            atol = {torch.float32: 1e-9}.get(g.dtype, 1e-7)
+            if not err <= 2 * peer_err + atol:
+                raise AssertionError(f"{name} {tokens}x{vocab}: gradient error {err:.3e} > "
+                                     f"{2 * peer_err + atol:.3e}; not timing it")
+            del g
+            timed[name] = lambda fn=fn: fn(x, t)
+        del peer_grad
+        stats = {name: (m, tr) for name, (m, _, tr, _) in common.time_rounds(timed, rounds, device).items()}
+        base = stats["F.cross_entropy"][0]
+        for name, (ms, ms_trimmed) in stats.items():
+            gbs = nbytes / ms / 1e6
+            rec = dict(vocab=vocab, tokens=tokens, dtype=args.dtype, impl=name, ms=ms, ms_trimmed=ms_trimmed, gbs=gbs,
+                       pct_copy=100 * gbs / copy_gbs, speedup_vs_F=base / ms)
+            records.append(rec)
+            table.append((vocab, name, f"{ms:.3f}", f"{gbs:.0f}", f"{rec['pct_copy']:.1f}", f"{base / ms:.2f}x"))
+        del x, t, timed
+    common.print_table("forward + backward (mean loss, class probabilities)",
+                       ["vocab", "impl", "ms", "GB/s", "% copy", "vs F"], table)
+    common.write_json("cross_entropy_probs" + ("_smoke" if args.smoke else ""),
+                      dict(env=env, copy_gbs=copy_gbs, rounds=rounds, records=records))
+
+
 def linear_main(args, device, dtype):
     tokens, hidden_size, vocab = (64, 32, 1000) if args.smoke else (8 * 4096, 4096, 128256)
     torch.manual_seed(0)
@@ -152,6 +220,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--linear", action="store_true", help="linear_cross_entropy against F.linear + F.cross_entropy")
+    ap.add_argument("--probs", action="store_true", help="class-probability targets (timed as the module says)")
     args = ap.parse_args()
     if args.device is None and not torch.cuda.is_available():
         args.smoke = True  # `make bench` on a machine without a GPU: check that the script runs
@@ -162,6 +231,8 @@ def main():
     dtype = DTYPES[args.dtype]
     if args.linear:
         return linear_main(args, device, dtype if device == "cuda" else torch.float32)
+    if args.probs:
+        return probs_main(args, device, dtype, vocabs, tokens, rounds)
 
     env = common.environment(device)
     copy_gbs = common.copy_bandwidth_gbs(device)

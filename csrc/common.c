@@ -59,6 +59,41 @@ oss_status oss_cross_entropy_check_glue(const char *op, int64_t rows, oss_dtype 
   return OSS_OK;
 }
 
+oss_status oss_cross_entropy_probs_check_params(const char *op, const oss_cross_entropy_probs_params *p) {
+  if (p == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: params is NULL", op);
+  if (p->dtype != OSS_FLOAT32 && p->dtype != OSS_FLOAT64 && p->dtype != OSS_FLOAT16 && p->dtype != OSS_BFLOAT16)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits have dtype code %d, expected a floating type", op,
+                    (int)p->dtype);
+  if (p->rows < 0 || p->classes < 1)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: rows=%lld, classes=%lld; need rows >= 0 and classes >= 1", op,
+                    (long long)p->rows, (long long)p->classes);
+  if (!(p->label_smoothing >= 0.0 && p->label_smoothing <= 1.0))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: label_smoothing=%g must be in [0, 1]", op, p->label_smoothing);
+  if (!(p->z_loss >= 0.0) || isinf(p->z_loss))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: z_loss=%g must be finite and >= 0", op, p->z_loss);
+  if (p->rows > 0 && (p->logits == NULL || p->target == NULL || p->lse == NULL || p->target_sum == NULL))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits, target, lse or target_sum is NULL", op);
+  if (p->rows > 1 && (p->logits_stride_row < p->classes || p->target_stride_row < p->classes))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT,
+                    "%s: logits_stride_row=%lld or target_stride_row=%lld is below classes=%lld", op,
+                    (long long)p->logits_stride_row, (long long)p->target_stride_row, (long long)p->classes);
+  return OSS_OK;
+}
+
+oss_status oss_cross_entropy_probs_check_backward(const char *op, const oss_cross_entropy_probs_backward_params *b) {
+  if (b == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: params is NULL", op);
+  const oss_status st = oss_cross_entropy_probs_check_params(op, &b->fwd);
+  if (st != OSS_OK) return st;
+  const int64_t rows = b->fwd.rows, classes = b->fwd.classes;
+  if (rows > 0 && (b->grad_loss == NULL || b->grad_logits == NULL))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: grad_loss or grad_logits is NULL", op);
+  if (rows > 1 && (b->grad_logits_stride_row < classes || (b->grad_target && b->grad_target_stride_row < classes)))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT,
+                    "%s: grad_logits_stride_row=%lld or grad_target_stride_row=%lld is below classes=%lld", op,
+                    (long long)b->grad_logits_stride_row, (long long)b->grad_target_stride_row, (long long)classes);
+  return OSS_OK;
+}
+
 oss_status oss_cross_entropy_check_params(const char *op, const oss_cross_entropy_params *p) {
   if (p == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: params is NULL", op);
   if (p->dtype != OSS_FLOAT32 && p->dtype != OSS_FLOAT64 && p->dtype != OSS_FLOAT16 && p->dtype != OSS_BFLOAT16)

@@ -410,6 +410,69 @@ oss_status oss_cross_entropy_backward_cuda(const oss_cross_entropy_backward_para
  * gradient. p->grad_scale must be NULL. */
 oss_status oss_cross_entropy_forward_backward_cuda(const oss_cross_entropy_backward_params *p, void *cuda_stream);
 
+/* ---------------------------------------------------------------------------
+ * Cross-entropy over class probabilities
+ *
+ * logits and target: [rows, classes] of one dtype (float32/64/16, bfloat16),
+ * rows unit-stride along the classes, any row strides (element (r, j) at
+ * logits + r*logits_stride_row + j, target + r*target_stride_row + j).
+ * weight: NULL (every w_j = 1) or contiguous [classes] in the loss's dtype.
+ * loss: contiguous [rows], float32, or float64 when logits are float64.
+ * lse and target_sum: contiguous [rows], float64 (the backward's inputs).
+ *
+ * Per row, with eps = label_smoothing, C = classes and
+ * u_j = w_j ((1 - eps) t_j + eps / C):
+ *   lse        = log(sum_j exp(x_j))
+ *   target_sum = sum_j u_j
+ *   loss       = sum_j u_j (lse - x_j) + z_loss lse^2
+ * formed in one pass as target_sum log(d) - sum_j u_j (x_j - m), with m the
+ * row's exp shift (its running max) and d = sum_j exp(x_j - m): both terms
+ * are >= 0 for u >= 0, so nothing cancels where lse is large (a logit of
+ * 1e4). As in F.cross_entropy a logit of -inf with u_j = 0 makes the row's
+ * loss NaN (0 * -inf), and with u_j > 0 +inf.
+ * The backward writes, with g = grad_loss of the row and S = target_sum:
+ *   grad_logits_j = g (softmax_j (S + 2 z_loss lse) - u_j)
+ *   grad_target_j = g (1 - eps) w_j (lse - x_j)     (where grad_target != NULL)
+ * ------------------------------------------------------------------------- */
+
+typedef struct oss_cross_entropy_probs_params {
+  int64_t rows, classes;
+  const void *logits; /* read only */
+  oss_dtype dtype;    /* of logits, target and the gradients */
+  int64_t logits_stride_row;
+  const void *target; /* read only */
+  int64_t target_stride_row;
+  const void *weight;     /* NULL or [classes] in the loss's dtype */
+  double label_smoothing; /* in [0, 1] */
+  double z_loss;          /* >= 0 */
+  void *loss;             /* forward: written; backward: unused */
+  void *lse;              /* forward: written; backward: read */
+  void *target_sum;       /* forward: written; backward: read */
+} oss_cross_entropy_probs_params;
+
+typedef struct oss_cross_entropy_probs_backward_params {
+  oss_cross_entropy_probs_params fwd; /* the forward's inputs, its lse and target_sum */
+  const void *grad_loss;              /* contiguous [rows], loss's dtype */
+  void *grad_logits;                  /* [rows, classes] in fwd.dtype, rows unit-stride */
+  int64_t grad_logits_stride_row;
+  void *grad_target; /* NULL (not computed) or [rows, classes] in fwd.dtype, rows unit-stride */
+  int64_t grad_target_stride_row;
+} oss_cross_entropy_probs_backward_params;
+
+/* One pass over each row's logits and target. */
+oss_status oss_cross_entropy_probs_forward_cpu(const oss_cross_entropy_probs_params *p, const oss_cpu_exec *exec);
+/* One pass over each row, reading logits and target, writing the gradients. */
+oss_status oss_cross_entropy_probs_backward_cpu(const oss_cross_entropy_probs_backward_params *p,
+                                                const oss_cpu_exec *exec);
+/* CUDA, on the caller's stream (no synchronisation, no workspace), with the
+ * same math and checks. Any row strides and any pointers aligned to their
+ * element size; 16-byte vectors where a row's boundaries allow (the target's
+ * and the gradients' rows where they have the logits' 16-byte phase, element
+ * by element otherwise). The gradients may not overlap the inputs. */
+oss_status oss_cross_entropy_probs_forward_cuda(const oss_cross_entropy_probs_params *p, void *cuda_stream);
+oss_status oss_cross_entropy_probs_backward_cuda(const oss_cross_entropy_probs_backward_params *p,
+                                                 void *cuda_stream);
+
 /* The glue of a mean (or summed) loss around the ops above, two small
  * reductions:
  * row_weights: count = the rows whose target is not ignore_index (one int64),

@@ -179,6 +179,9 @@ oss_status oss_fail(oss_status status, const char *fmt, ...)
 /* The cross-entropy params checks the CPU and CUDA entry points share (dtype,
  * sizes, label_smoothing, z_loss, pointers, row stride); each adds its own. */
 oss_status oss_cross_entropy_check_params(const char *op, const oss_cross_entropy_params *p);
+/* The checks of the class-probability entry points (both devices), same sentences. */
+oss_status oss_cross_entropy_probs_check_params(const char *op, const oss_cross_entropy_probs_params *p);
+oss_status oss_cross_entropy_probs_check_backward(const char *op, const oss_cross_entropy_probs_backward_params *b);
 /* The checks of the mean loss's glue (row_weights, total): rows >= 0, dtype
  * float32 or float64, rows_a and rows_b (arrays of `rows` entries) not NULL
  * unless rows is 0, one (a single value) not NULL. */

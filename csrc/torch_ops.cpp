@@ -1544,6 +1544,140 @@ void cross_entropy_backward_scaled_op(const Tensor &grad_logits, const Tensor &g
                              label_smoothing, z_loss, grad_logits, grad_scale_in);
 }
 
+// ---------------------------------------------------------------------------
+// Cross-entropy over class probabilities (oss.h): the forward writes the
+// loss, lse and target_sum = sum_j w_j t'_j per row; the backward the
+// logits' gradient and, where asked, the target's. Logits and target share
+// dtype and shape; weight is converted to the loss's dtype.
+// ---------------------------------------------------------------------------
+
+// Checks shared by the forward and the backward; returns the loss dtype.
+at::ScalarType check_cross_entropy_probs(const char *op, const Tensor &logits, const Tensor &target,
+                                         const std::optional<Tensor> &weight, double label_smoothing,
+                                         double z_loss) {
+  check_device_supported(op, logits, "logits");
+  OSS_CHECK(logits.dim() == 2, Value, "%s: logits must be 2-D (N, C), got shape %s", op,
+            shape_str(logits.sizes()).c_str());
+  OSS_CHECK(is_kernel_float(logits.scalar_type()), Type,
+            "%s: logits have dtype %s but must be float16, bfloat16, float32 or float64", op,
+            dtype_name(logits.scalar_type()));
+  OSS_CHECK(logits.size(1) >= 1, Value, "%s: logits have %lld classes; need at least 1", op, LL(logits.size(1)));
+  OSS_CHECK(target.device() == logits.device(), Value, "%s: target is on %s but logits are on %s", op,
+            device_str(target).c_str(), device_str(logits).c_str());
+  OSS_CHECK(target.scalar_type() == logits.scalar_type(), Type,
+            "%s: target has dtype %s but must have the logits' dtype %s (class probabilities)", op,
+            dtype_name(target.scalar_type()), dtype_name(logits.scalar_type()));
+  OSS_CHECK(target.sizes() == logits.sizes(), Value, "%s: target has shape %s but must have the logits' shape %s",
+            op, shape_str(target.sizes()).c_str(), shape_str(logits.sizes()).c_str());
+  if (weight.has_value()) {
+    const Tensor &w = *weight;
+    OSS_CHECK(w.device() == logits.device(), Value, "%s: weight is on %s but logits are on %s", op,
+              device_str(w).c_str(), device_str(logits).c_str());
+    OSS_CHECK(w.dim() == 1 && w.size(0) == logits.size(1), Value, "%s: weight has shape %s but must be (C,) = (%lld,)",
+              op, shape_str(w.sizes()).c_str(), LL(logits.size(1)));
+    OSS_CHECK(is_kernel_float(w.scalar_type()), Type, "%s: weight has dtype %s but must be a floating type", op,
+              dtype_name(w.scalar_type()));
+  }
+  OSS_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, Value, "%s: label_smoothing=%g must be in [0, 1]", op,
+            label_smoothing);
+  OSS_CHECK(z_loss >= 0.0 && std::isfinite(z_loss), Value, "%s: z_loss=%g must be finite and >= 0", op, z_loss);
+  return logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// The params of checked arguments; logits and target become unit-stride
+// along the classes (a copy of other layouts), weight contiguous in the loss's
+// dtype (the tensors are kept alive by the caller's references).
+oss_cross_entropy_probs_params cross_entropy_probs_params(Tensor &logits, Tensor &target, Tensor &weight,
+                                                          at::ScalarType stat_dtype, double label_smoothing,
+                                                          double z_loss) {
+  if (logits.size(1) > 1 && logits.stride(1) != 1) logits = logits.contiguous();
+  if (target.size(1) > 1 && target.stride(1) != 1) target = target.contiguous();
+  if (weight.defined()) weight = weight.to(stat_dtype).contiguous();
+  oss_cross_entropy_probs_params p;
+  p.rows = logits.size(0);
+  p.classes = logits.size(1);
+  p.logits = logits.data_ptr();
+  p.dtype = to_oss_dtype(logits.scalar_type());
+  p.logits_stride_row = logits.size(0) > 1 ? logits.stride(0) : logits.size(1);
+  p.target = target.data_ptr();
+  p.target_stride_row = target.size(0) > 1 ? target.stride(0) : target.size(1);
+  p.weight = weight.defined() ? weight.data_ptr() : nullptr;
+  p.label_smoothing = label_smoothing;
+  p.z_loss = z_loss;
+  p.loss = nullptr;
+  p.lse = nullptr;
+  p.target_sum = nullptr;
+  return p;
+}
+
+std::tuple<Tensor, Tensor, Tensor> cross_entropy_probs_op(const Tensor &logits_in, const Tensor &target_in,
+                                                          const std::optional<Tensor> &weight_in,
+                                                          double label_smoothing, double z_loss) {
+  const char *op = "cross_entropy_probs";
+  const at::ScalarType stat_dtype =
+      check_cross_entropy_probs(op, logits_in, target_in, weight_in, label_smoothing, z_loss);
+  Tensor logits = logits_in, target = target_in, weight = weight_in.has_value() ? *weight_in : Tensor();
+  const int64_t n = logits.size(0);
+  Tensor loss = at::empty({n}, logits.options().dtype(stat_dtype));
+  Tensor lse = at::empty({n}, logits.options().dtype(at::kDouble));
+  Tensor target_sum = at::empty({n}, logits.options().dtype(at::kDouble));
+  if (n == 0) return {loss, lse, target_sum};
+  oss_cross_entropy_probs_params p =
+      cross_entropy_probs_params(logits, target, weight, stat_dtype, label_smoothing, z_loss);
+  p.loss = loss.data_ptr();
+  p.lse = lse.data_ptr();
+  p.target_sum = target_sum.data_ptr();
+#ifdef OSS_WITH_CUDA
+  if (logits.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(logits.device());
+    check_status(op, oss_cross_entropy_probs_forward_cuda(&p, at::cuda::getCurrentCUDAStream().stream()));
+    return {loss, lse, target_sum};
+  }
+#endif
+  check_status(op, oss_cross_entropy_probs_forward_cpu(&p, &cpu_exec));
+  return {loss, lse, target_sum};
+}
+
+// grad_target is computed when asked for, else returned empty, shape (0,).
+std::tuple<Tensor, Tensor> cross_entropy_probs_backward_op(const Tensor &grad_loss_in, const Tensor &logits_in,
+                                                           const Tensor &target_in,
+                                                           const std::optional<Tensor> &weight_in,
+                                                           const Tensor &lse_in, const Tensor &target_sum_in,
+                                                           double label_smoothing, double z_loss, bool grad_target) {
+  const char *op = "cross_entropy_probs_backward";
+  const at::ScalarType stat_dtype =
+      check_cross_entropy_probs(op, logits_in, target_in, weight_in, label_smoothing, z_loss);
+  check_row_vector(op, "grad_loss", grad_loss_in, logits_in);
+  check_row_vector(op, "lse", lse_in, logits_in);
+  check_row_vector(op, "target_sum", target_sum_in, logits_in);
+  Tensor logits = logits_in, target = target_in, weight = weight_in.has_value() ? *weight_in : Tensor();
+  Tensor grad = at::empty(logits.sizes(), logits.options().memory_format(at::MemoryFormat::Contiguous));
+  Tensor grad_t = grad_target ? at::empty(logits.sizes(), logits.options().memory_format(at::MemoryFormat::Contiguous))
+                              : at::empty({0}, logits.options());
+  if (logits.size(0) == 0) return {grad, grad_t};
+  const Tensor grad_loss = grad_loss_in.to(stat_dtype).contiguous();
+  const Tensor lse = lse_in.to(at::kDouble).contiguous();
+  const Tensor target_sum = target_sum_in.to(at::kDouble).contiguous();
+  oss_cross_entropy_probs_backward_params p;
+  p.fwd = cross_entropy_probs_params(logits, target, weight, stat_dtype, label_smoothing, z_loss);
+  p.fwd.lse = const_cast<void *>(lse.data_ptr());
+  p.fwd.target_sum = const_cast<void *>(target_sum.data_ptr());
+  p.grad_loss = grad_loss.data_ptr();
+  p.grad_logits = grad.data_ptr();
+  p.grad_logits_stride_row = grad.size(1);
+  p.grad_target = grad_target ? grad_t.data_ptr() : nullptr;
+  p.grad_target_stride_row = grad_target ? grad_t.size(1) : 0;
+#ifdef OSS_WITH_CUDA
+  if (logits.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(logits.device());
+    check_status(op, oss_cross_entropy_probs_backward_cuda(&p, at::cuda::getCurrentCUDAStream().stream()));
+    return {grad, grad_t};
+  }
+#endif
+  check_status(op, oss_cross_entropy_probs_backward_cpu(&p, &cpu_exec));
+  return {grad, grad_t};
+}
+
 // The mean loss's glue (oss.h): the rows' weights and count from the targets,
 // and the loss's total, each one small launch on CUDA.
 std::tuple<Tensor, Tensor> cross_entropy_row_weights_op(const Tensor &target_in, int64_t ignore_index,
@@ -2163,6 +2297,13 @@ TORCH_LIBRARY(oss, m) {
       "cross_entropy_row_weights(Tensor target, int ignore_index, ScalarType dtype, bool mean) -> (Tensor weights, "
       "Tensor count)");
   m.def("cross_entropy_total(Tensor loss, Tensor? count=None) -> Tensor");
+  m.def(
+      "cross_entropy_probs(Tensor logits, Tensor target, Tensor? weight=None, float label_smoothing=0.0, "
+      "float z_loss=0.0) -> (Tensor loss, Tensor lse, Tensor target_sum)");
+  m.def(
+      "cross_entropy_probs_backward(Tensor grad_loss, Tensor logits, Tensor target, Tensor? weight, Tensor lse, "
+      "Tensor target_sum, float label_smoothing, float z_loss, bool grad_target) -> (Tensor grad_logits, "
+      "Tensor grad_target)");
 }
 
 // The same entry points serve CPU and CUDA tensors: each op picks the C API
@@ -2186,6 +2327,8 @@ static void impl_device_kernels(torch::Library &m) {
   m.impl("cross_entropy_backward_scaled_", &cross_entropy_backward_scaled_op);
   m.impl("cross_entropy_row_weights", &cross_entropy_row_weights_op);
   m.impl("cross_entropy_total", &cross_entropy_total_op);
+  m.impl("cross_entropy_probs", &cross_entropy_probs_op);
+  m.impl("cross_entropy_probs_backward", &cross_entropy_probs_backward_op);
 }
 
 TORCH_LIBRARY_IMPL(oss, CPU, m) { impl_device_kernels(m); }

@@ -19,8 +19,8 @@ targets (NaN rows instead of an error) and bitwise reproducibility."""
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import (CUDA_OK, CUDA_SKIP_REASON, DEVICES, FLOAT_DTYPES, SOFTMAX_ATOL, assert_tolerance, awkward_randn,
-                   cuda_param, derived_atol)
+from _util import (CUDA_OK, CUDA_SKIP_REASON, DEVICES, FLOAT_DTYPES, NVCC_SKIP, SOFTMAX_ATOL, assert_tolerance,
+                   awkward_randn, cuda_param, derived_atol, ptxas_report)
 
 import torch_oss
 
@@ -757,6 +757,418 @@ def test_probability_targets_extremes(device):
             ref = F.cross_entropy(x, t, reduction=reduction)
             assert ours.shape == ref.shape and torch.equal(torch.isnan(ours), torch.isnan(ref)), (shape, reduction)
             assert torch.equal(ours.nan_to_num(), ref.nan_to_num().abs()), (shape, reduction)
+
+
+# ---------------------------------------------------------------------------
+# Class probabilities: the fused ops (torch.ops.oss.cross_entropy_probs and
+# its backward) and the loss through them
+# ---------------------------------------------------------------------------
+
+
+def probs_rows_reference(x, t, weight=None, label_smoothing=0.0, z_loss=0.0):
+    """Per-row loss, lse and target_sum of 2-D logits with class probabilities,
+    written out (differentiable): sum_j u_j (lse - x_j) + z lse^2, u = w t',
+    t' = (1 - eps) t + eps / C; in x's dtype."""
+    C = x.shape[1]
+    lse = torch.logsumexp(x, dim=1)
+    u = (1 - label_smoothing) * t + label_smoothing / C
+    if weight is not None:
+        u = u * weight
+    return (u * (lse[:, None] - x)).sum(1) + z_loss * lse * lse, lse, u.sum(1)
+
+
+def probability_target(shape, dtype, device, normalised=True):
+    t = torch.rand(shape, dtype=torch.float64)
+    if normalised:
+        t = t / t.sum(-1, keepdim=True)
+    return t.to(dtype=dtype, device=device)
+
+
+# (rows, classes): one class, a few, warp-per-row and CTA-per-row rows on CUDA, LM vocabularies
+PROBS_SHAPES = [(3, 1), (6, 7), (33, 1000), (5, 2049), (3, 50257), (2, 128256)]
+# (label_smoothing, z_loss, weighted)
+PROBS_OPTIONS = [(0.0, 0.0, False), (0.1, 0.0, True), (0.0, 1e-3, False), (0.25, 1e-2, True)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", PROBS_SHAPES)
+@pytest.mark.parametrize("label_smoothing,z_loss,weighted", PROBS_OPTIONS)
+def test_probs_op_forward_and_backward(device, dtype, shape, label_smoothing, z_loss, weighted):
+    """The probability ops against the written-out definition in float64: loss,
+    lse, target_sum, and both gradients of the backward op (normalised rows,
+    and unnormalised ones with smoothing). The loss's peer is F.cross_entropy
+    on the values in float32 (float64), the gradients' in the input's dtype."""
+    N, C = shape
+    x = awkward_randn(shape, dtype, device)
+    t = probability_target(shape, dtype, device, normalised=label_smoothing == 0)
+    w64 = torch.rand(C, dtype=torch.float64, device=device) + 0.25 if weighted else None
+    pd = peer_dtype(dtype)
+    w = None if w64 is None else w64.to(pd)
+    loss, lse, tsum = torch.ops.oss.cross_entropy_probs(x, t, w, label_smoothing, z_loss)
+    assert loss.dtype == pd and lse.dtype == tsum.dtype == torch.float64
+    assert loss.shape == lse.shape == tsum.shape == (N,)
+    x64, t64 = x.double().requires_grad_(), t.double().requires_grad_()
+    ref_loss, ref_lse, ref_tsum = probs_rows_reference(x64, t64, w64, label_smoothing, z_loss)
+    kw = dict(reduction="none", label_smoothing=label_smoothing)
+    xp, tp = x.to(pd), t.to(pd)
+    peer_loss = F.cross_entropy(xp, tp, weight=w, **kw) + z_loss * torch.logsumexp(xp, 1) ** 2
+    label = f"{dtype} {shape} ls={label_smoothing} z={z_loss} weighted={weighted}"
+    assert_tolerance(f"loss {label}", loss, ref_loss, peer_loss, SOFTMAX_ATOL[pd])
+    assert_tolerance(f"lse {label}", lse, ref_lse, torch.logsumexp(xp, 1), lse_atol(dtype, ref_lse))
+    peer_u = (1 - label_smoothing) * tp + label_smoothing / C
+    peer_tsum = (peer_u if w is None else peer_u * w).sum(1)
+    assert_tolerance(f"target_sum {label}", tsum, ref_tsum, peer_tsum, lse_atol(dtype, ref_tsum))
+
+    g = torch.rand(N, dtype=torch.float64, device=device) + 0.5
+    gx, gt = torch.ops.oss.cross_entropy_probs_backward(g.to(pd), x, t, w, lse, tsum, label_smoothing, z_loss, True)
+    assert gx.dtype == gt.dtype == dtype and gx.shape == gt.shape == x.shape
+    ref_gx, ref_gt = torch.autograd.grad(ref_loss, (x64, t64), g)
+    xq, tq = x.detach().requires_grad_(), t.detach().requires_grad_()
+    peer = F.cross_entropy(xq, tq, weight=None if w is None else w.to(dtype), **kw)
+    peer = peer + z_loss * torch.logsumexp(xq, 1) ** 2
+    peer_gx, peer_gt = torch.autograd.grad(peer, (xq, tq), g.to(dtype))
+    assert_tolerance(f"grad input {label}", gx, ref_gx, peer_gx, SOFTMAX_ATOL[dtype])
+    assert_tolerance(f"grad target {label}", gt, ref_gt, peer_gt, SOFTMAX_ATOL[dtype])
+    # without the target's gradient: the same logits' gradient, no target gradient
+    gx2, gt2 = torch.ops.oss.cross_entropy_probs_backward(g.to(pd), x, t, w, lse, tsum, label_smoothing, z_loss,
+                                                          False)
+    assert torch.equal(gx2, gx) and gt2.shape == (0,)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("C", [7, 3001])
+def test_probs_strided_and_misaligned_rows(device, dtype, C):
+    """Logits and target as views of wider rows, at offsets that give them
+    different 16-byte phases (the CUDA kernels' element-by-element target
+    path), and one row (its stride unused); against float64."""
+    N = 5
+    xb = awkward_randn((N, C + 9), dtype, device)
+    tb = probability_target((N, C + 9), dtype, device)
+    for xo, to in ((1, 3), (0, 0), (2, 1)):
+        x, t = xb[:, xo:xo + C], tb[:, to:to + C]
+        for rows in (slice(None), slice(2, 3)):
+            xr, tr = x[rows], t[rows]
+            loss, lse, tsum = torch.ops.oss.cross_entropy_probs(xr, tr, None, 0.1, 1e-3)
+            x64, t64 = xr.double().requires_grad_(), tr.double().requires_grad_()
+            ref, _, _ = probs_rows_reference(x64, t64, None, 0.1, 1e-3)
+            xp = xr.to(peer_dtype(dtype))
+            peer = F.cross_entropy(xp, tr.to(xp.dtype), reduction="none", label_smoothing=0.1)
+            peer = peer + 1e-3 * torch.logsumexp(xp, 1) ** 2
+            assert_tolerance(f"loss {xo} {to}", loss, ref, peer, SOFTMAX_ATOL[loss.dtype])
+            g = torch.ones(ref.shape, dtype=torch.float64, device=device)
+            gx, gt = torch.ops.oss.cross_entropy_probs_backward(g.to(loss.dtype), xr, tr, None, lse, tsum, 0.1, 1e-3,
+                                                                True)
+            ref_gx, ref_gt = torch.autograd.grad(ref, (x64, t64), g)
+            xq, tq = xr.detach().requires_grad_(), tr.detach().requires_grad_()
+            peer = F.cross_entropy(xq, tq, reduction="none", label_smoothing=0.1)
+            peer_gx, peer_gt = torch.autograd.grad(peer + 1e-3 * torch.logsumexp(xq, 1) ** 2, (xq, tq),
+                                                   g.to(dtype))
+            assert_tolerance(f"grad input {xo} {to}", gx, ref_gx, peer_gx, SOFTMAX_ATOL[dtype])
+            assert_tolerance(f"grad target {xo} {to}", gt, ref_gt, peer_gt, SOFTMAX_ATOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("C", [257, 50257])
+def test_probs_extreme_logits(device, dtype, C):
+    """±1e4 and -inf logits with class probabilities: where a -inf logit has a
+    target of 0 the row is NaN, as F.cross_entropy's (0 * -inf); with label
+    smoothing every u_j > 0 and such a row is +inf; elsewhere the loss and the
+    gradients are finite and within the rule (a large lse does not cancel)."""
+    N = 8
+    x = awkward_randn((N, C), torch.float64, "cpu")
+    x[0::2, 5] = 1e4
+    x[1::2, 7] = -1e4
+    x[2::4, 9] = 1e4
+    x[3, 100:120] = float("-inf")
+    t = probability_target((N, C), torch.float64, "cpu")
+    t[0, 5] = 0.7  # most of the weight on the dominant logit
+    t[3, 100:120] = 0.0  # a -inf logit with target 0: NaN
+    x, t = x.to(dtype=dtype, device=device), t.to(dtype=dtype, device=device)
+    pd = peer_dtype(dtype)
+    for label_smoothing, z_loss in ((0.0, 0.0), (0.0, 1e-4), (0.1, 0.0)):
+        xo, to = x.detach().requires_grad_(), t.detach().requires_grad_()
+        ours = torch_oss.cross_entropy(xo, to, reduction="none", label_smoothing=label_smoothing, z_loss=z_loss)
+        x64, t64 = x.double().requires_grad_(), t.double().requires_grad_()
+        ref = probability_reference(x64, t64, reduction="none", label_smoothing=label_smoothing, z_loss=z_loss)
+        peer = probability_reference(x.to(pd), t.to(pd), reduction="none", label_smoothing=label_smoothing,
+                                     z_loss=z_loss)
+        assert torch.isnan(ref[3]) == (label_smoothing == 0) and torch.isinf(ref[3]) == (label_smoothing != 0)
+        assert_tolerance(f"extreme loss ls={label_smoothing}", ours, ref, peer, SOFTMAX_ATOL[pd],
+                         per_element_eps=True)
+        # the gradients of the finite rows (a row of NaN or inf has NaN gradients in both)
+        keep = torch.isfinite(ref)
+        g, g_t = torch.autograd.grad(ours[keep].sum(), (xo, to))
+        ref_g, ref_g_t = torch.autograd.grad(ref[keep].sum(), (x64, t64))
+        xq, tq = x.detach().requires_grad_(), t.detach().requires_grad_()
+        peer_out = probability_reference(xq, tq, reduction="none", label_smoothing=label_smoothing, z_loss=z_loss)
+        peer_g, peer_g_t = torch.autograd.grad(peer_out[keep].sum(), (xq, tq))
+        assert_tolerance("extreme grad", g[keep], ref_g[keep], peer_g[keep], SOFTMAX_ATOL[dtype],
+                         per_element_eps=True)
+        assert_tolerance("extreme target grad", g_t[keep], ref_g_t[keep], peer_g_t[keep], SOFTMAX_ATOL[dtype],
+                         per_element_eps=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_probs_all_inf_rows(device):
+    """A row of -inf logits, and one holding +inf or NaN: NaN, as F.cross_entropy."""
+    x = torch.randn(4, 9, dtype=torch.float64, device=device)
+    x[0] = float("-inf")
+    x[1, 3] = float("inf")
+    x[2, 4] = float("nan")
+    t = probability_target((4, 9), torch.float64, device)
+    for dtype in FLOAT_DTYPES:
+        ours = torch_oss.cross_entropy(x.to(dtype), t.to(dtype), reduction="none", z_loss=1e-3)
+        ref = F.cross_entropy(x, t, reduction="none")
+        assert torch.equal(torch.isnan(ours.cpu()), torch.isnan(ref.cpu())), dtype
+        assert torch.isnan(ours[:3]).all() and torch.isfinite(ours[3])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_probs_vocabularies_through_the_loss(device, dtype):
+    """torch_oss.cross_entropy with probabilities at vocabulary sizes that are
+    multiples of nothing, every reduction, the input's and the target's
+    gradients against F.cross_entropy in float64 (a few rows each)."""
+    for C in (1, 7, 50257, 128256):
+        N = 3 if C > 1000 else 11
+        x = awkward_randn((N, C), dtype, device)
+        t = probability_target((N, C), dtype, device)
+        for reduction in ("none", "sum", "mean"):
+            kwargs = dict(reduction=reduction, label_smoothing=0.05, z_loss=1e-4)
+            xo, to = x.detach().requires_grad_(), t.detach().requires_grad_()
+            ours = torch_oss.cross_entropy(xo, to, **kwargs)
+            x64, t64 = x.double().requires_grad_(), t.double().requires_grad_()
+            ref = probability_reference(x64, t64, **kwargs)
+            pd = peer_dtype(dtype)
+            peer = probability_reference(x.to(pd), t.to(pd), **kwargs)
+            assert ours.dtype == pd and ours.shape == ref.shape
+            label = f"C={C} {reduction}"
+            assert_tolerance(f"loss {label}", ours, ref, peer, SOFTMAX_ATOL[pd])
+            up = torch.rand(ref.shape, dtype=torch.float64, device=device) + 0.5
+            g, g_t = torch.autograd.grad(ours, (xo, to), up.to(ours.dtype))
+            ref_g, ref_g_t = torch.autograd.grad(ref, (x64, t64), up)
+            xq, tq = x.detach().requires_grad_(), t.detach().requires_grad_()
+            peer_out = probability_reference(xq, tq, **kwargs)
+            peer_g, peer_g_t = torch.autograd.grad(peer_out, (xq, tq), up.to(peer_out.dtype))
+            assert_tolerance(f"grad {label}", g, ref_g, peer_g, SOFTMAX_ATOL[dtype])
+            assert_tolerance(f"target grad {label}", g_t, ref_g_t, peer_g_t, SOFTMAX_ATOL[dtype])
+
+
+def test_probs_routing():
+    """A target of the input's dtype takes the fused ops; another target dtype
+    keeps the composed path (PyTorch's promotion: the loss in float64 when
+    either is float64), also tested against F.cross_entropy."""
+    from torch_oss.cross_entropy import _fuses_probabilities
+    x = awkward_randn((6, 11), torch.float32, "cpu")
+    t = probability_target((6, 11), torch.float32, "cpu")
+    assert _fuses_probabilities(x, t, None) and _fuses_probabilities(x.bfloat16(), t.bfloat16(), torch.ones(11))
+    assert not _fuses_probabilities(x, t.double(), None) and not _fuses_probabilities(x.bfloat16(), t, None)
+    assert not _fuses_probabilities(x[:0], t[:0], None)
+    for xd, td in ((torch.float32, torch.float64), (torch.bfloat16, torch.float32), (torch.float64, torch.float16)):
+        xi, ti = x.to(xd).requires_grad_(), t.to(td).requires_grad_()
+        ours = torch_oss.cross_entropy(xi, ti, label_smoothing=0.1)
+        x64, t64 = xi.detach().double().requires_grad_(), ti.detach().double().requires_grad_()
+        ref = F.cross_entropy(x64, t64, label_smoothing=0.1)
+        stat = torch.float64 if torch.float64 in (xd, td) else torch.float32
+        assert ours.dtype == stat, (xd, td)
+        peer = F.cross_entropy(xi.detach().to(stat), ti.detach().to(stat), label_smoothing=0.1)
+        assert_tolerance(f"promoted loss {xd} {td}", ours, ref, peer, SOFTMAX_ATOL[stat])
+        g, g_t = torch.autograd.grad(ours, (xi, ti))
+        assert g.dtype == xd and g_t.dtype == td
+
+
+def test_probs_no_float32_logits_buffers():
+    """The fused path's forward and backward with a bfloat16 input allocate no
+    float32 (or float64) tensor of the logits' size: the kernels keep their
+    statistics per row; only the bfloat16 gradients are logits-sized. The
+    composed path (a float32 target) does make them, so the check can fail."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class WideOutputs(TorchDispatchMode):
+        found = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.numel() >= N * C and t.dtype in (torch.float32, torch.float64):
+                    WideOutputs.found.append((str(func), t.dtype))
+            return out
+
+    N, C = 16, 3001
+    x = awkward_randn((N, C), torch.bfloat16, "cpu").requires_grad_()
+    t = probability_target((N, C), torch.bfloat16, "cpu").requires_grad_()
+    with WideOutputs():
+        loss = torch_oss.cross_entropy(x, t, label_smoothing=0.1, z_loss=1e-3)
+        torch.autograd.grad(loss, (x, t))
+    assert WideOutputs.found == []
+    with WideOutputs():
+        torch_oss.cross_entropy(x, t.float(), label_smoothing=0.1)
+    assert WideOutputs.found
+
+
+def test_probs_gradcheck_float64():
+    """gradcheck and gradgradcheck through the fused ops: the input, the
+    target and the weight, every reduction, (N, C, d) and unbatched, and the
+    ops' own lse and target_sum outputs."""
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    t = torch.rand(4, 6, dtype=torch.float64).softmax(1).requires_grad_()
+    w = (torch.rand(6, dtype=torch.float64) + 0.5).requires_grad_()
+    for kwargs in (dict(), dict(label_smoothing=0.2, z_loss=0.05), dict(reduction="sum", z_loss=0.1),
+                   dict(reduction="none", label_smoothing=0.3)):
+        assert torch.autograd.gradcheck(lambda x, t, w: torch_oss.cross_entropy(x, t, weight=w, **kwargs), (x, t, w))
+        assert torch.autograd.gradgradcheck(lambda x, t, w: torch_oss.cross_entropy(x, t, weight=w, **kwargs),
+                                            (x, t, w))
+        assert torch.autograd.gradcheck(lambda x, t: torch_oss.cross_entropy(x, t, **kwargs), (x, t))
+    x3 = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
+    t3 = torch.rand(2, 5, 3, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, t: torch_oss.cross_entropy(x, t, z_loss=0.1, label_smoothing=0.1),
+                                    (x3, t3))
+    assert torch.autograd.gradcheck(lambda x, t: torch_oss.cross_entropy(x, t, reduction="none"), (x[0], t[0]))
+    for i in (1, 2):  # lse and target_sum
+        assert torch.autograd.gradcheck(
+            lambda x, t, w: torch.ops.oss.cross_entropy_probs(x, t, w, 0.1, 0.2)[i], (x, t, w))
+        assert torch.autograd.gradgradcheck(
+            lambda x, t, w: torch.ops.oss.cross_entropy_probs(x, t, w, 0.1, 0.2)[i], (x, t, w))
+
+
+def test_probs_opcheck():
+    x = torch.randn(6, 33)
+    t = torch.rand(6, 33).softmax(1)
+    w = torch.rand(33) + 0.5
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        xd, td = x.to(dtype), t.to(dtype)
+        wd = w.to(torch.float64 if dtype == torch.float64 else torch.float32)
+        for weight in (None, wd):
+            torch.library.opcheck(torch.ops.oss.cross_entropy_probs, (xd, td, weight, 0.1, 0.01))
+            torch.library.opcheck(torch.ops.oss.cross_entropy_probs,
+                                  (xd.clone().requires_grad_(), td.clone().requires_grad_(), weight, 0.0, 0.0))
+            _, lse, tsum = torch.ops.oss.cross_entropy_probs(xd, td, weight, 0.1, 0.01)
+            g = torch.rand(6, dtype=wd.dtype)
+            for grad_target in (True, False):
+                torch.library.opcheck(torch.ops.oss.cross_entropy_probs_backward,
+                                      (g, xd, td, weight, lse, tsum, 0.1, 0.01, grad_target))
+
+
+def test_probs_compile_fullgraph():
+    """torch.compile(fullgraph=True) through the fused ops: (N, C) with
+    weights and the target's gradient, and unbatched input."""
+    x = awkward_randn((8, 50), torch.float32, "cpu")
+    t = probability_target((8, 50), torch.float32, "cpu")
+    w = torch.rand(50) + 0.5
+
+    def f(x, t, w):
+        return torch_oss.cross_entropy(x, t, weight=w, label_smoothing=0.1, z_loss=1e-3, reduction="sum")
+
+    compiled = torch.compile(f, fullgraph=True)
+    for shape in (slice(None), 0):
+        xa, ta = x[shape].clone().requires_grad_(), t[shape].clone().requires_grad_()
+        out = compiled(xa, ta, w)
+        ga, gta = torch.autograd.grad(out, (xa, ta))
+        x64, t64 = x[shape].double().requires_grad_(), t[shape].double().requires_grad_()
+        ref = probability_reference(x64, t64, weight=w.double(), reduction="sum", label_smoothing=0.1, z_loss=1e-3)
+        xb, tb = x[shape].clone().requires_grad_(), t[shape].clone().requires_grad_()
+        peer = probability_reference(xb, tb, weight=w, reduction="sum", label_smoothing=0.1, z_loss=1e-3)
+        assert_tolerance("compiled probs loss", out, ref, peer, None)
+        ref_g, ref_gt = torch.autograd.grad(ref, (x64, t64))
+        peer_g, peer_gt = torch.autograd.grad(peer, (xb, tb))
+        assert_tolerance("compiled probs grad", ga, ref_g, peer_g, None)
+        assert_tolerance("compiled probs target grad", gta, ref_gt, peer_gt, None)
+
+
+def test_probs_results_do_not_depend_on_the_thread_count():
+    x = awkward_randn((37, 5000), torch.bfloat16, "cpu")
+    t = probability_target((37, 5000), torch.bfloat16, "cpu")
+    w = torch.rand(5000) + 0.5
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            loss, lse, tsum = torch.ops.oss.cross_entropy_probs(x, t, w, 0.1, 1e-3)
+            g = torch.rand(37, generator=torch.Generator().manual_seed(0))
+            grads = torch.ops.oss.cross_entropy_probs_backward(g, x, t, w, lse, tsum, 0.1, 1e-3, True)
+            results.append((loss, lse, tsum) + tuple(grads))
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", [cuda_param("cuda")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_probs_cuda_bitwise_reproducible(device, dtype):
+    for N, C in ((300, 1000), (7, 128256)):
+        x = awkward_randn((N, C), dtype, device)
+        t = probability_target((N, C), dtype, device)
+        w = torch.rand(C, device=device) + 0.5
+        g = torch.rand(N, device=device)
+        runs = []
+        for _ in range(3):
+            loss, lse, tsum = torch.ops.oss.cross_entropy_probs(x, t, w, 0.1, 1e-3)
+            runs.append((loss, lse, tsum) + tuple(torch.ops.oss.cross_entropy_probs_backward(
+                g, x, t, w, lse, tsum, 0.1, 1e-3, True)))
+        for r in runs[1:]:
+            assert all(torch.equal(a, b) for a, b in zip(r, runs[0]))
+
+
+@NVCC_SKIP
+def test_probs_cuda_kernels_do_not_spill(tmp_path):
+    """The probability kernels stream rows like the class-index ones: a spilled
+    register costs each thread local loads and stores beside the stream. All
+    24 instantiations (4 dtypes; forward x weighted; backward x weighted x
+    target gradient) compile for sm_90a with a zero stack frame."""
+    import os
+    import re
+    csrc = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
+    report = ptxas_report('#include "cuda/cross_entropy/cross_entropy.cu"\n', tmp_path, csrc)
+    frames = re.findall(r"Function properties for (\S*cep_\w+)\s+(\d+) bytes stack frame", report)
+    assert len(frames) == 24, f"expected 24 probability kernels in ptxas's report, found {len(frames)}"
+    spilled = [f"{name}: {size} bytes" for name, size in frames if int(size) != 0]
+    assert not spilled, "stack frames:\n" + "\n".join(spilled)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_probs_errors_name_the_argument(device):
+    x = torch.randn(4, 10, device=device)
+    t = torch.rand(4, 10, device=device)
+    op, bwd = torch.ops.oss.cross_entropy_probs, torch.ops.oss.cross_entropy_probs_backward
+    with pytest.raises(TypeError, match="target has dtype"):
+        op(x, t.double(), None, 0.0, 0.0)
+    with pytest.raises(ValueError, match="target has shape"):
+        op(x, t[:, :9], None, 0.0, 0.0)
+    with pytest.raises(ValueError, match="logits must be 2-D"):
+        op(x[None], t[None], None, 0.0, 0.0)
+    with pytest.raises(TypeError, match="logits have dtype"):
+        op(x.long(), t.long(), None, 0.0, 0.0)
+    with pytest.raises(ValueError, match="weight has shape"):
+        op(x, t, torch.ones(9, device=device), 0.0, 0.0)
+    with pytest.raises(TypeError, match="weight has dtype"):
+        op(x, t, torch.ones(10, dtype=torch.int64, device=device), 0.0, 0.0)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        op(x, t, None, 1.5, 0.0)
+    with pytest.raises(ValueError, match="z_loss"):
+        op(x, t, None, 0.0, -1.0)
+    _, lse, tsum = op(x, t, None, 0.0, 0.0)
+    with pytest.raises(ValueError, match="target_sum"):
+        bwd(torch.ones(4, device=device), x, t, None, lse, tsum[:3], 0.0, 0.0, True)
+    with pytest.raises(ValueError, match="grad_loss"):
+        bwd(torch.ones(5, device=device), x, t, None, lse, tsum, 0.0, 0.0, True)
+    # through the loss
+    with pytest.raises(ValueError, match="ignore_index=3"):
+        torch_oss.cross_entropy(x, t, ignore_index=3)
+    with pytest.raises(ValueError, match="target of class probabilities has shape"):
+        torch_oss.cross_entropy(x, t[:, :9])
+    with pytest.raises(ValueError, match="weight must be"):
+        torch_oss.cross_entropy(x, t, weight=torch.ones(9, device=device))
+    with pytest.raises(ValueError, match="label_smoothing"):
+        torch_oss.cross_entropy(x, t, label_smoothing=-0.1)
+    with pytest.raises(ValueError, match="z_loss"):
+        torch_oss.cross_entropy(x, t, z_loss=-1.0)
+    with pytest.raises(ValueError, match="0-D"):
+        torch_oss.cross_entropy(x[0, 0], t[0, 0])
 
 
 @pytest.mark.parametrize("device", DEVICES)

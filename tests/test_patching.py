@@ -567,8 +567,9 @@ def test_cross_entropy_routes_to_oss(device, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cross_entropy_probability_targets_route_to_oss(device, dtype):
     """F.cross_entropy with class probabilities of the input's dtype while
-    enabled: torch_oss's log_softmax kernel serves it; value, result dtype and
-    gradient against float64 with PyTorch's own result as the peer."""
+    enabled: torch_oss's fused probability kernel serves it (not the composed
+    log_softmax form); value, result dtype and gradient against float64 with
+    PyTorch's own result as the peer."""
     x = awkward_randn((37, 1000), dtype, device)
     probs = torch.rand(37, 1000, device=device).softmax(-1).to(dtype)
     for kwargs in ({}, {"reduction": "none", "label_smoothing": 0.1},
@@ -581,7 +582,7 @@ def test_cross_entropy_probability_targets_route_to_oss(device, dtype):
         with enabled(), OpRecorder() as rec:
             ours = F.cross_entropy(leaves["ours"], probs, **kwargs)
         label = f"{dtype} {device} {sorted(kwargs)}"
-        assert rec.has("oss.log_softmax"), (label, rec.ops)
+        assert rec.has("oss.cross_entropy_probs") and not rec.has("oss.log_softmax"), (label, rec.ops)
         assert ours.dtype == peer.dtype and ours.shape == peer.shape, label
         assert_tolerance(f"loss {label}", ours, ref, peer, SOFTMAX_ATOL[dtype])
         grad = torch.randn_like(ref)

@@ -458,6 +458,129 @@ def _cross_entropy_double_backward(ctx, grad_grad):
     return grad_g, grad_x, None, grad_lse, None, None, None
 
 
+def _cross_entropy_probs_fake(logits, target, weight=None, label_smoothing=0.0, z_loss=0.0):
+    op = "cross_entropy_probs"
+    _check_same_device(op, [("logits", logits), ("target", target), ("weight", weight)])
+    torch._check_value(logits.dim() == 2, lambda: f"{op}: logits must be 2-D (N, C), got {logits.dim()}-D")
+    torch._check_type(logits.dtype in FLOAT_DTYPES,
+                      lambda: f"{op}: logits have dtype {logits.dtype}, expected a floating type")
+    torch._check_type(target.dtype == logits.dtype,
+                      lambda: f"{op}: target has dtype {target.dtype} but must have the logits' dtype {logits.dtype}")
+    torch._check_value(target.shape == logits.shape,
+                       lambda: f"{op}: target has shape {tuple(target.shape)} but must have the logits' shape "
+                       f"{tuple(logits.shape)}")
+    torch._check_value(weight is None or tuple(weight.shape) == (logits.shape[1],),
+                       lambda: f"{op}: weight has shape {tuple(weight.shape)} but must be ({logits.shape[1]},)")
+    n = logits.shape[0]
+    return (logits.new_empty((n,), dtype=_lse_dtype(logits.dtype)), logits.new_empty((n,), dtype=torch.float64),
+            logits.new_empty((n,), dtype=torch.float64))
+
+
+def _cross_entropy_probs_backward_fake(grad_loss, logits, target, weight, lse, target_sum, label_smoothing, z_loss,
+                                       grad_target):
+    op = "cross_entropy_probs_backward"
+    _check_same_device(op, [("logits", logits), ("target", target), ("weight", weight), ("grad_loss", grad_loss),
+                            ("lse", lse), ("target_sum", target_sum)])
+    torch._check_value(logits.dim() == 2, lambda: f"{op}: logits must be 2-D (N, C), got {logits.dim()}-D")
+    return logits.new_empty(logits.shape), logits.new_empty(logits.shape if grad_target else (0,))
+
+
+def _cross_entropy_probs_setup_context(ctx, inputs, output):
+    logits, target, weight, label_smoothing, z_loss = inputs
+    _, lse, target_sum = output
+    ctx.save_for_backward(logits, target, weight, lse, target_sum)
+    ctx.args = (label_smoothing, z_loss)
+    ctx.set_materialize_grads(False)
+
+
+def _probs_weights(weight, classes, dtype, device):
+    return torch.ones(classes, dtype=dtype, device=device) if weight is None else weight.to(dtype)
+
+
+def _cross_entropy_probs_backward(ctx, grad_loss, grad_lse, grad_target_sum):
+    """The gradients of the loss by the backward kernel (logits and, where it
+    requires one, target); gradients reaching lse (its derivative is the
+    softmax), target_sum (d/dt_j = (1 - eps) w_j) and the weight
+    (d loss / d w_j = t'_j (lse - x_j), d target_sum / d w_j = t'_j) with
+    ATen ops, in the loss's dtype."""
+    logits, target, weight, lse, target_sum = ctx.saved_tensors
+    eps, z = ctx.args
+    # (the dispatcher drops trailing arguments equal to their defaults: weight=None among them)
+    want_x, want_t, want_w = (tuple(ctx.needs_input_grad) + (False,) * 3)[:3]
+    grad_x = grad_t = grad_w = None
+    if grad_loss is not None and (want_x or want_t):
+        gx, gt = torch.ops.oss.cross_entropy_probs_backward(grad_loss, logits, target, weight, lse, target_sum, eps, z,
+                                                            want_t)
+        grad_x = gx if want_x else None
+        grad_t = gt if want_t else None
+    dt = lse.dtype
+    if grad_lse is not None and want_x:
+        extra = (torch.exp(logits.to(dt) - lse[:, None]) * grad_lse.to(dt)[:, None]).to(logits.dtype)
+        grad_x = extra if grad_x is None else grad_x + extra
+    if grad_target_sum is not None and want_t:
+        w = _probs_weights(weight, logits.shape[1], dt, logits.device)
+        extra = (grad_target_sum.to(dt)[:, None] * ((1 - eps) * w)).to(target.dtype)
+        grad_t = extra if grad_t is None else grad_t + extra
+    if want_w:
+        smoothed = (1 - eps) * target.to(dt) + eps / logits.shape[1]
+        grad_w = torch.zeros(logits.shape[1], dtype=dt, device=logits.device)
+        if grad_loss is not None:
+            grad_w = grad_w + (grad_loss.to(dt)[:, None] * smoothed * (lse[:, None] - logits.to(dt))).sum(0)
+        if grad_target_sum is not None:
+            grad_w = grad_w + (grad_target_sum.to(dt)[:, None] * smoothed).sum(0)
+        grad_w = grad_w.to(weight.dtype)
+    return grad_x, grad_t, grad_w, None, None
+
+
+def _cross_entropy_probs_backward_setup_context(ctx, inputs, output):
+    grad_loss, logits, target, weight, lse, target_sum, label_smoothing, z_loss, grad_target = inputs
+    ctx.save_for_backward(grad_loss, logits, target, weight, lse, target_sum)
+    ctx.args = (label_smoothing, z_loss)
+    ctx.set_materialize_grads(False)
+
+
+def _cross_entropy_probs_double_backward(ctx, grad_grad_x, grad_grad_t):
+    """Derivatives of gx_j = g (p_j (S + 2 z lse) - u_j) and gt_j = g (1 - eps)
+    w_j (lse - x_j), u_j = w_j t'_j, t'_j = (1 - eps) t_j + eps / C, p_j =
+    exp(x_j - lse), taking g, x, t, w, lse and S (target_sum) as inputs (the
+    dependence of lse and S on x and t flows on through the forward's node);
+    Gx and Gt are the gradients of gx and gt. ATen ops, in the loss's dtype:
+      d/dg   = sum_j Gx_j (p_j (S + 2 z lse) - u_j) + (1 - eps) sum_j Gt_j w_j (lse - x_j)
+      d/dx_j = g (S + 2 z lse) p_j Gx_j - g (1 - eps) w_j Gt_j
+      d/dt_j = -g (1 - eps) w_j Gx_j
+      d/dw_j = sum_rows g (-t'_j Gx_j + (1 - eps) (lse - x_j) Gt_j)
+      d/dlse = g (2 z - S - 2 z lse) sum_j Gx_j p_j + g (1 - eps) sum_j Gt_j w_j
+      d/dS   = g sum_j Gx_j p_j"""
+    grad_loss, logits, target, weight, lse, target_sum = ctx.saved_tensors
+    eps, z = ctx.args
+    want_g, want_x, want_t, want_w, want_lse, want_s = ctx.needs_input_grad[:6]
+    dt = lse.dtype
+    C = logits.shape[1]
+    x, g, lse_, S = logits.to(dt), grad_loss.to(dt)[:, None], lse[:, None], target_sum.to(dt)[:, None]
+    w = _probs_weights(weight, C, dt, logits.device)
+    smoothed = (1 - eps) * target.to(dt) + eps / C
+    p = torch.exp(x - lse_)
+    scale = S + 2 * z * lse_
+    Gx = torch.zeros_like(x) if grad_grad_x is None else grad_grad_x.to(dt)
+    Gt = torch.zeros_like(x) if grad_grad_t is None or grad_grad_t.numel() == 0 else grad_grad_t.to(dt)
+    gp = (Gx * p).sum(1, keepdim=True)
+    out = [None] * 9
+    if want_g:
+        out[0] = ((Gx * (p * scale - w * smoothed)).sum(1) + (1 - eps) * (Gt * w * (lse_ - x)).sum(1))
+        out[0] = out[0].to(grad_loss.dtype)
+    if want_x:
+        out[1] = (g * scale * p * Gx - g * (1 - eps) * w * Gt).to(logits.dtype)
+    if want_t:
+        out[2] = (-g * (1 - eps) * w * Gx).to(target.dtype)
+    if want_w:
+        out[3] = (g * (-smoothed * Gx + (1 - eps) * (lse_ - x) * Gt)).sum(0).to(weight.dtype)
+    if want_lse:
+        out[4] = (g * (2 * z - scale) * gp + g * (1 - eps) * (Gt * w).sum(1, keepdim=True))[:, 0].to(lse.dtype)
+    if want_s:
+        out[5] = (g * gp)[:, 0].to(target_sum.dtype)
+    return tuple(out)
+
+
 def register():
     lib = "oss"
     for name in ("softmax", "log_softmax"):
@@ -492,6 +615,12 @@ def register():
                                     setup_context=_cross_entropy_setup_context)
     torch.library.register_autograd(f"{lib}::cross_entropy_backward", _cross_entropy_double_backward,
                                     setup_context=_cross_entropy_backward_setup_context)
+    torch.library.register_fake(f"{lib}::cross_entropy_probs", _cross_entropy_probs_fake)
+    torch.library.register_fake(f"{lib}::cross_entropy_probs_backward", _cross_entropy_probs_backward_fake)
+    torch.library.register_autograd(f"{lib}::cross_entropy_probs", _cross_entropy_probs_backward,
+                                    setup_context=_cross_entropy_probs_setup_context)
+    torch.library.register_autograd(f"{lib}::cross_entropy_probs_backward", _cross_entropy_probs_double_backward,
+                                    setup_context=_cross_entropy_probs_backward_setup_context)
     _tag_compile_caches()
 
 

@@ -2,7 +2,10 @@
 
 - cross_entropy: F.cross_entropy's semantics, plus an optional z-loss
   (z_loss * logsumexp(logits)**2 per counted row). Class-index targets run
-  the kernels below; class-probability targets the log_softmax kernel and a
+  the kernels below; class-probability targets of the input's dtype run
+  torch.ops.oss.cross_entropy_probs and its backward (one pass over the
+  logits and the target each; oss.h and docs/cross-entropy.md give the
+  numerics), other class-probability targets the log_softmax kernel and a
   product with the target.
 - linear_cross_entropy: the LM head's matrix product and that loss fused by
   chunks of tokens, so the full (tokens x vocabulary) logits never exist.
@@ -74,17 +77,8 @@ def _check_weight(name, weight, classes):
             raise TypeError(f"{name}: weight has dtype {weight.dtype} but must be floating point")
 
 
-def _probability_loss(input, target, weight, ignore_index, reduction, label_smoothing, z_loss):
-    """F.cross_entropy with class probabilities as the target (floating point,
-    of the input's shape): row n's loss is -sum_c w_c t'_nc log_softmax(x_n)_c
-    with t' = (1 - eps) t + eps / C (w = 1 without weights), plus z_loss *
-    logsumexp(x_n)**2; "mean" divides by the number of rows, as PyTorch's
-    does (not by weights). The log-probabilities come from the log_softmax
-    kernel on the input converted to float32 (float64), and the products
-    with the target are summed as F.cross_entropy sums them, in float32
-    (float64 for float64 input or target), the loss's dtype; like
-    F.cross_entropy, a logit of -inf with a target of 0 gives NaN (0 * -inf).
-    Gradients reach the input and, where it requires one, the target."""
+def _check_probability_args(input, target, weight, ignore_index, reduction, label_smoothing, z_loss):
+    """The checks of a class-probability loss; returns the number of classes."""
     name = "cross_entropy"
     if ignore_index != -100:
         raise ValueError(f"{name}: ignore_index={ignore_index} applies to class-index targets, not to class "
@@ -97,6 +91,62 @@ def _probability_loss(input, target, weight, ignore_index, reduction, label_smoo
                          f"input's shape {tuple(input.shape)}")
     classes = input.shape[1] if input.dim() > 1 else input.shape[0]
     _check_weight(name, weight, classes)
+    return classes
+
+
+def _fuses_probabilities(input, target, weight):
+    """Whether a class-probability loss runs the fused kernels: a target of the
+    input's dtype (one of the kernels'), at least one class, outside torch.func
+    transforms and forward-mode AD (_needs_aten), and a weight on the input's
+    device. Other targets (another dtype, which PyTorch promotes) take
+    _probability_loss."""
+    return (target.dtype == input.dtype and input.dtype in _KERNEL_DTYPES and input.numel() > 0
+            and not any(t is not None and _needs_aten(t) for t in (input, target, weight))
+            and (weight is None or weight.device == input.device))
+
+
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _fused_probability_loss(input, target, weight, reduction, label_smoothing, z_loss, classes):
+    """The class-probability loss by torch.ops.oss.cross_entropy_probs: one
+    pass over each row's logits and target for the loss (and a second, in
+    the backward, for the gradients), statistics in float32 (float64 for
+    float64), the loss in the loss's dtype. The (N, C, d1, ...) form is first
+    moved to rows with the classes last (a copy in the input's dtype, as for
+    class indices)."""
+    if input.dim() == 1:
+        x, t, shape = input[None], target[None], ()
+    elif input.dim() == 2:
+        x, t, shape = input, target, (input.shape[0],)
+    else:
+        x = torch.movedim(input, 1, -1).reshape(-1, classes)
+        t = torch.movedim(target, 1, -1).reshape(-1, classes)
+        shape = (input.shape[0],) + tuple(input.shape[2:])
+    loss, _, _ = torch.ops.oss.cross_entropy_probs(x, t, weight, float(label_smoothing), float(z_loss))
+    if reduction == "none":
+        return loss.reshape(shape)
+    total = loss.sum(dtype=torch.float64).to(loss.dtype)  # rounded once
+    return total if reduction == "sum" else total / loss.numel()
+
+
+def _probability_loss(input, target, weight, ignore_index, reduction, label_smoothing, z_loss):
+    """F.cross_entropy with class probabilities as the target (floating point,
+    of the input's shape): row n's loss is -sum_c w_c t'_nc log_softmax(x_n)_c
+    with t' = (1 - eps) t + eps / C (w = 1 without weights), plus z_loss *
+    logsumexp(x_n)**2; "mean" divides by the number of rows, as PyTorch's
+    does (not by weights). A target of the input's dtype runs the fused
+    kernels (_fused_probability_loss; oss.h describes their numerics).
+    Otherwise the log-probabilities come from the log_softmax
+    kernel on the input converted to float32 (float64), and the products
+    with the target are summed as F.cross_entropy sums them, in float32
+    (float64 for float64 input or target), the loss's dtype. Either way,
+    like F.cross_entropy, a logit of -inf with a target of 0 gives NaN
+    (0 * -inf). Gradients reach the input and, where they require one, the
+    target and the weight."""
+    classes = _check_probability_args(input, target, weight, ignore_index, reduction, label_smoothing, z_loss)
+    if _fuses_probabilities(input, target, weight):
+        return _fused_probability_loss(input, target, weight, reduction, label_smoothing, z_loss, classes)
     stat = torch.float64 if torch.float64 in (input.dtype, target.dtype) else torch.float32
     # the classes last, in the loss's dtype: the log-softmax's and the z-loss's
     # gradients then add up in it and reach a 16-bit input rounded once (added

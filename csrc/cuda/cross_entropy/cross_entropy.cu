@@ -8,6 +8,10 @@
  *   lse    = log sum_j exp(x_j)
  *   loss   = (1 - eps) (lse - x_t) + eps (lse - mean_j x_j) + z lse^2   (0 on ignored rows)
  *   grad_j = g (softmax_j (1 + 2 z lse) - (1 - eps) [j == t] - eps / C)  (0 on ignored rows)
+ * and the class-probability forward and backward (oss_cross_entropy_probs_*:
+ * loss, lse and target_sum; the logits' and the target's gradients), which
+ * share the thread mapping, row layout, statistics and reductions below and
+ * have their own comment before cep_args.
  *
  * Thread mapping. A row is owned by a group of G threads: one warp (G = 32,
  * eight rows per CTA of 256 threads) when the row has at most
@@ -250,12 +254,15 @@ template <typename Acc> struct ce_stat {
 __device__ __noinline__ double ce_exp_rare(double x) { return exp(x); }
 
 /* Moves the shift to bm when bm exceeds it by more than the slack. -inf +
- * slack is -inf, so the first finite value sets it (no rescale: d is 0). */
-template <typename Acc> __device__ __forceinline__ void ce_move_shift(ce_stat<Acc> &st, Acc bm) {
+ * slack is -inf, so the first finite value sets it (no rescale: d is 0).
+ * Returns whether it moved (the probability kernels rebase their sums then). */
+template <typename Acc> __device__ __forceinline__ bool ce_move_shift(ce_stat<Acc> &st, Acc bm) {
   if (bm > st.m + (Acc)CE_SHIFT_SLACK) {
     if (st.m != (Acc)-INFINITY) st.d *= ce_exp_rare((double)st.m - (double)bm);
     st.m = bm;
+    return true;
   }
+  return false;
 }
 
 /* Adds one value to the statistics (the row's head and tail elements). The
@@ -361,56 +368,74 @@ template <typename Acc> __device__ __forceinline__ Acc ce_warp_max(Acc m) {
   for (int off = 16; off > 0; off >>= 1) m = ce_max(m, __shfl_xor_sync(0xffffffffu, m, off));
   return m;
 }
-__device__ __forceinline__ void ce_warp_sum2(double &a, double &b) {
+/* N sums at once, interleaved step by step (one shuffle latency per step for all). */
+template <int N> __device__ __forceinline__ void ce_warp_sum(double (&v)[N]) {
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    a += __shfl_xor_sync(0xffffffffu, a, off);
-    b += __shfl_xor_sync(0xffffffffu, b, off);
-  }
+  for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+    for (int i = 0; i < N; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], off);
+}
+__device__ __forceinline__ void ce_warp_sum2(double &a, double &b) {
+  double v[2] = {a, b};
+  ce_warp_sum(v);
+  a = v[0];
+  b = v[1];
 }
 
-/* Shared memory of a CTA group's two exchanges (one slot per warp). */
-template <typename Acc> struct ce_smem {
+/* Shared memory of a CTA group's two exchanges (one slot per warp): the max,
+ * then N sums. */
+template <typename Acc, int N = 2> struct ce_smem {
   Acc m[32];
-  double d[32], sx[32];
+  double s[N][32];
 };
 
-/* The row's statistics on every thread of the group: the max of the shifts
- * first, then each thread's d rescaled once to it, then the d's and x sums
- * added. A CTA group exchanges warp partials through shared memory with one
- * barrier per reduction: a warp reads the max slots before the second
- * barrier, and the sum slots before the next row's first one, so nothing is
- * overwritten while still being read. Also the group's memory barrier: every
- * read of the first pass is ordered before every write after it. */
-template <typename Acc>
-__device__ __forceinline__ ce_stat<Acc> ce_group_reduce(ce_stat<Acc> st, int G, ce_smem<Acc> *sh) {
+/* The two halves of a group's reduction, every thread of the group ending
+ * with the result. A CTA group exchanges warp partials through shared memory
+ * with one barrier per reduction: a warp reads the max slots before the
+ * barrier of the sums, and the sum slots before the next row's first one, so
+ * nothing is overwritten while still being read. The max's barrier is also
+ * the group's memory barrier: every read of the first pass is ordered before
+ * every write after it. */
+template <typename Acc> __device__ __forceinline__ Acc ce_group_max(Acc m, int G, Acc (&slots)[32]) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  Acc m = ce_warp_max(st.m);
+  m = ce_warp_max(m);
   if (G > 32) {
-    if (lane == 0) sh->m[warp] = m;
+    if (lane == 0) slots[warp] = m;
     __syncthreads();
-    m = ce_warp_max(lane < nwarps ? sh->m[lane] : (Acc)-INFINITY);
+    m = ce_warp_max(lane < nwarps ? slots[lane] : (Acc)-INFINITY);
   } else {
     __syncwarp();
   }
-  /* this thread's d to the row's shift (0 when it read only -inf, or nothing) */
-  double d = st.m == (Acc)-INFINITY ? 0.0 : st.d * exp((double)st.m - (double)ce_safe(m));
-  double sx = st.sx;
-  ce_warp_sum2(d, sx);
+  return m;
+}
+template <int N> __device__ __forceinline__ void ce_group_sum(double (&v)[N], int G, double (&slots)[N][32]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  ce_warp_sum(v);
   if (G > 32) {
     if (lane == 0) {
-      sh->d[warp] = d;
-      sh->sx[warp] = sx;
+#pragma unroll
+      for (int i = 0; i < N; i++) slots[i][warp] = v[i];
     }
     __syncthreads();
-    d = lane < nwarps ? sh->d[lane] : 0.0;
-    sx = lane < nwarps ? sh->sx[lane] : 0.0;
-    ce_warp_sum2(d, sx);
+#pragma unroll
+    for (int i = 0; i < N; i++) v[i] = lane < nwarps ? slots[i][lane] : 0.0;
+    ce_warp_sum(v);
   }
+}
+
+/* The row's statistics on every thread of the group: the max of the shifts
+ * first, then each thread's d rescaled once to it, then the d's and x sums
+ * added. */
+template <typename Acc>
+__device__ __forceinline__ ce_stat<Acc> ce_group_reduce(ce_stat<Acc> st, int G, ce_smem<Acc> *sh) {
+  const Acc m = ce_group_max(st.m, G, sh->m);
+  /* this thread's d to the row's shift (0 when it read only -inf, or nothing) */
+  double v[2] = {st.m == (Acc)-INFINITY ? 0.0 : st.d * exp((double)st.m - (double)ce_safe(m)), st.sx};
+  ce_group_sum(v, G, sh->s);
   ce_stat<Acc> r;
   r.m = m;
-  r.d = d;
-  r.sx = sx;
+  r.d = v[0];
+  r.sx = v[1];
   return r;
 }
 
@@ -441,13 +466,16 @@ __device__ __forceinline__ ce_grad_row<Acc> ce_grad_setup(double g, double lse, 
   return R;
 }
 
+/* softmax_j = exp(x_j - lse), in Acc. */
+template <bool FAST, typename Acc> __device__ __forceinline__ Acc ce_grad_exp(const ce_grad_row<Acc> &R, Acc x) {
+  if constexpr (FAST && sizeof(Acc) == 4) return ce_ex2(fmaf(x - R.hi, (float)CE_LOG2E, -R.lo2)); /* x - hi exact */
+  else if constexpr (sizeof(Acc) == 4) return expf((x - R.hi) - R.lo);
+  else return exp((x - R.hi) - R.lo);
+}
+
 /* The gradient of an element other than the target, in Acc. */
 template <bool FAST, typename Acc> __device__ __forceinline__ Acc ce_grad_elem(const ce_grad_row<Acc> &R, Acc x) {
-  Acc ex;
-  if constexpr (FAST && sizeof(Acc) == 4) ex = ce_ex2(fmaf(x - R.hi, (float)CE_LOG2E, -R.lo2)); /* x - hi exact */
-  else if constexpr (sizeof(Acc) == 4) ex = expf((x - R.hi) - R.lo);
-  else ex = exp((x - R.hi) - R.lo);
-  return R.a * ex - R.s;
+  return R.a * ce_grad_exp<FAST>(R, x) - R.s;
 }
 
 /* The target element's gradient, in double from its value x. */
@@ -874,6 +902,324 @@ __global__ void __launch_bounds__(CE_ONCHIP_LARGE_THREADS, 2) ce_onchip_kernel(c
 #endif
 }
 
+// ---- class probabilities (oss.h: oss_cross_entropy_probs_*) ---------------------------
+
+/* The probability kernels take the class-index kernels' thread mapping (a
+ * warp per row up to CE_WARP_MAX_CLASSES classes, else a CTA of 128 to 512
+ * threads, ce_shape), row layout (ce_row_layout: head, 16-byte vectors
+ * round-robin, tail), exp shift with slack and group reductions. The target
+ * row is read at the logits' element indices: as 16-byte vectors where it has
+ * the logits' 16-byte phase, element by element otherwise (the weights, if
+ * any, always element by element: C values that every row shares, from L1/L2).
+ *
+ * Forward, one pass: each thread keeps the exp shift m and d of the
+ * class-index forward, plus a = sum u (x - ce_safe(m)) and s = sum u, u =
+ * w (c1 t + c0), c1 = 1 - eps, c0 = eps / C; a batch's terms are summed in Acc
+ * and added in double. When the shift moves (rarely, CE_SHIFT_SLACK), a gains
+ * s (m_old - m_new): every earlier term rebased at once. The group reduces
+ * the shifts to their max, rebases each thread's d and a to it, and adds d,
+ * a and s in double. loss = s log d - a + z lse^2: both terms are >= 0 for
+ * u >= 0, so nothing cancels at large logits (the textbook s lse - sum u x
+ * would lose every digit at lse = 1e4). A u of 0 at x = -inf makes a NaN (0 *
+ * -inf), F.cross_entropy's NaN.
+ * Backward, one pass: grad_x = g ((S p - u) + 2 z lse p), p = exp((x - hi) -
+ * lo) (ce_grad_exp, lse split as there), u formed as the forward formed it
+ * (cep_grad_elem says why), and, where wanted, grad_t = g (1 - eps) w
+ * ((hi - x) + lo). Both gradients go out as 16-byte vectors where their rows have the
+ * logits' phase. Limits: those of the class-index kernels; the gradients may
+ * not overlap the inputs. */
+typedef struct cep_args {
+  const void *x;
+  int64_t x_stride;
+  const void *t;
+  int64_t t_stride;
+  const void *w; /* NULL or [C] in Acc */
+  void *y;       /* grad_x (backward) */
+  int64_t y_stride;
+  void *gt; /* grad_t (backward, CEP_DT) */
+  int64_t gt_stride;
+  int64_t rows;
+  int classes;
+  int group;
+  double eps, z;
+  void *loss;            /* forward */
+  double *lse, *tsum;    /* written by the forward, read by the backward */
+  const void *grad_loss; /* backward */
+} cep_args;
+
+/* Vectors of the logits (and as many of the target) a thread loads before
+ * using them: half the class-index kernels' (ce_unroll), so the bytes in
+ * flight are theirs; at their count the target's vectors spill at the 64
+ * registers of two 512-thread CTAs an SM. */
+template <typename T> __host__ __device__ constexpr int cep_unroll() { return ce_unroll<T>() / 2; }
+
+/* A thread's statistics: the forward's (m, d) and the target sums a and s. */
+template <typename Acc> struct cep_stat {
+  ce_stat<Acc> e; /* e.sx unused */
+  double a, s;
+};
+
+/* VEC elements of T from p, one by one (a row whose 16-byte phase is not the
+ * logits'), as a vector. */
+template <typename T> __device__ __forceinline__ ce_vec cep_ld_elems(const T *p) {
+  ce_vec v;
+  if constexpr (sizeof(T) == 8) {
+    v.d[0] = ((const double *)p)[0];
+    v.d[1] = ((const double *)p)[1];
+  } else if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) v.f[e] = ((const float *)p)[e];
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; e++) v.h[e] = ((const unsigned short *)p)[e];
+  }
+  return v;
+}
+
+/* Vector k of a row's vector part: x's (aligned), t's (aligned where
+ * t_vec). LAST: the element's last use (the backward). */
+template <bool LAST, typename T>
+__device__ __forceinline__ void cep_ld(ce_vec &xv, ce_vec &tv, const T *x0, const T *t0, int k, bool t_vec) {
+  constexpr int VEC = ce_vec_len<T>();
+  xv = LAST ? ce_ld_last(x0 + (int64_t)k * VEC) : ce_ld(x0 + (int64_t)k * VEC);
+  if (t_vec) tv = LAST ? ce_ld_last(t0 + (int64_t)k * VEC) : ce_ld(t0 + (int64_t)k * VEC);
+  else tv = cep_ld_elems(t0 + (int64_t)k * VEC);
+}
+
+/* u = w (c1 t + c0) of element j (W: weighted). */
+template <bool W, typename Acc>
+__device__ __forceinline__ Acc cep_u(Acc t, const Acc *w, int j, Acc c1, Acc c0) {
+  const Acc u = c1 * t + c0;
+  if constexpr (W) return u * __ldg(w + j);
+  else return u;
+}
+
+/* Moves the shift (ce_move_shift) and rebases a with it. */
+template <typename Acc> __device__ __forceinline__ void cep_move_shift(cep_stat<Acc> &st, Acc bm) {
+  const Acc old = ce_safe(st.e.m);
+  if (ce_move_shift(st.e, bm)) st.a += st.s * ((double)old - (double)bm);
+}
+
+/* Adds one element (head and tail). */
+template <bool FAST, bool W, typename Acc>
+__device__ __forceinline__ void cep_fold1(cep_stat<Acc> &st, Acc x, Acc t, const Acc *w, int j, Acc c1, Acc c0) {
+  cep_move_shift(st, x);
+  const Acc ms = ce_safe(st.e.m), u = cep_u<W>(t, w, j, c1, c0);
+  st.e.d += (double)ce_exp_shift<FAST>(x, ms);
+  st.a += (double)(u * (x - ms));
+  st.s += (double)u;
+}
+
+/* Adds U vectors: x's max moves the shift, then the exp terms, u (x - ms)
+ * and u, summed in Acc and added in double. j0: the element index of
+ * vector 0, the others G vectors apart. */
+template <bool FAST, bool W, typename T, int U, typename Acc>
+__device__ __forceinline__ void cep_fold_vecs(cep_stat<Acc> &st, ce_vec (&xv)[U], const ce_vec (&tv)[U],
+                                              const Acc *w, int j0, int G, Acc c1, Acc c0) {
+  constexpr int VEC = ce_vec_len<T>();
+  cep_move_shift(st, ce_vecs_max<T, U, Acc>(xv));
+  const Acc ms = ce_safe(st.e.m);
+  Acc d[2] = {0, 0}, a[2] = {0, 0}, s[2] = {0, 0};
+#pragma unroll
+  for (int k = 0; k < U; k++) {
+    ce_fence(xv[k]);
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+      const Acc x = ce_elem<T>(xv[k], e);
+      const Acc u = cep_u<W>(ce_elem<T>(tv[k], e), w, j0 + k * G * VEC + e, c1, c0);
+      d[e & 1] += ce_exp_shift<FAST>(x, ms);
+      a[e & 1] += u * (x - ms);
+      s[e & 1] += u;
+    }
+  }
+  st.e.d += (double)(d[0] + d[1]);
+  st.a += (double)(a[0] + a[1]);
+  st.s += (double)(s[0] + s[1]);
+}
+
+/* The statistics of the elements a thread owns (thread `lane` of G), in
+ * ce_thread_stats's order. */
+template <bool FAST, bool W, typename T, typename Acc>
+__device__ __forceinline__ cep_stat<Acc> cep_thread_stats(const T *x, const T *t, const Acc *w, const ce_row_layout &L,
+                                                          int C, int lane, int G, Acc c1, Acc c0) {
+  constexpr int U = cep_unroll<T>(), VEC = ce_vec_len<T>();
+  cep_stat<Acc> st;
+  st.e.m = (Acc)-INFINITY;
+  st.e.d = 0;
+  st.e.sx = 0;
+  st.a = 0;
+  st.s = 0;
+  if (lane < L.head) cep_fold1<FAST, W>(st, ce_to_acc(x[lane]), ce_to_acc(t[lane]), w, lane, c1, c0);
+  if (lane < C - L.tail) {
+    const int j = L.tail + lane;
+    cep_fold1<FAST, W>(st, ce_to_acc(x[j]), ce_to_acc(t[j]), w, j, c1, c0);
+  }
+  const T *x0 = x + L.head, *t0 = t + L.head;
+  const bool t_vec = (((uintptr_t)t0) & 15) == 0;
+  int k = lane;
+  for (; k + (U - 1) * G < L.nvec; k += U * G) {
+    ce_vec xv[U], tv[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) cep_ld<false>(xv[u], tv[u], x0, t0, k + u * G, t_vec);
+    cep_fold_vecs<FAST, W, T>(st, xv, tv, w, L.head + k * VEC, G, c1, c0);
+  }
+  for (; k < L.nvec; k += G) {
+    ce_vec xv[1], tv[1];
+    cep_ld<false>(xv[0], tv[0], x0, t0, k, t_vec);
+    cep_fold_vecs<FAST, W, T>(st, xv, tv, w, L.head + k * VEC, G, c1, c0);
+  }
+  return st;
+}
+
+/* The row's statistics on every thread: the shifts' max, each thread's d and
+ * a rebased to it, then d, a and s added (ce_group_max, ce_group_sum). */
+template <typename Acc>
+__device__ __forceinline__ cep_stat<Acc> cep_group_reduce(const cep_stat<Acc> &st, int G, ce_smem<Acc, 3> *sh) {
+  const Acc m = ce_group_max(st.e.m, G, sh->m);
+  double v[3] = {st.e.m == (Acc)-INFINITY ? 0.0 : st.e.d * exp((double)st.e.m - (double)ce_safe(m)),
+                 st.a + st.s * ((double)ce_safe(st.e.m) - (double)ce_safe(m)), st.s};
+  ce_group_sum(v, G, sh->s);
+  cep_stat<Acc> r;
+  r.e.m = m;
+  r.e.d = v[0];
+  r.e.sx = 0;
+  r.a = v[1];
+  r.s = v[2];
+  return r;
+}
+
+/* The rows of a group (grid-stride), as ce_kernel walks them. */
+#define CEP_FOR_ROWS(A, G, lane, row)                                                                      \
+  const int lane = (int)(threadIdx.x % (unsigned)(G));                                                     \
+  for (int64_t row = (int64_t)blockIdx.x * (int64_t)(blockDim.x / (unsigned)(G)) + threadIdx.x / (unsigned)(G); \
+       row < (A).rows; row += (int64_t)gridDim.x * (int64_t)(blockDim.x / (unsigned)(G)))
+
+/* One 512-thread CTA an SM (up to 128 registers) for float64 and with
+ * weights (their index arithmetic and, in float64, the double exp spill at
+ * 64), two otherwise. */
+template <typename T, bool W>
+__global__ void __launch_bounds__(CE_MAX_THREADS, sizeof(T) == 8 || W ? 1 : 2) cep_forward_kernel(cep_args A) {
+  typedef typename ce_acc<T>::type Acc;
+  constexpr bool FAST = sizeof(T) == 2;
+  __shared__ ce_smem<Acc, 3> sh;
+  const int G = A.group, C = A.classes;
+  const Acc c1 = (Acc)(1 - A.eps), c0 = (Acc)(A.eps / (double)C);
+  const Acc *w = (const Acc *)A.w;
+  CEP_FOR_ROWS(A, G, lane, row) {
+    const T *x = (const T *)A.x + row * A.x_stride, *t = (const T *)A.t + row * A.t_stride;
+    const ce_row_layout L = ce_layout(x, C);
+    cep_stat<Acc> st = cep_thread_stats<FAST, W, T, Acc>(x, t, w, L, C, lane, G, c1, c0);
+    st = cep_group_reduce(st, G, &sh);
+    if (lane == 0) {
+      const double log_d = log(st.e.d), lse = (double)st.e.m + log_d;
+      double loss = st.s * log_d - st.a;
+      if (A.z != 0) loss += A.z * lse * lse;
+      if constexpr (sizeof(T) == 8) ((double *)A.loss)[row] = loss;
+      else ((float *)A.loss)[row] = (float)loss;
+      A.lse[row] = lse;
+      A.tsum[row] = st.s;
+    }
+  }
+}
+
+/* What a row's backward needs: R gives p_j = exp(x_j - lse). */
+template <typename Acc> struct cep_grad_row {
+  ce_grad_row<Acc> R;
+  Acc S, zl, g, gt, c1, c0; /* target_sum, 2 z lse, g, g (1 - eps), 1 - eps, eps / C */
+};
+
+/* The two gradients of one element j: g ((S p_j - u_j) + 2 z lse p_j), with
+ * u_j formed as the forward formed it (cep_u) and the z-loss's term added
+ * apart, so where p_j S is u_j (one class) the first is 0 exactly and the
+ * second keeps its own digits, as in F.cross_entropy plus the z-loss; and
+ * g (1 - eps) w_j (lse - x_j). */
+template <bool FAST, bool W, typename Acc>
+__device__ __forceinline__ void cep_grad_elem(const cep_grad_row<Acc> &Q, const Acc *w, int j, Acc x, Acc t, Acc &gx,
+                                              Acc &gt) {
+  const Acc p = ce_grad_exp<FAST>(Q.R, x);
+  gx = Q.g * ((Q.S * p - cep_u<W>(t, w, j, Q.c1, Q.c0)) + Q.zl * p);
+  gt = (W ? Q.gt * __ldg(w + j) : Q.gt) * ((Q.R.hi - x) + Q.R.lo);
+}
+
+/* Stores one gradient vector at dst: 16 bytes where vec_out, else element by element. */
+template <typename T> __device__ __forceinline__ void cep_st(T *dst, const ce_vec &v, bool vec_out) {
+  if (vec_out) {
+    ce_st(dst, v);
+  } else {
+#pragma unroll
+    for (int e = 0; e < ce_vec_len<T>(); e++) dst[e] = ce_from_acc<T>(ce_elem<T>(v, e));
+  }
+}
+
+/* One 512-thread CTA an SM (up to 128 registers) for float64 (its double exp
+ * spills at 64 even with one vector in flight) and where the target's
+ * gradient is written too (two gradient vectors and the target's in flight
+ * spill at 64); two otherwise. */
+template <typename T, bool W, bool DT>
+__global__ void __launch_bounds__(CE_MAX_THREADS, sizeof(T) == 8 || DT ? 1 : 2) cep_backward_kernel(cep_args A) {
+  typedef typename ce_acc<T>::type Acc;
+  constexpr bool FAST = sizeof(T) == 2;
+  constexpr int VEC = ce_vec_len<T>(), U = cep_unroll<T>();
+  const int G = A.group, C = A.classes;
+  const Acc *w = (const Acc *)A.w;
+  CEP_FOR_ROWS(A, G, lane, row) {
+    const T *x = (const T *)A.x + row * A.x_stride, *t = (const T *)A.t + row * A.t_stride;
+    T *y = (T *)A.y + row * A.y_stride, *z = DT ? (T *)A.gt + row * A.gt_stride : (T *)NULL;
+    const ce_row_layout L = ce_layout(x, C);
+    const double g = sizeof(T) == 8 ? ((const double *)A.grad_loss)[row] : (double)((const float *)A.grad_loss)[row];
+    const double lse = A.lse[row];
+    cep_grad_row<Acc> Q;
+    Q.R = ce_grad_setup<Acc>(1.0, lse, -1, true, 0.0, A.z, C);
+    Q.S = (Acc)A.tsum[row];
+    Q.zl = (Acc)(2 * A.z * lse);
+    Q.g = (Acc)g;
+    Q.gt = (Acc)(g * (1 - A.eps));
+    Q.c1 = (Acc)(1 - A.eps);
+    Q.c0 = (Acc)(A.eps / (double)C);
+    Acc gx, gt;
+    if (lane < L.head) {
+      cep_grad_elem<FAST, W>(Q, w, lane, ce_to_acc(x[lane]), ce_to_acc(t[lane]), gx, gt);
+      y[lane] = ce_from_acc<T>(gx);
+      if (DT) z[lane] = ce_from_acc<T>(gt);
+    }
+    if (lane < C - L.tail) {
+      const int j = L.tail + lane;
+      cep_grad_elem<FAST, W>(Q, w, j, ce_to_acc(x[j]), ce_to_acc(t[j]), gx, gt);
+      y[j] = ce_from_acc<T>(gx);
+      if (DT) z[j] = ce_from_acc<T>(gt);
+    }
+    const T *x0 = x + L.head, *t0 = t + L.head;
+    T *y0 = y + L.head, *z0 = DT ? z + L.head : (T *)NULL;
+    const bool t_vec = (((uintptr_t)t0) & 15) == 0, y_vec = (((uintptr_t)y0) & 15) == 0;
+    const bool z_vec = DT && (((uintptr_t)z0) & 15) == 0;
+    for (int k = lane; k < L.nvec; k += U * G) {
+      ce_vec xv[U], tv[U];
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        if (k + u * G < L.nvec) cep_ld<true>(xv[u], tv[u], x0, t0, k + u * G, t_vec);
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int kk = k + u * G;
+        if (kk < L.nvec) {
+          ce_vec yv, zv;
+          /* element pairs: one conversion instruction per pair of 16-bit values */
+#pragma unroll
+          for (int e = 0; e < VEC; e += 2) {
+            const int j = L.head + kk * VEC + e;
+            Acc gx1, gt1;
+            cep_grad_elem<FAST, W>(Q, w, j, ce_elem<T>(xv[u], e), ce_elem<T>(tv[u], e), gx, gt);
+            cep_grad_elem<FAST, W>(Q, w, j + 1, ce_elem<T>(xv[u], e + 1), ce_elem<T>(tv[u], e + 1), gx1, gt1);
+            ce_set2<T>(yv, e >> 1, gx, gx1);
+            if (DT) ce_set2<T>(zv, e >> 1, gt, gt1);
+          }
+          cep_st(y0 + (int64_t)kk * VEC, yv, y_vec);
+          if (DT) cep_st(z0 + (int64_t)kk * VEC, zv, z_vec);
+        }
+      }
+    }
+  }
+}
+
 // ---- the mean loss's glue (oss.h: row_weights, total) ------------------------------
 
 /* One CTA of CE_GLUE_THREADS: thread i takes entries i, i + CE_GLUE_THREADS,
@@ -1222,6 +1568,127 @@ extern "C" oss_status oss_cross_entropy_backward_cuda(const oss_cross_entropy_ba
 extern "C" oss_status oss_cross_entropy_forward_backward_cuda(const oss_cross_entropy_backward_params *p,
                                                               void *cuda_stream) {
   return ce_backward("cross_entropy_forward_backward", p, 1, cuda_stream);
+}
+
+/* ---- class probabilities: host side ---- */
+
+/* Whether [p, p + rows at stride s, C elements each) of two arrays overlap. */
+static int cep_overlap(const void *a, int64_t as, const void *b, int64_t bs, int64_t rows, int64_t C, size_t es) {
+  const uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
+  const uintptr_t a1 = a0 + ((uintptr_t)(rows - 1) * (uintptr_t)as + (uintptr_t)C) * es;
+  const uintptr_t b1 = b0 + ((uintptr_t)(rows - 1) * (uintptr_t)bs + (uintptr_t)C) * es;
+  return a0 < b1 && b0 < a1;
+}
+
+/* The CUDA checks beyond oss_cross_entropy_probs_check_params: sizes and
+ * alignments the kernels rely on. */
+static oss_status cep_check(const char *op, const oss_cross_entropy_probs_params *p) {
+  const oss_status st = oss_cross_entropy_probs_check_params(op, p);
+  if (st != OSS_OK) return st;
+  if (p->classes > INT32_MAX)
+    return oss_fail(OSS_ERROR_NOT_SUPPORTED, "%s: classes=%lld; the CUDA kernels take at most %d classes", op,
+                    (long long)p->classes, INT32_MAX);
+  const size_t es = ce_dtype_size(p->dtype), ls = p->dtype == OSS_FLOAT64 ? 8 : 4;
+  if ((uintptr_t)p->logits % es != 0 || (uintptr_t)p->target % es != 0 || (uintptr_t)p->weight % ls != 0 ||
+      (uintptr_t)p->lse % 8 != 0 || (uintptr_t)p->target_sum % 8 != 0 || (uintptr_t)p->loss % ls != 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT,
+                    "%s: logits, target, weight, loss, lse or target_sum is not aligned to its element size", op);
+  return OSS_OK;
+}
+
+static cep_args cep_args_from(const oss_cross_entropy_probs_params *p, int group) {
+  cep_args A;
+  memset(&A, 0, sizeof A);
+  A.x = p->logits;
+  A.x_stride = p->rows > 1 ? p->logits_stride_row : p->classes;
+  A.t = p->target;
+  A.t_stride = p->rows > 1 ? p->target_stride_row : p->classes;
+  A.w = p->weight;
+  A.rows = p->rows;
+  A.classes = (int)p->classes;
+  A.group = group;
+  A.eps = p->label_smoothing;
+  A.z = p->z_loss;
+  A.loss = p->loss;
+  A.lse = (double *)p->lse;
+  A.tsum = (double *)p->target_sum;
+  return A;
+}
+
+static unsigned cep_grid(int64_t rows, int threads, int group) {
+  const int64_t per_cta = threads / group, ctas = (rows + per_cta - 1) / per_cta;
+  return (unsigned)(ctas < INT32_MAX ? ctas : INT32_MAX);
+}
+
+template <typename T>
+static oss_status cep_launch_typed(const cep_args &A, int backward, int threads, cudaStream_t stream) {
+  const unsigned grid = cep_grid(A.rows, threads, A.group);
+  const bool W = A.w != NULL, DT = A.gt != NULL;
+  if (!backward) {
+    if (W) cep_forward_kernel<T, true><<<grid, threads, 0, stream>>>(A);
+    else cep_forward_kernel<T, false><<<grid, threads, 0, stream>>>(A);
+    return oss_check_launch("cep_forward_kernel");
+  }
+  if (W && DT) cep_backward_kernel<T, true, true><<<grid, threads, 0, stream>>>(A);
+  else if (W) cep_backward_kernel<T, true, false><<<grid, threads, 0, stream>>>(A);
+  else if (DT) cep_backward_kernel<T, false, true><<<grid, threads, 0, stream>>>(A);
+  else cep_backward_kernel<T, false, false><<<grid, threads, 0, stream>>>(A);
+  return oss_check_launch("cep_backward_kernel");
+}
+
+static oss_status cep_launch(oss_dtype dtype, const cep_args &A, int backward, int threads, cudaStream_t stream) {
+  switch (dtype) {
+  case OSS_FLOAT32: return cep_launch_typed<float>(A, backward, threads, stream);
+  case OSS_FLOAT64: return cep_launch_typed<double>(A, backward, threads, stream);
+  case OSS_FLOAT16: return cep_launch_typed<__half>(A, backward, threads, stream);
+  case OSS_BFLOAT16: return cep_launch_typed<__nv_bfloat16>(A, backward, threads, stream);
+  default: return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "cross_entropy_probs: logits have dtype code %d", (int)dtype);
+  }
+}
+
+extern "C" oss_status oss_cross_entropy_probs_forward_cuda(const oss_cross_entropy_probs_params *p,
+                                                           void *cuda_stream) {
+  const char *op = "cross_entropy_probs";
+  const oss_status st = cep_check(op, p);
+  if (st != OSS_OK) return st;
+  if (p->rows > 0 && p->loss == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: loss is NULL", op);
+  if (p->rows == 0) return OSS_OK;
+  int threads, group;
+  ce_shape(p->classes, p->dtype, 0, &threads, &group);
+  return cep_launch(p->dtype, cep_args_from(p, group), 0, threads, (cudaStream_t)cuda_stream);
+}
+
+extern "C" oss_status oss_cross_entropy_probs_backward_cuda(const oss_cross_entropy_probs_backward_params *b,
+                                                            void *cuda_stream) {
+  const char *op = "cross_entropy_probs_backward";
+  oss_status st = oss_cross_entropy_probs_check_backward(op, b);
+  if (st == OSS_OK) st = cep_check(op, &b->fwd);
+  if (st != OSS_OK) return st;
+  const oss_cross_entropy_probs_params *p = &b->fwd;
+  const size_t es = ce_dtype_size(p->dtype), ls = p->dtype == OSS_FLOAT64 ? 8 : 4;
+  if ((uintptr_t)b->grad_logits % es != 0 || (uintptr_t)b->grad_target % es != 0 || (uintptr_t)b->grad_loss % ls != 0)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT,
+                    "%s: grad_logits, grad_target or grad_loss is not aligned to its element size", op);
+  if (p->rows == 0) return OSS_OK;
+  const int64_t R = p->rows, C = p->classes;
+  const int64_t xs = R > 1 ? p->logits_stride_row : C, ts = R > 1 ? p->target_stride_row : C;
+  const int64_t ys = R > 1 ? b->grad_logits_stride_row : C, zs = R > 1 ? b->grad_target_stride_row : C;
+  const int y_overlaps = cep_overlap(b->grad_logits, ys, p->logits, xs, R, C, es) ||
+                         cep_overlap(b->grad_logits, ys, p->target, ts, R, C, es);
+  const int z_overlaps = b->grad_target != NULL && (cep_overlap(b->grad_target, zs, p->logits, xs, R, C, es) ||
+                                                    cep_overlap(b->grad_target, zs, p->target, ts, R, C, es) ||
+                                                    cep_overlap(b->grad_target, zs, b->grad_logits, ys, R, C, es));
+  if (y_overlaps || z_overlaps)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: grad_logits or grad_target overlaps an input or each other", op);
+  int threads, group;
+  ce_shape(C, p->dtype, 0, &threads, &group);
+  cep_args A = cep_args_from(p, group);
+  A.y = b->grad_logits;
+  A.y_stride = ys;
+  A.gt = b->grad_target;
+  A.gt_stride = zs;
+  A.grad_loss = b->grad_loss;
+  return cep_launch(p->dtype, A, 1, threads, (cudaStream_t)cuda_stream);
 }
 
 extern "C" oss_status oss_cross_entropy_row_weights_cuda(const int64_t *target, int64_t rows, int64_t ignore_index,
