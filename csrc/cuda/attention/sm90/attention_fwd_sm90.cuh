@@ -972,12 +972,15 @@ oss_status oss_attn_fwd_sm90_run(void (*kernel)(const oss_attn_args, const oss_a
  * rule, and with it from 8k queries up. *Reason (H200, bf16, head dim 64):*
  * without the causal rule blocks of 192 ran 1.03-1.12x blocks of 128 from
  * 512 to 16k queries; with it 0.74x at 512 and 0.92x at 2k (a block's
- * diagonal tiles are computed by all three warpgroups), 1.03-1.05x at 8k-16k;
- * head dim 96 takes the same rule, not measured apart. */
-static inline bool oss_attn_fwd_sm90_wide(const oss_attn_args *a, int nwg) {
+ * diagonal tiles are computed by all three warpgroups), 1.03-1.05x at 8k-16k.
+ * At head dim 96 (hd96) without the causal rule only from 2k queries up. *Reason
+ * (H200, bf16, head dim 96):* blocks of 192 ran 0.91x blocks of 128 at 512
+ * queries without the causal rule, 1.05x at 2k and 1.07x at 8k; causal 0.66x
+ * at 512, 0.91x at 2k, 1.08x at 8k. */
+static inline bool oss_attn_fwd_sm90_wide(const oss_attn_args *a, int nwg, bool hd96) {
   const int forced = oss_attention_cuda_get_options().forward_block_rows;
   if (forced != 0) return forced == 64 * nwg;
-  return !a->causal || a->lq >= 8192;
+  return a->causal ? a->lq >= 8192 : !hd96 || a->lq >= 2048;
 }
 
 /* Entry points instantiated once per (head dim, dtype) by the generator.
@@ -1024,7 +1027,7 @@ oss_status oss_attn_fwd_sm90_launch(const oss_attn_args *a, cudaStream_t stream,
     }
   }
   if constexpr (C::NWG_WIDE > 0) {
-    if (oss_attn_fwd_sm90_wide(a, C::NWG_WIDE)) {
+    if (oss_attn_fwd_sm90_wide(a, C::NWG_WIDE, HD == 96)) {
       static const int wide_regs = oss_kernel_regs(
           oss_attn_fwd_sm90_kernel<T, HD, HD, C::BC_WIDE, C::STAGES, C::PINGPONG, false, false, false, C::NWG_WIDE>);
       return oss_attn_fwd_sm90_run<T, HD, HD, C::BC_WIDE, false, C::NWG_WIDE>(
