@@ -100,6 +100,20 @@ def check(name, grad, x, t, peer_grad):
         raise AssertionError(f"{name}: gradient error {err:.3e} > {2 * peer_err + atol:.3e}; not timing it")
 
 
+def time_and_record(timed, rounds, device, nbytes, copy_gbs, point, records, table):
+    """Times `timed` (name -> call) in interleaved rounds and appends a record
+    (`point` plus the figures) and a table row per implementation, speeds over
+    F.cross_entropy's."""
+    stats = {name: (m, tr) for name, (m, _, tr, _) in common.time_rounds(timed, rounds, device).items()}
+    base = stats["F.cross_entropy"][0]
+    for name, (ms, ms_trimmed) in stats.items():
+        gbs = nbytes / ms / 1e6
+        rec = dict(point, impl=name, ms=ms, ms_trimmed=ms_trimmed, gbs=gbs, pct_copy=100 * gbs / copy_gbs,
+                   speedup_vs_F=base / ms)
+        records.append(rec)
+        table.append((point["vocab"], name, f"{ms:.3f}", f"{gbs:.0f}", f"{rec['pct_copy']:.1f}", f"{base / ms:.2f}x"))
+
+
 def probs_main(args, device, dtype, vocabs, tokens, rounds):
     """--probs: class-probability targets (the module docstring)."""
     def autograd_of(loss_fn):
@@ -143,14 +157,8 @@ def probs_main(args, device, dtype, vocabs, tokens, rounds):
             del g
             timed[name] = lambda fn=fn: fn(x, t)
         del peer_grad
-        stats = {name: (m, tr) for name, (m, _, tr, _) in common.time_rounds(timed, rounds, device).items()}
-        base = stats["F.cross_entropy"][0]
-        for name, (ms, ms_trimmed) in stats.items():
-            gbs = nbytes / ms / 1e6
-            rec = dict(vocab=vocab, tokens=tokens, dtype=args.dtype, impl=name, ms=ms, ms_trimmed=ms_trimmed, gbs=gbs,
-                       pct_copy=100 * gbs / copy_gbs, speedup_vs_F=base / ms)
-            records.append(rec)
-            table.append((vocab, name, f"{ms:.3f}", f"{gbs:.0f}", f"{rec['pct_copy']:.1f}", f"{base / ms:.2f}x"))
+        time_and_record(timed, rounds, device, nbytes, copy_gbs, dict(vocab=vocab, tokens=tokens, dtype=args.dtype),
+                        records, table)
         del x, t, timed
     common.print_table("forward + backward (mean loss, class probabilities)",
                        ["vocab", "impl", "ms", "GB/s", "% copy", "vs F"], table)
@@ -254,14 +262,8 @@ def main():
             del g
             timed[name] = lambda fn=fn: fn(x, t)
         del peer_grad
-        stats = {name: (m, t) for name, (m, _, t, _) in common.time_rounds(timed, rounds, device).items()}
-        base = stats["F.cross_entropy"][0]
-        for name, (ms, ms_trimmed) in stats.items():
-            gbs = nbytes / ms / 1e6
-            rec = dict(vocab=vocab, tokens=tokens, dtype=args.dtype, impl=name, ms=ms, ms_trimmed=ms_trimmed, gbs=gbs,
-                       pct_copy=100 * gbs / copy_gbs, speedup_vs_F=base / ms)
-            records.append(rec)
-            table.append((vocab, name, f"{ms:.3f}", f"{gbs:.0f}", f"{rec['pct_copy']:.1f}", f"{base / ms:.2f}x"))
+        time_and_record(timed, rounds, device, nbytes, copy_gbs, dict(vocab=vocab, tokens=tokens, dtype=args.dtype),
+                        records, table)
         del x, t, timed
 
     common.print_table("forward + backward (mean loss)", ["vocab", "impl", "ms", "GB/s", "% copy", "vs F"], table)

@@ -59,18 +59,26 @@ oss_status oss_cross_entropy_check_glue(const char *op, int64_t rows, oss_dtype 
   return OSS_OK;
 }
 
+/* The checks of both cross-entropy target kinds: the dtype, the shape and the scalars. */
+static oss_status ce_check_common(const char *op, oss_dtype dtype, int64_t rows, int64_t classes,
+                                  double label_smoothing, double z_loss) {
+  if (dtype != OSS_FLOAT32 && dtype != OSS_FLOAT64 && dtype != OSS_FLOAT16 && dtype != OSS_BFLOAT16)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits have dtype code %d, expected a floating type", op,
+                    (int)dtype);
+  if (rows < 0 || classes < 1)
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: rows=%lld, classes=%lld; need rows >= 0 and classes >= 1", op,
+                    (long long)rows, (long long)classes);
+  if (!(label_smoothing >= 0.0 && label_smoothing <= 1.0))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: label_smoothing=%g must be in [0, 1]", op, label_smoothing);
+  if (!(z_loss >= 0.0) || isinf(z_loss))
+    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: z_loss=%g must be finite and >= 0", op, z_loss);
+  return OSS_OK;
+}
+
 oss_status oss_cross_entropy_probs_check_params(const char *op, const oss_cross_entropy_probs_params *p) {
   if (p == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: params is NULL", op);
-  if (p->dtype != OSS_FLOAT32 && p->dtype != OSS_FLOAT64 && p->dtype != OSS_FLOAT16 && p->dtype != OSS_BFLOAT16)
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits have dtype code %d, expected a floating type", op,
-                    (int)p->dtype);
-  if (p->rows < 0 || p->classes < 1)
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: rows=%lld, classes=%lld; need rows >= 0 and classes >= 1", op,
-                    (long long)p->rows, (long long)p->classes);
-  if (!(p->label_smoothing >= 0.0 && p->label_smoothing <= 1.0))
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: label_smoothing=%g must be in [0, 1]", op, p->label_smoothing);
-  if (!(p->z_loss >= 0.0) || isinf(p->z_loss))
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: z_loss=%g must be finite and >= 0", op, p->z_loss);
+  const oss_status common = ce_check_common(op, p->dtype, p->rows, p->classes, p->label_smoothing, p->z_loss);
+  if (common != OSS_OK) return common;
   if (p->rows > 0 && (p->logits == NULL || p->target == NULL || p->lse == NULL || p->target_sum == NULL))
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits, target, lse or target_sum is NULL", op);
   if (p->rows > 1 && (p->logits_stride_row < p->classes || p->target_stride_row < p->classes))
@@ -96,16 +104,8 @@ oss_status oss_cross_entropy_probs_check_backward(const char *op, const oss_cros
 
 oss_status oss_cross_entropy_check_params(const char *op, const oss_cross_entropy_params *p) {
   if (p == NULL) return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: params is NULL", op);
-  if (p->dtype != OSS_FLOAT32 && p->dtype != OSS_FLOAT64 && p->dtype != OSS_FLOAT16 && p->dtype != OSS_BFLOAT16)
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits have dtype code %d, expected a floating type", op,
-                    (int)p->dtype);
-  if (p->rows < 0 || p->classes < 1)
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: rows=%lld, classes=%lld; need rows >= 0 and classes >= 1", op,
-                    (long long)p->rows, (long long)p->classes);
-  if (!(p->label_smoothing >= 0.0 && p->label_smoothing <= 1.0))
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: label_smoothing=%g must be in [0, 1]", op, p->label_smoothing);
-  if (!(p->z_loss >= 0.0) || isinf(p->z_loss))
-    return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: z_loss=%g must be finite and >= 0", op, p->z_loss);
+  const oss_status common = ce_check_common(op, p->dtype, p->rows, p->classes, p->label_smoothing, p->z_loss);
+  if (common != OSS_OK) return common;
   if (p->rows > 0 && (p->logits == NULL || p->target == NULL || p->lse == NULL))
     return oss_fail(OSS_ERROR_INVALID_ARGUMENT, "%s: logits, target or lse is NULL", op);
   if (p->rows > 1 && p->logits_stride_row < p->classes)

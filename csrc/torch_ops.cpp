@@ -1335,9 +1335,11 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_op(const Tensor &q, const Tens
 // it): there a bad target gives its row a NaN loss and a NaN gradient row.
 // ---------------------------------------------------------------------------
 
-// Checks shared by the forward and the backward; returns the loss dtype (lse is float64).
-at::ScalarType check_cross_entropy(const char *op, const Tensor &logits, const Tensor &target,
-                                   double label_smoothing, double z_loss) {
+// The checks of both target kinds: logits (2-D rows of a kernel dtype on a
+// supported device), the target's device and the scalars; returns the loss
+// dtype (lse is float64).
+at::ScalarType check_cross_entropy_common(const char *op, const Tensor &logits, const Tensor &target,
+                                          double label_smoothing, double z_loss) {
   check_device_supported(op, logits, "logits");
   OSS_CHECK(logits.dim() == 2, Value, "%s: logits must be 2-D (N, C), got shape %s", op,
             shape_str(logits.sizes()).c_str());
@@ -1347,15 +1349,22 @@ at::ScalarType check_cross_entropy(const char *op, const Tensor &logits, const T
   OSS_CHECK(logits.size(1) >= 1, Value, "%s: logits have %lld classes; need at least 1", op, LL(logits.size(1)));
   OSS_CHECK(target.device() == logits.device(), Value, "%s: target is on %s but logits are on %s", op,
             device_str(target).c_str(), device_str(logits).c_str());
+  OSS_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, Value, "%s: label_smoothing=%g must be in [0, 1]", op,
+            label_smoothing);
+  OSS_CHECK(z_loss >= 0.0 && std::isfinite(z_loss), Value, "%s: z_loss=%g must be finite and >= 0", op, z_loss);
+  return logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// Checks shared by the forward and the backward; returns the loss dtype.
+at::ScalarType check_cross_entropy(const char *op, const Tensor &logits, const Tensor &target,
+                                   double label_smoothing, double z_loss) {
+  const at::ScalarType loss_dtype = check_cross_entropy_common(op, logits, target, label_smoothing, z_loss);
   OSS_CHECK(target.scalar_type() == at::kLong, Type, "%s: target has dtype %s but must be int64 class indices", op,
             dtype_name(target.scalar_type()));
   OSS_CHECK(target.dim() == 1 && target.size(0) == logits.size(0), Value,
             "%s: target has shape %s but must be (N,) = (%lld,) for logits of shape %s", op,
             shape_str(target.sizes()).c_str(), LL(logits.size(0)), shape_str(logits.sizes()).c_str());
-  OSS_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, Value, "%s: label_smoothing=%g must be in [0, 1]", op,
-            label_smoothing);
-  OSS_CHECK(z_loss >= 0.0 && std::isfinite(z_loss), Value, "%s: z_loss=%g must be finite and >= 0", op, z_loss);
-  return logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  return loss_dtype;
 }
 
 oss_cross_entropy_params cross_entropy_params(Tensor &logits, Tensor &target, int64_t ignore_index,
@@ -1555,15 +1564,7 @@ void cross_entropy_backward_scaled_op(const Tensor &grad_logits, const Tensor &g
 at::ScalarType check_cross_entropy_probs(const char *op, const Tensor &logits, const Tensor &target,
                                          const std::optional<Tensor> &weight, double label_smoothing,
                                          double z_loss) {
-  check_device_supported(op, logits, "logits");
-  OSS_CHECK(logits.dim() == 2, Value, "%s: logits must be 2-D (N, C), got shape %s", op,
-            shape_str(logits.sizes()).c_str());
-  OSS_CHECK(is_kernel_float(logits.scalar_type()), Type,
-            "%s: logits have dtype %s but must be float16, bfloat16, float32 or float64", op,
-            dtype_name(logits.scalar_type()));
-  OSS_CHECK(logits.size(1) >= 1, Value, "%s: logits have %lld classes; need at least 1", op, LL(logits.size(1)));
-  OSS_CHECK(target.device() == logits.device(), Value, "%s: target is on %s but logits are on %s", op,
-            device_str(target).c_str(), device_str(logits).c_str());
+  const at::ScalarType loss_dtype = check_cross_entropy_common(op, logits, target, label_smoothing, z_loss);
   OSS_CHECK(target.scalar_type() == logits.scalar_type(), Type,
             "%s: target has dtype %s but must have the logits' dtype %s (class probabilities)", op,
             dtype_name(target.scalar_type()), dtype_name(logits.scalar_type()));
@@ -1578,10 +1579,7 @@ at::ScalarType check_cross_entropy_probs(const char *op, const Tensor &logits, c
     OSS_CHECK(is_kernel_float(w.scalar_type()), Type, "%s: weight has dtype %s but must be a floating type", op,
               dtype_name(w.scalar_type()));
   }
-  OSS_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, Value, "%s: label_smoothing=%g must be in [0, 1]", op,
-            label_smoothing);
-  OSS_CHECK(z_loss >= 0.0 && std::isfinite(z_loss), Value, "%s: z_loss=%g must be finite and >= 0", op, z_loss);
-  return logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  return loss_dtype;
 }
 
 // The params of checked arguments; logits and target become unit-stride
@@ -2365,10 +2363,10 @@ static PyObject *py_build_config(PyObject *, PyObject *) { return PyUnicode_From
 // oss_attention_cuda_options that is not kKeep and returns the previous six
 // (a build without CUDA has none to set: (0, 0, 1, 0, 0, 0)).
 static PyObject *py_attention_kernels(PyObject *, PyObject *args) {
-  constexpr int kKeep = -1000;
   int set[6];
   if (!PyArg_ParseTuple(args, "iiiiii", &set[0], &set[1], &set[2], &set[3], &set[4], &set[5])) return nullptr;
 #ifdef OSS_WITH_CUDA
+  constexpr int kKeep = -1000;
   oss_attention_cuda_options o = oss_attention_cuda_get_options();
   PyObject *previous = Py_BuildValue("(iiiiii)", o.forward_mma_only, o.backward_mma_only, o.dq_centring,
                                      o.decode_splits, o.forward_ctas_per_sm, o.forward_block_rows);
