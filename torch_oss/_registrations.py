@@ -497,6 +497,11 @@ def _probs_weights(weight, classes, dtype, device):
     return torch.ones(classes, dtype=dtype, device=device) if weight is None else weight.to(dtype)
 
 
+def _probs_smoothed(target, eps, dtype):
+    """t' = (1 - eps) t + eps / C, in dtype."""
+    return (1 - eps) * target.to(dtype) + eps / target.shape[1]
+
+
 def _cross_entropy_probs_backward(ctx, grad_loss, grad_lse, grad_target_sum):
     """The gradients of the loss by the backward kernel (logits and, where it
     requires one, target); gradients reaching lse (its derivative is the
@@ -522,7 +527,7 @@ def _cross_entropy_probs_backward(ctx, grad_loss, grad_lse, grad_target_sum):
         extra = (grad_target_sum.to(dt)[:, None] * ((1 - eps) * w)).to(target.dtype)
         grad_t = extra if grad_t is None else grad_t + extra
     if want_w:
-        smoothed = (1 - eps) * target.to(dt) + eps / logits.shape[1]
+        smoothed = _probs_smoothed(target, eps, dt)
         grad_w = torch.zeros(logits.shape[1], dtype=dt, device=logits.device)
         if grad_loss is not None:
             grad_w = grad_w + (grad_loss.to(dt)[:, None] * smoothed * (lse[:, None] - logits.to(dt))).sum(0)
@@ -558,7 +563,7 @@ def _cross_entropy_probs_double_backward(ctx, grad_grad_x, grad_grad_t):
     C = logits.shape[1]
     x, g, lse_, S = logits.to(dt), grad_loss.to(dt)[:, None], lse[:, None], target_sum.to(dt)[:, None]
     w = _probs_weights(weight, C, dt, logits.device)
-    smoothed = (1 - eps) * target.to(dt) + eps / C
+    smoothed = _probs_smoothed(target, eps, dt)
     p = torch.exp(x - lse_)
     scale = S + 2 * z * lse_
     Gx = torch.zeros_like(x) if grad_grad_x is None else grad_grad_x.to(dt)
