@@ -31,14 +31,21 @@
  *   S^T = K_w Q^T and dP^T = V_w dO^T (wgmma, both operands in shared memory,
  *   K-major); P^T and dS'^T in registers, key-major, so they are directly the
  *   A operands of dV += P^T dO and dK += dS'^T Q (B = dO, Q read MN-major).
- *   dQ: dS'^T goes to shared memory (one buffer: a warpgroup stores the
- *   next block's only after the barrier at which both hand their dQ pieces
- *   to the dQ warp, which each reaches after its dQ product has read the
- *   buffer) and warpgroup w computes a 64 x 64 piece of
- *   dQ_blk = dS' K (A = dS' read MN-major from dS'^T, B = K MN-major;
- *   BR = 64: head-dim columns [64w, 64w + 64), BR = 128: query rows
- *   [64w, 64w + 64)), staged in shared memory for the dQ warp (named
- *   barriers: staged, and read again).
+ *   dQ: dS'^T goes to shared memory, and warpgroup w computes a 64 x 64
+ *   piece of dQ_blk = dS' K (A = dS' read MN-major from dS'^T, B = K
+ *   MN-major; BR = 64: head-dim columns [64w, 64w + 64), BR = 128: query
+ *   rows [64w, 64w + 64)) once both warpgroups stored theirs, staged in
+ *   shared memory for the dQ warp (per warpgroup named barriers: staged,
+ *   and read again). Two dS'^T buffers (mbarriers ds_full and ds_empty per
+ *   buffer): block it - 1's dQ product is issued in block it, after dV's
+ *   and dK's, so neither warpgroup waits for the other's dS'^T of the block
+ *   it has just computed, and their softmax phases drift apart (the tensor
+ *   cores run one's products under the other's P and dS'). *Reason:* with
+ *   one buffer both met at a barrier every block; forward+backward ran
+ *   1-6 % faster at 8k queries, 0-5 % at 2k (head dims 64 and 128, H200),
+ *   level at 512. Warpgroups taking turns at their S^T and dP^T products as well
+ *   (the forward's ping-pong) gained nothing more. The kernel that brings
+ *   mask tiles keeps one buffer (its tile would not fit beside a second).
  *   Deterministic mode (a.dq_sem, dense batches): the key blocks of a head
  *   run in reverse and add into each dQ block in that order, the dQ warp
  *   waiting on the block's counter for its turn (oss_attn_bwd_sm90_rank)
@@ -108,15 +115,19 @@ typedef struct oss_attn_bwd_sm90_maps {
  * centring row sums */
 template <int HD> __host__ __device__ constexpr int oss_attn_bwd_sm90_dq_pitch() { return HD + 8; }
 
-template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size_t oss_attn_bwd_sm90_tiles_bytes() {
+/* dS'^T buffers of the key-split kernel: two, so that a block's dQ product
+ * can wait for the next block's dS'^T (see the kernel); one in the kernel
+ * that brings mask tiles, whose tile would not fit beside a second */
+__host__ __device__ constexpr int oss_attn_bwd_sm90_ds_bufs(int mask) { return mask == 2 ? 1 : 2; }
+template <int HD, int BR, int BC, int STAGES, int NB> __host__ __device__ constexpr size_t oss_attn_bwd_sm90_tiles_bytes() {
   return (size_t)(2 * BC + 2 * STAGES * BR) * oss_sm90_cols(HD) * 2 /* K, V, STAGES x (Q, dO): whole boxes */
-         + (size_t)BC * BR * 2                               /* dS'^T */
+         + (size_t)NB * BC * BR * 2                          /* NB x dS'^T */
          + (size_t)BR * oss_attn_bwd_sm90_dq_pitch<HD>() * 4 /* dQ block (float) */
          + (size_t)2 * STAGES * BR * 4;                      /* STAGES x (lse, D) */
 }
-template <int HD, int BR, int BC, int STAGES> __host__ __device__ constexpr size_t oss_attn_bwd_sm90_smem_bytes() {
-  return oss_attn_bwd_sm90_tiles_bytes<HD, BR, BC, STAGES>() + 1024 /* a tile of ones (dQ's centring) */
-         + 1024;                                                    /* room to align the tiles to 1024 bytes */
+template <int HD, int BR, int BC, int STAGES, int NB> __host__ __device__ constexpr size_t oss_attn_bwd_sm90_smem_bytes() {
+  return oss_attn_bwd_sm90_tiles_bytes<HD, BR, BC, STAGES, NB>() + 1024 /* a tile of ones (dQ's centring) */
+         + 1024;                                                        /* room to align the tiles to 1024 bytes */
 }
 /* The column-split kernel's: K, V, STAGES x (Q, dO), 2 x (P^T, dS'^T), STAGES x
  * (lse, D), room to align (no dQ: the query-major kernel computes it). */
@@ -416,22 +427,23 @@ __global__ void __launch_bounds__(384, 1)
   static_assert(HD % 16 == 0 && BR % 64 == 0 && BC == 128, "16-multiples, two warpgroups of 64 keys");
   static_assert(BR == 128 ? HD == 64 : HD > 64 && HD <= 128,
                 "the dQ block splits into one 64 x 64 piece per warpgroup (rows by BR = 128, columns by 64)");
-  static_assert(oss_attn_bwd_sm90_tiles_bytes<HD, BR, BC, STAGES>() % 1024 == 0,
+  constexpr int NB = oss_attn_bwd_sm90_ds_bufs(MASK);
+  static_assert(oss_attn_bwd_sm90_tiles_bytes<HD, BR, BC, STAGES, NB>() % 1024 == 0,
                 "the tile of ones is 1024-byte aligned, as its 128-byte swizzle needs");
-  /* named barriers: the consumers (dS'^T stored, K and V landed); the dQ
-   * block staged (consumers arrive, the dQ warp waits) and sdQ free again
-   * (the dQ warp arrives, the consumers wait); zeroing rows (one per
-   * consumer warpgroup) */
-  enum { BAR_CONSUMERS = 1, BAR_DQ_FULL = 2, BAR_DQ_EMPTY = 3, BAR_ZERO = 4 };
-  constexpr int DQ_BAR_THREADS = NCONS + 32;
+  /* named barriers: the consumers (K and V landed, dK and dV staged);
+   * zeroing rows, a warpgroup's piece of the dQ block staged (the warpgroup
+   * arrives, the dQ warp waits) and its part of sdQ free again (the dQ warp
+   * arrives, the warpgroup waits), one of each per consumer warpgroup */
+  enum { BAR_CONSUMERS = 1, BAR_ZERO = 2, BAR_DQ_FULL = 4, BAR_DQ_EMPTY = 6 };
+  constexpr int DQ_BAR_THREADS = 128 + 32;
 
   extern __shared__ __align__(1024) unsigned char oss_sm90_smem[];
   T *sK = reinterpret_cast<T *>(oss_sm90_smem + ((1024u - (oss_smem_u32(oss_sm90_smem) & 1023u)) & 1023u));
   T *sV = sK + BC * KD;
   T *sQ = sV + BC * KD;            /* [STAGES][BR x KD] */
   T *sdO = sQ + STAGES * BR * KD;  /* [STAGES][BR x KD] */
-  T *sdS = sdO + STAGES * BR * KD; /* dS'^T: BC rows (keys) x BR columns (queries) */
-  float *sdQ = reinterpret_cast<float *>(sdS + BC * BR); /* [BR][dq pitch] */
+  T *sdS = sdO + STAGES * BR * KD; /* [NB] dS'^T: BC rows (keys) x BR columns (queries) */
+  float *sdQ = reinterpret_cast<float *>(sdS + NB * BC * BR); /* [BR][dq pitch] */
   float *sL = sdQ + BR * oss_attn_bwd_sm90_dq_pitch<HD>();   /* [STAGES][BR] */
   float *sD = sL + STAGES * BR;                             /* [STAGES][BR] */
   T *sOnes = reinterpret_cast<T *>(sD + STAGES * BR);       /* 8 x 64 ones: B of the dS' row sums */
@@ -442,6 +454,10 @@ __global__ void __launch_bounds__(384, 1)
    * (each arrives after its own last read: racecheck then follows the
    * order from its reads of lse and D to the next copy into the stage) */
   __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES], mfull, mempty;
+  /* ds_full[i]: both warpgroups stored their dS'^T rows in buffer i;
+   * ds_empty[i]: both warpgroups' dQ products have read it (one arrival per
+   * consumer thread each) */
+  __shared__ __align__(8) uint64_t ds_full[NB], ds_empty[NB];
 
   /* wg known uniform (oss_warpgroup) except in the kernels that read a mask
    * tensor, where the uniform registers it takes make the kernel spill */
@@ -464,9 +480,15 @@ __global__ void __launch_bounds__(384, 1)
   const int niter = a.group * nqe;
   const bool atomic_dq = a.dq_acc != nullptr;
 
-  if (MASK_TILES && tid == 0) { /* made visible by the fence and barrier of init_stages */
-    oss_mbar_init(&mfull, 1);
-    oss_mbar_init(&mempty, NCONS);
+  if (tid == 0) { /* made visible by the fence and barrier of init_stages */
+    if (MASK_TILES) {
+      oss_mbar_init(&mfull, 1);
+      oss_mbar_init(&mempty, NCONS);
+    }
+    for (int i = 0; i < NB; i++) {
+      oss_mbar_init(&ds_full[i], NCONS);
+      oss_mbar_init(&ds_empty[i], NCONS);
+    }
   }
   oss_attn_bwd_sm90_init_stages<STAGES>(full, empty, NCONS); /* the only CTA-wide barrier */
 
@@ -479,6 +501,7 @@ __global__ void __launch_bounds__(384, 1)
                                                                niter, j0, sM, &mfull, &mempty);
     } else if (warp == 9 && atomic_dq && niter > 0) {
       oss_named_arrive(BAR_DQ_EMPTY, DQ_BAR_THREADS); /* sdQ starts free */
+      oss_named_arrive(BAR_DQ_EMPTY + 1, DQ_BAR_THREADS);
 #pragma unroll 1
       for (int it = 0; it < niter; it++) {
         const int h = hk * a.group + it / nqe, qi = qb0 + it % nqe, i0 = qi * BR;
@@ -487,7 +510,8 @@ __global__ void __launch_bounds__(384, 1)
          * rows) and the count of additions it must see first */
         unsigned *sem = ordered ? a.dq_sem + row0 / 64 : nullptr;
         const unsigned rank = ordered && lane == 0 ? (unsigned)oss_attn_bwd_sm90_rank<BR, BC>(a, block, nkb, qi) : 0u;
-        oss_named_sync(BAR_DQ_FULL, DQ_BAR_THREADS);
+        oss_named_sync(BAR_DQ_FULL, DQ_BAR_THREADS); /* both warpgroups' pieces staged */
+        oss_named_sync(BAR_DQ_FULL + 1, DQ_BAR_THREADS);
         /* the accumulator's rows have the staging pitch (the launcher checks),
          * so the block is one contiguous range; its rows past the queries are
          * the workspace's padding and receive zeros */
@@ -501,7 +525,10 @@ __global__ void __launch_bounds__(384, 1)
           oss_bulk_wait_read<0>(); /* sdQ read */
         }
         __syncwarp();
-        if (it + 1 < niter) oss_named_arrive(BAR_DQ_EMPTY, DQ_BAR_THREADS);
+        if (it + 1 < niter) {
+          oss_named_arrive(BAR_DQ_EMPTY, DQ_BAR_THREADS);
+          oss_named_arrive(BAR_DQ_EMPTY + 1, DQ_BAR_THREADS);
+        }
         if (ordered && lane == 0) { /* the additions done, then the next key block's turn */
           oss_bulk_wait<0>();
           oss_fence_proxy_async_global();
@@ -559,6 +586,58 @@ __global__ void __launch_bounds__(384, 1)
    * kernel) */
   constexpr int RS_STEPS = BR == 128 ? BC / 16 : BC / 32;
   const int rs_k0 = BR == 128 ? 0 : wg * RS_STEPS;
+
+  /* This warpgroup's piece of block q's dQ (and the row sums R) from dS'^T
+   * in buffer q % NB, once both warpgroups stored theirs there; then, with
+   * every product issued so far complete, the buffer is released and the
+   * piece staged in sdQ for the dQ warp once it has read the previous block.
+   * R goes into the padding column pitch - 4 (BR = 64: pitch - 4 + wg, a
+   * half per warpgroup, which the dq conversion adds), so it reaches the
+   * accumulator with dQ. */
+  auto dq_step = [&](int q) {
+    const int buf = NB == 1 ? 0 : q & 1;
+    oss_mbar_wait(&ds_full[buf], (q / NB) & 1);
+    int off = buf * BC * BR;
+    asm volatile("" : "+r"(off));
+    const T *tdS = sdS + off;
+    float dq[8][4], rs[1][4]; /* rs: the first k-step ignores its old value */
+#pragma unroll
+    for (int n = 0; n < 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+    oss_wgmma_fence_operand<8>(dq);
+    oss_wgmma_fence();
+    /* descriptors' low words (oss_wgmma_desc_lo): a k-step of 16 rows
+     * moves the MN-major operands by 16 * 128 bytes, the ones by 32 */
+    const uint32_t dS_lo = oss_wgmma_desc_lo(oss_smem_u32(tdS) + (mo >> 6) * BC * 128, BC * 128);
+    const uint32_t k_lo = oss_wgmma_desc_lo(oss_smem_u32(sK) + (no >> 6) * BC * 128, BC * 128);
+    const uint32_t ones_lo = oss_wgmma_desc_lo(oss_smem_u32(sOnes), 16);
+    constexpr uint32_t hi = oss_wgmma_desc_hi(1024);
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; kk++)
+      oss_wgmma<T, 64>::template ss<1, 1>(dq, oss_wgmma_desc_join(dS_lo + kk * 128, hi),
+                                          oss_wgmma_desc_join(k_lo + kk * 128, hi), kk > 0);
+    /* R = dS' times ones (K-major B; every k-step reads the same ones) */
+#pragma unroll
+    for (int k = 0; k < RS_STEPS; k++)
+      oss_wgmma<T, 8>::template ss<1, 0>(rs, oss_wgmma_desc_join(dS_lo + (rs_k0 + k) * 128, hi),
+                                         oss_wgmma_desc_join(ones_lo + (k & 3) * 2, hi), k > 0);
+    oss_wgmma_commit();
+    oss_wgmma_wait<0>();
+    oss_wgmma_fence_operand<8>(dq);
+    oss_wgmma_fence_operand<1>(rs);
+    oss_mbar_arrive(&ds_empty[buf]);
+    oss_named_sync(BAR_DQ_EMPTY + wg, DQ_BAR_THREADS);
+#pragma unroll
+    for (int hi = 0; hi < 2; hi++) {
+      float *row = sdQ + (mo + (warp & 3) * 16 + g + hi * 8) * oss_attn_bwd_sm90_dq_pitch<HD>();
+#pragma unroll
+      for (int n = 0; n < 8; n++)
+        if (HD % 64 == 0 || no + n * 8 < HD) /* head dim 96: the second piece's columns past HD are zero */
+          *reinterpret_cast<float2 *>(row + no + t2 + n * 8) = make_float2(dq[n][2 * hi], dq[n][2 * hi + 1]);
+      if ((lane & 3) == 0) row[oss_attn_bwd_sm90_dq_pitch<HD>() - 4 + (BR == 128 ? 0 : wg)] = rs[0][2 * hi];
+    }
+    oss_fence_proxy_async();
+    oss_named_arrive(BAR_DQ_FULL + wg, DQ_BAR_THREADS);
+  };
 
 #pragma unroll 1
   for (int it = 0; it < niter; it++) {
@@ -629,15 +708,15 @@ __global__ void __launch_bounds__(384, 1)
     oss_wgmma_commit();
 
     if (atomic_dq) {
-      /* one buffer: both warpgroups' dQ products of the previous block have
-       * read it, as each waited for its product before the BAR_DQ_EMPTY
-       * barrier that this warpgroup passed there. Its address takes an
-       * offset the compiler cannot see is 0, so that the stores' addresses
-       * and the descriptors are formed in each block (hoisted out of the
-       * loop, they held registers and the kernel spilled) */
-      int opaque0 = 0;
-      asm volatile("" : "+r"(opaque0));
-      T *tdS = sdS + opaque0;
+      /* dS'^T goes to buffer `buf` once both warpgroups' dQ products of block
+       * it - NB have read it. Its address takes an offset the compiler cannot
+       * see is 0, so that the stores' addresses are formed in each block
+       * (hoisted out of the loop, they held registers and the kernel spilled) */
+      const int buf = NB == 1 ? 0 : it & 1;
+      if (it >= NB) oss_mbar_wait(&ds_empty[buf], (it / NB - 1) & 1);
+      int off = buf * BC * BR;
+      asm volatile("" : "+r"(off));
+      T *tdS = sdS + off;
       /* dS'^T rows (keys) kw0 - j0 + g (+8), columns (queries) 16kk + t2 (+1, +8, +9), swizzled */
 #pragma unroll
       for (int kk = 0; kk < NTQ / 2; kk++)
@@ -648,50 +727,14 @@ __global__ void __launch_bounds__(384, 1)
           *reinterpret_cast<uint32_t *>(p) = dsa[0][kk][f];
         }
       oss_fence_proxy_async();
-      oss_named_sync(BAR_CONSUMERS, NCONS); /* dS'^T of both warpgroups stored */
-
-      float dq[8][4], rs[1][4]; /* rs: the first k-step ignores its old value */
-#pragma unroll
-      for (int n = 0; n < 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
-      oss_wgmma_fence_operand<8>(dq);
-      oss_wgmma_fence();
-      /* descriptors' low words (oss_wgmma_desc_lo): a k-step of 16 rows
-       * moves the MN-major operands by 16 * 128 bytes, the ones by 32 */
-      const uint32_t dS_lo = oss_wgmma_desc_lo(oss_smem_u32(tdS) + (mo >> 6) * BC * 128, BC * 128);
-      const uint32_t k_lo = oss_wgmma_desc_lo(oss_smem_u32(sK) + (no >> 6) * BC * 128, BC * 128);
-      const uint32_t ones_lo = oss_wgmma_desc_lo(oss_smem_u32(sOnes), 16);
-      constexpr uint32_t hi = oss_wgmma_desc_hi(1024);
-#pragma unroll
-      for (int kk = 0; kk < BC / 16; kk++)
-        oss_wgmma<T, 64>::template ss<1, 1>(dq, oss_wgmma_desc_join(dS_lo + kk * 128, hi),
-                                            oss_wgmma_desc_join(k_lo + kk * 128, hi), kk > 0);
-      /* R = dS' times ones (K-major B; every k-step reads the same ones) */
-#pragma unroll
-      for (int k = 0; k < RS_STEPS; k++)
-        oss_wgmma<T, 8>::template ss<1, 0>(rs, oss_wgmma_desc_join(dS_lo + (rs_k0 + k) * 128, hi),
-                                           oss_wgmma_desc_join(ones_lo + (k & 3) * 2, hi), k > 0);
-      oss_wgmma_commit();
-      oss_wgmma_wait<0>();
-      oss_wgmma_fence_operand<8>(dq);
-      oss_wgmma_fence_operand<1>(rs);
+      oss_mbar_arrive(&ds_full[buf]);
+      /* With two buffers the dQ product trails by one block: block it - 1's,
+       * whose dS'^T both warpgroups stored a block ago, so neither waits for
+       * the other here and their softmax phases need not coincide (the
+       * tensor cores run one's products under the other's). */
+      if (it >= NB - 1) dq_step(it - (NB - 1));
+      else oss_wgmma_wait<0>();
       oss_mbar_arrive(&empty[st]); /* the stage's Q, dO, lse and D are read */
-      /* stage the piece in sdQ once the dQ warp has read the previous block;
-       * then the dQ warp adds it to the accumulator. The row sums R go into
-       * the padding column pitch - 4 (BR = 64: pitch - 4 + wg, a half per
-       * warpgroup, which the dq conversion adds), so they reach the
-       * accumulator with dQ */
-      oss_named_sync(BAR_DQ_EMPTY, DQ_BAR_THREADS);
-#pragma unroll
-      for (int hi = 0; hi < 2; hi++) {
-        float *row = sdQ + (mo + (warp & 3) * 16 + g + hi * 8) * oss_attn_bwd_sm90_dq_pitch<HD>();
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-          if (HD % 64 == 0 || no + n * 8 < HD) /* head dim 96: the second piece's columns past HD are zero */
-            *reinterpret_cast<float2 *>(row + no + t2 + n * 8) = make_float2(dq[n][2 * hi], dq[n][2 * hi + 1]);
-        if ((lane & 3) == 0) row[oss_attn_bwd_sm90_dq_pitch<HD>() - 4 + (BR == 128 ? 0 : wg)] = rs[0][2 * hi];
-      }
-      oss_fence_proxy_async();
-      oss_named_arrive(BAR_DQ_FULL, DQ_BAR_THREADS);
     } else {
       oss_wgmma_wait<0>();
       oss_mbar_arrive(&empty[st]);
@@ -699,6 +742,8 @@ __global__ void __launch_bounds__(384, 1)
     oss_wgmma_fence_operand<NO>(dV);
     oss_wgmma_fence_operand<NO>(dK);
   }
+  /* the last block's dQ product where it trails */
+  if (NB > 1 && atomic_dq && niter > 0) dq_step(niter - 1);
 
   /* dK and dV (times dropout's k) for rows < Lk, columns < D / Dv, staged in
    * K's and V's shared memory (this warpgroup's rows of them) once both
@@ -937,7 +982,7 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
     smem = oss_attn_bwd_sm90_wide_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
   } else {
     kernel = oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR, MASK_TENSOR ? 1 : 0>;
-    smem = oss_attn_bwd_sm90_smem_bytes<HD, C::BR, C::BC, C::STAGES>();
+    smem = oss_attn_bwd_sm90_smem_bytes<HD, C::BR, C::BC, C::STAGES, oss_attn_bwd_sm90_ds_bufs(MASK_TENSOR ? 1 : 0)>();
   }
   /* the setmaxnreg budgets hold only if the kernel launches with the
    * registers they assume (see OSS_SM90_LAUNCH_REGS) */
@@ -952,10 +997,11 @@ oss_status oss_attn_bwd_sm90_run(const oss_attn_args *a, cudaStream_t stream, co
     void (*tiles_kernel)(const oss_attn_args, const oss_attn_bwd_sm90_maps) =
         oss_attn_bwd_sm90_kernel<T, HD, C::BR, C::BC, C::STAGES, VAR, 2>;
     static const int tiles_regs = oss_kernel_regs(tiles_kernel);
+    const size_t tiles_smem = oss_attn_bwd_sm90_smem_bytes<HD, C::BR, C::BC, C::STAGES, oss_attn_bwd_sm90_ds_bufs(2)>();
     if (tiles_regs >= OSS_SM90_LAUNCH_REGS && a->cu_q == NULL &&
-        oss_attn_sm90_mask_map(&maps.m, &maps.mask, a, C::BC, C::BR) && smem + maps.mask.stage_bytes <= 225 * 1024) {
+        oss_attn_sm90_mask_map(&maps.m, &maps.mask, a, C::BC, C::BR) && tiles_smem + maps.mask.stage_bytes <= 225 * 1024) {
       kernel = tiles_kernel;
-      smem += maps.mask.stage_bytes;
+      smem = tiles_smem + maps.mask.stage_bytes;
     }
   }
   if (a->lk > 0) {
