@@ -70,6 +70,9 @@ for s in $STAGES; do
     stage test
     export TORCH_OSS_REQUIRE_CUDA=1
     : >"$RESULTS/tests.log"
+    # progress.log: one line per file as it finishes (read it when a run is cut
+    # short and only a few of the logs come back)
+    : >"$RESULTS/progress.log"
     ok=1
     files=(${TESTS:-$(ls tests/test_*.py)})
     # Parallel pytest runs share the cores: each gets its share of CPU threads,
@@ -91,7 +94,8 @@ for s in $STAGES; do
           ${TEST_SHARD:+--shard "$TEST_SHARD"} ${PYTEST_ARGS:-} >"$(log_of "$t")" 2>&1
         rc=$?
         echo "$rc $(( $(date +%s) - start ))" >"$(log_of "$t").rc"
-        echo "  finished $t: rc $rc, $(( $(date +%s) - start )) s, $(summary_of "$(log_of "$t")")"
+        echo "  finished $t: rc $rc, $(( $(date +%s) - start )) s, $(summary_of "$(log_of "$t")")" |
+          tee -a "$RESULTS/progress.log"
       ) &
     done
     wait
