@@ -11,6 +11,8 @@ torch_oss against every SDPA backend in the same run. TFLOP/s: forward
     python bench/attention.py --with-uncentred  # also torch_oss without the backward's dQ centring
                                                 # (what it costs)
     python bench/attention.py --with-deterministic  # also torch_oss with deterministic=True
+    python bench/attention.py --modes train-fwd  # the forward of a training step (inputs that require
+                                                 # grad: it keeps what the backward needs)
     python bench/attention.py --kernels     # also each backward's kernels (us per call): torch_oss's
                                             # and cuDNN's (GPU)
     python bench/attention.py --mask padding --causal 0
@@ -84,7 +86,9 @@ def main():
     ap.add_argument("--hdims", default=None)
     ap.add_argument("--seqlens", default=None)
     ap.add_argument("--causal", default="0,1")
-    ap.add_argument("--modes", default="fwd,fwd+bwd")
+    ap.add_argument("--modes", default="fwd,fwd+bwd",
+                    help="comma-separated: fwd (no grad), train-fwd (the forward with inputs that require grad, "
+                         "as in a training step: it also keeps what the backward needs), fwd+bwd")
     ap.add_argument("--tokens", type=int, default=None)
     ap.add_argument("--width", type=int, default=None)
     ap.add_argument("--with-mma", action="store_true",
@@ -127,6 +131,9 @@ def main():
     width = args.width or (2048 if gpu else 256)
     causals = [bool(int(c)) for c in args.causal.split(",")]
     modes = args.modes.split(",")
+    for mode in modes:
+        if mode not in ("fwd", "train-fwd", "fwd+bwd"):
+            ap.error(f"--modes: unknown mode {mode!r} (fwd, train-fwd, fwd+bwd)")
     env = common.environment(device)
     print(f"attention benchmark on {env.get('gpu', env.get('cpu'))}, torch {env['torch']}, commit {env['commit']}")
 
@@ -213,6 +220,8 @@ def main():
                                     def run():
                                         with torch.no_grad():
                                             fwd()
+                                elif mode == "train-fwd":  # autograd records: what a training step's forward writes
+                                    run = fwd
                                 else:
                                     leaves = [t._base if blhd else t for t in (q, k, v)]
 
