@@ -15,6 +15,9 @@
 # checks that `import torch_oss` from each tree's root finds that tree's build,
 # then runs CMD from each tree's root with PYTHONPATH set to it (so bench/ and
 # torch_oss are that tree's), the trees in alternating order from round to round.
+# CMD names its script relative to the root (an absolute path is refused: the
+# script's directory would come before PYTHONPATH and one tree's torch_oss would
+# run in every round).
 # Logs: $TORCH_OSS_RESULTS (default results/)/ab_<tree>_r<round>.log; the last
 # AB_TAIL lines of each (default 20) are printed. The working tree is "work".
 #
@@ -41,6 +44,14 @@ run() {
   if [ $# -ge 1 ] && [ "$1" != "--" ]; then rounds=$1; shift; fi
   if [ $# -lt 2 ] || [ "$1" != "--" ]; then usage; fi
   shift
+  local arg
+  for arg in "$@"; do
+    case "$arg" in
+      /*.py) echo "ab.sh: $arg is an absolute path: Python puts a script's own directory first on" \
+           "sys.path, so every tree would import the torch_oss beside it; name the script relative" \
+           "to the trees' root (copy it into each tree)" >&2; exit 2 ;;
+    esac
+  done
   local results=${TORCH_OSS_RESULTS:-results}
   mkdir -p "$results"
   results=$(cd "$results" && pwd)
