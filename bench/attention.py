@@ -13,8 +13,8 @@ torch_oss against every SDPA backend in the same run. TFLOP/s: forward
     python bench/attention.py --with-deterministic  # also torch_oss with deterministic=True
     python bench/attention.py --modes train-fwd  # the forward of a training step (inputs that require
                                                  # grad: it keeps what the backward needs)
-    python bench/attention.py --kernels     # also each backward's kernels (us per call): torch_oss's
-                                            # and cuDNN's (GPU)
+    python bench/attention.py --kernels     # also the kernels of each mode (us per call; fwd+bwd: the
+                                            # backward's): torch_oss's and cuDNN's (GPU)
     python bench/attention.py --mask padding --causal 0
         # with a mask tensor: padding (B, 1, 1, N) bool, bool (B, 1, N, N), or additive
         # (1, H, N, N) in the inputs' dtype (a position bias), or causal-padding (B, 1, N, N) in the
@@ -117,8 +117,9 @@ def main():
     ap.add_argument("--with-mask-elementwise", action="store_true",
                     help="also torch_oss with the mask in rows the copy engine cannot address")
     ap.add_argument("--kernels", action="store_true",
-                    help="also the GPU time of each kernel of torch_oss's and SDPA cuDNN's backward "
-                         "(torch.profiler, us per call)")
+                    help="also the GPU time of each kernel of torch_oss's and SDPA cuDNN's calls, for each mode "
+                         "(fwd: the forward; train-fwd: the forward with inputs that require grad; fwd+bwd: "
+                         "the backward alone) (torch.profiler, us per call)")
     args = ap.parse_args()
     device = args.device
     if args.kernels and device != "cuda":
@@ -131,6 +132,7 @@ def main():
     width = args.width or (2048 if gpu else 256)
     causals = [bool(int(c)) for c in args.causal.split(",")]
     modes = args.modes.split(",")
+    kernel_parts = {"fwd": "forward", "train-fwd": "training forward", "fwd+bwd": "backward"}
     for mode in modes:
         if mode not in ("fwd", "train-fwd", "fwd+bwd"):
             ap.error(f"--modes: unknown mode {mode!r} (fwd, train-fwd, fwd+bwd)")
@@ -241,12 +243,21 @@ def main():
                                                     batch=B, seqlen=N, causal=causal, mode=mode, impl=name, ms=ms,
                                                     tflops=tflops, peak_extra_mib=peak))
                             if args.kernels and name in ("torch_oss", "sdpa-cudnn"):
-                                out = fwd()
-                                kernels = common.kernel_breakdown_us(
-                                    lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
-                                breakdowns.append(dict(dtype=dname, hdim=D, seqlen=N, causal=causal, impl=name,
-                                                       kernels=kernels))
-                                del out
+                                for mode in modes:
+                                    if mode == "fwd":
+                                        def part():
+                                            with torch.no_grad():
+                                                fwd()
+                                        kernels = common.kernel_breakdown_us(part)
+                                    elif mode == "train-fwd":
+                                        kernels = common.kernel_breakdown_us(fwd)
+                                    else:  # the backward's kernels alone
+                                        out = fwd()
+                                        kernels = common.kernel_breakdown_us(
+                                            lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+                                        del out
+                                    breakdowns.append(dict(dtype=dname, hdim=D, seqlen=N, causal=causal, impl=name,
+                                                           part=kernel_parts[mode], kernels=kernels))
                 del q, k, v, dout, expected, mask, unaligned
 
     names = list(dict.fromkeys(r["impl"] for r in records))
@@ -268,9 +279,9 @@ def main():
     for b in breakdowns:
         rows = [[name, f"{us:.1f}"] for name, us in sorted(b["kernels"].items(), key=lambda kv: -kv[1])]
         rows.append(["total", f"{sum(b['kernels'].values()):.1f}"])
-        common.print_table(f"{b['impl']} backward kernels, {b['dtype']} hd{b['hdim']} N{b['seqlen']} "
+        common.print_table(f"{b['impl']} {b['part']} kernels, {b['dtype']} hd{b['hdim']} N{b['seqlen']} "
                            f"{'causal' if b['causal'] else 'full'} (us per call)", ["kernel", "us"], rows)
-    common.write_json(f"attention_{device}", dict(env=env, records=records, backward_kernels=breakdowns))
+    common.write_json(f"attention_{device}", dict(env=env, records=records, kernels=breakdowns))
     panels = {}
     for r in records:
         panel = f"{r['dtype']} hd{r['hdim']} {'causal' if r['causal'] else 'full'} {r['mode']}"
