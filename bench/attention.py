@@ -134,8 +134,8 @@ def main():
     modes = args.modes.split(",")
     kernel_parts = {"fwd": "forward", "train-fwd": "training forward", "fwd+bwd": "backward"}
     for mode in modes:
-        if mode not in ("fwd", "train-fwd", "fwd+bwd"):
-            ap.error(f"--modes: unknown mode {mode!r} (fwd, train-fwd, fwd+bwd)")
+        if mode not in kernel_parts:
+            ap.error(f"--modes: unknown mode {mode!r} ({', '.join(kernel_parts)})")
     env = common.environment(device)
     print(f"attention benchmark on {env.get('gpu', env.get('cpu'))}, torch {env['torch']}, commit {env['commit']}")
 
@@ -242,20 +242,14 @@ def main():
                                                     mask=args.mask,
                                                     batch=B, seqlen=N, causal=causal, mode=mode, impl=name, ms=ms,
                                                     tflops=tflops, peak_extra_mib=peak))
-                            if args.kernels and name in ("torch_oss", "sdpa-cudnn"):
-                                for mode in modes:
-                                    if mode == "fwd":
-                                        def part():
-                                            with torch.no_grad():
-                                                fwd()
-                                        kernels = common.kernel_breakdown_us(part)
-                                    elif mode == "train-fwd":
-                                        kernels = common.kernel_breakdown_us(fwd)
-                                    else:  # the backward's kernels alone
+                                if args.kernels and name in ("torch_oss", "sdpa-cudnn"):
+                                    if mode == "fwd+bwd":  # the backward's kernels alone
                                         out = fwd()
                                         kernels = common.kernel_breakdown_us(
                                             lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
                                         del out
+                                    else:
+                                        kernels = common.kernel_breakdown_us(run)
                                     breakdowns.append(dict(dtype=dname, hdim=D, seqlen=N, causal=causal, impl=name,
                                                            part=kernel_parts[mode], kernels=kernels))
                 del q, k, v, dout, expected, mask, unaligned
